@@ -1,0 +1,5 @@
+//! `ebbflow-operator`: the Kubernetes controller.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

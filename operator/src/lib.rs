@@ -1,0 +1,1 @@
+//! The ebbflow operator: controller, bidder, markets, provisioners and the simulator.

@@ -1,0 +1,1 @@
+//! Admin HTTP API types shared by the runtime coordinator and the operator.

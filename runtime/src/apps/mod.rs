@@ -1,0 +1,1 @@
+//! Training applications (matrix factorization, logistic regression, LDA) on the parameter server.

@@ -1,0 +1,5 @@
+//! `ebbflow-runtime`: coordinator and node processes.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

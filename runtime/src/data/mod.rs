@@ -1,0 +1,1 @@
+//! Dataset loaders (MovieLens, digits, LDA-C, libsvm/CSV) and seeded synthetic generators.

@@ -1,0 +1,4 @@
+//! AgileML: the ebbflow parameter-server runtime.
+
+pub mod apps;
+pub mod data;

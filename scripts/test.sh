@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every ebbflow test on a fresh machine: installs what the tests need (cached under
+# $HOME/.cache/ebbflow), then runs the unit, integration and end-to-end suites.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
+mkdir -p "$EBBFLOW_CACHE"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo test (unit + integration, no cluster needed)"
+cargo test --workspace --locked

@@ -1,0 +1,1 @@
+//! Helpers for the integration and end-to-end suites (real components only).
