@@ -2,8 +2,9 @@
 # Builds the real components the end-to-end suite runs, from the Go module proxy at the versions
 # pinned in tests/cluster/versions.env: kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl (tests/cluster/go.mod), etcd (tests/cluster/etcd), kwok, kwokctl, helm and
-# amazon-ec2-metadata-mock. Each lands in $EBBFLOW_CACHE/bin/<name>-<version> and is skipped when
-# already there. Prints the bin dir on stdout (progress goes to stderr).
+# amazon-ec2-metadata-mock (tests/cluster/ec2-metadata-mock). Each lands in
+# $EBBFLOW_CACHE/bin/<name>-<version> and is skipped when already there. Prints the bin dir on
+# stdout (progress goes to stderr).
 #
 # Env: EBBFLOW_CACHE (default ~/.cache/ebbflow); EBBFLOW_GO_JOBS, parallel Go compiles (default 2;
 # use 1 when others compile on the same machine).
@@ -105,8 +106,16 @@ if ! have helm "$helm_version"; then
   go_install helm "$helm_version" helm "$helm_ldflags" "helm.sh/helm/v3/cmd/helm@$helm_version"
 fi
 
-# The mock's main package is .../cmd, so go install names the binary "cmd".
-go_install amazon-ec2-metadata-mock "$ec2_metadata_mock_version" cmd "" \
-  "github.com/aws/amazon-ec2-metadata-mock/cmd@$ec2_metadata_mock_version"
+# The module proxy serves no version list for the mock, which `go install pkg@version` needs, so
+# it builds from a wrapper module (tests/cluster/ec2-metadata-mock) like etcd.
+if ! have amazon-ec2-metadata-mock "$ec2_metadata_mock_version"; then
+  grep -q "github.com/aws/amazon-ec2-metadata-mock $ec2_metadata_mock_version" \
+    "$repo/tests/cluster/ec2-metadata-mock/go.mod" ||
+    die "tests/cluster/ec2-metadata-mock/go.mod does not require $ec2_metadata_mock_version"
+  timed "amazon-ec2-metadata-mock $ec2_metadata_mock_version" \
+    go -C "$repo/tests/cluster/ec2-metadata-mock" build -ldflags "-s -w" \
+    -o "$staging_dir/amazon-ec2-metadata-mock" github.com/aws/amazon-ec2-metadata-mock/cmd
+  install_built "$staging_dir/amazon-ec2-metadata-mock" amazon-ec2-metadata-mock "$ec2_metadata_mock_version"
+fi
 
 echo "$bin_dir"
