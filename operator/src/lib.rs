@@ -1,1 +1,5 @@
 //! The ebbflow operator: controller, bidder, markets, provisioners and the simulator.
+
+pub mod billing;
+pub mod eviction;
+pub mod market;
