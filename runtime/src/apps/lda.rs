@@ -1,0 +1,480 @@
+//! Latent Dirichlet allocation by collapsed Gibbs sampling.
+//!
+//! Tables (counts stored as exact integers in `f32`): [`WORD_TOPIC`] (one row per word, width
+//! `K`), [`TOPIC_TOTALS`] (one row, key 0, width `K`) and [`DOC_LOGLIK`] (one row per worker shard,
+//! width 1). Doc-topic counts and topic assignments stay local to the worker that owns the
+//! documents; each clock the worker publishes the document part of the log-likelihood of its
+//! shard into its [`DOC_LOGLIK`] row, so [`App::evaluate`] can compute the complete
+//! log p(w, z) exactly as the `lda` Python package's `loglikelihood()` does.
+//!
+//! A clock is one Gibbs sweep over the worker's tokens (the first clock also adds the initial
+//! assignments, token `i` of the corpus in topic `i mod K`, the `lda` package's initialisation).
+
+use std::sync::Arc;
+
+use crate::app::{
+    App, AppWorker, ClockStats, EvalReport, RowCache, RowInit, TableId, TableReader, TableSpec,
+    WorkingSet,
+};
+use crate::data::{Corpus, Rng};
+
+use super::{AppsError, BareWorker, RowStore, ln_gamma};
+
+/// Word-topic counts, one row per word.
+pub const WORD_TOPIC: TableId = 0;
+/// Topic totals, a single row (key 0).
+pub const TOPIC_TOTALS: TableId = 1;
+/// Document part of the log-likelihood, one single-value row per worker shard.
+pub const DOC_LOGLIK: TableId = 2;
+
+/// Hyperparameters of LDA.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LdaConfig {
+    /// Number of topics `K` (at most 65 535).
+    pub num_topics: usize,
+    /// Symmetric document-topic prior.
+    pub alpha: f64,
+    /// Symmetric topic-word prior.
+    pub eta: f64,
+    /// Seed of the samplers (one stream per shard).
+    pub seed: u64,
+}
+
+impl Default for LdaConfig {
+    /// The `lda` package's defaults (`alpha=0.1`, `eta=0.01`) with its README's 20 topics.
+    fn default() -> Self {
+        Self {
+            num_topics: 20,
+            alpha: 0.1,
+            eta: 0.01,
+            seed: 1,
+        }
+    }
+}
+
+/// LDA over a corpus.
+#[derive(Debug, Clone)]
+pub struct LdaApp {
+    config: LdaConfig,
+    corpus: Arc<Corpus>,
+    num_tokens: u64,
+}
+
+impl LdaApp {
+    /// Builds the app.
+    pub fn new(corpus: Corpus, config: LdaConfig) -> Result<Self, AppsError> {
+        if config.num_topics < 2 || config.num_topics > usize::from(u16::MAX) {
+            return Err(AppsError::Config {
+                app: "lda",
+                what: format!("topics must be in 2..=65535, got {}", config.num_topics),
+            });
+        }
+        if !(config.alpha > 0.0 && config.eta > 0.0) {
+            return Err(AppsError::Config {
+                app: "lda",
+                what: format!(
+                    "priors must be > 0, got alpha {} eta {}",
+                    config.alpha, config.eta
+                ),
+            });
+        }
+        let num_tokens = corpus.num_tokens();
+        if num_tokens == 0 || num_tokens >= 1 << 24 {
+            return Err(AppsError::Data {
+                app: "lda",
+                what: format!(
+                    "need between 1 and 2^24 tokens (f32 counts stay exact), got {num_tokens}"
+                ),
+            });
+        }
+        Ok(Self {
+            config,
+            corpus: Arc::new(corpus),
+            num_tokens,
+        })
+    }
+
+    /// Number of tokens (updates per clock over all workers).
+    pub fn num_tokens(&self) -> u64 {
+        self.num_tokens
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LdaConfig {
+        &self.config
+    }
+}
+
+/// One token of a worker's shard: its document (local index) and its word (slot after binding).
+#[derive(Debug, Clone, Copy)]
+struct Token {
+    doc: u32,
+    word: u32,
+}
+
+/// Sampler constants and scratch.
+#[derive(Debug, Clone)]
+struct Sampler {
+    topics: usize,
+    alpha: f32,
+    eta: f32,
+    vocab_eta: f32,
+    cumulative: Vec<f32>,
+    inverse_totals: Vec<f32>,
+}
+
+impl Sampler {
+    /// One collapsed Gibbs sweep over `tokens`, updating assignments and all counts in place.
+    fn sweep(
+        &mut self,
+        tokens: &[Token],
+        assignments: &mut [u16],
+        word_topic: &mut [f32],
+        totals: &mut [f32],
+        doc_topic: &mut [f32],
+        rng: &mut Rng,
+    ) {
+        let k = self.topics;
+        for (t, inv) in totals.iter().zip(self.inverse_totals.iter_mut()) {
+            *inv = 1.0 / (t + self.vocab_eta);
+        }
+        let cumulative = &mut self.cumulative[..k];
+        let inverse = &mut self.inverse_totals[..k];
+        for (token, assignment) in tokens.iter().zip(assignments.iter_mut()) {
+            let word = &mut word_topic[token.word as usize * k..][..k];
+            let doc = &mut doc_topic[token.doc as usize * k..][..k];
+            let old = usize::from(*assignment);
+            word[old] -= 1.0;
+            doc[old] -= 1.0;
+            totals[old] -= 1.0;
+            inverse[old] = 1.0 / (totals[old] + self.vocab_eta);
+            let mut sum = 0.0f32;
+            for topic in 0..k {
+                sum += (word[topic] + self.eta) * (doc[topic] + self.alpha) * inverse[topic];
+                cumulative[topic] = sum;
+            }
+            let target = rng.next_f32() * sum;
+            let mut new = 0;
+            while new + 1 < k && cumulative[new] <= target {
+                new += 1;
+            }
+            word[new] += 1.0;
+            doc[new] += 1.0;
+            totals[new] += 1.0;
+            inverse[new] = 1.0 / (totals[new] + self.vocab_eta);
+            *assignment = new as u16;
+        }
+    }
+}
+
+impl App for LdaApp {
+    type Worker = LdaWorker;
+
+    fn tables(&self) -> Vec<TableSpec> {
+        let k = self.config.num_topics;
+        let table = |id, name: &str, width| TableSpec {
+            id,
+            name: name.into(),
+            width,
+            init: RowInit::Zeros,
+        };
+        vec![
+            table(WORD_TOPIC, "lda_word_topic", k),
+            table(TOPIC_TOTALS, "lda_topic_totals", k),
+            table(DOC_LOGLIK, "lda_doc_loglik", 1),
+        ]
+    }
+
+    fn worker(&self, shard: usize, num_shards: usize) -> LdaWorker {
+        let k = self.config.num_topics;
+        let num_shards = num_shards.max(1);
+        let mut tokens = Vec::new();
+        let mut words = Vec::new();
+        let mut assignments = Vec::new();
+        let mut doc_lengths = Vec::new();
+        let mut global_index = 0u64;
+        for (doc, doc_words) in self.corpus.docs.iter().enumerate() {
+            let length: u64 = doc_words.iter().map(|&(_, c)| u64::from(c)).sum();
+            if doc % num_shards != shard {
+                global_index += length;
+                continue;
+            }
+            let local = doc_lengths.len() as u32;
+            for &(word, count) in doc_words {
+                for _ in 0..count {
+                    tokens.push(Token { doc: local, word });
+                    words.push(word);
+                    assignments.push((global_index % k as u64) as u16);
+                    global_index += 1;
+                }
+            }
+            doc_lengths.push(length as u32);
+        }
+        let alpha = self.config.alpha;
+        let max_length = doc_lengths.iter().copied().max().unwrap_or(0) as usize;
+        let ln_gamma_alpha = ln_gamma(alpha);
+        let doc_term_table = (0..=max_length)
+            .map(|n| ln_gamma(alpha + n as f64) - ln_gamma_alpha)
+            .collect();
+        let ln_gamma_alpha_k = ln_gamma(alpha * k as f64);
+        let doc_constant = doc_lengths
+            .iter()
+            .map(|&n| ln_gamma_alpha_k - ln_gamma(alpha * k as f64 + f64::from(n)))
+            .sum();
+        LdaWorker {
+            shard: shard as u64,
+            doc_topic: vec![0.0; doc_lengths.len() * k],
+            tokens,
+            words,
+            assignments,
+            doc_term_table,
+            doc_constant,
+            initialized: false,
+            totals_slot: 0,
+            loglik_slot: 0,
+            rng: Rng::stream(self.config.seed, shard as u64),
+            sampler: Sampler {
+                topics: k,
+                alpha: alpha as f32,
+                eta: self.config.eta as f32,
+                vocab_eta: (self.config.eta * self.corpus.vocab_size as f64) as f32,
+                cumulative: vec![0.0; k],
+                inverse_totals: vec![0.0; k],
+            },
+        }
+    }
+
+    fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
+        let k = self.config.num_topics;
+        let vocab = self.corpus.vocab_size;
+        let eta = self.config.eta;
+        let ln_gamma_eta = ln_gamma(eta);
+        let mut row = vec![0.0f32; k];
+        let mut totals = vec![0.0f64; k];
+        let mut loglik = k as f64 * ln_gamma(eta * vocab as f64);
+        for word in 0..vocab as u64 {
+            tables.read_row(WORD_TOPIC, word, &mut row);
+            for (total, &count) in totals.iter_mut().zip(&row) {
+                let count = f64::from(count).round();
+                *total += count;
+                if count > 0.0 {
+                    loglik += ln_gamma(eta + count) - ln_gamma_eta;
+                }
+            }
+        }
+        for total in &totals {
+            loglik -= ln_gamma(eta * vocab as f64 + total);
+        }
+        let mut value = [0.0f32];
+        for shard in tables.keys(DOC_LOGLIK) {
+            tables.read_row(DOC_LOGLIK, shard, &mut value);
+            loglik += f64::from(value[0]);
+        }
+        let per_token = loglik / self.num_tokens as f64;
+        EvalReport {
+            loss: -per_token,
+            metrics: vec![
+                ("log_likelihood".into(), loglik),
+                ("per_token_log_likelihood".into(), per_token),
+            ],
+        }
+    }
+}
+
+/// A worker's documents: tokens, their topic assignments and the local doc-topic counts.
+#[derive(Debug, Clone)]
+pub struct LdaWorker {
+    shard: u64,
+    tokens: Vec<Token>,
+    /// Word id of each token (the working set; `tokens[i].word` becomes a slot on binding).
+    words: Vec<u32>,
+    assignments: Vec<u16>,
+    doc_topic: Vec<f32>,
+    /// `ln Γ(α + n) − ln Γ(α)` for every possible doc-topic count `n`.
+    doc_term_table: Vec<f64>,
+    /// `Σ_d ln Γ(Kα) − ln Γ(Kα + n_d)` over this shard's documents.
+    doc_constant: f64,
+    initialized: bool,
+    totals_slot: u32,
+    loglik_slot: u32,
+    rng: Rng,
+    sampler: Sampler,
+}
+
+impl LdaWorker {
+    fn bind_with(&mut self, slot: impl Fn(TableId, u64) -> u32) {
+        for (token, &word) in self.tokens.iter_mut().zip(&self.words) {
+            token.word = slot(WORD_TOPIC, u64::from(word));
+        }
+        self.totals_slot = slot(TOPIC_TOTALS, 0);
+        self.loglik_slot = slot(DOC_LOGLIK, self.shard);
+    }
+
+    /// Document part of log p(z) for this shard, from the local doc-topic counts.
+    fn doc_loglik(&self) -> f64 {
+        self.doc_constant
+            + self
+                .doc_topic
+                .iter()
+                .map(|&count| self.doc_term_table[count as usize])
+                .sum::<f64>()
+    }
+}
+
+impl AppWorker for LdaWorker {
+    fn working_set(&self) -> WorkingSet {
+        let mut set = WorkingSet::new();
+        set.add_keys(WORD_TOPIC, self.words.iter().map(|&w| u64::from(w)));
+        set.add_keys(TOPIC_TOTALS, [0]);
+        set.add_keys(DOC_LOGLIK, [self.shard]);
+        set
+    }
+
+    fn bind(&mut self, cache: &RowCache) {
+        self.bind_with(|table, key| {
+            cache
+                .slot(table, key)
+                .expect("the runtime caches every key of the working set")
+        });
+    }
+
+    fn clock(&mut self, cache: &mut RowCache, clock: u64) -> ClockStats {
+        self.clock_on(cache, clock)
+    }
+}
+
+impl BareWorker for LdaWorker {
+    fn bind_dense(&mut self) {
+        self.bind_with(|_, key| key as u32);
+    }
+
+    fn clock_on(&mut self, store: &mut dyn RowStore, _clock: u64) -> ClockStats {
+        let k = self.sampler.topics;
+        let ((word_topic, _), (totals, _)) = store.two_rows_mut(WORD_TOPIC, TOPIC_TOTALS);
+        let totals = &mut totals[self.totals_slot as usize * k..][..k];
+        if !self.initialized {
+            for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
+                let topic = usize::from(topic);
+                word_topic[token.word as usize * k + topic] += 1.0;
+                totals[topic] += 1.0;
+                self.doc_topic[token.doc as usize * k + topic] += 1.0;
+            }
+            self.initialized = true;
+        }
+        self.sampler.sweep(
+            &self.tokens,
+            &mut self.assignments,
+            word_topic,
+            totals,
+            &mut self.doc_topic,
+            &mut self.rng,
+        );
+        let doc_loglik = self.doc_loglik();
+        let (rows, _) = store.rows_mut(DOC_LOGLIK);
+        rows[self.loglik_slot as usize] = doc_loglik as f32;
+        ClockStats {
+            updates: self.tokens.len() as u64,
+            loss_sum: 0.0,
+            loss_count: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps::BareLoop;
+    use crate::data::synthetic_corpus;
+
+    /// Reference log p(w, z) computed from scratch with the `lda` package's formula.
+    fn reference_loglik(worker: &LdaWorker, app: &LdaApp) -> f64 {
+        let k = app.config.num_topics;
+        let (alpha, eta) = (app.config.alpha, app.config.eta);
+        let vocab = app.corpus.vocab_size;
+        let mut nzw = vec![0u64; vocab * k];
+        let mut nz = vec![0u64; k];
+        let mut ndz = vec![0u64; app.corpus.docs.len() * k];
+        for ((token, &z), &word) in worker
+            .tokens
+            .iter()
+            .zip(&worker.assignments)
+            .zip(&worker.words)
+        {
+            nzw[word as usize * k + usize::from(z)] += 1;
+            nz[usize::from(z)] += 1;
+            ndz[token.doc as usize * k + usize::from(z)] += 1;
+        }
+        let mut ll = k as f64 * ln_gamma(eta * vocab as f64);
+        for &n in &nz {
+            ll -= ln_gamma(eta * vocab as f64 + n as f64);
+        }
+        ll += nzw
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| ln_gamma(eta + n as f64) - ln_gamma(eta))
+            .sum::<f64>();
+        for doc in ndz.chunks_exact(k) {
+            let nd: u64 = doc.iter().sum();
+            ll += ln_gamma(alpha * k as f64) - ln_gamma(alpha * k as f64 + nd as f64);
+            ll += doc
+                .iter()
+                .filter(|&&n| n > 0)
+                .map(|&n| ln_gamma(alpha + n as f64) - ln_gamma(alpha))
+                .sum::<f64>();
+        }
+        ll
+    }
+
+    #[test]
+    fn counts_stay_consistent_and_loglik_matches_the_reference_formula() {
+        let data = synthetic_corpus(60, 80, 4, 40, 0.2, 0.05, 9).unwrap();
+        let app = LdaApp::new(
+            data.corpus,
+            LdaConfig {
+                num_topics: 4,
+                ..LdaConfig::default()
+            },
+        )
+        .unwrap();
+        let mut bare = BareLoop::new(&app);
+        let mut history = Vec::new();
+        for _ in 0..30 {
+            assert_eq!(bare.clock().updates, 60 * 40);
+            history.push(
+                app.evaluate(bare.tables())
+                    .metric("log_likelihood")
+                    .unwrap(),
+            );
+        }
+        let expected = reference_loglik(&bare.worker, &app);
+        let got = *history.last().unwrap();
+        assert!(
+            (got - expected).abs() < 1e-6 * expected.abs(),
+            "{got} vs {expected}"
+        );
+        assert!(history[29] > history[0], "{history:?}");
+        let mut totals = [0.0f32; 4];
+        bare.tables().read_row(TOPIC_TOTALS, 0, &mut totals);
+        assert_eq!(totals.iter().sum::<f32>(), (60 * 40) as f32);
+    }
+
+    #[test]
+    fn invalid_configurations_are_rejected() {
+        let data = synthetic_corpus(2, 5, 2, 3, 0.1, 0.1, 1).unwrap();
+        let one_topic = LdaConfig {
+            num_topics: 1,
+            ..LdaConfig::default()
+        };
+        assert_eq!(
+            LdaApp::new(data.corpus.clone(), one_topic)
+                .unwrap_err()
+                .category(),
+            "config"
+        );
+        let empty = Corpus {
+            vocab_size: 3,
+            docs: vec![Vec::new()],
+        };
+        assert!(LdaApp::new(empty, LdaConfig::default()).is_err());
+    }
+}
