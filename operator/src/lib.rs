@@ -1,5 +1,10 @@
 //! The ebbflow operator: controller, bidder, markets, provisioners and the simulator.
 
+pub mod bidder;
 pub mod billing;
+pub mod controller;
+pub mod coordinator;
 pub mod eviction;
 pub mod market;
+pub mod metrics;
+pub mod notices;

@@ -1,1 +1,3 @@
 //! Helpers for the integration and end-to-end suites (real components only).
+
+pub mod cluster;

@@ -251,6 +251,69 @@ def install(trace: TraceHistory) -> None:
     SpotInstances.describe_spot_price_history = describe_spot_price_history
 
 
+def load_specs(path: str) -> dict[str, tuple[int, int]]:
+    """Reads ``instance_type,vcpus,memory_gib`` rows into {type: (vcpus, memory MiB)}."""
+    specs = {}
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            where = f"{path}: line {reader.line_num}"
+            try:
+                specs[row["instance_type"]] = (int(row["vcpus"]), round(float(row["memory_gib"]) * 1024))
+            except (KeyError, ValueError) as error:
+                raise TraceError(f"{where}: bad instance spec row: {error}") from None
+    return specs
+
+
+def install_instance_types(pools: list[tuple[str, str]], specs_path: str | None) -> None:
+    """Makes moto know every instance type of the trace and offer it in the trace's zones.
+
+    moto 5.2.5's catalogue lacks some types real traces use (p3.2xlarge among them). A missing
+    type is synthesised from a family member (or m5.large) with vCPUs and memory from the
+    specs file; GPU count, when the family has GPUs, is scaled by vCPUs (at least 1).
+    """
+    import copy
+
+    from moto.ec2.models.instance_types import (
+        INSTANCE_TYPE_OFFERINGS,
+        INSTANCE_TYPES,
+        InstanceType,
+        InstanceTypeBackend,
+    )
+
+    specs = load_specs(specs_path) if specs_path else {}
+    for itype in sorted({itype for itype, _ in pools}):
+        if itype in INSTANCE_TYPES:
+            continue
+        if itype not in specs:
+            raise TraceError(f"instance type {itype} is unknown to moto and missing from the specs file {specs_path}")
+        vcpus, memory_mib = specs[itype]
+        family = itype.split(".")[0]
+        siblings = sorted(name for name in INSTANCE_TYPES if name.split(".")[0].startswith(family))
+        template = INSTANCE_TYPES[siblings[0] if siblings else "m5.large"]
+        entry = copy.deepcopy(template)
+        entry["InstanceType"] = itype
+        template_vcpus = template["VCpuInfo"]["DefaultVCpus"]
+        entry["VCpuInfo"] = {"DefaultVCpus": vcpus, "DefaultCores": max(vcpus // 2, 1), "DefaultThreadsPerCore": 2 if vcpus > 1 else 1}
+        entry["MemoryInfo"] = {"SizeInMiB": memory_mib}
+        entry["SupportedUsageClasses"] = ["on-demand", "spot"]
+        for gpu in entry.get("GpuInfo", {}).get("Gpus", []):
+            gpu["Count"] = max(round(gpu["Count"] * vcpus / template_vcpus), 1)
+        if "GpuInfo" in entry:
+            gpus = entry["GpuInfo"]["Gpus"]
+            entry["GpuInfo"]["TotalGpuMemoryInMiB"] = sum(g["Count"] * g["MemoryInfo"]["SizeInMiB"] for g in gpus)
+        INSTANCE_TYPES[itype] = entry
+        InstanceTypeBackend.instance_types.append(InstanceType(itype))
+        print(f"launch.py: added instance type {itype} ({vcpus} vCPUs, {memory_mib} MiB) from {siblings[:1] or ['m5.large']}", file=sys.stderr)
+
+    for itype, zone in pools:
+        region = region_of(zone)
+        for location_type, location in (("availability-zone", zone), ("region", region)):
+            offers = INSTANCE_TYPE_OFFERINGS.setdefault(location_type, {}).setdefault(region, [])
+            if not any(o["InstanceType"] == itype and o["Location"] == location for o in offers):
+                offers.append({"InstanceType": itype, "Location": location, "LocationType": location_type})
+
+
 def install_unsupported_errors() -> None:
     """Answers actions moto lacks with EC2's UnsupportedOperation error instead of an HTML 500.
 
@@ -279,6 +342,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", help="spot price trace to serve (default: moto's constant prices)")
     parser.add_argument("--instance-type", default="p3.2xlarge", help="instance type of a wide (single-type) trace")
+    parser.add_argument(
+        "--specs",
+        help="instance_type,vcpus,memory_gib CSV for trace types moto lacks "
+        "(default: aws_instance_specs.csv beside the trace, if present)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = parser.parse_args()
@@ -292,8 +360,13 @@ def main() -> int:
 
     install_unsupported_errors()
     if args.trace:
+        specs = args.specs
+        if specs is None:
+            beside = os.path.join(os.path.dirname(os.path.abspath(args.trace)), "aws_instance_specs.csv")
+            specs = beside if os.path.exists(beside) else None
         try:
             history = load_trace(args.trace, args.instance_type)
+            install_instance_types(sorted(history), specs)
         except (OSError, TraceError, KeyError, json.JSONDecodeError) as error:
             print(f"launch.py: cannot load trace: {error}", file=sys.stderr)
             return 2

@@ -1,0 +1,531 @@
+//! BidBrain: choose what transient capacity to hold so that the expected cost per unit of work
+//! `E = C/W` of the whole footprint is lowest (seed 003 §4.3, eqs. 4.1–4.4).
+//!
+//! [`Bidder::decide`] is pure and deterministic: given the job's allocations, the market as
+//! seen at one instant, the eviction model and the application model, it returns a
+//! [`Decision`]. The simulator, `ebbflow run` and the operator's controller all call it; the
+//! caller applies the decision and calls again at [`Decision::next_decision_at`], after every
+//! eviction, and whenever its inputs change.
+//!
+//! - Expected cost per allocation (eq. 4.1, refunds from the [`BillingModel`]):
+//!   `(1 − β) · P · k · t_r` where an eviction in the window is refunded, else `P · k · E[up]`.
+//! - Expected useful time (eq. 4.2): `Δt_i = ω_i − (1 − Π(1 − β_j)) · λ`, where `ω_i` is the
+//!   expected running time in the window (minus σ for an allocation being added).
+//! - Expected work (eq. 4.3): `Σ k_i · Δt_i · ν_i`, with φ applied to transient nodes and
+//!   reliable nodes idle in AgileML stage 3.
+//! - A candidate (pool, count, max price) is added only if it lowers `E` (eq. 4.4); an
+//!   allocation is released shortly before its billing boundary (or at any decision where the
+//!   model has none) if `E` is lower without it. Reliable nodes are fixed by the spec.
+//! - Budgets cap spending; a deadline makes the bidder add capacity (on-demand if need be)
+//!   even when that raises `E`.
+
+pub mod app;
+
+use std::fmt;
+
+pub use app::{AppModel, Calibrator, Measurement, ThroughputFeed};
+
+use crate::billing::BillingModel;
+use crate::eviction::EvictionModel;
+use crate::market::{CapacityType, MarketView, PoolInfo, Timestamp};
+
+/// A set of instances of one pool bought at the same time and max price.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allocation {
+    /// Caller-chosen identity, echoed in [`Decision::release`].
+    pub id: u64,
+    /// Index into the pool list given with the market view.
+    pub pool: usize,
+    /// Spot, or on-demand capacity bought for the transient tier (deadline pressure).
+    pub capacity: CapacityType,
+    /// Number of instances.
+    pub count: u32,
+    /// Max price in USD per instance-hour (spot only).
+    pub max_price: Option<f64>,
+    /// When the instances were launched.
+    pub launched_at: Timestamp,
+}
+
+/// An allocation the bidder asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocationRequest {
+    /// Index into the pool list.
+    pub pool: usize,
+    /// Spot or on-demand.
+    pub capacity: CapacityType,
+    /// Number of instances.
+    pub count: u32,
+    /// Max price in USD per instance-hour (spot only).
+    pub max_price: Option<f64>,
+}
+
+/// The reliable tier, fixed by the spec: never bought or released by the bidder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReliableTier {
+    /// Number of on-demand nodes.
+    pub count: u32,
+    /// vCPUs per node.
+    pub vcpus: f64,
+    /// On-demand price in USD per node-hour.
+    pub usd_hr: f64,
+}
+
+/// The job's progress and constraints at the decision.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct JobState {
+    /// Work still to do (in ν units).
+    pub remaining_work: f64,
+    /// Finish by this instant.
+    pub deadline: Option<Timestamp>,
+    /// USD left of the job's total budget.
+    pub budget_remaining_usd: Option<f64>,
+    /// Cap on spending in USD per hour across both tiers at current prices.
+    pub budget_per_hour_usd: Option<f64>,
+}
+
+/// Settings of the bidder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BidderConfig {
+    /// Seconds between periodic decisions (default 120, as in Proteus).
+    pub interval_seconds: i64,
+    /// Decide this long before an allocation's billing boundary (default 300).
+    pub boundary_lead_seconds: i64,
+    /// Decision window for models without billing boundaries (default one hour).
+    pub horizon_seconds: f64,
+    /// Most transient instances held at once.
+    pub max_transient: u32,
+    /// Highest max price ever bid in USD per instance-hour.
+    pub max_price_cap: Option<f64>,
+    /// A candidate must lower `E` by at least this fraction (hysteresis, default 0.5%).
+    pub min_improvement: f64,
+}
+
+impl Default for BidderConfig {
+    fn default() -> Self {
+        Self {
+            interval_seconds: 120,
+            boundary_lead_seconds: 300,
+            horizon_seconds: 3600.0,
+            max_transient: 16,
+            max_price_cap: None,
+            min_improvement: 0.005,
+        }
+    }
+}
+
+/// Why no spot pool could be bought from.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NoFeasiblePool {
+    /// Pools without capacity at the decision.
+    pub unavailable: usize,
+    /// Pools whose price is unknown (gap) at the decision.
+    pub unpriced: usize,
+    /// Pools whose price is above the max price cap.
+    pub above_max_price: usize,
+}
+
+impl fmt::Display for NoFeasiblePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no feasible spot pool: {} unavailable, {} without a known price, {} above the max price",
+            self.unavailable, self.unpriced, self.above_max_price
+        )
+    }
+}
+
+/// What the bidder wants done.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Allocations to buy.
+    pub acquire: Vec<AllocationRequest>,
+    /// Allocation ids to release now.
+    pub release: Vec<u64>,
+    /// Expected cost per work of the footprint as it was, USD per work unit.
+    pub cost_per_work_before: f64,
+    /// Expected cost per work after the decision.
+    pub cost_per_work_after: f64,
+    /// Call again at this instant at the latest.
+    pub next_decision_at: Timestamp,
+    /// Set when no spot pool could be bought from at all.
+    pub no_feasible_pool: Option<NoFeasiblePool>,
+    /// Set when the deadline cannot be met even with every allowed addition.
+    pub deadline_at_risk: bool,
+    /// Set when the total budget is spent: every transient allocation is released.
+    pub budget_exhausted: bool,
+}
+
+/// Inputs of one decision.
+#[derive(Clone, Copy, Debug)]
+pub struct BidderInput<'a> {
+    /// The decision instant.
+    pub now: Timestamp,
+    /// Static facts of the pools the view quotes, in the same order.
+    pub pools: &'a [PoolInfo],
+    /// The market at `now`.
+    pub market: &'a MarketView,
+    /// The job's transient allocations.
+    pub allocations: &'a [Allocation],
+    /// The reliable tier.
+    pub reliable: &'a ReliableTier,
+    /// The current application model.
+    pub app: &'a AppModel,
+    /// Progress and constraints.
+    pub job: &'a JobState,
+}
+
+/// Expected cost and work of one allocation over its decision window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Term {
+    /// Expected USD.
+    cost: f64,
+    /// Σ k · ν' · ω.
+    work: f64,
+    /// Σ k · ν' (for the λ loss).
+    rate: f64,
+    /// Probability it survives the window (1 − β).
+    survive: f64,
+    /// Instances.
+    count: f64,
+    /// USD per hour at current prices (budget checks).
+    spend_per_hour: f64,
+    /// Expected work per second over the window (deadline checks).
+    expected_rate: f64,
+}
+
+/// A footprint's sums, from which `E` follows in O(1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Footprint {
+    cost: f64,
+    work: f64,
+    rate: f64,
+    survive: f64,
+    transient: f64,
+    spend_per_hour: f64,
+    expected_rate: f64,
+}
+
+impl Footprint {
+    fn empty() -> Self {
+        Self {
+            cost: 0.0,
+            work: 0.0,
+            rate: 0.0,
+            survive: 1.0,
+            transient: 0.0,
+            spend_per_hour: 0.0,
+            expected_rate: 0.0,
+        }
+    }
+
+    fn with(mut self, term: &Term) -> Self {
+        self.cost += term.cost;
+        self.work += term.work;
+        self.rate += term.rate;
+        self.survive *= term.survive;
+        self.transient += term.count;
+        self.spend_per_hour += term.spend_per_hour;
+        self.expected_rate += term.expected_rate;
+        self
+    }
+}
+
+/// The bidder: configuration, billing model and eviction model.
+#[derive(Clone, Debug)]
+pub struct Bidder<'a> {
+    /// Settings.
+    pub config: BidderConfig,
+    /// How instances are charged.
+    pub billing: BillingModel,
+    /// β and expected uptime per pool and max price.
+    pub eviction: &'a EvictionModel,
+}
+
+impl Bidder<'_> {
+    /// Expected cost and work of `count` instances of `pool` at `max_price` and age `age`.
+    fn term(
+        &self,
+        input: &BidderInput<'_>,
+        pool: usize,
+        capacity: CapacityType,
+        count: f64,
+        max_price: Option<f64>,
+        age: f64,
+        adding: bool,
+    ) -> Option<Term> {
+        let info = &input.pools[pool];
+        let on_demand = info.on_demand_usd_hr?;
+        let rate_each = input.app.transient_rate(info.vcpus);
+        let (price, window, beta, uptime) = match capacity {
+            CapacityType::OnDemand => {
+                let window = self.config.horizon_seconds;
+                (on_demand, window, 0.0, window)
+            }
+            CapacityType::Spot => {
+                let quote = input.market.quotes.get(pool)?;
+                let window = self.billing.decision_window(age, self.config.horizon_seconds);
+                match (quote.buyable_price(), max_price) {
+                    (Some(price), Some(max_price)) if price <= max_price => {
+                        let delta = (max_price - price) / on_demand;
+                        let beta = self.eviction.beta(pool, delta, age, window);
+                        let uptime = self.eviction.expected_uptime(pool, delta, age, window);
+                        (price, window, beta, uptime)
+                    }
+                    // unavailable, unpriced or above its max price: it is going away now
+                    _ => (quote.price.unwrap_or(0.0), window, 1.0, 0.0),
+                }
+            }
+        };
+        let charge = match capacity {
+            CapacityType::OnDemand => price * window / 3600.0,
+            CapacityType::Spot => self.billing.expected_charge(price, age, window, beta, uptime),
+        };
+        let useful = if adding {
+            (uptime - input.app.sigma_seconds).max(0.0)
+        } else {
+            uptime
+        };
+        Some(Term {
+            cost: count * charge,
+            work: count * rate_each * useful,
+            rate: count * rate_each,
+            survive: 1.0 - beta,
+            count,
+            spend_per_hour: count * price,
+            expected_rate: count * rate_each * useful / window.max(1.0),
+        })
+    }
+
+    /// `E = C / W` of `footprint` plus the reliable tier (eqs. 4.2–4.4).
+    fn cost_per_work(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
+        let (cost, work) = self.totals(input, footprint);
+        if work <= 0.0 { f64::INFINITY } else { cost / work }
+    }
+
+    fn reliable_rate(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
+        let reliable = input.reliable;
+        f64::from(reliable.count)
+            * input
+                .app
+                .reliable_rate(reliable.vcpus, footprint.transient, f64::from(reliable.count))
+    }
+
+    fn totals(&self, input: &BidderInput<'_>, footprint: &Footprint) -> (f64, f64) {
+        let window = self.config.horizon_seconds;
+        let reliable = input.reliable;
+        let reliable_rate = self.reliable_rate(input, footprint);
+        let cost = footprint.cost + f64::from(reliable.count) * reliable.usd_hr * window / 3600.0;
+        let lambda_loss = (1.0 - footprint.survive) * input.app.lambda_seconds;
+        let work = footprint.work + reliable_rate * window - (footprint.rate + reliable_rate) * lambda_loss;
+        (cost, work.max(0.0))
+    }
+
+    /// Decide what to buy and release (see the module docs).
+    pub fn decide(&self, input: &BidderInput<'_>) -> Decision {
+        let now = input.now;
+        let lead = self.config.boundary_lead_seconds;
+        let mut current = Footprint::empty();
+        let mut terms: Vec<(u64, Term, Option<Term>)> = Vec::new();
+        for allocation in input.allocations {
+            let age = (now - allocation.launched_at).max(0) as f64;
+            let count = f64::from(allocation.count);
+            let Some(term) = self.term(input, allocation.pool, allocation.capacity, count, allocation.max_price, age, false)
+            else {
+                continue;
+            };
+            current = current.with(&term);
+            // the allocation as renewed past its boundary, if the boundary is near or the
+            // model has none (per-second billing can stop at any time)
+            let boundary = self.billing.next_boundary(allocation.launched_at, now);
+            let renewal = match (allocation.capacity, boundary) {
+                (CapacityType::Spot, Some(b)) if b - now <= lead => {
+                    let renewed_age = (b - allocation.launched_at) as f64;
+                    self.term(input, allocation.pool, allocation.capacity, count, allocation.max_price, renewed_age, false)
+                }
+                (_, None) | (CapacityType::OnDemand, _) => Some(term),
+                _ => None,
+            };
+            terms.push((allocation.id, term, renewal));
+        }
+        let before = self.cost_per_work(input, &current);
+
+        // budget exhausted: release every transient allocation
+        if input.job.budget_remaining_usd.is_some_and(|b| b <= 0.0) {
+            let reliable_only = Footprint::empty();
+            return Decision {
+                acquire: Vec::new(),
+                release: input.allocations.iter().map(|a| a.id).collect(),
+                cost_per_work_before: before,
+                cost_per_work_after: self.cost_per_work(input, &reliable_only),
+                next_decision_at: now + self.config.interval_seconds,
+                no_feasible_pool: None,
+                deadline_at_risk: input.job.deadline.is_some(),
+                budget_exhausted: true,
+            };
+        }
+
+        let required_rate = input.job.deadline.map(|deadline| {
+            let left = (deadline - now) as f64;
+            if left <= 0.0 { f64::INFINITY } else { input.job.remaining_work / left }
+        });
+
+        // releases: renewing must not raise E
+        let mut footprint = current;
+        let mut release = Vec::new();
+        for (id, _term, renewal) in &terms {
+            let Some(renewal) = renewal else { continue };
+            let others = terms
+                .iter()
+                .filter(|(other, _, _)| other != id && !release.contains(other))
+                .fold(Footprint::empty(), |f, (_, t, _)| f.with(t));
+            let with = self.cost_per_work(input, &others.with(renewal));
+            let without = self.cost_per_work(input, &others);
+            let rate_without = others.expected_rate + self.reliable_rate(input, &others);
+            let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
+            if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
+                release.push(*id);
+                footprint = others;
+            }
+        }
+
+        // candidates: every buyable spot pool at every modelled bid delta
+        let mut infeasible = NoFeasiblePool::default();
+        let mut candidates: Vec<(usize, CapacityType, Option<f64>)> = Vec::new();
+        for (pool, quote) in input.market.quotes.iter().enumerate() {
+            let Some(info) = input.pools.get(pool) else { continue };
+            let Some(on_demand) = info.on_demand_usd_hr else { continue };
+            if info.id.capacity != CapacityType::Spot {
+                continue;
+            }
+            if !quote.available {
+                infeasible.unavailable += 1;
+                continue;
+            }
+            let Some(price) = quote.price else {
+                infeasible.unpriced += 1;
+                continue;
+            };
+            let cap = self.config.max_price_cap.unwrap_or(f64::INFINITY);
+            if price > cap {
+                infeasible.above_max_price += 1;
+                continue;
+            }
+            for &delta in &self.eviction.config().bid_deltas {
+                let max_price = (price + delta * on_demand).min(cap);
+                candidates.push((pool, CapacityType::Spot, Some(max_price)));
+            }
+        }
+        let no_feasible_pool = candidates.is_empty().then_some(infeasible);
+        if required_rate.is_some() {
+            // on-demand capacity for the transient tier, one per instance type
+            let mut seen: Vec<&str> = Vec::new();
+            for (pool, info) in input.pools.iter().enumerate() {
+                if info.on_demand_usd_hr.is_some() && !seen.contains(&info.id.instance_type.as_str()) {
+                    seen.push(&info.id.instance_type);
+                    candidates.push((pool, CapacityType::OnDemand, None));
+                }
+            }
+        }
+
+        // acquisitions: greedily add the candidate that lowers E most
+        let mut acquire: Vec<AllocationRequest> = Vec::new();
+        let mut deadline_at_risk = false;
+        loop {
+            let free = f64::from(self.config.max_transient) - footprint.transient;
+            if free < 1.0 {
+                break;
+            }
+            let e_now = self.cost_per_work(input, &footprint);
+            let rate_now = footprint.expected_rate + self.reliable_rate(input, &footprint);
+            let pressed = required_rate.is_some_and(|r| rate_now < r);
+            let mut best: Option<(f64, AllocationRequest, Footprint)> = None;
+            for &(pool, capacity, max_price) in &candidates {
+                if capacity == CapacityType::OnDemand && !pressed {
+                    continue;
+                }
+                // E of (footprint + k instances) is monotone in k, so only the smallest and the
+                // largest count can be best
+                let price = match capacity {
+                    CapacityType::Spot => input.market.quotes[pool].price.unwrap_or(f64::INFINITY),
+                    CapacityType::OnDemand => input.pools[pool].on_demand_usd_hr.unwrap_or(f64::INFINITY),
+                };
+                let mut largest = free.floor();
+                if let Some(cap) = input.job.budget_per_hour_usd {
+                    let room = cap - footprint.spend_per_hour - f64::from(input.reliable.count) * input.reliable.usd_hr;
+                    largest = largest.min((room / price).floor());
+                }
+                if largest < 1.0 {
+                    continue;
+                }
+                for count in [1.0, largest] {
+                    let Some(term) = self.term(input, pool, capacity, count, max_price, 0.0, true) else {
+                        continue;
+                    };
+                    let next = footprint.with(&term);
+                    let e = self.cost_per_work(input, &next);
+                    let score = if pressed {
+                        // under deadline pressure: the cheapest way to add rate
+                        if term.expected_rate <= 0.0 {
+                            continue;
+                        }
+                        e
+                    } else {
+                        if e >= e_now * (1.0 - self.config.min_improvement) {
+                            continue;
+                        }
+                        e
+                    };
+                    if best.as_ref().is_none_or(|(b, _, _)| score < *b) {
+                        best = Some((
+                            score,
+                            AllocationRequest {
+                                pool,
+                                capacity,
+                                count: count as u32,
+                                max_price,
+                            },
+                            next,
+                        ));
+                    }
+                }
+            }
+            match best {
+                Some((_, request, next)) => {
+                    acquire.push(request);
+                    footprint = next;
+                }
+                None => {
+                    deadline_at_risk = pressed;
+                    break;
+                }
+            }
+        }
+        if let Some(r) = required_rate {
+            let rate = footprint.expected_rate + self.reliable_rate(input, &footprint);
+            deadline_at_risk |= rate < r;
+        }
+
+        let mut next_decision_at = now + self.config.interval_seconds;
+        for allocation in input.allocations {
+            if let Some(boundary) = self.billing.next_boundary(allocation.launched_at, now) {
+                let at = boundary - lead;
+                if at > now {
+                    next_decision_at = next_decision_at.min(at);
+                }
+            }
+        }
+        Decision {
+            acquire,
+            release,
+            cost_per_work_before: before,
+            cost_per_work_after: self.cost_per_work(input, &footprint),
+            next_decision_at,
+            no_feasible_pool,
+            deadline_at_risk,
+            budget_exhausted: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

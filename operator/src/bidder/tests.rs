@@ -1,0 +1,266 @@
+//! Bidder decisions in named scenarios.
+
+use super::*;
+use crate::eviction::EvictionConfig;
+use crate::market::{GapPolicy, Market, PoolId, PoolSeries, Quote, Sample};
+
+const CHURNY: usize = 0;
+const STABLE: usize = 1;
+
+fn info(zone: &str) -> PoolInfo {
+    PoolInfo {
+        id: PoolId {
+            instance_type: "c5.xlarge".into(),
+            zone: zone.into(),
+            capacity: CapacityType::Spot,
+        },
+        vcpus: 4.0,
+        memory_gib: Some(8.0),
+        on_demand_usd_hr: Some(1.0),
+    }
+}
+
+/// Pool 0 is up 30 minutes then down 10, over and over; pool 1 never goes away.
+fn eviction_model() -> EvictionModel {
+    let samples = |up: &dyn Fn(i64) -> bool| -> Vec<Sample> {
+        (0..6000)
+            .map(|m| Sample {
+                at: m * 60,
+                price: Some(0.3),
+                available: up(m),
+            })
+            .collect()
+    };
+    let market = Market {
+        source: "scenario".into(),
+        gap: GapPolicy::for_interval(60),
+        pools: vec![
+            PoolSeries {
+                info: info("churny"),
+                samples: samples(&|m| m % 40 < 30),
+                has_availability: true,
+            },
+            PoolSeries {
+                info: info("stable"),
+                samples: samples(&|_| true),
+                has_availability: true,
+            },
+        ],
+    };
+    EvictionModel::fit(
+        &market,
+        EvictionConfig {
+            bid_deltas: vec![0.0001, 0.5],
+            step_seconds: 60.0,
+            max_horizon_seconds: 6.0 * 3600.0,
+            min_launches: 5,
+        },
+    )
+    .unwrap()
+}
+
+struct Scenario {
+    pools: Vec<PoolInfo>,
+    view: MarketView,
+    allocations: Vec<Allocation>,
+    reliable: ReliableTier,
+    app: AppModel,
+    job: JobState,
+    config: BidderConfig,
+    billing: BillingModel,
+}
+
+impl Scenario {
+    fn new(billing: BillingModel) -> Self {
+        Self {
+            pools: vec![info("churny"), info("stable")],
+            view: MarketView {
+                at: 1_000_000,
+                quotes: vec![
+                    Quote {
+                        price: Some(0.3),
+                        available: true,
+                    };
+                    2
+                ],
+            },
+            allocations: Vec::new(),
+            reliable: ReliableTier {
+                count: 1,
+                vcpus: 4.0,
+                usd_hr: 1.0,
+            },
+            app: AppModel::default(),
+            job: JobState {
+                remaining_work: 1e9,
+                ..JobState::default()
+            },
+            config: BidderConfig {
+                max_transient: 8,
+                ..BidderConfig::default()
+            },
+            billing,
+        }
+    }
+
+    fn price(mut self, pool: usize, price: Option<f64>, available: bool) -> Self {
+        self.view.quotes[pool] = Quote { price, available };
+        self
+    }
+
+    fn holding(mut self, id: u64, pool: usize, count: u32, max_price: f64, age: i64) -> Self {
+        self.allocations.push(Allocation {
+            id,
+            pool,
+            capacity: CapacityType::Spot,
+            count,
+            max_price: Some(max_price),
+            launched_at: self.view.at - age,
+        });
+        self
+    }
+
+    fn decide(&self, model: &EvictionModel) -> Decision {
+        let bidder = Bidder {
+            config: self.config.clone(),
+            billing: self.billing,
+            eviction: model,
+        };
+        bidder.decide(&BidderInput {
+            now: self.view.at,
+            pools: &self.pools,
+            market: &self.view,
+            allocations: &self.allocations,
+            reliable: &self.reliable,
+            app: &self.app,
+            job: &self.job,
+        })
+    }
+}
+
+#[test]
+fn fills_the_transient_tier_from_the_cheapest_pool_per_work() {
+    let model = eviction_model();
+    let decision = Scenario::new(BillingModel::Gcp)
+        .price(CHURNY, Some(0.5), true)
+        .price(STABLE, Some(0.2), true)
+        .decide(&model);
+    assert_eq!(decision.acquire.len(), 1, "{decision:?}");
+    assert_eq!(decision.acquire[0].pool, STABLE);
+    assert_eq!(decision.acquire[0].count, 8);
+    assert!(decision.cost_per_work_after < decision.cost_per_work_before);
+    assert!(decision.no_feasible_pool.is_none());
+}
+
+#[test]
+fn hourly_refunds_make_a_churny_pool_worth_it() {
+    // same price; the churny pool is usually evicted within the hour, which refunds it
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::AwsHourly2016);
+    scenario.app.lambda_seconds = 10.0;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.acquire[0].pool, CHURNY, "{decision:?}");
+    // without refunds the evictions only cost work: the stable pool wins
+    let mut scenario = Scenario::new(BillingModel::Gcp);
+    scenario.app.lambda_seconds = 10.0;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.acquire[0].pool, STABLE, "{decision:?}");
+}
+
+#[test]
+fn says_so_when_no_pool_is_feasible() {
+    let model = eviction_model();
+    let decision = Scenario::new(BillingModel::Aws)
+        .price(CHURNY, Some(0.3), false)
+        .price(STABLE, None, true)
+        .decide(&model);
+    assert!(decision.acquire.is_empty());
+    let reason = decision.no_feasible_pool.expect("no feasible pool reported");
+    assert_eq!(reason.unavailable, 1);
+    assert_eq!(reason.unpriced, 1);
+    assert!(reason.to_string().contains("no feasible spot pool"));
+    assert!(decision.next_decision_at > 1_000_000);
+}
+
+#[test]
+fn releases_before_the_boundary_when_the_price_rose_and_buys_elsewhere() {
+    let model = eviction_model();
+    // 57 minutes into its hour, pool STABLE now costs more than on-demand per work
+    let decision = Scenario::new(BillingModel::AwsHourly2016)
+        .price(STABLE, Some(5.0), true)
+        .price(CHURNY, Some(0.3), true)
+        .holding(7, STABLE, 8, 10.0, 57 * 60)
+        .decide(&model);
+    assert_eq!(decision.release, vec![7], "{decision:?}");
+    assert_eq!(decision.acquire[0].pool, CHURNY);
+    // the same allocation mid-hour is kept: its hour is paid for
+    let mut scenario = Scenario::new(BillingModel::AwsHourly2016)
+        .price(STABLE, Some(5.0), true)
+        .holding(7, STABLE, 8, 10.0, 20 * 60);
+    scenario.config.interval_seconds = 3600;
+    let decision = scenario.decide(&model);
+    assert!(decision.release.is_empty(), "{decision:?}");
+    // and the next decision comes before its boundary, not at the (longer) interval
+    assert_eq!(decision.next_decision_at, 1_000_000 + 40 * 60 - 300);
+}
+
+#[test]
+fn keeps_a_good_footprint_without_churn() {
+    let model = eviction_model();
+    let decision = Scenario::new(BillingModel::Gcp)
+        .holding(1, STABLE, 8, 0.8, 600)
+        .decide(&model);
+    assert!(decision.acquire.is_empty(), "{decision:?}");
+    assert!(decision.release.is_empty(), "{decision:?}");
+    assert_eq!(decision.cost_per_work_after, decision.cost_per_work_before);
+}
+
+#[test]
+fn a_deadline_buys_on_demand_when_spot_is_gone() {
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Aws)
+        .price(CHURNY, None, false)
+        .price(STABLE, None, false);
+    // 4 reliable vCPUs give 4 work/s; 10 h left for 360k work needs 10/s
+    scenario.job.remaining_work = 360_000.0;
+    scenario.job.deadline = Some(scenario.view.at + 36_000);
+    let decision = scenario.decide(&model);
+    assert!(decision.no_feasible_pool.is_some());
+    let on_demand: u32 = decision
+        .acquire
+        .iter()
+        .filter(|r| r.capacity == CapacityType::OnDemand)
+        .map(|r| r.count)
+        .sum();
+    assert!(on_demand >= 2, "{decision:?}");
+    assert!(!decision.deadline_at_risk, "{decision:?}");
+    // an impossible deadline is reported, not spun on
+    scenario.job.remaining_work = 1e9;
+    let decision = scenario.decide(&model);
+    assert!(decision.deadline_at_risk);
+    assert!(decision.acquire.iter().map(|r| r.count).sum::<u32>() <= 8);
+}
+
+#[test]
+fn budgets_cap_spending() {
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Gcp);
+    // 1 USD/h reliable + 3 × 0.3 USD/h fits under 2 USD/h, a fourth does not
+    scenario.job.budget_per_hour_usd = Some(2.0);
+    let decision = scenario.decide(&model);
+    let total: u32 = decision.acquire.iter().map(|r| r.count).sum();
+    assert_eq!(total, 3, "{decision:?}");
+    scenario.job.budget_remaining_usd = Some(0.0);
+    let scenario = scenario.holding(3, STABLE, 2, 1.0, 100);
+    let decision = scenario.decide(&model);
+    assert!(decision.budget_exhausted);
+    assert_eq!(decision.release, vec![3]);
+    assert!(decision.acquire.is_empty());
+}
+
+#[test]
+fn decisions_are_deterministic() {
+    let model = eviction_model();
+    let scenario = Scenario::new(BillingModel::Aws).holding(1, CHURNY, 2, 0.31, 1000);
+    assert_eq!(scenario.decide(&model), scenario.decide(&model));
+}

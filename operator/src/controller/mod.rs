@@ -1,0 +1,1057 @@
+//! The TrainingJob controller: `reconcile` as observe → validate → plan → apply → status, under
+//! kube's finalizer helper, with children written by server-side apply under one field manager.
+
+pub mod capacity;
+pub mod plan;
+pub mod status;
+pub mod validate;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use ebbflow_crds::{TrainingJob, TrainingJobStatus};
+use futures::StreamExt;
+use k8s_openapi::{
+    api::core::v1::{Node, Pod, Secret, Service},
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+    runtime::{
+        Controller,
+        controller::Action,
+        events::{Event, EventType, Recorder},
+        finalizer::{self, finalizer},
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use parking_lot::Mutex;
+use serde_json::json;
+use tracing::{debug, info, instrument, warn};
+
+use self::{
+    capacity::{CapacityPlanner, CapacityView},
+    plan::{Activity, CapacityDecision, DeleteReason, PlanConfig, PlanInput, PoolKey},
+    status::{CoordinatorObservation, StatusInput, conditions, reasons},
+    validate::Capabilities,
+};
+use crate::{
+    coordinator::{CoordinatorClient, NoticeRequest, StopRequest, coordinator_url},
+    metrics::Metrics,
+    notices::{self, Notice, NoticeLedger, NoticeSource},
+};
+
+/// The field manager of every server-side apply, and the finalizer's prefix.
+pub const MANAGER: &str = "ebbflow-operator";
+
+/// The finalizer the operator puts on every TrainingJob.
+pub const FINALIZER: &str = "ebbflow.dev/cleanup";
+
+/// Operator settings that shape reconciliation.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Image defaults and the capacity-type label.
+    pub plan: PlanConfig,
+    /// Talk to this coordinator URL for every job instead of the job's Service (tests,
+    /// port-forwards).
+    pub coordinator_url_override: Option<String>,
+    /// What this deployment supports (EC2 provisioning).
+    pub capabilities: Capabilities,
+    /// Requeue while nodes are being provisioned.
+    pub provisioning_requeue: Duration,
+    /// First retry delay after a failure; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Progress-only status changes (iteration, loss) are written at most this often.
+    pub status_interval: Duration,
+}
+
+impl Config {
+    /// Defaults for `image`, with the capacity-type label of the Karpenter preset.
+    pub fn new(default_image: impl Into<String>) -> Self {
+        Self {
+            plan: PlanConfig {
+                default_image: default_image.into(),
+                capacity_label: ebbflow_crds::CapacityTypeLabel::default().resolved(),
+            },
+            coordinator_url_override: None,
+            capabilities: Capabilities::default(),
+            provisioning_requeue: Duration::from_secs(10),
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+            status_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What the controller remembers per job between reconciles. Losing it (restart) only resends
+/// notices and relogs a decision.
+#[derive(Debug, Default)]
+struct JobMemory {
+    ledger: NoticeLedger,
+    last_decision: Option<BTreeMap<PoolKey, u32>>,
+    consecutive_failures: u32,
+    last_status_write: Option<Instant>,
+    phase: Option<&'static str>,
+}
+
+/// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
+#[derive(Clone, Debug, Default)]
+pub struct NodeIndex {
+    inner: Arc<Mutex<HashMap<String, HashSet<ObjectRef<TrainingJob>>>>>,
+}
+
+impl NodeIndex {
+    /// Records that `job`'s pods run on exactly `nodes`.
+    pub fn update(&self, job: &ObjectRef<TrainingJob>, nodes: &BTreeSet<String>) {
+        let mut index = self.inner.lock();
+        index.retain(|node, jobs| {
+            if !nodes.contains(node) {
+                jobs.remove(job);
+            }
+            !jobs.is_empty()
+        });
+        for node in nodes {
+            index.entry(node.clone()).or_default().insert(job.clone());
+        }
+    }
+
+    /// The jobs with pods on `node`.
+    pub fn jobs_on(&self, node: &str) -> Vec<ObjectRef<TrainingJob>> {
+        self.inner
+            .lock()
+            .get(node)
+            .map(|jobs| jobs.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Everything reconcile needs, passed in (never global).
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// Publishes Kubernetes Events on TrainingJobs.
+    pub recorder: Recorder,
+    /// Operator metrics.
+    pub metrics: Metrics,
+    /// Settings.
+    pub config: Config,
+    /// Talks to job coordinators.
+    pub coordinator: CoordinatorClient,
+    /// Decides transient pool counts (the bidder seam).
+    pub capacity: Arc<dyn CapacityPlanner>,
+    /// Node → jobs index for the Node watch.
+    pub node_index: NodeIndex,
+    memory: Mutex<HashMap<ObjectRef<TrainingJob>, JobMemory>>,
+}
+
+impl Context {
+    /// A context from its parts.
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        metrics: Metrics,
+        config: Config,
+        coordinator: CoordinatorClient,
+        capacity: Arc<dyn CapacityPlanner>,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            config,
+            coordinator,
+            capacity,
+            node_index: NodeIndex::default(),
+            memory: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn with_memory<T>(
+        &self,
+        job: &ObjectRef<TrainingJob>,
+        f: impl FnOnce(&mut JobMemory) -> T,
+    ) -> T {
+        f(self.memory.lock().entry(job.clone()).or_default())
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let factor = 2_u32.saturating_pow(failures.saturating_sub(1).min(16));
+        (self.config.backoff_base * factor).min(self.config.backoff_max)
+    }
+}
+
+/// Errors of the observe step.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    /// Listing the job's pods failed.
+    #[error("list pods of the job: {0}")]
+    ListPods(#[source] kube::Error),
+    /// Reading the token Secret failed.
+    #[error("get secret {name}: {source}")]
+    GetSecret {
+        /// Secret name.
+        name: String,
+        /// Cause.
+        source: kube::Error,
+    },
+    /// Reading a Node failed.
+    #[error("get node {name}: {source}")]
+    GetNode {
+        /// Node name.
+        name: String,
+        /// Cause.
+        source: kube::Error,
+    },
+}
+
+/// Errors of the apply step.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Server-side apply of a child failed.
+    #[error("apply {kind} {name}: {source}")]
+    Apply {
+        /// Child kind.
+        kind: &'static str,
+        /// Child name.
+        name: String,
+        /// Cause.
+        source: kube::Error,
+    },
+    /// Deleting a child failed.
+    #[error("delete {kind} {name}: {source}")]
+    Delete {
+        /// Child kind.
+        kind: &'static str,
+        /// Child name.
+        name: String,
+        /// Cause.
+        source: kube::Error,
+    },
+}
+
+/// Errors of the status step.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// Server-side apply of the status failed.
+    #[error("apply status: {0}")]
+    Patch(#[source] kube::Error),
+}
+
+/// Errors of one reconcile run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object lacks something every TrainingJob has (namespace).
+    #[error("invalid object: {0}")]
+    InvalidObject(&'static str),
+    /// Observing the cluster failed.
+    #[error(transparent)]
+    Observe(#[from] ObserveError),
+    /// Applying children failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Writing the status failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A closed, CamelCase category for metric labels and event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::InvalidObject(_) => "InvalidObject",
+            Self::Observe(_) | Self::Apply(_) | Self::Status(_) => "Kubernetes",
+            Self::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(error) | finalizer::Error::CleanupFailed(error) => {
+                    error.category()
+                }
+                _ => "Finalizer",
+            },
+        }
+    }
+}
+
+/// Reconciles one TrainingJob.
+#[instrument(skip(job, ctx), fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
+pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciliations.inc();
+    let started = Instant::now();
+    let namespace = job
+        .namespace()
+        .ok_or(Error::InvalidObject("namespace missing"))?;
+    let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&jobs, FINALIZER, job, |event| async {
+        match event {
+            finalizer::Event::Apply(job) => apply_job(job, ctx.clone()).await,
+            finalizer::Event::Cleanup(job) => cleanup_job(job, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|error| Error::Finalizer(Box::new(error)));
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+/// Retry policy after an error: exponential backoff per job, counted in metrics.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[error.category()])
+        .inc();
+    let failures = ctx.with_memory(&ObjectRef::from_obj(job.as_ref()), |memory| {
+        memory.consecutive_failures += 1;
+        memory.consecutive_failures
+    });
+    let delay = ctx.backoff(failures);
+    warn!(job = %job.name_any(), category = error.category(), %error, delay_seconds = delay.as_secs(), "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Everything observed about one job.
+struct Observed {
+    pods: Vec<Pod>,
+    token: Option<String>,
+    nodes: BTreeMap<String, notices::NodeObservation>,
+}
+
+async fn observe(
+    job: &TrainingJob,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Observed, ObserveError> {
+    let name = job.name_any();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let pods = pods_api
+        .list(&ListParams::default().labels(&plan::job_selector(&name)))
+        .await
+        .map_err(ObserveError::ListPods)?
+        .items;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let secret_name = plan::secret_name(&name);
+    let token = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|source| ObserveError::GetSecret {
+            name: secret_name,
+            source,
+        })?
+        .and_then(|secret| secret.data)
+        .and_then(|data| data.get(plan::TOKEN_KEY).cloned())
+        .and_then(|bytes| String::from_utf8(bytes.0).ok())
+        .filter(|token| !token.is_empty());
+    let node_names: BTreeSet<String> = pods
+        .iter()
+        .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+        .collect();
+    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
+    let mut nodes = BTreeMap::new();
+    for node_name in node_names {
+        let node = nodes_api
+            .get_opt(&node_name)
+            .await
+            .map_err(|source| ObserveError::GetNode {
+                name: node_name.clone(),
+                source,
+            })?;
+        let observation = match node {
+            Some(node) => notices::NodeObservation::Present(Box::new(node)),
+            None => notices::NodeObservation::Gone,
+        };
+        nodes.insert(node_name, observation);
+    }
+    Ok(Observed { pods, token, nodes })
+}
+
+/// A random 256-bit hex token for the data plane.
+fn fresh_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+async fn publish(
+    ctx: &Context,
+    job: &TrainingJob,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        // Events are best effort: losing one must not fail the reconcile.
+        warn!(%error, reason, "publish event failed");
+    }
+}
+
+async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = job
+        .namespace()
+        .ok_or(Error::InvalidObject("namespace missing"))?;
+    let name = job.name_any();
+    let job_ref = ObjectRef::from_obj(job.as_ref());
+    let now = Timestamp::now();
+    let previous = job.status.as_ref();
+
+    // observe
+    let observed = observe(&job, &ctx, &namespace).await?;
+    let node_names: BTreeSet<String> = observed.nodes.keys().cloned().collect();
+    ctx.node_index.update(&job_ref, &node_names);
+    let live_pods: Vec<&str> = observed
+        .pods
+        .iter()
+        .filter_map(|pod| pod.metadata.name.as_deref())
+        .collect();
+    ctx.with_memory(&job_ref, |memory| memory.ledger.retain_pods(&live_pods));
+
+    // validate
+    let errors = validate::validate(&job, ctx.config.capabilities);
+    if !errors.is_empty() {
+        let message = validate::message(&errors);
+        let already_reported = previous
+            .and_then(|s| s.condition(conditions::VALID))
+            .is_some_and(|c| c.status == "False" && c.message == message);
+        if !already_reported {
+            publish(
+                &ctx,
+                &job,
+                EventType::Warning,
+                reasons::INVALID_SPEC,
+                "Validate",
+                message.clone(),
+            )
+            .await;
+        }
+        let pods_observed = plan::observe_pods(&name, &observed.pods, &[]);
+        let status = status::compute_status(&StatusInput {
+            previous,
+            generation: job.metadata.generation,
+            validation: Err(message),
+            suspended: job.spec.suspend,
+            reliable_count: job.spec.reliable.count,
+            pods: &pods_observed,
+            coordinator: &CoordinatorObservation::NotQueried,
+            decision_changes: Vec::new(),
+            new_evictions: 0,
+            now,
+        });
+        write_status(&ctx, &job, &job_ref, &namespace, status).await?;
+        ctx.with_memory(&job_ref, |memory| memory.consecutive_failures = 0);
+        // Nothing changes until the spec does: wait for the next generation, no retry loop.
+        return Ok(Action::await_change());
+    }
+
+    // notices: what is leaving, from nodes and pods
+    let current_notices = notices::notices(&observed.pods, &observed.nodes, now);
+    let already_succeeded = previous.and_then(|s| s.phase) == Some(ebbflow_crds::Phase::Succeeded);
+    let coordinator_base = coordinator_url(
+        &name,
+        &namespace,
+        ctx.config.coordinator_url_override.as_deref(),
+    );
+
+    // observe the coordinator, when there is one to ask
+    let coordinator_pod_ready = observed.pods.iter().any(|pod| {
+        pod.labels()
+            .get(plan::COORDINATOR_LABEL)
+            .map(String::as_str)
+            == Some("true")
+            && plan::pod_ready(pod)
+    });
+    let ask_coordinator = !job.spec.suspend
+        && !already_succeeded
+        && (coordinator_pod_ready || ctx.config.coordinator_url_override.is_some());
+    let coordinator = if ask_coordinator {
+        match ctx.coordinator.status(&coordinator_base).await {
+            Ok(report) => {
+                ctx.metrics
+                    .coordinator_requests
+                    .with_label_values(&["ok"])
+                    .inc();
+                CoordinatorObservation::Reported(report)
+            }
+            Err(error) => {
+                ctx.metrics
+                    .coordinator_requests
+                    .with_label_values(&["error"])
+                    .inc();
+                CoordinatorObservation::Unreachable(error.to_string())
+            }
+        }
+    } else {
+        CoordinatorObservation::NotQueried
+    };
+    let coordinator_reachable = !matches!(coordinator, CoordinatorObservation::Unreachable(_));
+
+    // deliver notices not yet delivered
+    let undelivered: Vec<Notice> = ctx.with_memory(&job_ref, |memory| {
+        memory
+            .ledger
+            .undelivered(&current_notices)
+            .into_iter()
+            .cloned()
+            .collect()
+    });
+    let new_evictions =
+        ctx.with_memory(&job_ref, |memory| memory.ledger.count_new(&current_notices));
+    if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
+        for notice in &undelivered {
+            if deliver_notice(&ctx, &coordinator_base, notice, now).await {
+                ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
+                publish(
+                    &ctx,
+                    &job,
+                    EventType::Normal,
+                    "EvictionNotice",
+                    "Notify",
+                    format!(
+                        "pod {} leaves at {} ({})",
+                        notice.pod,
+                        notice.leaves_at,
+                        notice.source.as_str()
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+
+    // decide capacity
+    let finished = already_succeeded
+        || matches!(&coordinator, CoordinatorObservation::Reported(report) if report.finished);
+    let activity = if finished {
+        Activity::Finished
+    } else if job.spec.suspend {
+        Activity::Suspend
+    } else {
+        Activity::Run
+    };
+    let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
+    let alive = plan::alive_per_pool(&classified);
+    let under_notice = plan::pools_under_notice(&classified);
+    let decision = if activity == Activity::Run {
+        ctx.capacity.decide(&CapacityView {
+            job: &job,
+            alive: &alive,
+            pools_under_notice: &under_notice,
+            coordinator: match &coordinator {
+                CoordinatorObservation::Reported(report) => Some(report),
+                _ => None,
+            },
+            now,
+        })
+    } else {
+        CapacityDecision {
+            transient: BTreeMap::new(),
+            reason: match activity {
+                Activity::Suspend => "Suspended".to_owned(),
+                _ => "Finished".to_owned(),
+            },
+        }
+    };
+    let decision_changes = ctx.with_memory(&job_ref, |memory| {
+        let before = memory
+            .last_decision
+            .clone()
+            .unwrap_or_else(|| alive.clone());
+        let changes = status::decision_changes(&before, &decision.transient, &decision.reason, now);
+        memory.last_decision = Some(decision.transient.clone());
+        changes
+    });
+
+    // plan
+    let fresh = fresh_token();
+    let desired = plan::plan(&PlanInput {
+        job: &job,
+        pods: &observed.pods,
+        existing_token: observed.token.as_deref(),
+        fresh_token: &fresh,
+        notices: &current_notices,
+        decision: &decision,
+        activity,
+        config: &ctx.config.plan,
+    });
+
+    // apply
+    let params = PatchParams::apply(MANAGER).force();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret_name = plan::secret_name(&name);
+    secrets
+        .patch(&secret_name, &params, &Patch::Apply(&desired.secret))
+        .await
+        .map_err(|source| ApplyError::Apply {
+            kind: "Secret",
+            name: secret_name,
+            source,
+        })?;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let service_name = plan::coordinator_service_name(&name);
+    services
+        .patch(&service_name, &params, &Patch::Apply(&desired.service))
+        .await
+        .map_err(|source| ApplyError::Apply {
+            kind: "Service",
+            name: service_name,
+            source,
+        })?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut created = Vec::new();
+    for pod in &desired.create {
+        let pod_name = pod.name_any();
+        pods.patch(&pod_name, &params, &Patch::Apply(pod))
+            .await
+            .map_err(|source| ApplyError::Apply {
+                kind: "Pod",
+                name: pod_name.clone(),
+                source,
+            })?;
+        let tier = pod
+            .labels()
+            .get(plan::TIER_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        ctx.metrics
+            .pods_created
+            .with_label_values(&[tier.as_str()])
+            .inc();
+        created.push(pod_name);
+    }
+    if job.spec.suspend && !desired.delete.is_empty() && coordinator_pod_ready {
+        // Let the coordinator push state to its backups before its nodes go.
+        let stop = StopRequest {
+            reason: "Suspended".to_owned(),
+        };
+        if let Err(error) = ctx.coordinator.stop(&coordinator_base, &stop).await {
+            debug!(%error, "stop before suspend not delivered");
+        }
+    }
+    let grace = job
+        .spec
+        .runtime
+        .termination_grace_period_seconds
+        .unwrap_or(plan::DEFAULT_GRACE_SECONDS);
+    for deletion in &desired.delete {
+        if deletion.reason != DeleteReason::Replace && coordinator_reachable {
+            // Our own releases are notices too: the coordinator migrates before SIGTERM.
+            let notice = Notice {
+                pod: deletion.name.clone(),
+                node: None,
+                leaves_at: now + SignedDuration::from_secs(grace),
+                source: NoticeSource::ScaleDown,
+            };
+            if !matches!(coordinator, CoordinatorObservation::NotQueried)
+                && deliver_notice(&ctx, &coordinator_base, &notice, now).await
+            {
+                ctx.with_memory(&job_ref, |memory| memory.ledger.record(&notice));
+            }
+            ctx.with_memory(&job_ref, |memory| memory.ledger.mark_released(&notice.pod));
+        }
+        match pods.delete(&deletion.name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError::Delete {
+                    kind: "Pod",
+                    name: deletion.name.clone(),
+                    source,
+                }
+                .into());
+            }
+        }
+        ctx.metrics
+            .pods_deleted
+            .with_label_values(&[deletion.reason.as_str()])
+            .inc();
+    }
+    if !created.is_empty() {
+        publish(
+            &ctx,
+            &job,
+            EventType::Normal,
+            "PodsCreated",
+            "Scale",
+            format!("created {}", created.join(", ")),
+        )
+        .await;
+    }
+    if !desired.delete.is_empty() {
+        let mut by_reason: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for deletion in &desired.delete {
+            by_reason
+                .entry(deletion.reason.as_str())
+                .or_default()
+                .push(&deletion.name);
+        }
+        for (reason, names) in by_reason {
+            publish(
+                &ctx,
+                &job,
+                EventType::Normal,
+                "PodsDeleted",
+                "Scale",
+                format!("deleted {} ({reason})", names.join(", ")),
+            )
+            .await;
+        }
+    }
+
+    // status
+    let new_status = status::compute_status(&StatusInput {
+        previous,
+        generation: job.metadata.generation,
+        validation: Ok(()),
+        suspended: job.spec.suspend,
+        reliable_count: job.spec.reliable.count,
+        pods: &classified,
+        coordinator: &coordinator,
+        decision_changes,
+        new_evictions,
+        now,
+    });
+    transition_events(&ctx, &job, previous, &new_status).await;
+    write_status(&ctx, &job, &job_ref, &namespace, new_status.clone()).await?;
+
+    // requeue
+    let failures = ctx.with_memory(&job_ref, |memory| {
+        if coordinator_reachable {
+            memory.consecutive_failures = 0;
+        } else {
+            memory.consecutive_failures += 1;
+        }
+        memory.consecutive_failures
+    });
+    let interval = job
+        .spec
+        .bidding
+        .decision_interval
+        .to_duration()
+        .unwrap_or(Duration::from_secs(120));
+    let action = if !coordinator_reachable {
+        Action::requeue(ctx.backoff(failures))
+    } else if activity != Activity::Run {
+        Action::await_change()
+    } else if new_status.phase != Some(ebbflow_crds::Phase::Running)
+        || !desired.create.is_empty()
+        || !desired.delete.is_empty()
+    {
+        Action::requeue(ctx.config.provisioning_requeue.min(interval))
+    } else {
+        Action::requeue(interval)
+    };
+    Ok(action)
+}
+
+/// Sends one notice; true if the coordinator accepted it.
+async fn deliver_notice(ctx: &Context, base: &str, notice: &Notice, now: Timestamp) -> bool {
+    let request = NoticeRequest {
+        instance: notice.pod.clone(),
+        leaves_at: notice.leaves_at.to_string(),
+        source: notice.source.as_str().to_owned(),
+    };
+    match ctx.coordinator.notice(base, &request).await {
+        Ok(()) => {
+            let lead = notice.leaves_at.duration_since(now).as_secs_f64().max(0.0);
+            let source = notice.source.as_str();
+            ctx.metrics.notices_sent.with_label_values(&[source]).inc();
+            ctx.metrics
+                .notice_lead
+                .with_label_values(&[source])
+                .observe(lead);
+            info!(pod = %notice.pod, source, lead_seconds = lead, "eviction notice delivered");
+            true
+        }
+        Err(error) => {
+            ctx.metrics.notice_failures.inc();
+            warn!(pod = %notice.pod, %error, "eviction notice not delivered");
+            false
+        }
+    }
+}
+
+/// Events for phase and condition transitions (not for steady states).
+async fn transition_events(
+    ctx: &Context,
+    job: &TrainingJob,
+    previous: Option<&TrainingJobStatus>,
+    new: &TrainingJobStatus,
+) {
+    let became = |type_: &str, value: bool| {
+        status::condition_is(Some(new), type_, value)
+            && !status::condition_is(previous, type_, value)
+    };
+    if became(conditions::DEGRADED, true) {
+        let condition = new.condition(conditions::DEGRADED);
+        let reason = condition.map_or(reasons::COORDINATOR_UNREACHABLE, |c| c.reason.as_str());
+        let message = condition.map(|c| c.message.clone()).unwrap_or_default();
+        publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
+    }
+    if became(conditions::SUSPENDED, true) {
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "Suspended",
+            "Suspend",
+            "nodes released".to_owned(),
+        )
+        .await;
+    }
+    if became(conditions::SUSPENDED, false)
+        && previous.is_some_and(|p| p.phase == Some(ebbflow_crds::Phase::Suspended))
+    {
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "Resumed",
+            "Resume",
+            "nodes requested again".to_owned(),
+        )
+        .await;
+    }
+    if became(conditions::READY, true) {
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "Ready",
+            "Observe",
+            "reliable tier and coordinator are up".to_owned(),
+        )
+        .await;
+    }
+    if became(conditions::SUCCEEDED, true) {
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "Succeeded",
+            "Observe",
+            "training reached a stop criterion".to_owned(),
+        )
+        .await;
+    }
+}
+
+/// True if `a` and `b` differ only in training progress fields.
+fn only_progress_differs(a: &TrainingJobStatus, b: &TrainingJobStatus) -> bool {
+    let strip = |status: &TrainingJobStatus| {
+        let mut status = status.clone();
+        status.iteration = None;
+        status.loss = None;
+        status.stage = None;
+        status.migrations = 0;
+        status.rollbacks = 0;
+        status
+    };
+    strip(a) == strip(b)
+}
+
+async fn write_status(
+    ctx: &Context,
+    job: &TrainingJob,
+    job_ref: &ObjectRef<TrainingJob>,
+    namespace: &str,
+    status: TrainingJobStatus,
+) -> Result<(), StatusError> {
+    let phase = status::phase_name(status.phase);
+    ctx.with_memory(job_ref, |memory| {
+        if let Some(old) = memory.phase.replace(phase) {
+            ctx.metrics.jobs.with_label_values(&[old]).dec();
+        }
+        ctx.metrics.jobs.with_label_values(&[phase]).inc();
+    });
+    let previous = job.status.clone().unwrap_or_default();
+    if previous == status {
+        return Ok(());
+    }
+    // Progress alone (iteration, loss) changes constantly; writing it on every reconcile would
+    // make each status write trigger the next reconcile.
+    let throttled = only_progress_differs(&previous, &status)
+        && ctx.with_memory(job_ref, |memory| {
+            memory
+                .last_status_write
+                .is_some_and(|at| at.elapsed() < ctx.config.status_interval)
+        });
+    if throttled {
+        return Ok(());
+    }
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &job.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(StatusError::Patch)?;
+    ctx.with_memory(job_ref, |memory| {
+        memory.last_status_write = Some(Instant::now())
+    });
+    Ok(())
+}
+
+/// Deletes everything the job created; idempotent and safe when nothing was ever created.
+async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = job
+        .namespace()
+        .ok_or(Error::InvalidObject("namespace missing"))?;
+    let name = job.name_any();
+    let job_ref = ObjectRef::from_obj(job.as_ref());
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods = pods_api
+        .list(&ListParams::default().labels(&plan::job_selector(&name)))
+        .await
+        .map_err(ObserveError::ListPods)?
+        .items;
+    let coordinator_ready = pods.iter().any(|pod| {
+        pod.labels()
+            .get(plan::COORDINATOR_LABEL)
+            .map(String::as_str)
+            == Some("true")
+            && plan::pod_ready(pod)
+    });
+    if coordinator_ready || ctx.config.coordinator_url_override.is_some() {
+        let base = coordinator_url(
+            &name,
+            &namespace,
+            ctx.config.coordinator_url_override.as_deref(),
+        );
+        let stop = StopRequest {
+            reason: "Deleted".to_owned(),
+        };
+        if let Err(error) = ctx.coordinator.stop(&base, &stop).await {
+            // The job is going away either way; a coordinator that cannot be told is deleted.
+            debug!(%error, "stop before deletion not delivered");
+        }
+    }
+    for pod in pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+    {
+        delete_ignoring_missing(&pods_api, "Pod", &pod.name_any()).await?;
+        ctx.metrics
+            .pods_deleted
+            .with_label_values(&["Cleanup"])
+            .inc();
+    }
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    delete_ignoring_missing(&services, "Service", &plan::coordinator_service_name(&name)).await?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    delete_ignoring_missing(&secrets, "Secret", &plan::secret_name(&name)).await?;
+    publish(
+        &ctx,
+        &job,
+        EventType::Normal,
+        "CleanedUp",
+        "Cleanup",
+        format!("deleted {} pods, service and secret", pods.len()),
+    )
+    .await;
+    ctx.node_index.update(&job_ref, &BTreeSet::new());
+    if let Some(memory) = ctx.memory.lock().remove(&job_ref) {
+        if let Some(phase) = memory.phase {
+            ctx.metrics.jobs.with_label_values(&[phase]).dec();
+        }
+    }
+    Ok(Action::await_change())
+}
+
+async fn delete_ignoring_missing<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+) -> Result<(), ApplyError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(ApplyError::Delete {
+            kind,
+            name: name.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Errors starting the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The TrainingJob CRD is not installed.
+    #[error(
+        "the TrainingJob CRD (trainingjobs.ebbflow.dev) is not installed in this cluster; install it with `ebbflow crd | kubectl apply -f -` or the Helm chart"
+    )]
+    CrdMissing,
+    /// The API server could not be asked.
+    #[error("checking for the TrainingJob CRD failed: {0}")]
+    Check(#[source] kube::Error),
+}
+
+/// Fails with a one-line error when the TrainingJob CRD is not installed.
+pub async fn check_crd(client: &Client) -> Result<(), StartError> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get_opt("trainingjobs.ebbflow.dev").await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(StartError::CrdMissing),
+        Err(error) => Err(StartError::Check(error)),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves: TrainingJobs, owning Pods, Services and
+/// Secrets, and watching Nodes mapped to the jobs whose pods run on them.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let jobs: Api<TrainingJob> = Api::all(client.clone());
+    let children = watcher::Config::default().labels(&format!(
+        "app.kubernetes.io/managed-by={}",
+        plan::MANAGED_BY
+    ));
+    let node_index = ctx.node_index.clone();
+    Controller::new(jobs, watcher::Config::default().any_semantic())
+        .owns(Api::<Pod>::all(client.clone()), children.clone())
+        .owns(Api::<Service>::all(client.clone()), children.clone())
+        .owns(Api::<Secret>::all(client.clone()), children)
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            move |node: Node| node_index.jobs_on(&node.name_any()),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => debug!(job = %object.name, "reconciled"),
+                Err(error) => debug!(%error, "reconcile stream error"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests;

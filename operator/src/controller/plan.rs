@@ -1,0 +1,952 @@
+//! The plan step (pure): from the job, its observed pods, the eviction notices and the capacity
+//! decision, the desired Secret, Service and pods, and which pods to delete.
+//!
+//! Naming: the Secret is `<job>-token` (key `token`), the headless Service `<job>-coordinator`,
+//! reliable pods `<job>-r-<i>` (i < reliable.count; `<job>-r-0` hosts the coordinator) and
+//! transient pods `<job>-t-<i>` with the lowest ordinals free. Pods are immutable in the
+//! fields that matter, so drift is fixed by replacing pods, never by patching them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ebbflow_crds::{CapacityType, CapacityTypeLabel, Pool, ResolvedCapacityTypeLabel, TrainingJob};
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{
+        Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+        EnvVarSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+        ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
+        ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    },
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+};
+use kube::{Resource, ResourceExt};
+
+use crate::{
+    coordinator::{ADMIN_PORT, DATA_PORT},
+    notices::{Notice, NoticeSource},
+};
+
+/// Label carrying the owning job's name on every child.
+pub const JOB_LABEL: &str = "ebbflow.dev/job";
+/// Label carrying the tier (`reliable` or `transient`) on runtime pods.
+pub const TIER_LABEL: &str = "ebbflow.dev/tier";
+/// Label carrying the pool slug on transient pods.
+pub const POOL_LABEL: &str = "ebbflow.dev/pool";
+/// Label `true` on the pod that hosts the coordinator.
+pub const COORDINATOR_LABEL: &str = "ebbflow.dev/coordinator";
+/// Annotation with the pool's instance type (empty: any).
+pub const INSTANCE_TYPE_ANNOTATION: &str = "ebbflow.dev/instance-type";
+/// Annotation with the pool's zone (empty: any).
+pub const ZONE_ANNOTATION: &str = "ebbflow.dev/zone";
+/// Annotation with the pool's capacity type (`spot` or `on-demand`).
+pub const CAPACITY_TYPE_ANNOTATION: &str = "ebbflow.dev/capacity-type";
+/// `app.kubernetes.io/managed-by` value on every child.
+pub const MANAGED_BY: &str = "ebbflow-operator";
+/// Well-known node label of the instance type.
+pub const INSTANCE_TYPE_NODE_LABEL: &str = "node.kubernetes.io/instance-type";
+/// Well-known node label of the zone.
+pub const ZONE_NODE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Key of the data-plane token in the job's Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Name of the runtime container.
+pub const CONTAINER_NAME: &str = "runtime";
+/// Termination grace period when the spec sets none: EC2's spot notice.
+pub const DEFAULT_GRACE_SECONDS: i64 = 120;
+/// User the runtime runs as (distroless `nonroot`).
+pub const RUNTIME_USER: i64 = 65532;
+
+/// Name of the job's data-plane token Secret.
+pub fn secret_name(job: &str) -> String {
+    format!("{job}-token")
+}
+
+/// Name of the job's headless coordinator Service.
+pub fn coordinator_service_name(job: &str) -> String {
+    format!("{job}-coordinator")
+}
+
+/// Name of reliable pod `ordinal`.
+pub fn reliable_pod_name(job: &str, ordinal: u32) -> String {
+    format!("{job}-r-{ordinal}")
+}
+
+/// Name of transient pod `ordinal`.
+pub fn transient_pod_name(job: &str, ordinal: u32) -> String {
+    format!("{job}-t-{ordinal}")
+}
+
+/// Label selector matching every child of `job`.
+pub fn job_selector(job: &str) -> String {
+    format!("{JOB_LABEL}={job},app.kubernetes.io/managed-by={MANAGED_BY}")
+}
+
+/// Operator-wide settings the plan needs.
+#[derive(Clone, Debug)]
+pub struct PlanConfig {
+    /// Runtime image when the spec names none.
+    pub default_image: String,
+    /// Capacity-type label when the spec keeps the default (karpenter, no overrides).
+    pub capacity_label: ResolvedCapacityTypeLabel,
+}
+
+/// A [`Pool`] with a total order (instance type, zone, capacity type), so pools can key
+/// ordered maps and plans come out deterministic.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PoolKey(pub Pool);
+
+impl PoolKey {
+    /// A key for a spot or on-demand pool of `instance_type` in `zone`.
+    pub fn new(instance_type: &str, zone: &str, capacity_type: CapacityType) -> Self {
+        Self(Pool {
+            instance_type: instance_type.to_owned(),
+            zone: zone.to_owned(),
+            capacity_type,
+        })
+    }
+
+    fn sort_key(&self) -> (&str, &str, u8) {
+        let capacity = match self.0.capacity_type {
+            CapacityType::OnDemand => 0,
+            CapacityType::Spot => 1,
+        };
+        (&self.0.instance_type, &self.0.zone, capacity)
+    }
+}
+
+impl Ord for PoolKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.sort_key().cmp(&other.sort_key())
+    }
+}
+
+impl PartialOrd for PoolKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::ops::Deref for PoolKey {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        &self.0
+    }
+}
+
+/// How many transient instances to run per pool, and the decisions that led there.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapacityDecision {
+    /// Desired transient pods per pool; pools absent hold none.
+    pub transient: BTreeMap<PoolKey, u32>,
+    /// Why, for the status's decision log (only changes are logged).
+    pub reason: String,
+}
+
+impl CapacityDecision {
+    /// Total desired transient pods.
+    pub fn total(&self) -> u32 {
+        self.transient.values().sum()
+    }
+}
+
+/// Which tier a runtime pod belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// On-demand, holds ParamServ/BackupPS state and the coordinator.
+    Reliable,
+    /// Spot, added and released by the bidder.
+    Transient,
+}
+
+impl Tier {
+    /// The label value and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reliable => "reliable",
+            Self::Transient => "transient",
+        }
+    }
+}
+
+/// Why a pod is deleted; also the metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeleteReason {
+    /// More pods than decided in its pool or tier.
+    ScaleDown,
+    /// Finished, failed, or its node is gone: deleted so it can be replaced.
+    Replace,
+    /// The job is suspended.
+    Suspend,
+    /// Training finished.
+    Finished,
+}
+
+impl DeleteReason {
+    /// The CamelCase name (metric label, event text).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ScaleDown => "ScaleDown",
+            Self::Replace => "Replace",
+            Self::Suspend => "Suspend",
+            Self::Finished => "Finished",
+        }
+    }
+}
+
+/// A pod the plan deletes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodDeletion {
+    /// Pod name.
+    pub name: String,
+    /// Why.
+    pub reason: DeleteReason,
+}
+
+/// Whether the job should be running nodes at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activity {
+    /// Run the decided footprint.
+    Run,
+    /// Release every node (spec.suspend).
+    Suspend,
+    /// Release every node (training finished).
+    Finished,
+}
+
+/// Everything the plan is computed from.
+#[derive(Clone, Debug)]
+pub struct PlanInput<'a> {
+    /// The job.
+    pub job: &'a TrainingJob,
+    /// The job's pods as observed.
+    pub pods: &'a [Pod],
+    /// The token in the existing Secret, if any.
+    pub existing_token: Option<&'a str>,
+    /// A fresh token, used only when no Secret exists yet.
+    pub fresh_token: &'a str,
+    /// Current eviction notices of the job's pods.
+    pub notices: &'a [Notice],
+    /// The capacity decision.
+    pub decision: &'a CapacityDecision,
+    /// Run, suspend or finished.
+    pub activity: Activity,
+    /// Operator-wide settings.
+    pub config: &'a PlanConfig,
+}
+
+/// The desired state and the changes that get there.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The data-plane token Secret (applied every time; the token never changes).
+    pub secret: Secret,
+    /// The headless coordinator Service (applied every time).
+    pub service: Service,
+    /// Pods to create.
+    pub create: Vec<Pod>,
+    /// Pods to delete, with why.
+    pub delete: Vec<PodDeletion>,
+}
+
+/// What is known about one observed runtime pod.
+#[derive(Clone, Debug)]
+pub struct ObservedPod<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// Its name.
+    pub name: &'a str,
+    /// Its tier (from its label).
+    pub tier: Tier,
+    /// Its pool (transient pods, from annotations).
+    pub pool: Option<PoolKey>,
+    /// Ordinal parsed from its name.
+    pub ordinal: Option<u32>,
+    /// Already being deleted.
+    pub deleting: bool,
+    /// Phase Succeeded or Failed.
+    pub finished: bool,
+    /// The notice against it, if any.
+    pub notice: Option<&'a Notice>,
+}
+
+impl ObservedPod<'_> {
+    /// Counts towards the footprint: not deleting, not finished, no notice.
+    pub fn alive(&self) -> bool {
+        !self.deleting && !self.finished && self.notice.is_none()
+    }
+
+    /// Running with every container ready.
+    pub fn ready(&self) -> bool {
+        pod_ready(self.pod)
+    }
+}
+
+/// True if the pod is Running with condition Ready=True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Running")
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Classifies the job's pods; pods without the tier label are ignored.
+pub fn observe_pods<'a>(
+    job_name: &str,
+    pods: &'a [Pod],
+    notices: &'a [Notice],
+) -> Vec<ObservedPod<'a>> {
+    pods.iter()
+        .filter_map(|pod| {
+            let name = pod.metadata.name.as_deref()?;
+            let tier = match pod.labels().get(TIER_LABEL).map(String::as_str) {
+                Some("reliable") => Tier::Reliable,
+                Some("transient") => Tier::Transient,
+                _ => return None,
+            };
+            let prefix = match tier {
+                Tier::Reliable => format!("{job_name}-r-"),
+                Tier::Transient => format!("{job_name}-t-"),
+            };
+            let ordinal = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.parse().ok());
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            Some(ObservedPod {
+                pod,
+                name,
+                tier,
+                pool: (tier == Tier::Transient).then(|| pool_of(pod)),
+                ordinal,
+                deleting: pod.metadata.deletion_timestamp.is_some(),
+                finished: matches!(phase, Some("Succeeded" | "Failed")),
+                notice: notices.iter().find(|notice| notice.pod == name),
+            })
+        })
+        .collect()
+}
+
+/// The pool a transient pod was created for, from its annotations.
+pub fn pool_of(pod: &Pod) -> PoolKey {
+    let annotation = |key: &str| pod.annotations().get(key).cloned().unwrap_or_default();
+    PoolKey(Pool {
+        instance_type: annotation(INSTANCE_TYPE_ANNOTATION),
+        zone: annotation(ZONE_ANNOTATION),
+        capacity_type: match annotation(CAPACITY_TYPE_ANNOTATION).as_str() {
+            "on-demand" => CapacityType::OnDemand,
+            _ => CapacityType::Spot,
+        },
+    })
+}
+
+/// A label-value-safe name for a pool (at most 63 characters).
+pub fn pool_slug(pool: &Pool) -> String {
+    let part = |text: &str| {
+        if text.is_empty() {
+            "any".to_owned()
+        } else {
+            text.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect()
+        }
+    };
+    let capacity = match pool.capacity_type {
+        CapacityType::Spot => "spot",
+        CapacityType::OnDemand => "on-demand",
+    };
+    let slug = format!(
+        "{}_{}_{capacity}",
+        part(&pool.instance_type),
+        part(&pool.zone)
+    );
+    if slug.len() <= 63 {
+        return slug;
+    }
+    // Too long for a label value: keep a prefix and make it unique with a hash of the whole.
+    let hash = slug.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}-{:016x}", &slug[..46], hash)
+}
+
+/// The capacity-type label in force for `job`: the spec's when it differs from the default,
+/// else the operator's.
+pub fn capacity_label(job: &TrainingJob, config: &PlanConfig) -> ResolvedCapacityTypeLabel {
+    let spec_label = &job.spec.provisioning.capacity_type;
+    if *spec_label == CapacityTypeLabel::default() {
+        config.capacity_label.clone()
+    } else {
+        spec_label.resolved()
+    }
+}
+
+/// Computes the plan.
+pub fn plan(input: &PlanInput<'_>) -> Plan {
+    let job = input.job;
+    let job_name = job.name_any();
+    let observed = observe_pods(&job_name, input.pods, input.notices);
+    let mut create = Vec::new();
+    let mut delete = Vec::new();
+
+    if input.activity != Activity::Run {
+        let reason = match input.activity {
+            Activity::Suspend => DeleteReason::Suspend,
+            _ => DeleteReason::Finished,
+        };
+        for pod in observed.iter().filter(|pod| !pod.deleting) {
+            delete.push(PodDeletion {
+                name: pod.name.to_owned(),
+                reason,
+            });
+        }
+    } else {
+        plan_reliable(input, &observed, &mut create, &mut delete);
+        plan_transient(input, &observed, &mut create, &mut delete);
+    }
+    delete.sort_by(|a, b| a.name.cmp(&b.name));
+
+    Plan {
+        secret: build_secret(job, input.existing_token.unwrap_or(input.fresh_token)),
+        service: build_service(job),
+        create,
+        delete,
+    }
+}
+
+/// Deletes pods that must be replaced: finished, or bound to a node that is gone.
+fn needs_replacement(pod: &ObservedPod<'_>) -> bool {
+    !pod.deleting
+        && (pod.finished
+            || pod
+                .notice
+                .is_some_and(|n| n.source == NoticeSource::NodeGone))
+}
+
+fn plan_reliable(
+    input: &PlanInput<'_>,
+    observed: &[ObservedPod<'_>],
+    create: &mut Vec<Pod>,
+    delete: &mut Vec<PodDeletion>,
+) {
+    let job_name = input.job.name_any();
+    let count = input.job.spec.reliable.count;
+    let reliable: Vec<&ObservedPod<'_>> = observed
+        .iter()
+        .filter(|p| p.tier == Tier::Reliable)
+        .collect();
+    for pod in &reliable {
+        let in_range = pod.ordinal.is_some_and(|ordinal| ordinal < count);
+        if !in_range && !pod.deleting {
+            delete.push(PodDeletion {
+                name: pod.name.to_owned(),
+                reason: DeleteReason::ScaleDown,
+            });
+        } else if in_range && needs_replacement(pod) {
+            delete.push(PodDeletion {
+                name: pod.name.to_owned(),
+                reason: DeleteReason::Replace,
+            });
+        }
+    }
+    for ordinal in 0..count {
+        let name = reliable_pod_name(&job_name, ordinal);
+        // A pod still present under the name (even while deleting) blocks re-creation; the
+        // next reconcile after it is gone creates the replacement.
+        if !reliable.iter().any(|pod| pod.name == name) {
+            create.push(build_pod(input, &PodRole::Reliable { ordinal }));
+        }
+    }
+}
+
+fn plan_transient(
+    input: &PlanInput<'_>,
+    observed: &[ObservedPod<'_>],
+    create: &mut Vec<Pod>,
+    delete: &mut Vec<PodDeletion>,
+) {
+    let job_name = input.job.name_any();
+    let transient: Vec<&ObservedPod<'_>> = observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient)
+        .collect();
+    for pod in &transient {
+        if needs_replacement(pod) {
+            delete.push(PodDeletion {
+                name: pod.name.to_owned(),
+                reason: DeleteReason::Replace,
+            });
+        }
+    }
+
+    let mut alive_per_pool: BTreeMap<PoolKey, Vec<&ObservedPod<'_>>> = BTreeMap::new();
+    for pod in transient.iter().filter(|pod| pod.alive()) {
+        let pool = pod.pool.clone().unwrap_or_default();
+        alive_per_pool.entry(pool).or_default().push(pod);
+    }
+
+    // Scale down: pools absent from the decision lose every pod; others their excess, least
+    // valuable first (not yet ready, then youngest, then highest ordinal).
+    for (pool, mut pods) in alive_per_pool.clone() {
+        let desired = input.decision.transient.get(&pool).copied().unwrap_or(0) as usize;
+        if pods.len() <= desired {
+            continue;
+        }
+        pods.sort_by_key(|pod| {
+            (
+                pod.ready(),
+                std::cmp::Reverse(pod.pod.metadata.creation_timestamp.clone().map(|t| t.0)),
+                std::cmp::Reverse(pod.ordinal),
+            )
+        });
+        for pod in pods.iter().take(pods.len() - desired) {
+            delete.push(PodDeletion {
+                name: pod.name.to_owned(),
+                reason: DeleteReason::ScaleDown,
+            });
+        }
+    }
+
+    // Scale up with the lowest ordinals no existing pod uses.
+    let mut used: BTreeSet<u32> = transient.iter().filter_map(|pod| pod.ordinal).collect();
+    let mut next_ordinal = 0_u32;
+    for (pool, desired) in &input.decision.transient {
+        let alive = alive_per_pool.get(pool).map_or(0, Vec::len) as u32;
+        for _ in alive..*desired {
+            while used.contains(&next_ordinal) {
+                next_ordinal += 1;
+            }
+            used.insert(next_ordinal);
+            debug_assert!(transient_pod_name(&job_name, next_ordinal).len() <= 253);
+            create.push(build_pod(
+                input,
+                &PodRole::Transient {
+                    ordinal: next_ordinal,
+                    pool: pool.clone(),
+                },
+            ));
+        }
+    }
+}
+
+/// Which runtime pod to build.
+enum PodRole {
+    Reliable { ordinal: u32 },
+    Transient { ordinal: u32, pool: PoolKey },
+}
+
+fn common_labels(job_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (JOB_LABEL.to_owned(), job_name.to_owned()),
+        (
+            "app.kubernetes.io/name".to_owned(),
+            "ebbflow-runtime".to_owned(),
+        ),
+        ("app.kubernetes.io/instance".to_owned(), job_name.to_owned()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            MANAGED_BY.to_owned(),
+        ),
+    ])
+}
+
+fn child_meta(job: &TrainingJob, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: job.namespace(),
+        labels: Some(labels),
+        owner_references: job.controller_owner_ref(&()).map(|owner| vec![owner]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The data-plane token Secret.
+pub fn build_secret(job: &TrainingJob, token: &str) -> Secret {
+    let job_name = job.name_any();
+    Secret {
+        metadata: child_meta(job, secret_name(&job_name), common_labels(&job_name)),
+        type_: Some("Opaque".to_owned()),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_owned(),
+            ByteString(token.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// The headless Service resolving to the coordinator pod, ready or not (nodes must reach it
+/// while it is still starting).
+pub fn build_service(job: &TrainingJob) -> Service {
+    let job_name = job.name_any();
+    let port = |name: &str, port: u16| ServicePort {
+        name: Some(name.to_owned()),
+        port: i32::from(port),
+        protocol: Some("TCP".to_owned()),
+        ..ServicePort::default()
+    };
+    Service {
+        metadata: child_meta(
+            job,
+            coordinator_service_name(&job_name),
+            common_labels(&job_name),
+        ),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(BTreeMap::from([
+                (JOB_LABEL.to_owned(), job_name.clone()),
+                (COORDINATOR_LABEL.to_owned(), "true".to_owned()),
+            ])),
+            ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn env_field(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.to_owned(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+fn default_resources() -> ResourceRequirements {
+    let quantities = |cpu: &str, memory: &str| {
+        BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(quantities("1", "1Gi")),
+        limits: Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity("1Gi".to_owned()),
+        )])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// Node placement of a pod: node selector, affinity and tolerations.
+struct Placement {
+    node_selector: BTreeMap<String, String>,
+    required: Vec<NodeSelectorRequirement>,
+    tolerations: Vec<Toleration>,
+}
+
+fn placement(input: &PlanInput<'_>, role: &PodRole) -> Placement {
+    let spec = &input.job.spec;
+    let label = capacity_label(input.job, input.config);
+    let mut node_selector = BTreeMap::new();
+    let mut required = Vec::new();
+    let mut tolerations = Vec::new();
+    let (capacity, extra_selector, extra_tolerations) = match role {
+        PodRole::Reliable { .. } => {
+            if !spec.reliable.instance_types.is_empty() {
+                required.push(NodeSelectorRequirement {
+                    key: INSTANCE_TYPE_NODE_LABEL.to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(spec.reliable.instance_types.clone()),
+                });
+            }
+            (
+                CapacityType::OnDemand,
+                &spec.reliable.node_selector,
+                &spec.reliable.tolerations,
+            )
+        }
+        PodRole::Transient { pool, .. } => {
+            if !pool.instance_type.is_empty() {
+                node_selector.insert(
+                    INSTANCE_TYPE_NODE_LABEL.to_owned(),
+                    pool.instance_type.clone(),
+                );
+            }
+            if !pool.zone.is_empty() {
+                node_selector.insert(ZONE_NODE_LABEL.to_owned(), pool.zone.clone());
+            }
+            (
+                pool.capacity_type,
+                &spec.transient.node_selector,
+                &spec.transient.tolerations,
+            )
+        }
+    };
+    match capacity {
+        CapacityType::Spot => {
+            node_selector.insert(label.key.clone(), label.spot_value.clone());
+            // Spot node pools are often tainted with their own capacity-type label.
+            tolerations.push(Toleration {
+                key: Some(label.key.clone()),
+                operator: Some("Equal".to_owned()),
+                value: Some(label.spot_value.clone()),
+                effect: Some("NoSchedule".to_owned()),
+                toleration_seconds: None,
+            });
+        }
+        CapacityType::OnDemand => match &label.on_demand_value {
+            Some(value) => {
+                node_selector.insert(label.key.clone(), value.clone());
+            }
+            // GKE marks only spot nodes; on-demand means the label is absent.
+            None => required.push(NodeSelectorRequirement {
+                key: label.key.clone(),
+                operator: "DoesNotExist".to_owned(),
+                values: None,
+            }),
+        },
+    }
+    node_selector.extend(extra_selector.iter().map(|(k, v)| (k.clone(), v.clone())));
+    tolerations.extend(extra_tolerations.iter().cloned());
+    Placement {
+        node_selector,
+        required,
+        tolerations,
+    }
+}
+
+fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
+    let job = input.job;
+    let spec = &job.spec;
+    let job_name = job.name_any();
+    let namespace = job.namespace().unwrap_or_default();
+    let mut labels = common_labels(&job_name);
+    let mut annotations = BTreeMap::new();
+    let (name, tier, is_coordinator) = match role {
+        PodRole::Reliable { ordinal } => (
+            reliable_pod_name(&job_name, *ordinal),
+            Tier::Reliable,
+            *ordinal == 0,
+        ),
+        PodRole::Transient { ordinal, pool } => {
+            labels.insert(POOL_LABEL.to_owned(), pool_slug(pool));
+            annotations.insert(
+                INSTANCE_TYPE_ANNOTATION.to_owned(),
+                pool.instance_type.clone(),
+            );
+            annotations.insert(ZONE_ANNOTATION.to_owned(), pool.zone.clone());
+            annotations.insert(
+                CAPACITY_TYPE_ANNOTATION.to_owned(),
+                match pool.capacity_type {
+                    CapacityType::Spot => "spot",
+                    CapacityType::OnDemand => "on-demand",
+                }
+                .to_owned(),
+            );
+            (
+                transient_pod_name(&job_name, *ordinal),
+                Tier::Transient,
+                false,
+            )
+        }
+    };
+    labels.insert(TIER_LABEL.to_owned(), tier.as_str().to_owned());
+    if is_coordinator {
+        labels.insert(COORDINATOR_LABEL.to_owned(), "true".to_owned());
+    }
+    let role_name = if is_coordinator {
+        "coordinator"
+    } else {
+        tier.as_str()
+    };
+
+    // The job spec travels as JSON; serializing our own derived type cannot fail.
+    let spec_json = serde_json::to_string(spec).unwrap_or_default();
+    let mut env_vars = vec![
+        env("EBBFLOW_JOB_NAME", job_name.clone()),
+        env("EBBFLOW_NAMESPACE", namespace.clone()),
+        env("EBBFLOW_ROLE", role_name),
+        env("EBBFLOW_TIER", tier.as_str()),
+        env(
+            "EBBFLOW_COORDINATOR",
+            format!(
+                "{}.{namespace}.svc:{ADMIN_PORT}",
+                coordinator_service_name(&job_name)
+            ),
+        ),
+        env("EBBFLOW_ADMIN_PORT", ADMIN_PORT.to_string()),
+        env("EBBFLOW_DATA_PORT", DATA_PORT.to_string()),
+        env("EBBFLOW_JOB_SPEC", spec_json),
+        env_field("EBBFLOW_POD_NAME", "metadata.name"),
+        env_field("EBBFLOW_NODE_NAME", "spec.nodeName"),
+        env_field("EBBFLOW_POD_IP", "status.podIP"),
+        EnvVar {
+            name: "EBBFLOW_TOKEN".to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret_name(&job_name),
+                    key: TOKEN_KEY.to_owned(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        },
+    ];
+    if let Some(threads) = spec.runtime.worker_threads {
+        env_vars.push(env("EBBFLOW_WORKER_THREADS", threads.to_string()));
+    }
+
+    let mut volumes = vec![Volume {
+        name: "scratch".to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: "scratch".to_owned(),
+        mount_path: "/tmp".to_owned(),
+        ..VolumeMount::default()
+    }];
+    if let Some(claim) = &spec.app.dataset.claim_name {
+        volumes.push(Volume {
+            name: "data".to_owned(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: Some(true),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "data".to_owned(),
+            mount_path: "/data".to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+
+    let placement = placement(input, role);
+    let affinity = (!placement.required.is_empty()).then(|| Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(placement.required),
+                    match_fields: None,
+                }],
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
+    });
+
+    let port = |name: &str, port: u16| ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: i32::from(port),
+        protocol: Some("TCP".to_owned()),
+        ..ContainerPort::default()
+    };
+    let mut metadata = child_meta(job, name, labels);
+    if !annotations.is_empty() {
+        metadata.annotations = Some(annotations);
+    }
+    Pod {
+        metadata,
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".to_owned()),
+            termination_grace_period_seconds: Some(
+                spec.runtime
+                    .termination_grace_period_seconds
+                    .unwrap_or(DEFAULT_GRACE_SECONDS),
+            ),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
+            affinity,
+            tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(RUNTIME_USER),
+                run_as_group: Some(RUNTIME_USER),
+                fs_group: Some(RUNTIME_USER),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    localhost_profile: None,
+                }),
+                ..PodSecurityContext::default()
+            }),
+            containers: vec![Container {
+                name: CONTAINER_NAME.to_owned(),
+                image: Some(
+                    spec.runtime
+                        .image
+                        .clone()
+                        .unwrap_or_else(|| input.config.default_image.clone()),
+                ),
+                env: Some(env_vars),
+                ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
+                resources: Some(
+                    spec.runtime
+                        .resources
+                        .clone()
+                        .unwrap_or_else(default_resources),
+                ),
+                volume_mounts: Some(mounts),
+                security_context: Some(SecurityContext {
+                    read_only_root_filesystem: Some(true),
+                    allow_privilege_escalation: Some(false),
+                    run_as_non_root: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".to_owned()]),
+                        add: None,
+                    }),
+                    ..SecurityContext::default()
+                }),
+                ..Container::default()
+            }],
+            volumes: Some(volumes),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Pods the plan keeps that count towards each pool (alive transient pods), for the bidder's
+/// view and the status.
+pub fn alive_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
+    let mut counts = BTreeMap::new();
+    for pod in observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && p.alive())
+    {
+        *counts
+            .entry(pod.pool.clone().unwrap_or_default())
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Pools that have at least one pod under an eviction notice.
+pub fn pools_under_notice(observed: &[ObservedPod<'_>]) -> BTreeSet<PoolKey> {
+    observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && p.notice.is_some())
+        .filter_map(|p| p.pool.clone())
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,519 @@
+//! Plan tests from YAML fixtures.
+
+use super::*;
+use crate::notices::{Notice, NoticeSource};
+use ebbflow_crds::CapacityTypePreset;
+use k8s_openapi::jiff::Timestamp;
+
+/// A job as a user writes it.
+const JOB_YAML: &str = r#"
+apiVersion: ebbflow.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: mf
+  namespace: ml
+  uid: 7d6c1c6e-0000-4000-8000-000000000001
+  generation: 3
+spec:
+  app:
+    kind: MatrixFactorization
+    dataset:
+      synthetic: { seed: 1, users: 100, items: 50, ratings: 1000, trueRank: 4 }
+  stop: { iterations: 10 }
+  reliable:
+    count: 2
+    instanceTypes: [m5.large]
+    tolerations:
+      - { key: dedicated, operator: Equal, value: ml, effect: NoSchedule }
+  transient:
+    maxNodes: 4
+    instanceTypes: [c5.xlarge, m5.large]
+    zones: [us-east-1a, us-east-1b]
+    nodeSelector: { team: ml }
+  bidding:
+    market: { kind: trace, trace: prices.csv }
+  runtime:
+    image: ghcr.io/ebbflow/ebbflow-runtime:test
+    terminationGracePeriodSeconds: 90
+    resources:
+      requests: { cpu: "2", memory: 4Gi }
+"#;
+
+fn job() -> TrainingJob {
+    serde_yaml::from_str(JOB_YAML).unwrap()
+}
+
+fn config() -> PlanConfig {
+    PlanConfig {
+        default_image: "ghcr.io/ebbflow/ebbflow-runtime:default".to_owned(),
+        capacity_label: CapacityTypeLabel::default().resolved(),
+    }
+}
+
+fn spot(instance_type: &str, zone: &str) -> PoolKey {
+    PoolKey::new(instance_type, zone, CapacityType::Spot)
+}
+
+fn decision(pools: &[(PoolKey, u32)]) -> CapacityDecision {
+    CapacityDecision {
+        transient: pools.iter().cloned().collect(),
+        reason: "Test".to_owned(),
+    }
+}
+
+/// An existing pod of job `mf` as the API server would return it.
+fn existing(name: &str, pool: Option<&PoolKey>, ready: bool, created: &str) -> Pod {
+    let tier = if name.contains("-r-") {
+        "reliable"
+    } else {
+        "transient"
+    };
+    let (instance_type, zone) =
+        pool.map_or(("", ""), |p| (p.instance_type.as_str(), p.zone.as_str()));
+    let phase = if ready { "Running" } else { "Pending" };
+    let status = if ready { "True" } else { "False" };
+    serde_yaml::from_str(&format!(
+        r#"
+metadata:
+  name: {name}
+  namespace: ml
+  creationTimestamp: "{created}"
+  labels: {{ ebbflow.dev/job: mf, ebbflow.dev/tier: {tier} }}
+  annotations: {{ ebbflow.dev/instance-type: "{instance_type}", ebbflow.dev/zone: "{zone}", ebbflow.dev/capacity-type: spot }}
+spec:
+  nodeName: node-{name}
+  containers: [{{ name: runtime }}]
+status:
+  phase: {phase}
+  conditions: [{{ type: Ready, status: "{status}" }}]
+"#
+    ))
+    .unwrap()
+}
+
+fn run_plan(
+    job: &TrainingJob,
+    pods: &[Pod],
+    notices: &[Notice],
+    decision: &CapacityDecision,
+) -> Plan {
+    plan(&PlanInput {
+        job,
+        pods,
+        existing_token: None,
+        fresh_token: "fresh",
+        notices,
+        decision,
+        activity: Activity::Run,
+        config: &config(),
+    })
+}
+
+fn names(pods: &[Pod]) -> Vec<String> {
+    pods.iter().map(|pod| pod.name_any()).collect()
+}
+
+fn deleted(plan: &Plan) -> Vec<(&str, DeleteReason)> {
+    plan.delete
+        .iter()
+        .map(|d| (d.name.as_str(), d.reason))
+        .collect()
+}
+
+#[test]
+fn fresh_job_gets_secret_service_and_reliable_pods() {
+    let job = job();
+    let plan = run_plan(&job, &[], &[], &decision(&[]));
+    assert_eq!(names(&plan.create), ["mf-r-0", "mf-r-1"]);
+    assert!(plan.delete.is_empty());
+
+    let coordinator = &plan.create[0];
+    assert_eq!(
+        coordinator
+            .labels()
+            .get(COORDINATOR_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(!plan.create[1].labels().contains_key(COORDINATOR_LABEL));
+    let owner = &coordinator.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("TrainingJob", "mf")
+    );
+    assert_eq!(owner.controller, Some(true));
+
+    let token = &plan.secret.data.as_ref().unwrap()[TOKEN_KEY];
+    assert_eq!(token.0, b"fresh");
+    assert_eq!(plan.secret.metadata.name.as_deref(), Some("mf-token"));
+
+    let service = plan.service.spec.as_ref().unwrap();
+    assert_eq!(
+        plan.service.metadata.name.as_deref(),
+        Some("mf-coordinator")
+    );
+    assert_eq!(service.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(
+        service.selector.as_ref().unwrap()[COORDINATOR_LABEL],
+        "true"
+    );
+    assert_eq!(service.publish_not_ready_addresses, Some(true));
+}
+
+#[test]
+fn existing_token_is_preserved() {
+    let job = job();
+    let plan = plan(&PlanInput {
+        job: &job,
+        pods: &[],
+        existing_token: Some("kept"),
+        fresh_token: "fresh",
+        notices: &[],
+        decision: &decision(&[]),
+        activity: Activity::Run,
+        config: &config(),
+    });
+    assert_eq!(plan.secret.data.as_ref().unwrap()[TOKEN_KEY].0, b"kept");
+}
+
+#[test]
+fn transient_pods_per_pool_carry_spot_placement() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let b = spot("m5.large", "us-east-1b");
+    let plan = run_plan(&job, &[], &[], &decision(&[(a.clone(), 2), (b.clone(), 1)]));
+    assert_eq!(
+        names(&plan.create),
+        ["mf-r-0", "mf-r-1", "mf-t-0", "mf-t-1", "mf-t-2"]
+    );
+
+    let t2 = plan.create[4].spec.as_ref().unwrap();
+    let selector = t2.node_selector.as_ref().unwrap();
+    assert_eq!(selector["karpenter.sh/capacity-type"], "spot");
+    assert_eq!(selector[INSTANCE_TYPE_NODE_LABEL], "m5.large");
+    assert_eq!(selector[ZONE_NODE_LABEL], "us-east-1b");
+    assert_eq!(selector["team"], "ml", "spec node selector merged");
+    let toleration = &t2.tolerations.as_ref().unwrap()[0];
+    assert_eq!(
+        toleration.key.as_deref(),
+        Some("karpenter.sh/capacity-type")
+    );
+    assert_eq!(toleration.value.as_deref(), Some("spot"));
+    assert_eq!(pool_of(&plan.create[4]), b);
+    assert_eq!(
+        plan.create[4].labels()[POOL_LABEL],
+        "m5.large_us-east-1b_spot"
+    );
+    assert_eq!(plan.create[2].labels()[TIER_LABEL], "transient");
+}
+
+#[test]
+fn reliable_pods_pin_to_on_demand_under_every_preset() {
+    let job = job();
+    let plan = run_plan(&job, &[], &[], &decision(&[]));
+    let spec = plan.create[0].spec.as_ref().unwrap();
+    assert_eq!(
+        spec.node_selector.as_ref().unwrap()["karpenter.sh/capacity-type"],
+        "on-demand"
+    );
+    let tolerations = spec.tolerations.as_ref().unwrap();
+    assert_eq!(
+        tolerations.len(),
+        1,
+        "only the spec's toleration, no spot one"
+    );
+    let affinity = spec
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .as_ref()
+        .unwrap();
+    let terms = &affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    let instance_types = &terms[0].match_expressions.as_ref().unwrap()[0];
+    assert_eq!(instance_types.key, INSTANCE_TYPE_NODE_LABEL);
+    assert_eq!(
+        instance_types.values.as_deref(),
+        Some(&["m5.large".to_owned()][..])
+    );
+
+    let eks = job
+        .clone()
+        .with_spec(|spec| spec.provisioning.capacity_type.preset = CapacityTypePreset::Eks);
+    let plan = run_plan(&eks, &[], &[], &decision(&[(spot("", ""), 1)]));
+    let reliable = plan.create[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .node_selector
+        .clone()
+        .unwrap();
+    assert_eq!(reliable["eks.amazonaws.com/capacityType"], "ON_DEMAND");
+    let transient = plan.create[2]
+        .spec
+        .as_ref()
+        .unwrap()
+        .node_selector
+        .clone()
+        .unwrap();
+    assert_eq!(transient["eks.amazonaws.com/capacityType"], "SPOT");
+    assert!(
+        !transient.contains_key(INSTANCE_TYPE_NODE_LABEL),
+        "pool of any type"
+    );
+
+    let gke = job
+        .clone()
+        .with_spec(|spec| spec.provisioning.capacity_type.preset = CapacityTypePreset::Gke);
+    let plan = run_plan(&gke, &[], &[], &decision(&[]));
+    let spec = plan.create[0].spec.as_ref().unwrap();
+    assert!(
+        spec.node_selector.is_none(),
+        "GKE on-demand nodes lack the label"
+    );
+    let terms = &spec
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .as_ref()
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    let absent = &terms[0].match_expressions.as_ref().unwrap()[1];
+    assert_eq!(
+        (absent.key.as_str(), absent.operator.as_str()),
+        ("cloud.google.com/gke-spot", "DoesNotExist")
+    );
+}
+
+#[test]
+fn operator_label_applies_when_the_spec_keeps_the_default() {
+    let job = job();
+    let mut config = config();
+    config.capacity_label = ResolvedCapacityTypeLabel {
+        key: "example.com/lifecycle".to_owned(),
+        on_demand_value: Some("normal".to_owned()),
+        spot_value: "cheap".to_owned(),
+    };
+    let plan = plan(&PlanInput {
+        job: &job,
+        pods: &[],
+        existing_token: None,
+        fresh_token: "t",
+        notices: &[],
+        decision: &decision(&[]),
+        activity: Activity::Run,
+        config: &config,
+    });
+    assert_eq!(
+        plan.create[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .node_selector
+            .as_ref()
+            .unwrap()["example.com/lifecycle"],
+        "normal"
+    );
+}
+
+#[test]
+fn pods_run_non_root_read_only_with_spec_grace_resources_and_token() {
+    let job = job();
+    let plan = run_plan(&job, &[], &[], &decision(&[]));
+    let spec = plan.create[0].spec.as_ref().unwrap();
+    assert_eq!(spec.termination_grace_period_seconds, Some(90));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    let pod_security = spec.security_context.as_ref().unwrap();
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    let container = &spec.containers[0];
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        container.image.as_deref(),
+        Some("ghcr.io/ebbflow/ebbflow-runtime:test")
+    );
+    let requests = container
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    assert_eq!(requests["cpu"].0, "2");
+    let env = container.env.as_ref().unwrap();
+    let token = env.iter().find(|e| e.name == "EBBFLOW_TOKEN").unwrap();
+    let secret_ref = token
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (secret_ref.name.as_str(), secret_ref.key.as_str()),
+        ("mf-token", TOKEN_KEY)
+    );
+    let role = env.iter().find(|e| e.name == "EBBFLOW_ROLE").unwrap();
+    assert_eq!(role.value.as_deref(), Some("coordinator"));
+
+    // Defaults when the spec says nothing.
+    let bare = TrainingJob::test("bare");
+    let plan = run_plan(&bare, &[], &[], &decision(&[]));
+    let spec = plan.create[0].spec.as_ref().unwrap();
+    assert_eq!(
+        spec.termination_grace_period_seconds,
+        Some(DEFAULT_GRACE_SECONDS)
+    );
+    assert_eq!(
+        spec.containers[0].image.as_deref(),
+        Some("ghcr.io/ebbflow/ebbflow-runtime:default")
+    );
+    assert!(
+        spec.containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .is_some()
+    );
+}
+
+#[test]
+fn steady_state_plans_no_pod_changes() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-r-1", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-t-0", Some(&a), true, "2026-01-01T00:01:00Z"),
+        existing("mf-t-1", Some(&a), true, "2026-01-01T00:01:00Z"),
+    ];
+    let plan = run_plan(&job, &pods, &[], &decision(&[(a, 2)]));
+    assert!(plan.create.is_empty(), "{:?}", names(&plan.create));
+    assert!(plan.delete.is_empty());
+}
+
+#[test]
+fn scale_down_releases_unready_then_youngest_pods() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let b = spot("m5.large", "us-east-1b");
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-r-1", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-t-0", Some(&a), true, "2026-01-01T00:01:00Z"),
+        existing("mf-t-1", Some(&a), true, "2026-01-01T00:03:00Z"),
+        existing("mf-t-2", Some(&a), false, "2026-01-01T00:00:30Z"),
+        existing("mf-t-3", Some(&a), true, "2026-01-01T00:02:00Z"),
+        existing("mf-t-4", Some(&b), true, "2026-01-01T00:02:00Z"),
+    ];
+    let plan = run_plan(&job, &pods, &[], &decision(&[(a, 2)]));
+    assert!(plan.create.is_empty());
+    assert_eq!(
+        deleted(&plan),
+        [
+            ("mf-t-1", DeleteReason::ScaleDown),
+            ("mf-t-2", DeleteReason::ScaleDown),
+            ("mf-t-4", DeleteReason::ScaleDown),
+        ]
+    );
+
+    // Fewer reliable nodes: the highest ordinals go.
+    let smaller = job.clone().with_reliable(1);
+    let plan = run_plan(&smaller, &pods[..2], &[], &decision(&[]));
+    assert_eq!(deleted(&plan), [("mf-r-1", DeleteReason::ScaleDown)]);
+}
+
+#[test]
+fn noticed_pods_are_replaced_under_fresh_ordinals_and_lost_ones_deleted() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-r-1", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-t-0", Some(&a), true, "2026-01-01T00:01:00Z"),
+        existing("mf-t-1", Some(&a), true, "2026-01-01T00:01:00Z"),
+    ];
+    let notice = |pod: &str, source| Notice {
+        pod: pod.to_owned(),
+        node: Some(format!("node-{pod}")),
+        leaves_at: Timestamp::UNIX_EPOCH,
+        source,
+    };
+    let notices = [
+        notice("mf-t-0", NoticeSource::AwsNodeTerminationHandler),
+        notice("mf-t-1", NoticeSource::NodeGone),
+    ];
+    let plan = run_plan(&job, &pods, &notices, &decision(&[(a, 2)]));
+    // t-0 keeps running until its node goes; t-1's node is already gone.
+    assert_eq!(deleted(&plan), [("mf-t-1", DeleteReason::Replace)]);
+    assert_eq!(names(&plan.create), ["mf-t-2", "mf-t-3"]);
+}
+
+#[test]
+fn finished_or_lost_reliable_pods_are_replaced_after_they_are_gone() {
+    let job = job();
+    let mut failed = existing("mf-r-1", None, false, "2026-01-01T00:00:00Z");
+    failed.status.as_mut().unwrap().phase = Some("Failed".to_owned());
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        failed,
+    ];
+    let plan = run_plan(&job, &pods, &[], &decision(&[]));
+    assert_eq!(deleted(&plan), [("mf-r-1", DeleteReason::Replace)]);
+    assert!(plan.create.is_empty(), "recreated once the old pod is gone");
+
+    let plan = run_plan(&job, &pods[..1], &[], &decision(&[]));
+    assert_eq!(names(&plan.create), ["mf-r-1"]);
+}
+
+#[test]
+fn suspend_and_finish_release_every_pod_but_keep_secret_and_service() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let mut deleting = existing("mf-t-1", Some(&a), true, "2026-01-01T00:01:00Z");
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+    );
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-t-0", Some(&a), true, "2026-01-01T00:01:00Z"),
+        deleting,
+    ];
+    for (activity, reason) in [
+        (Activity::Suspend, DeleteReason::Suspend),
+        (Activity::Finished, DeleteReason::Finished),
+    ] {
+        let plan = plan(&PlanInput {
+            job: &job,
+            pods: &pods,
+            existing_token: Some("kept"),
+            fresh_token: "fresh",
+            notices: &[],
+            decision: &decision(&[(a.clone(), 4)]),
+            activity,
+            config: &config(),
+        });
+        assert!(plan.create.is_empty());
+        assert_eq!(deleted(&plan), [("mf-r-0", reason), ("mf-t-0", reason)]);
+        assert_eq!(plan.secret.data.as_ref().unwrap()[TOKEN_KEY].0, b"kept");
+    }
+}
+
+#[test]
+fn pool_slugs_are_valid_label_values() {
+    assert_eq!(pool_slug(&spot("", "")), "any_any_spot");
+    let long = spot(&"x".repeat(64), "us-east-1a");
+    let slug = pool_slug(&long);
+    assert!(slug.len() <= 63, "{slug}");
+    assert_ne!(slug, pool_slug(&spot(&"x".repeat(63), "us-east-1a")));
+}

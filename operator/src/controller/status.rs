@@ -1,0 +1,479 @@
+//! The status step's pure part: phase, conditions, counts and the decision log, computed from
+//! the previous status and what this reconcile observed and decided.
+
+use std::collections::BTreeMap;
+
+use ebbflow_crds::{BidAction, BidDecision, NodeCounts, Phase, PoolNodes, TrainingJobStatus};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+
+use super::plan::{ObservedPod, PoolKey, Tier};
+use crate::{coordinator::CoordinatorStatus, notices::NoticeSource};
+
+/// Condition types this operator sets, besides `Valid` and `Progressing`/`Ready` from the CRD
+/// crate.
+pub mod conditions {
+    /// The spec passed validation.
+    pub const VALID: &str = ebbflow_crds::condition_types::VALID;
+    /// The reliable tier and coordinator are up.
+    pub const READY: &str = ebbflow_crds::condition_types::READY;
+    /// Nodes are being provisioned or training advances.
+    pub const PROGRESSING: &str = ebbflow_crds::condition_types::PROGRESSING;
+    /// Something needs attention but the job continues (coordinator unreachable, node lost).
+    pub const DEGRADED: &str = "Degraded";
+    /// spec.suspend is in force and nodes are released.
+    pub const SUSPENDED: &str = "Suspended";
+    /// A stop criterion was met.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// The job cannot run as specified.
+    pub const FAILED: &str = "Failed";
+}
+
+/// Condition reasons (CamelCase), also used as event reasons.
+pub mod reasons {
+    /// The spec broke a rule; the message names the field.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The spec passed validation.
+    pub const VALID_SPEC: &str = "ValidSpec";
+    /// The coordinator answered.
+    pub const COORDINATOR_READY: &str = "CoordinatorReady";
+    /// The coordinator did not answer.
+    pub const COORDINATOR_UNREACHABLE: &str = "CoordinatorUnreachable";
+    /// Reliable pods or the coordinator are not up yet.
+    pub const PROVISIONING: &str = "Provisioning";
+    /// Training advances.
+    pub const TRAINING: &str = "Training";
+    /// spec.suspend is true.
+    pub const SUSPENDED: &str = "Suspended";
+    /// spec.suspend is false.
+    pub const NOT_SUSPENDED: &str = "NotSuspended";
+    /// A stop criterion was met.
+    pub const STOP_CRITERION_MET: &str = "StopCriterionMet";
+    /// Training has not finished.
+    pub const NOT_FINISHED: &str = "NotFinished";
+    /// Training ended.
+    pub const FINISHED: &str = "Finished";
+    /// A node vanished without notice.
+    pub const NODE_LOST: &str = "NodeLost";
+    /// Nothing is wrong.
+    pub const AS_EXPECTED: &str = "AsExpected";
+}
+
+/// What the coordinator query produced this reconcile.
+#[derive(Clone, Debug)]
+pub enum CoordinatorObservation {
+    /// Not asked: its pod is not running yet, or the job is not running.
+    NotQueried,
+    /// It answered.
+    Reported(CoordinatorStatus),
+    /// It did not answer (the message names the URL, never a secret).
+    Unreachable(String),
+}
+
+/// Inputs of [`compute_status`].
+#[derive(Clone, Debug)]
+pub struct StatusInput<'a> {
+    /// The status before this reconcile.
+    pub previous: Option<&'a TrainingJobStatus>,
+    /// metadata.generation of the job.
+    pub generation: Option<i64>,
+    /// `Err(message)` if validation failed.
+    pub validation: Result<(), String>,
+    /// spec.suspend.
+    pub suspended: bool,
+    /// Desired reliable pods.
+    pub reliable_count: u32,
+    /// The job's pods, classified.
+    pub pods: &'a [ObservedPod<'a>],
+    /// The coordinator's answer.
+    pub coordinator: &'a CoordinatorObservation,
+    /// Pool changes decided this reconcile (from previous to new counts), for the log.
+    pub decision_changes: Vec<BidDecision>,
+    /// Evictions first noticed this reconcile.
+    pub new_evictions: u64,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// Sets condition `type_` in `conditions`, keeping lastTransitionTime when the status did not
+/// change so that repeated reconciles write identical statuses.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let status_text = if status { "True" } else { "False" };
+    let last_transition_time = conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status_text)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    let condition = Condition {
+        type_: type_.to_owned(),
+        status: status_text.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => *existing = condition,
+        None => conditions.push(condition),
+    }
+}
+
+/// True if the condition `type_` is set with `status`.
+pub fn condition_is(status: Option<&TrainingJobStatus>, type_: &str, value: bool) -> bool {
+    let text = if value { "True" } else { "False" };
+    status
+        .and_then(|s| s.condition(type_))
+        .is_some_and(|c| c.status == text)
+}
+
+/// The new status.
+pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
+    let mut status = input.previous.cloned().unwrap_or_default();
+    let generation = input.generation;
+    let now = input.now;
+    status.observed_generation = generation;
+    let set =
+        |status: &mut TrainingJobStatus, type_: &str, value: bool, reason: &str, message: &str| {
+            set_condition(
+                &mut status.conditions,
+                type_,
+                value,
+                reason,
+                message,
+                generation,
+                now,
+            );
+        };
+
+    // Counts of ready pods per tier and pool.
+    let ready = |tier: Tier| {
+        input
+            .pods
+            .iter()
+            .filter(move |p| p.tier == tier && p.ready())
+    };
+    let reliable_ready = ready(Tier::Reliable).count() as u32;
+    let mut pools: BTreeMap<PoolKey, u32> = BTreeMap::new();
+    for pod in ready(Tier::Transient) {
+        *pools
+            .entry(pod.pool.clone().unwrap_or_default())
+            .or_insert(0) += 1;
+    }
+    let transient_ready: u32 = pools.values().sum();
+    status.nodes = Some(NodeCounts {
+        reliable: reliable_ready,
+        transient: transient_ready,
+        total: reliable_ready + transient_ready,
+        pools: pools
+            .into_iter()
+            .map(|(pool, count)| PoolNodes {
+                pool: pool.0,
+                count,
+            })
+            .collect(),
+    });
+    status.evictions += input.new_evictions;
+    for decision in &input.decision_changes {
+        status.push_decision(decision.clone());
+    }
+    if let CoordinatorObservation::Reported(report) = input.coordinator {
+        status.stage = report.stage.or(status.stage);
+        status.iteration = Some(report.iteration);
+        status.loss = report.loss.or(status.loss);
+        status.migrations = status.migrations.max(report.migrations);
+        status.rollbacks = status.rollbacks.max(report.rollbacks);
+    }
+
+    if let Err(message) = &input.validation {
+        status.phase = Some(Phase::Failed);
+        set(
+            &mut status,
+            conditions::VALID,
+            false,
+            reasons::INVALID_SPEC,
+            message,
+        );
+        set(
+            &mut status,
+            conditions::FAILED,
+            true,
+            reasons::INVALID_SPEC,
+            message,
+        );
+        set(
+            &mut status,
+            conditions::READY,
+            false,
+            reasons::INVALID_SPEC,
+            message,
+        );
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            false,
+            reasons::INVALID_SPEC,
+            message,
+        );
+        return status;
+    }
+    set(
+        &mut status,
+        conditions::VALID,
+        true,
+        reasons::VALID_SPEC,
+        "the spec passed validation",
+    );
+    set(
+        &mut status,
+        conditions::FAILED,
+        false,
+        reasons::AS_EXPECTED,
+        "",
+    );
+
+    let finished_report = match input.coordinator {
+        CoordinatorObservation::Reported(report) if report.finished => Some(report),
+        _ => None,
+    };
+    let already_succeeded = status.phase == Some(Phase::Succeeded);
+    if already_succeeded || finished_report.is_some() {
+        if !already_succeeded {
+            status.completion_time = Some(Time(now));
+        }
+        status.phase = Some(Phase::Succeeded);
+        let reason = finished_report
+            .and_then(|r| r.reason.clone())
+            .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric()))
+            .unwrap_or_else(|| reasons::STOP_CRITERION_MET.to_owned());
+        if !already_succeeded {
+            set(
+                &mut status,
+                conditions::SUCCEEDED,
+                true,
+                &reason,
+                "training reached a stop criterion",
+            );
+        }
+        set(
+            &mut status,
+            conditions::READY,
+            false,
+            reasons::FINISHED,
+            "training finished",
+        );
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            false,
+            reasons::FINISHED,
+            "training finished",
+        );
+        set(
+            &mut status,
+            conditions::SUSPENDED,
+            false,
+            reasons::NOT_SUSPENDED,
+            "",
+        );
+        set(
+            &mut status,
+            conditions::DEGRADED,
+            false,
+            reasons::AS_EXPECTED,
+            "",
+        );
+        return status;
+    }
+    set(
+        &mut status,
+        conditions::SUCCEEDED,
+        false,
+        reasons::NOT_FINISHED,
+        "",
+    );
+
+    if input.suspended {
+        status.phase = Some(Phase::Suspended);
+        set(
+            &mut status,
+            conditions::SUSPENDED,
+            true,
+            reasons::SUSPENDED,
+            "spec.suspend is true; nodes are released",
+        );
+        set(
+            &mut status,
+            conditions::READY,
+            false,
+            reasons::SUSPENDED,
+            "the job is suspended",
+        );
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            false,
+            reasons::SUSPENDED,
+            "the job is suspended",
+        );
+        set(
+            &mut status,
+            conditions::DEGRADED,
+            false,
+            reasons::AS_EXPECTED,
+            "",
+        );
+        return status;
+    }
+    set(
+        &mut status,
+        conditions::SUSPENDED,
+        false,
+        reasons::NOT_SUSPENDED,
+        "",
+    );
+
+    let lost: Vec<&str> = input
+        .pods
+        .iter()
+        .filter(|p| p.notice.is_some_and(|n| n.source == NoticeSource::NodeGone))
+        .map(|p| p.name)
+        .collect();
+    match input.coordinator {
+        CoordinatorObservation::Unreachable(message) => {
+            set(
+                &mut status,
+                conditions::DEGRADED,
+                true,
+                reasons::COORDINATOR_UNREACHABLE,
+                message,
+            );
+        }
+        _ if !lost.is_empty() => {
+            let message = format!("nodes of {} vanished without notice", lost.join(", "));
+            set(
+                &mut status,
+                conditions::DEGRADED,
+                true,
+                reasons::NODE_LOST,
+                &message,
+            );
+        }
+        _ => set(
+            &mut status,
+            conditions::DEGRADED,
+            false,
+            reasons::AS_EXPECTED,
+            "",
+        ),
+    }
+
+    let coordinator_up = matches!(input.coordinator, CoordinatorObservation::Reported(_));
+    if coordinator_up && reliable_ready >= input.reliable_count {
+        if status.start_time.is_none() {
+            status.start_time = Some(Time(now));
+        }
+        status.phase = Some(Phase::Running);
+        set(
+            &mut status,
+            conditions::READY,
+            true,
+            reasons::COORDINATOR_READY,
+            "the reliable tier and coordinator are up",
+        );
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            true,
+            reasons::TRAINING,
+            "training is advancing",
+        );
+    } else {
+        let was_running = status.phase == Some(Phase::Running);
+        status.phase = Some(if was_running {
+            Phase::Running
+        } else if input.pods.is_empty() {
+            Phase::Pending
+        } else {
+            Phase::Provisioning
+        });
+        let (reason, message) = match input.coordinator {
+            CoordinatorObservation::Unreachable(_) => (
+                reasons::COORDINATOR_UNREACHABLE,
+                "the coordinator does not answer".to_owned(),
+            ),
+            _ => (
+                reasons::PROVISIONING,
+                format!(
+                    "{reliable_ready} of {} reliable nodes ready",
+                    input.reliable_count
+                ),
+            ),
+        };
+        set(&mut status, conditions::READY, false, reason, &message);
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            true,
+            reasons::PROVISIONING,
+            &message,
+        );
+    }
+    status
+}
+
+/// Log entries for the change from `before` to `after` pool counts (Acquire/Release per pool;
+/// nothing when equal).
+pub fn decision_changes(
+    before: &BTreeMap<PoolKey, u32>,
+    after: &BTreeMap<PoolKey, u32>,
+    reason: &str,
+    now: Timestamp,
+) -> Vec<BidDecision> {
+    let pools: std::collections::BTreeSet<&PoolKey> = before.keys().chain(after.keys()).collect();
+    pools
+        .into_iter()
+        .filter_map(|pool| {
+            let old = before.get(pool).copied().unwrap_or(0);
+            let new = after.get(pool).copied().unwrap_or(0);
+            let (action, count) = match new.cmp(&old) {
+                std::cmp::Ordering::Greater => (BidAction::Acquire, new - old),
+                std::cmp::Ordering::Less => (BidAction::Release, old - new),
+                std::cmp::Ordering::Equal => return None,
+            };
+            Some(BidDecision {
+                time: Time(now),
+                action,
+                pool: Some(pool.0.clone()),
+                count,
+                max_price: None,
+                expected_cost_per_work: None,
+                reason: reason.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The label of `phase` in the jobs gauge.
+pub fn phase_name(phase: Option<Phase>) -> &'static str {
+    match phase {
+        None | Some(Phase::Pending) => "Pending",
+        Some(Phase::Provisioning) => "Provisioning",
+        Some(Phase::Running) => "Running",
+        Some(Phase::Suspended) => "Suspended",
+        Some(Phase::Succeeded) => "Succeeded",
+        Some(Phase::Failed) => "Failed",
+    }
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

@@ -1,0 +1,312 @@
+//! Status computation tests.
+
+use super::*;
+use crate::{
+    controller::plan::{ObservedPod, observe_pods},
+    notices::Notice,
+};
+use ebbflow_crds::{BidAction, CapacityType, MAX_RECENT_DECISIONS, Phase, TrainingJobStatus};
+use k8s_openapi::api::core::v1::Pod;
+
+fn pod(name: &str, ready: bool) -> Pod {
+    let tier = if name.contains("-r-") {
+        "reliable"
+    } else {
+        "transient"
+    };
+    let (phase, status) = if ready {
+        ("Running", "True")
+    } else {
+        ("Pending", "False")
+    };
+    serde_yaml::from_str(&format!(
+        r#"
+metadata:
+  name: {name}
+  labels: {{ ebbflow.dev/tier: {tier} }}
+  annotations: {{ ebbflow.dev/instance-type: c5.xlarge, ebbflow.dev/zone: us-east-1a, ebbflow.dev/capacity-type: spot }}
+spec: {{ containers: [{{ name: runtime }}] }}
+status:
+  phase: {phase}
+  conditions: [{{ type: Ready, status: "{status}" }}]
+"#
+    ))
+    .unwrap()
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_767_225_600 + seconds).unwrap()
+}
+
+fn compute(
+    previous: Option<&TrainingJobStatus>,
+    pods: &[ObservedPod<'_>],
+    coordinator: &CoordinatorObservation,
+    suspended: bool,
+    now: Timestamp,
+) -> TrainingJobStatus {
+    compute_status(&StatusInput {
+        previous,
+        generation: Some(4),
+        validation: Ok(()),
+        suspended,
+        reliable_count: 1,
+        pods,
+        coordinator,
+        decision_changes: Vec::new(),
+        new_evictions: 0,
+        now,
+    })
+}
+
+fn condition<'a>(status: &'a TrainingJobStatus, type_: &str) -> (&'a str, &'a str) {
+    let c = status
+        .condition(type_)
+        .unwrap_or_else(|| panic!("{type_} missing"));
+    (c.status.as_str(), c.reason.as_str())
+}
+
+fn reported(iteration: u64, finished: bool) -> CoordinatorObservation {
+    CoordinatorObservation::Reported(CoordinatorStatus {
+        stage: Some(2),
+        iteration,
+        loss: Some(0.5),
+        finished,
+        ..CoordinatorStatus::default()
+    })
+}
+
+#[test]
+fn lifecycle_pending_provisioning_running_succeeded() {
+    let pending = compute(None, &[], &CoordinatorObservation::NotQueried, false, at(0));
+    assert_eq!(pending.phase, Some(Phase::Pending));
+    assert_eq!(pending.observed_generation, Some(4));
+    assert_eq!(
+        condition(&pending, conditions::READY),
+        ("False", reasons::PROVISIONING)
+    );
+    assert_eq!(
+        condition(&pending, conditions::PROGRESSING),
+        ("True", reasons::PROVISIONING)
+    );
+
+    let pods = [pod("mf-r-0", false)];
+    let observed = observe_pods("mf", &pods, &[]);
+    let provisioning = compute(
+        Some(&pending),
+        &observed,
+        &CoordinatorObservation::NotQueried,
+        false,
+        at(5),
+    );
+    assert_eq!(provisioning.phase, Some(Phase::Provisioning));
+
+    let pods = [
+        pod("mf-r-0", true),
+        pod("mf-t-0", true),
+        pod("mf-t-1", false),
+    ];
+    let observed = observe_pods("mf", &pods, &[]);
+    let running = compute(
+        Some(&provisioning),
+        &observed,
+        &reported(3, false),
+        false,
+        at(10),
+    );
+    assert_eq!(running.phase, Some(Phase::Running));
+    assert_eq!(
+        condition(&running, conditions::READY),
+        ("True", reasons::COORDINATOR_READY)
+    );
+    assert_eq!(
+        condition(&running, conditions::DEGRADED),
+        ("False", reasons::AS_EXPECTED)
+    );
+    assert_eq!(
+        (running.stage, running.iteration, running.loss),
+        (Some(2), Some(3), Some(0.5))
+    );
+    assert_eq!(running.start_time.as_ref().unwrap().0, at(10));
+    let nodes = running.nodes.as_ref().unwrap();
+    assert_eq!((nodes.reliable, nodes.transient, nodes.total), (1, 1, 2));
+    assert_eq!(nodes.pools[0].pool.instance_type, "c5.xlarge");
+    assert_eq!(nodes.pools[0].pool.capacity_type, CapacityType::Spot);
+
+    let done = compute(
+        Some(&running),
+        &observed,
+        &reported(10, true),
+        false,
+        at(20),
+    );
+    assert_eq!(done.phase, Some(Phase::Succeeded));
+    assert_eq!(
+        condition(&done, conditions::SUCCEEDED),
+        ("True", reasons::STOP_CRITERION_MET)
+    );
+    assert_eq!(done.completion_time.as_ref().unwrap().0, at(20));
+    // Succeeded is final: later observations do not move it or its completion time.
+    let later = compute(
+        Some(&done),
+        &[],
+        &CoordinatorObservation::NotQueried,
+        false,
+        at(30),
+    );
+    assert_eq!(later.phase, Some(Phase::Succeeded));
+    assert_eq!(later.completion_time.as_ref().unwrap().0, at(20));
+}
+
+#[test]
+fn unchanged_observations_keep_transition_times() {
+    let pods = [pod("mf-r-0", true)];
+    let observed = observe_pods("mf", &pods, &[]);
+    let first = compute(None, &observed, &reported(1, false), false, at(0));
+    let second = compute(Some(&first), &observed, &reported(1, false), false, at(60));
+    assert_eq!(first, second, "identical inputs give an identical status");
+}
+
+#[test]
+fn unreachable_coordinator_degrades_but_keeps_running() {
+    let pods = [pod("mf-r-0", true)];
+    let observed = observe_pods("mf", &pods, &[]);
+    let running = compute(None, &observed, &reported(1, false), false, at(0));
+    let unreachable =
+        CoordinatorObservation::Unreachable("coordinator at http://x unreachable".into());
+    let degraded = compute(Some(&running), &observed, &unreachable, false, at(5));
+    assert_eq!(degraded.phase, Some(Phase::Running));
+    assert_eq!(
+        condition(&degraded, conditions::DEGRADED),
+        ("True", reasons::COORDINATOR_UNREACHABLE)
+    );
+    assert_eq!(
+        condition(&degraded, conditions::READY),
+        ("False", reasons::COORDINATOR_UNREACHABLE)
+    );
+    assert_eq!(degraded.iteration, Some(1), "progress is kept, not reset");
+}
+
+#[test]
+fn lost_node_degrades() {
+    let pods = [pod("mf-r-0", true), pod("mf-t-0", true)];
+    let notices = [Notice {
+        pod: "mf-t-0".into(),
+        node: Some("n".into()),
+        leaves_at: at(0),
+        source: crate::notices::NoticeSource::NodeGone,
+    }];
+    let observed = observe_pods("mf", &pods, &notices);
+    let status = compute(None, &observed, &reported(1, false), false, at(0));
+    assert_eq!(
+        condition(&status, conditions::DEGRADED),
+        ("True", reasons::NODE_LOST)
+    );
+    assert!(
+        status
+            .condition(conditions::DEGRADED)
+            .unwrap()
+            .message
+            .contains("mf-t-0")
+    );
+}
+
+#[test]
+fn suspend_and_resume() {
+    let suspended = compute(None, &[], &CoordinatorObservation::NotQueried, true, at(0));
+    assert_eq!(suspended.phase, Some(Phase::Suspended));
+    assert_eq!(
+        condition(&suspended, conditions::SUSPENDED),
+        ("True", reasons::SUSPENDED)
+    );
+    assert_eq!(
+        condition(&suspended, conditions::READY),
+        ("False", reasons::SUSPENDED)
+    );
+    let resumed = compute(
+        Some(&suspended),
+        &[],
+        &CoordinatorObservation::NotQueried,
+        false,
+        at(5),
+    );
+    assert_eq!(resumed.phase, Some(Phase::Pending));
+    assert_eq!(
+        condition(&resumed, conditions::SUSPENDED),
+        ("False", reasons::NOT_SUSPENDED)
+    );
+}
+
+#[test]
+fn invalid_spec_fails_with_the_field_in_the_message() {
+    let status = compute_status(&StatusInput {
+        previous: None,
+        generation: Some(2),
+        validation: Err("spec.transient.minNodes: must not exceed maxNodes".into()),
+        suspended: false,
+        reliable_count: 1,
+        pods: &[],
+        coordinator: &CoordinatorObservation::NotQueried,
+        decision_changes: Vec::new(),
+        new_evictions: 0,
+        now: at(0),
+    });
+    assert_eq!(status.phase, Some(Phase::Failed));
+    assert_eq!(
+        condition(&status, conditions::VALID),
+        ("False", reasons::INVALID_SPEC)
+    );
+    assert_eq!(
+        condition(&status, conditions::FAILED),
+        ("True", reasons::INVALID_SPEC)
+    );
+    assert!(
+        status
+            .condition(conditions::VALID)
+            .unwrap()
+            .message
+            .contains("spec.transient.minNodes")
+    );
+}
+
+#[test]
+fn decision_log_records_changes_and_stays_bounded() {
+    let a = PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot);
+    let b = PoolKey::new("m5.large", "us-east-1b", CapacityType::Spot);
+    let before = BTreeMap::from([(a.clone(), 4)]);
+    let after = BTreeMap::from([(a.clone(), 1), (b.clone(), 2)]);
+    let changes = decision_changes(&before, &after, "Eviction", at(0));
+    assert_eq!(changes.len(), 2);
+    assert_eq!(
+        (changes[0].action, changes[0].count),
+        (BidAction::Release, 3)
+    );
+    assert_eq!(
+        (changes[1].action, changes[1].count),
+        (BidAction::Acquire, 2)
+    );
+    assert_eq!(changes[1].pool.as_ref().unwrap().instance_type, "m5.large");
+    assert!(decision_changes(&after, &after, "Hold", at(0)).is_empty());
+
+    let mut status = TrainingJobStatus::default();
+    for i in 0..(MAX_RECENT_DECISIONS + 5) {
+        status = compute_status(&StatusInput {
+            previous: Some(&status),
+            generation: Some(1),
+            validation: Ok(()),
+            suspended: false,
+            reliable_count: 1,
+            pods: &[],
+            coordinator: &CoordinatorObservation::NotQueried,
+            decision_changes: decision_changes(&before, &after, &format!("R{i}"), at(i as i64)),
+            new_evictions: 1,
+            now: at(i as i64),
+        });
+    }
+    assert_eq!(status.recent_decisions.len(), MAX_RECENT_DECISIONS);
+    assert_eq!(
+        status.recent_decisions.last().unwrap().reason,
+        format!("R{}", MAX_RECENT_DECISIONS + 4)
+    );
+    assert_eq!(status.evictions, (MAX_RECENT_DECISIONS + 5) as u64);
+}

@@ -1,0 +1,79 @@
+//! Prometheus metrics of the runtime, registered on a registry passed in (never the global one).
+
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// The runtime's metrics. Cheap to clone (handles are shared).
+#[derive(Debug, Clone)]
+pub struct RuntimeMetrics {
+    /// Worker clocks completed (summed over worker threads).
+    pub iterations: IntCounter,
+    /// Wall time of one clock of one worker thread, compute and synchronisation.
+    pub iteration_seconds: Histogram,
+    /// Latest mean training loss reported by the app.
+    pub loss: Gauge,
+    /// Rows moved between workers and servers, by direction (`push`, `pull`).
+    pub rows_moved: IntCounterVec,
+    /// Payload bytes moved between workers and servers, by direction (`push`, `pull`).
+    pub bytes_moved: IntCounterVec,
+    /// Time workers spent waiting for SSP (slowest worker's clock).
+    pub ssp_wait_seconds: Histogram,
+    /// Open data-plane connections on this server.
+    pub connections_open: IntGauge,
+    /// Data-plane connections closed for a bad frame or peer, by reason.
+    pub connections_refused: IntCounterVec,
+}
+
+impl RuntimeMetrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let buckets = prometheus::exponential_buckets(0.000_1, 2.0, 20)?;
+        let metrics = Self {
+            iterations: IntCounter::new("ebbflow_runtime_iterations_total", "worker clocks completed")?,
+            iteration_seconds: Histogram::with_opts(
+                HistogramOpts::new("ebbflow_runtime_iteration_seconds", "wall time of one worker clock").buckets(buckets.clone()),
+            )?,
+            loss: Gauge::new("ebbflow_runtime_loss", "latest mean training loss reported by the app")?,
+            rows_moved: IntCounterVec::new(
+                Opts::new("ebbflow_runtime_rows_moved_total", "rows moved between workers and servers"),
+                &["direction"],
+            )?,
+            bytes_moved: IntCounterVec::new(
+                Opts::new("ebbflow_runtime_bytes_moved_total", "payload bytes moved between workers and servers"),
+                &["direction"],
+            )?,
+            ssp_wait_seconds: Histogram::with_opts(
+                HistogramOpts::new("ebbflow_runtime_ssp_wait_seconds", "time a worker waited for the staleness bound").buckets(buckets),
+            )?,
+            connections_open: IntGauge::new("ebbflow_runtime_connections_open", "open data-plane connections")?,
+            connections_refused: IntCounterVec::new(
+                Opts::new("ebbflow_runtime_connections_refused_total", "data-plane connections closed for a bad peer or frame"),
+                &["reason"],
+            )?,
+        };
+        registry.register(Box::new(metrics.iterations.clone()))?;
+        registry.register(Box::new(metrics.iteration_seconds.clone()))?;
+        registry.register(Box::new(metrics.loss.clone()))?;
+        registry.register(Box::new(metrics.rows_moved.clone()))?;
+        registry.register(Box::new(metrics.bytes_moved.clone()))?;
+        registry.register(Box::new(metrics.ssp_wait_seconds.clone()))?;
+        registry.register(Box::new(metrics.connections_open.clone()))?;
+        registry.register(Box::new(metrics.connections_refused.clone()))?;
+        Ok(metrics)
+    }
+
+    /// Metrics registered on a fresh private registry (tests, benchmarks).
+    pub fn unregistered() -> Self {
+        Self::register(&Registry::new()).expect("fresh registry accepts the runtime metrics")
+    }
+}
+
+/// Renders `registry` in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    use prometheus::Encoder;
+    let mut buffer = Vec::new();
+    let encoder = prometheus::TextEncoder::new();
+    if encoder.encode(&registry.gather(), &mut buffer).is_err() {
+        return String::new();
+    }
+    String::from_utf8(buffer).unwrap_or_default()
+}

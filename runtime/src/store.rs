@@ -1,0 +1,575 @@
+//! Server-side partition storage: rows, registered batches, per-worker clocks, exactly-once apply.
+//!
+//! A [`PartitionStore`] holds the rows of one partition of every table. Workers register their
+//! per-clock batch once (the keys of the partition they touch, in a fixed order); afterwards a push
+//! or a pull carries only values in that order, and the server indexes pre-resolved row offsets
+//! (no per-row hashing per clock).
+//!
+//! **Clocks and visibility.** The store expects a push from every worker of the job for every clock
+//! (an empty one if the worker has no keys here). `completed[w]` is the number of clocks of worker
+//! `w` received. A push for clock `c` is held pending until every worker has pushed clock `c`; then
+//! the pending pushes of that clock are applied in worker order. So the visible state is always
+//! exactly "every update of clocks `< visible_clock`" with `visible_clock = min_w completed[w]`,
+//! which makes BSP runs deterministic and bit-identical between single- and multi-process modes,
+//! and makes `visible_clock` a consistent point (what a BackupPS needs, issue 4).
+//!
+//! **Exactly once.** A push is identified by (worker, clock, partition). Workers push their clocks
+//! in order, so `completed[w]` is the whole dedup state: a push with `clock < completed[w]` is a
+//! duplicate (acknowledged, not applied), `clock > completed[w]` is a gap (refused). That state is
+//! part of the partition, so it moves with it on migration and is reset with it on rollback.
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+
+use parking_lot::{Condvar, Mutex};
+use thiserror::Error;
+
+use crate::app::{TableId, TableSpec};
+use crate::optimizer::Optimizer;
+use crate::partition::PartitionId;
+
+/// Errors of operations on a partition store.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The partition is not hosted here.
+    #[error("partition {partition} is not hosted by this server")]
+    LookupPartition {
+        /// The requested partition.
+        partition: PartitionId,
+    },
+    /// The request carried a different epoch than the partition's current one.
+    #[error("partition {partition} is at epoch {current}, request carried epoch {requested}")]
+    CheckEpoch {
+        /// The partition.
+        partition: PartitionId,
+        /// Its current epoch.
+        current: u64,
+        /// The epoch in the request.
+        requested: u64,
+    },
+    /// The worker id is outside the job's worker range.
+    #[error("worker {worker} out of range (job has {num_workers} workers)")]
+    LookupWorker {
+        /// The worker.
+        worker: u32,
+        /// Workers in the job.
+        num_workers: u32,
+    },
+    /// A registration named an undeclared table.
+    #[error("registration names undeclared table {table}")]
+    RegisterTable {
+        /// The table.
+        table: TableId,
+    },
+    /// A registration named a key of another partition.
+    #[error("key {key} does not belong to partition {partition}")]
+    RegisterKey {
+        /// The key.
+        key: u64,
+        /// The partition it was registered with.
+        partition: PartitionId,
+    },
+    /// The worker pushed or pulled before registering its batch.
+    #[error("worker {worker} has not registered a batch with partition {partition}")]
+    LookupBatch {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// The number of values does not match the registered batch.
+    #[error("worker {worker} sent {got} values to partition {partition}, its batch has {expected}")]
+    PushLength {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+        /// Values in the registered batch.
+        expected: usize,
+        /// Values received.
+        got: usize,
+    },
+    /// A push skipped clocks.
+    #[error("worker {worker} pushed clock {clock} to partition {partition}, expected clock {expected}")]
+    PushClockGap {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+        /// The next clock the server expects.
+        expected: u64,
+        /// The clock pushed.
+        clock: u64,
+    },
+    /// Waiting for a clock timed out (a worker is stuck or gone).
+    #[error("partition {partition} did not reach clock {clock} in time (visible clock {visible})")]
+    WaitClock {
+        /// The partition.
+        partition: PartitionId,
+        /// The clock awaited.
+        clock: u64,
+        /// The visible clock when giving up.
+        visible: u64,
+    },
+}
+
+impl StoreError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            StoreError::LookupPartition { .. } => "lookup_partition",
+            StoreError::CheckEpoch { .. } => "check_epoch",
+            StoreError::LookupWorker { .. } => "lookup_worker",
+            StoreError::RegisterTable { .. } => "register_table",
+            StoreError::RegisterKey { .. } => "register_key",
+            StoreError::LookupBatch { .. } => "lookup_batch",
+            StoreError::PushLength { .. } => "push_length",
+            StoreError::PushClockGap { .. } => "push_clock_gap",
+            StoreError::WaitClock { .. } => "wait_clock",
+        }
+    }
+}
+
+/// Outcome of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// First delivery: accepted (applied now or when the clock completes).
+    Accepted,
+    /// Already received earlier (a retry, redirect or replay): ignored.
+    Duplicate,
+}
+
+/// One table's rows within a partition.
+#[derive(Debug)]
+struct TableRows {
+    spec: TableSpec,
+    index: HashMap<u64, u32>,
+    keys: Vec<u64>,
+    data: Vec<f32>,
+    /// Optimizer state, same layout as `data` (empty if the optimizer has none).
+    state: Vec<f32>,
+}
+
+impl TableRows {
+    /// Row index of `key`, materialising it from the initialiser on first use.
+    fn row_index(&mut self, key: u64, with_state: bool) -> u32 {
+        if let Some(&row) = self.index.get(&key) {
+            return row;
+        }
+        let row = self.keys.len() as u32;
+        let width = self.spec.width;
+        self.keys.push(key);
+        let start = self.data.len();
+        self.data.resize(start + width, 0.0);
+        self.spec.init.fill(self.spec.id, key, &mut self.data[start..]);
+        if with_state {
+            self.state.resize(start + width, 0.0);
+        }
+        self.index.insert(key, row);
+        row
+    }
+}
+
+/// A worker's registered batch: for each table (position in `tables`), its rows in push order.
+#[derive(Debug, Default)]
+struct Batch {
+    segments: Vec<(usize, Vec<u32>)>,
+    len: usize,
+}
+
+/// The rows and clocks of one partition.
+#[derive(Debug)]
+pub struct PartitionStore {
+    partition: PartitionId,
+    num_partitions: u32,
+    epoch: u64,
+    optimizer: Optimizer,
+    tables: Vec<TableRows>,
+    batches: Vec<Option<Batch>>,
+    completed: Vec<u64>,
+    visible_clock: u64,
+    /// `pending[i][w]`: worker `w`'s values for clock `visible_clock + i`.
+    pending: VecDeque<Vec<Option<Vec<f32>>>>,
+    /// Recycled value buffers (keeps the steady state allocation-free).
+    pool: Vec<Vec<f32>>,
+}
+
+impl PartitionStore {
+    /// An empty partition of the given tables, expecting pushes from `num_workers` workers.
+    pub fn new(
+        partition: PartitionId,
+        num_partitions: u32,
+        epoch: u64,
+        specs: &[TableSpec],
+        num_workers: u32,
+        optimizer: Optimizer,
+    ) -> Self {
+        let tables = specs
+            .iter()
+            .map(|spec| TableRows {
+                spec: spec.clone(),
+                index: HashMap::new(),
+                keys: Vec::new(),
+                data: Vec::new(),
+                state: Vec::new(),
+            })
+            .collect();
+        Self {
+            partition,
+            num_partitions,
+            epoch,
+            optimizer,
+            tables,
+            batches: (0..num_workers).map(|_| None).collect(),
+            completed: vec![0; num_workers as usize],
+            visible_clock: 0,
+            pending: VecDeque::new(),
+            pool: Vec::new(),
+        }
+    }
+
+    /// The partition's id.
+    pub fn partition(&self) -> PartitionId {
+        self.partition
+    }
+
+    /// The partition's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Every update of clocks `< visible_clock` is applied, and no other.
+    pub fn visible_clock(&self) -> u64 {
+        self.visible_clock
+    }
+
+    /// Fails unless `epoch` is the partition's current epoch.
+    pub fn check_epoch(&self, epoch: u64) -> Result<(), StoreError> {
+        if epoch != self.epoch {
+            return Err(StoreError::CheckEpoch { partition: self.partition, current: self.epoch, requested: epoch });
+        }
+        Ok(())
+    }
+
+    fn check_worker(&self, worker: u32) -> Result<usize, StoreError> {
+        if (worker as usize) < self.completed.len() {
+            Ok(worker as usize)
+        } else {
+            Err(StoreError::LookupWorker { worker, num_workers: self.completed.len() as u32 })
+        }
+    }
+
+    /// Registers (or re-registers) `worker`'s batch: keys per table, in the order of later values.
+    pub fn register(&mut self, worker: u32, tables: &[(TableId, Vec<u64>)]) -> Result<usize, StoreError> {
+        let w = self.check_worker(worker)?;
+        let with_state = self.optimizer.has_state();
+        let mut batch = Batch::default();
+        for (table, keys) in tables {
+            let position = self
+                .tables
+                .iter()
+                .position(|t| t.spec.id == *table)
+                .ok_or(StoreError::RegisterTable { table: *table })?;
+            if let Some(&key) = keys.iter().find(|&&k| crate::partition::partition_of(k, self.num_partitions) != self.partition) {
+                return Err(StoreError::RegisterKey { key, partition: self.partition });
+            }
+            let rows = &mut self.tables[position];
+            let indices = keys.iter().map(|&key| rows.row_index(key, with_state)).collect();
+            batch.len += keys.len() * rows.spec.width;
+            batch.segments.push((position, indices));
+        }
+        let len = batch.len;
+        self.batches[w] = Some(batch);
+        Ok(len)
+    }
+
+    /// Number of values in `worker`'s registered batch.
+    pub fn batch_len(&self, worker: u32) -> Result<usize, StoreError> {
+        let w = self.check_worker(worker)?;
+        self.batches[w].as_ref().map(|b| b.len).ok_or(StoreError::LookupBatch { worker, partition: self.partition })
+    }
+
+    /// Receives `worker`'s deltas for `clock`: `fill` writes exactly `batch_len` values.
+    ///
+    /// Returns whether this was a first delivery, and whether the visible clock advanced.
+    pub fn push_with(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> Result<(PushOutcome, bool), StoreError> {
+        let w = self.check_worker(worker)?;
+        let expected_len = self.batch_len(worker)?;
+        if len != expected_len {
+            return Err(StoreError::PushLength { worker, partition: self.partition, expected: expected_len, got: len });
+        }
+        let expected_clock = self.completed[w];
+        if clock < expected_clock {
+            return Ok((PushOutcome::Duplicate, false));
+        }
+        if clock > expected_clock {
+            return Err(StoreError::PushClockGap { worker, partition: self.partition, expected: expected_clock, clock });
+        }
+        let mut values = self.pool.pop().unwrap_or_default();
+        values.clear();
+        values.resize(len, 0.0);
+        fill(&mut values);
+        let slot = (clock - self.visible_clock) as usize;
+        while self.pending.len() <= slot {
+            let workers = self.completed.len();
+            self.pending.push_back((0..workers).map(|_| None).collect());
+        }
+        self.pending[slot][w] = Some(values);
+        self.completed[w] += 1;
+        let advanced = self.advance();
+        Ok((PushOutcome::Accepted, advanced))
+    }
+
+    /// Applies every clock all workers have completed, in clock then worker order.
+    fn advance(&mut self) -> bool {
+        let min = self.completed.iter().copied().min().unwrap_or(0);
+        let mut advanced = false;
+        while self.visible_clock < min {
+            let Some(mut clock_values) = self.pending.pop_front() else { break };
+            for (w, values) in clock_values.iter_mut().enumerate() {
+                let Some(values) = values.take() else { continue };
+                self.apply(w, &values);
+                self.pool.push(values);
+            }
+            self.visible_clock += 1;
+            advanced = true;
+        }
+        advanced
+    }
+
+    fn apply(&mut self, w: usize, values: &[f32]) {
+        let Some(batch) = self.batches[w].as_ref() else { return };
+        let optimizer = self.optimizer;
+        let mut offset = 0;
+        for (position, rows) in &batch.segments {
+            let table = &mut self.tables[*position];
+            let width = table.spec.width;
+            for &row in rows {
+                let start = row as usize * width;
+                let delta = &values[offset..offset + width];
+                offset += width;
+                let state = if table.state.is_empty() { &mut [][..] } else { &mut table.state[start..start + width] };
+                optimizer.apply(&mut table.data[start..start + width], state, delta);
+            }
+        }
+    }
+
+    /// Feeds `worker`'s registered rows, in batch order, to `sink` (one call per row).
+    pub fn read_rows(&self, worker: u32, mut sink: impl FnMut(&[f32])) -> Result<(), StoreError> {
+        let w = self.check_worker(worker)?;
+        let batch = self.batches[w].as_ref().ok_or(StoreError::LookupBatch { worker, partition: self.partition })?;
+        for (position, rows) in &batch.segments {
+            let table = &self.tables[*position];
+            let width = table.spec.width;
+            for &row in rows {
+                let start = row as usize * width;
+                sink(&table.data[start..start + width]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every materialised row of `table`: `(keys, values)` in storage order.
+    pub fn table_rows(&self, table: TableId) -> Option<(&[u64], &[f32], usize)> {
+        let t = self.tables.iter().find(|t| t.spec.id == table)?;
+        Some((&t.keys, &t.data, t.spec.width))
+    }
+
+    /// Bytes of parameter values held (rows only, without optimizer state).
+    pub fn parameter_bytes(&self) -> usize {
+        self.tables.iter().map(|t| t.data.len() * 4).sum()
+    }
+}
+
+/// One hosted partition with its wake-ups for clock waiters.
+#[derive(Debug)]
+struct Slot {
+    store: Mutex<PartitionStore>,
+    /// Wakes blocking (worker-thread) waiters when the visible clock advances.
+    advanced: Condvar,
+    /// Wakes async (connection-handler) waiters when the visible clock advances.
+    watch: tokio::sync::watch::Sender<u64>,
+}
+
+/// The partitions a server process hosts, shared by its connection handlers and local workers.
+#[derive(Debug)]
+pub struct ServerState {
+    slots: Vec<Option<Slot>>,
+}
+
+impl ServerState {
+    /// Hosts `partitions` (each at `epoch`) of a job with `num_partitions`, `specs` and `num_workers`.
+    pub fn new(
+        hosted: &[(PartitionId, u64)],
+        num_partitions: u32,
+        specs: &[TableSpec],
+        num_workers: u32,
+        optimizer: Optimizer,
+    ) -> Self {
+        let mut slots: Vec<Option<Slot>> = (0..num_partitions).map(|_| None).collect();
+        for &(partition, epoch) in hosted {
+            if let Some(entry) = slots.get_mut(partition as usize) {
+                *entry = Some(Slot {
+                    store: Mutex::new(PartitionStore::new(partition, num_partitions, epoch, specs, num_workers, optimizer)),
+                    advanced: Condvar::new(),
+                    watch: tokio::sync::watch::channel(0).0,
+                });
+            }
+        }
+        Self { slots }
+    }
+
+    fn slot(&self, partition: PartitionId) -> Result<&Slot, StoreError> {
+        self.slots.get(partition as usize).and_then(Option::as_ref).ok_or(StoreError::LookupPartition { partition })
+    }
+
+    /// Runs `f` on the locked partition after checking `epoch`.
+    pub fn with_partition<R>(
+        &self,
+        partition: PartitionId,
+        epoch: u64,
+        f: impl FnOnce(&mut PartitionStore) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let slot = self.slot(partition)?;
+        let mut store = slot.store.lock();
+        store.check_epoch(epoch)?;
+        f(&mut store)
+    }
+
+    /// Pushes deltas (see [`PartitionStore::push_with`]) and wakes clock waiters if needed.
+    pub fn push_with(
+        &self,
+        partition: PartitionId,
+        epoch: u64,
+        worker: u32,
+        clock: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> Result<PushOutcome, StoreError> {
+        let slot = self.slot(partition)?;
+        let mut store = slot.store.lock();
+        store.check_epoch(epoch)?;
+        let (outcome, advanced) = store.push_with(worker, clock, len, fill)?;
+        if advanced {
+            let visible = store.visible_clock();
+            drop(store);
+            slot.advanced.notify_all();
+            slot.watch.send_replace(visible);
+        }
+        Ok(outcome)
+    }
+
+    /// Blocks the calling thread until `partition`'s visible clock is at least `clock`.
+    pub fn wait_clock_blocking(&self, partition: PartitionId, clock: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+        let slot = self.slot(partition)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut store = slot.store.lock();
+        while store.visible_clock() < clock {
+            if slot.advanced.wait_until(&mut store, deadline).timed_out() && store.visible_clock() < clock {
+                return Err(StoreError::WaitClock { partition, clock, visible: store.visible_clock() });
+            }
+        }
+        Ok(store.visible_clock())
+    }
+
+    /// Waits (async) until `partition`'s visible clock is at least `clock`.
+    pub async fn wait_clock(&self, partition: PartitionId, clock: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+        let slot = self.slot(partition)?;
+        let mut receiver = slot.watch.subscribe();
+        let waited = tokio::time::timeout(timeout, receiver.wait_for(|&visible| visible >= clock)).await;
+        let visible = slot.store.lock().visible_clock();
+        match waited {
+            Ok(Ok(_)) => Ok(visible),
+            _ if visible >= clock => Ok(visible),
+            _ => Err(StoreError::WaitClock { partition, clock, visible }),
+        }
+    }
+
+    /// Partitions hosted here, ascending.
+    pub fn hosted(&self) -> Vec<PartitionId> {
+        (0..self.slots.len() as u32).filter(|&p| self.slots[p as usize].is_some()).collect()
+    }
+
+    /// Bytes of parameter values held over all hosted partitions.
+    pub fn parameter_bytes(&self) -> usize {
+        self.slots.iter().flatten().map(|slot| slot.store.lock().parameter_bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::RowInit;
+    use crate::partition::partition_of;
+
+    fn spec() -> Vec<TableSpec> {
+        vec![TableSpec { id: 0, name: "t".into(), width: 2, init: RowInit::Zeros }]
+    }
+
+    fn keys_of(partition: PartitionId, num_partitions: u32, n: usize) -> Vec<u64> {
+        (0..).filter(|&k| partition_of(k, num_partitions) == partition).take(n).collect()
+    }
+
+    fn read(store: &PartitionStore, worker: u32) -> Vec<f32> {
+        let mut out = Vec::new();
+        store.read_rows(worker, |row| out.extend_from_slice(row)).unwrap();
+        out
+    }
+
+    #[test]
+    fn clocks_become_visible_only_when_every_worker_pushed_them() {
+        let keys = keys_of(0, 2, 2);
+        let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, Optimizer::Add);
+        for worker in 0..2 {
+            store.register(worker, &[(0, keys.clone())]).unwrap();
+        }
+        let push = |store: &mut PartitionStore, worker, clock, v: f32| store.push_with(worker, clock, 4, |out| out.fill(v)).unwrap();
+        assert_eq!(push(&mut store, 0, 0, 1.0), (PushOutcome::Accepted, false));
+        assert_eq!(push(&mut store, 0, 1, 10.0), (PushOutcome::Accepted, false));
+        assert_eq!(read(&store, 1), vec![0.0; 4]);
+        assert_eq!(push(&mut store, 1, 0, 2.0), (PushOutcome::Accepted, true));
+        assert_eq!(store.visible_clock(), 1);
+        assert_eq!(read(&store, 1), vec![3.0; 4]);
+        // Duplicate (a retry of clock 0) is ignored; a gap is refused.
+        assert_eq!(push(&mut store, 1, 0, 2.0), (PushOutcome::Duplicate, false));
+        assert!(matches!(store.push_with(1, 5, 4, |_| ()), Err(StoreError::PushClockGap { expected: 1, clock: 5, .. })));
+        assert!(matches!(store.push_with(1, 1, 3, |_| ()), Err(StoreError::PushLength { expected: 4, got: 3, .. })));
+        assert_eq!(push(&mut store, 1, 1, 20.0), (PushOutcome::Accepted, true));
+        assert_eq!(read(&store, 0), vec![33.0; 4]);
+        assert_eq!(store.visible_clock(), 2);
+    }
+
+    #[test]
+    fn registration_is_validated() {
+        let mut store = PartitionStore::new(1, 2, 1, &spec(), 1, Optimizer::Add);
+        let foreign = keys_of(0, 2, 1);
+        assert!(matches!(store.register(0, &[(0, foreign)]), Err(StoreError::RegisterKey { .. })));
+        assert!(matches!(store.register(0, &[(9, vec![])]), Err(StoreError::RegisterTable { table: 9 })));
+        assert!(matches!(store.register(4, &[]), Err(StoreError::LookupWorker { worker: 4, .. })));
+        assert!(matches!(store.push_with(0, 0, 0, |_| ()), Err(StoreError::LookupBatch { .. })));
+        assert!(matches!(store.check_epoch(2), Err(StoreError::CheckEpoch { current: 1, requested: 2, .. })));
+    }
+
+    #[test]
+    fn server_state_wakes_waiters() {
+        let keys = keys_of(1, 2, 1);
+        let state = std::sync::Arc::new(ServerState::new(&[(1, 3)], 2, &spec(), 1, Optimizer::Add));
+        state.with_partition(1, 3, |s| s.register(0, &[(0, keys.clone())])).unwrap();
+        assert!(matches!(state.with_partition(0, 1, |_| Ok(())), Err(StoreError::LookupPartition { partition: 0 })));
+        let waiter = {
+            let state = state.clone();
+            std::thread::spawn(move || state.wait_clock_blocking(1, 1, std::time::Duration::from_secs(60)))
+        };
+        state.push_with(1, 3, 0, 0, 2, |v| v.fill(1.5)).unwrap();
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+        let timeout = state.wait_clock_blocking(1, 5, std::time::Duration::from_millis(1));
+        assert!(matches!(timeout, Err(StoreError::WaitClock { clock: 5, visible: 1, .. })));
+        assert_eq!(state.parameter_bytes(), 8);
+    }
+}

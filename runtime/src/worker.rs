@@ -1,0 +1,358 @@
+//! Worker threads: the clock loop, write-back deltas and the SSP-aware row cache refresh.
+//!
+//! Each worker thread owns one [`RowCache`] holding exactly its working set, grouped so that each
+//! partition's rows are contiguous slot ranges per table. One clock:
+//!
+//! 1. the app mutates the cache ([`AppWorker::clock`]);
+//! 2. per partition, `delta = data - snapshot` into a reused buffer (coalescing every write of the
+//!    clock into one value per row), `snapshot = data`;
+//! 3. the deltas of all partitions are pushed as one bulk batch per partition, tagged
+//!    (worker, clock, partition) so servers apply each exactly once;
+//! 4. for the next clock `t + 1`, SSP with staleness `s` needs every update of clocks `<= t - s`:
+//!    partitions whose cached copy is older are pulled (waiting until the server's visible clock
+//!    reaches `t + 1 - s`); fresher ones are kept. A pulled copy lacks this worker's own deltas
+//!    of clocks the server has not made visible yet, so those (kept in a short log, at most `s`
+//!    clocks) are re-added: the worker always reads its own writes.
+//!
+//! Nothing here allocates per clock: every buffer is sized once from the working set.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::app::{AppError, AppWorker, ClockStats, RowCache, TableId, TableSpec};
+use crate::metrics::RuntimeMetrics;
+use crate::optimizer::Optimizer;
+use crate::partition::{PartitionId, partition_of};
+use crate::store::StoreError;
+
+/// Settings of one training job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    /// Clocks (iterations) to run.
+    pub clocks: u64,
+    /// SSP staleness `s` (0 = BSP).
+    pub staleness: u64,
+    /// Worker threads (per process in multi-process mode).
+    pub workers: usize,
+    /// Partitions of the key space (fixed for the job).
+    pub partitions: u32,
+    /// Server-side update rule.
+    pub optimizer: Optimizer,
+    /// How long a worker waits for the staleness bound (or a server reply) before failing.
+    pub wait_timeout: Duration,
+    /// Whether the run report keeps a full copy of the final parameters.
+    pub keep_params: bool,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self {
+            clocks: 10,
+            staleness: 0,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            partitions: 4,
+            optimizer: Optimizer::Add,
+            wait_timeout: Duration::from_secs(600),
+            keep_params: false,
+        }
+    }
+}
+
+/// Errors of a worker thread.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    /// The app's working set does not fit its table declarations.
+    #[error("building the row cache failed: {0}")]
+    BuildCache(#[from] AppError),
+    /// A local server refused a request.
+    #[error("server refused a request: {0}")]
+    Serve(#[from] StoreError),
+    /// A remote server could not be reached or refused a request.
+    #[error("data plane request failed: {0}")]
+    Remote(#[from] crate::client::ClientError),
+    /// The server's batch length disagrees with the worker's.
+    #[error("partition {partition} registered {server} values, worker expected {worker}")]
+    RegisterLength {
+        /// The partition.
+        partition: PartitionId,
+        /// Values the server resolved.
+        server: usize,
+        /// Values the worker will send.
+        worker: usize,
+    },
+}
+
+impl WorkerError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            WorkerError::BuildCache(e) => e.category(),
+            WorkerError::Serve(e) => e.category(),
+            WorkerError::Remote(e) => e.category(),
+            WorkerError::RegisterLength { .. } => "register_length",
+        }
+    }
+}
+
+/// A worker's state for one partition: which cache rows belong to it, and reused buffers.
+#[derive(Debug)]
+pub(crate) struct PartitionView {
+    pub(crate) partition: PartitionId,
+    /// `(table position in the cache, first slot, end slot)`.
+    ranges: Vec<(usize, usize, usize)>,
+    /// Values in the batch (sum over ranges of rows × width).
+    pub(crate) len: usize,
+    /// This clock's deltas (pushed).
+    pub(crate) delta: Vec<f32>,
+    /// Rows received by a pull.
+    pub(crate) incoming: Vec<f32>,
+    /// Visible clock of the cached copy (all updates of clocks below it are in the cache).
+    pub(crate) visible: u64,
+    /// Set before a pull: whether this partition must be refreshed.
+    pub(crate) needs_pull: bool,
+    /// Own deltas by clock that the server may not have made visible yet (SSP `s > 0` only).
+    own_log: VecDeque<(u64, Vec<f32>)>,
+    spare: Vec<Vec<f32>>,
+}
+
+/// Moves values between a worker and the servers of its partitions.
+pub(crate) trait Transport {
+    /// Registers the worker's batch with a partition; returns the server's value count.
+    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError>;
+    /// Pushes every view's `delta` for `clock` (one bulk batch per partition).
+    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError>;
+    /// For every view with `needs_pull`, waits until its visible clock is at least `min_clock`,
+    /// then fills `incoming` and sets `visible`.
+    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError>;
+}
+
+/// What one worker thread did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WorkerReport {
+    /// Per clock: the app's stats.
+    pub(crate) stats: Vec<ClockStats>,
+    /// Per clock: seconds since the run's start when the clock ended.
+    pub(crate) clock_end: Vec<f64>,
+    /// Seconds spent in pulls (waiting for the staleness bound included).
+    pub(crate) wait_seconds: f64,
+}
+
+/// Builds one view per partition from the cache's partition-grouped slot order.
+fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
+    let mut views: Vec<PartitionView> = (0..num_partitions)
+        .map(|partition| PartitionView {
+            partition,
+            ranges: Vec::new(),
+            len: 0,
+            delta: Vec::new(),
+            incoming: Vec::new(),
+            visible: 0,
+            needs_pull: false,
+            own_log: VecDeque::new(),
+            spare: Vec::new(),
+        })
+        .collect();
+    for (position, table) in cache.tables.iter().enumerate() {
+        let mut start = 0;
+        while start < table.slot_keys.len() {
+            let partition = partition_of(table.slot_keys[start], num_partitions);
+            let mut end = start + 1;
+            while end < table.slot_keys.len() && partition_of(table.slot_keys[end], num_partitions) == partition {
+                end += 1;
+            }
+            let view = &mut views[partition as usize];
+            view.ranges.push((position, start, end));
+            view.len += (end - start) * table.width;
+            start = end;
+        }
+    }
+    for view in &mut views {
+        view.delta = vec![0.0; view.len];
+        view.incoming = vec![0.0; view.len];
+    }
+    views
+}
+
+/// Keys per table of a view, in batch order (sent once at registration).
+fn view_keys(cache: &RowCache, view: &PartitionView) -> Vec<(TableId, Vec<u64>)> {
+    view.ranges
+        .iter()
+        .map(|&(position, start, end)| {
+            let table = &cache.tables[position];
+            (table.id, table.slot_keys[start..end].to_vec())
+        })
+        .collect()
+}
+
+/// `delta = data - snapshot; snapshot = data` over the view's rows.
+fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
+    let mut offset = 0;
+    for &(position, start, end) in &view.ranges {
+        let table = &mut cache.tables[position];
+        let (from, to) = (start * table.width, end * table.width);
+        let delta = &mut view.delta[offset..offset + (to - from)];
+        for ((d, value), snap) in delta.iter_mut().zip(&table.data[from..to]).zip(&mut table.snapshot[from..to]) {
+            *d = value - *snap;
+            *snap = *value;
+        }
+        offset += to - from;
+    }
+}
+
+/// Installs a pulled copy: `data = snapshot = incoming + own deltas not yet visible`.
+fn install(cache: &mut RowCache, view: &mut PartitionView) {
+    while view.own_log.front().is_some_and(|(clock, _)| *clock < view.visible) {
+        if let Some((_, buffer)) = view.own_log.pop_front() {
+            view.spare.push(buffer);
+        }
+    }
+    for (_, own) in &view.own_log {
+        for (value, d) in view.incoming.iter_mut().zip(own) {
+            *value += d;
+        }
+    }
+    let mut offset = 0;
+    for &(position, start, end) in &view.ranges {
+        let table = &mut cache.tables[position];
+        let (from, to) = (start * table.width, end * table.width);
+        let source = &view.incoming[offset..offset + (to - from)];
+        table.data[from..to].copy_from_slice(source);
+        table.snapshot[from..to].copy_from_slice(source);
+        offset += to - from;
+    }
+}
+
+/// Runs one worker thread's whole job: register, then `config.clocks` clocks.
+pub(crate) fn run_worker<W: AppWorker, T: Transport>(
+    worker_id: u32,
+    mut app_worker: W,
+    specs: &[TableSpec],
+    transport: &mut T,
+    config: &JobConfig,
+    metrics: &RuntimeMetrics,
+    run_start: Instant,
+) -> Result<WorkerReport, WorkerError> {
+    let working_set = app_worker.working_set();
+    let num_partitions = config.partitions;
+    let mut cache = RowCache::build(specs, &working_set, |key| partition_of(key, num_partitions))?;
+    let mut views = build_views(&cache, num_partitions);
+    for view in &views {
+        let keys = view_keys(&cache, view);
+        let server = transport.register(worker_id, view.partition, &keys)?;
+        if server != view.len {
+            return Err(WorkerError::RegisterLength { partition: view.partition, server, worker: view.len });
+        }
+    }
+    app_worker.bind(&cache);
+    let rows_per_pull: Vec<u64> = views
+        .iter()
+        .map(|view| view.ranges.iter().map(|&(_, start, end)| (end - start) as u64).sum())
+        .collect();
+    let pushed_rows: u64 = rows_per_pull.iter().sum();
+    let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
+
+    let mut report = WorkerReport {
+        stats: Vec::with_capacity(config.clocks as usize),
+        clock_end: Vec::with_capacity(config.clocks as usize),
+        wait_seconds: 0.0,
+    };
+    let mut refresh = |views: &mut [PartitionView], cache: &mut RowCache, min_clock: u64, force: bool, report: &mut WorkerReport| {
+        let mut pulled = (0u64, 0u64);
+        for (view, rows) in views.iter_mut().zip(&rows_per_pull) {
+            view.needs_pull = view.len > 0 && (force || view.visible < min_clock);
+            if view.needs_pull {
+                pulled.0 += rows;
+                pulled.1 += view.len as u64 * 4;
+            }
+        }
+        let waited = Instant::now();
+        transport.pull(worker_id, min_clock, views)?;
+        let waited = waited.elapsed().as_secs_f64();
+        report.wait_seconds += waited;
+        metrics.ssp_wait_seconds.observe(waited);
+        for view in views.iter_mut().filter(|v| v.needs_pull) {
+            install(cache, view);
+        }
+        metrics.rows_moved.with_label_values(&["pull"]).inc_by(pulled.0);
+        metrics.bytes_moved.with_label_values(&["pull"]).inc_by(pulled.1);
+        Ok::<(), WorkerError>(())
+    };
+    refresh(&mut views, &mut cache, 0, true, &mut report)?;
+
+    for clock in 0..config.clocks {
+        let started = Instant::now();
+        let stats = app_worker.clock(&mut cache, clock);
+        for view in &mut views {
+            collect_delta(&mut cache, view);
+            if config.staleness > 0 && view.len > 0 {
+                let mut own = view.spare.pop().unwrap_or_default();
+                own.clear();
+                own.extend_from_slice(&view.delta);
+                view.own_log.push_back((clock, own));
+            }
+        }
+        transport.push(worker_id, clock, &views)?;
+        metrics.rows_moved.with_label_values(&["push"]).inc_by(pushed_rows);
+        metrics.bytes_moved.with_label_values(&["push"]).inc_by(pushed_bytes);
+        if clock + 1 < config.clocks {
+            let min_clock = (clock + 1).saturating_sub(config.staleness);
+            refresh(&mut views, &mut cache, min_clock, false, &mut report)?;
+        }
+        metrics.iterations.inc();
+        metrics.iteration_seconds.observe(started.elapsed().as_secs_f64());
+        if let Some(loss) = stats.mean_loss() {
+            metrics.loss.set(loss);
+        }
+        report.stats.push(stats);
+        report.clock_end.push(run_start.elapsed().as_secs_f64());
+        tracing::debug!(worker = worker_id, clock, updates = stats.updates, "clock done");
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{RowInit, WorkingSet};
+
+    #[test]
+    fn views_cover_the_cache_and_deltas_round_trip() {
+        let specs = vec![
+            TableSpec { id: 0, name: "a".into(), width: 2, init: RowInit::Zeros },
+            TableSpec { id: 1, name: "b".into(), width: 1, init: RowInit::Zeros },
+        ];
+        let mut ws = WorkingSet::new();
+        ws.add_range(0, 20);
+        ws.add_range(1, 7);
+        let mut cache = RowCache::build(&specs, &ws, |k| partition_of(k, 3)).unwrap();
+        let mut views = build_views(&cache, 3);
+        assert_eq!(views.iter().map(|v| v.len).sum::<usize>(), 20 * 2 + 7);
+        for view in &views {
+            for (table, keys) in view_keys(&cache, view) {
+                assert!(keys.iter().all(|&k| partition_of(k, 3) == view.partition), "table {table}");
+            }
+        }
+        let slot = cache.slot(0, 13).unwrap();
+        cache.row_mut(0, slot)[1] = 2.5;
+        let owner = partition_of(13, 3) as usize;
+        for view in &mut views {
+            collect_delta(&mut cache, view);
+        }
+        assert_eq!(views[owner].delta.iter().sum::<f32>(), 2.5);
+        assert!(views.iter().enumerate().all(|(p, v)| p == owner || v.delta.iter().all(|d| *d == 0.0)));
+        // A pulled copy that lacks the own delta of a not-yet-visible clock gets it re-added.
+        let view = &mut views[owner];
+        view.own_log.push_back((4, view.delta.clone()));
+        view.incoming.fill(1.0);
+        view.visible = 4;
+        install(&mut cache, view);
+        assert_eq!(cache.row(0, slot), &[1.0, 3.5]);
+        view.visible = 5;
+        view.incoming.fill(1.0);
+        install(&mut cache, view);
+        assert_eq!(cache.row(0, slot), &[1.0, 1.0]);
+        assert!(view.own_log.is_empty());
+    }
+}
