@@ -314,6 +314,29 @@ def install_instance_types(pools: list[tuple[str, str]], specs_path: str | None)
                 offers.append({"InstanceType": itype, "Location": location, "LocationType": location_type})
 
 
+def install_full_launches() -> None:
+    """Makes RunInstances launch MaxCount instances, as EC2 does when capacity suffices.
+
+    moto 5.2.5 launches MinCount; ebbflow asks for 1..=N so a short pool still yields some.
+    """
+    from moto.ec2.responses.instances import InstanceResponse
+
+    original = InstanceResponse.run_instances
+
+    def run_instances(self):  # noqa: ANN001 - moto's signature
+        max_count = self._get_param("MaxCount")
+        if max_count is None:
+            return original(self)
+        get_param = self._get_param
+        self._get_param = lambda name, if_none=None: max_count if name == "MinCount" else get_param(name, if_none)
+        try:
+            return original(self)
+        finally:
+            del self._get_param
+
+    InstanceResponse.run_instances = run_instances
+
+
 def install_unsupported_errors() -> None:
     """Answers actions moto lacks with EC2's UnsupportedOperation error instead of an HTML 500.
 
@@ -359,6 +382,7 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     install_unsupported_errors()
+    install_full_launches()
     if args.trace:
         specs = args.specs
         if specs is None:

@@ -114,9 +114,7 @@ fn trace_changes() -> BTreeMap<String, Vec<(DateTime<Utc>, f64)>> {
         let raw = row[time_column].trim_end_matches('Z');
         let time = chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%dT%H:%M:%S%.f")
             .or_else(|_| chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%d %H:%M:%S%.f"))
-            .or_else(|_| {
-                DateTime::parse_from_rfc3339(&row[time_column]).map(|t| t.naive_utc())
-            })
+            .or_else(|_| DateTime::parse_from_rfc3339(&row[time_column]).map(|t| t.naive_utc()))
             .unwrap_or_else(|e| panic!("timestamp {:?}: {e}", &row[time_column]))
             .and_utc();
         for (column, zone) in &zones {
@@ -136,7 +134,9 @@ fn expected_window(
     start: DateTime<Utc>,
     end: DateTime<Utc>,
 ) -> Vec<(DateTime<Utc>, f64)> {
-    let first = changes.partition_point(|(t, _)| *t <= start).saturating_sub(1);
+    let first = changes
+        .partition_point(|(t, _)| *t <= start)
+        .saturating_sub(1);
     let last = changes.partition_point(|(t, _)| *t <= end);
     changes[first..last].to_vec()
 }
@@ -151,7 +151,11 @@ async fn price_history_pages_return_exactly_the_trace_window() {
     let end = Utc.with_ymd_and_hms(2023, 2, 25, 0, 0, 0).unwrap();
     let query = SpotPriceQuery {
         instance_types: vec!["p3.2xlarge".into()],
-        zones: vec!["us-east-1a".into(), "us-east-1c".into(), "us-east-1d".into()],
+        zones: vec![
+            "us-east-1a".into(),
+            "us-east-1c".into(),
+            "us-east-1d".into(),
+        ],
         start: Some(start),
         end: Some(end),
         page_size: Some(5),
@@ -476,5 +480,10 @@ async fn instant_fleet_launches_tagged_spot_instances() {
     assert_eq!(listed_ids, fleet_ids);
     assert!(listed.iter().all(|i| i.job_tags().is_some()));
     ec2.terminate_instances(&fleet_ids).await.unwrap();
-    assert!(ec2.job_instances("ml/fleet", false).await.unwrap().is_empty());
+    assert!(
+        ec2.job_instances("ml/fleet", false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
