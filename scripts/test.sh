@@ -11,5 +11,9 @@ mkdir -p "$EBBFLOW_CACHE"
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "==> real data sets (scripts/fetch-data.sh) and the Python test venv (scripts/setup-python.sh)"
+export EBBFLOW_DATA_DIR="${EBBFLOW_DATA_DIR:-$(scripts/fetch-data.sh)}"
+export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
+
 echo "==> cargo test (unit + integration, no cluster needed)"
 cargo test --workspace --locked

@@ -477,4 +477,75 @@ mod tests {
         };
         assert!(LdaApp::new(empty, LdaConfig::default()).is_err());
     }
+
+    /// `model.loglikelihood() / N` of `lda==3.0.2` on reuters.ldac (K = 20, alpha = 0.1,
+    /// eta = 0.01, 1500 iterations, random_state = 1), recorded with
+    /// `bench/lda_peer.py --data $EBBFLOW_DATA_DIR --iterations 1500`.
+    const LDA_PACKAGE_PER_TOKEN: f64 = -7.806_907;
+
+    /// K, priors and iterations of the `lda` package's reuters example (its README).
+    const REUTERS_ITERATIONS: u64 = 1500;
+
+    fn reuters_per_token(dir: &std::path::Path) -> f64 {
+        let corpus = crate::data::load_ldac(&dir.join("reuters.ldac")).unwrap();
+        let vocab = crate::data::load_vocab(&dir.join("reuters.tokens")).unwrap();
+        assert_eq!((corpus.docs.len(), corpus.vocab_size), (395, vocab.len()));
+        let app = LdaApp::new(corpus, LdaConfig::default()).unwrap();
+        let mut bare = BareLoop::new(&app);
+        for _ in 0..REUTERS_ITERATIONS {
+            bare.clock();
+        }
+        app.evaluate(bare.tables())
+            .metric("per_token_log_likelihood")
+            .unwrap()
+    }
+
+    fn assert_within_2_percent(ours: f64, theirs: f64) {
+        let relative = (ours - theirs).abs() / theirs.abs();
+        println!(
+            "reuters per-token log-likelihood: ebbflow {ours:.4}, lda package {theirs:.4}, \
+             relative difference {relative:.4}"
+        );
+        assert!(relative <= 0.02, "ours {ours}, lda package {theirs}");
+    }
+
+    /// Issue 3 quality bar, side by side: run the `lda` package (through `EBBFLOW_PYTHON`) and our
+    /// sampler at the same time, compare final per-token log-likelihoods (within 2%).
+    #[test]
+    fn reuters_loglik_within_2_percent_of_the_lda_package_side_by_side() {
+        let name = "reuters_loglik_within_2_percent_of_the_lda_package_side_by_side";
+        let Some(dir) = crate::apps::test_support::data_dir_or_skip(name) else {
+            return;
+        };
+        let Some(python) = std::env::var_os("EBBFLOW_PYTHON").filter(|p| !p.is_empty()) else {
+            println!("{name}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+            return;
+        };
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/lda_peer.py");
+        let peer = std::process::Command::new(python)
+            .arg(&script)
+            .arg("--data")
+            .arg(&dir)
+            .args(["--iterations", &REUTERS_ITERATIONS.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the lda package peer");
+        let ours = reuters_per_token(&dir);
+        let output = peer.wait_with_output().expect("lda package peer runs");
+        assert!(output.status.success(), "lda peer failed: {output:?}");
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("lda peer prints JSON");
+        let theirs = report["per_token_log_likelihood"].as_f64().unwrap();
+        assert_within_2_percent(ours, theirs);
+    }
+
+    /// The same bar against the recorded `lda` package figure, for runs without Python.
+    #[test]
+    fn reuters_loglik_within_2_percent_of_the_recorded_lda_package_figure() {
+        let name = "reuters_loglik_within_2_percent_of_the_recorded_lda_package_figure";
+        let Some(dir) = crate::apps::test_support::data_dir_or_skip(name) else {
+            return;
+        };
+        assert_within_2_percent(reuters_per_token(&dir), LDA_PACKAGE_PER_TOKEN);
+    }
 }
