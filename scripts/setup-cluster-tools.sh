@@ -53,7 +53,7 @@ for name in "${kube_cmds[@]}"; do
   have "$name" "$kube_version" || missing_kube+=("$name")
 done
 if (( ${#missing_kube[@]} > 0 )); then
-  grep -q "^require k8s.io/kubernetes $kube_version\$" "$repo/tests/cluster/go.mod" ||
+  grep -Eq "^(require)?[[:space:]]*k8s.io/kubernetes $kube_version( |\$)" "$repo/tests/cluster/go.mod" ||
     die "tests/cluster/go.mod is not for $kube_version: run tests/cluster/gen-go-mod.sh"
   [[ "$kube_version" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "bad kube_version $kube_version"
   kube_ldflags=""
@@ -73,7 +73,7 @@ fi
 
 # --- etcd ----------------------------------------------------------------------------------------
 if ! have etcd "$etcd_version"; then
-  grep -q "go.etcd.io/etcd/server/v3 $etcd_version\$" "$repo/tests/cluster/etcd/go.mod" ||
+  grep -Eq "go.etcd.io/etcd/server/v3 $etcd_version( |\$)" "$repo/tests/cluster/etcd/go.mod" ||
     die "tests/cluster/etcd/go.mod does not require etcd server $etcd_version"
   timed "etcd $etcd_version" \
     go -C "$repo/tests/cluster/etcd" build -ldflags "-s -w" -o "$staging_dir/etcd" .

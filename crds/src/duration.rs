@@ -22,7 +22,9 @@ pub struct DurationString(String);
 
 /// Why a duration string was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {input:?}: expected a sequence like 90s, 30m or 1h30m (units ms, s, m, h)")]
+#[error(
+    "invalid duration {input:?}: expected a sequence like 90s, 30m or 1h30m (units ms, s, m, h)"
+)]
 pub struct DurationError {
     /// The rejected text.
     pub input: String,
@@ -158,7 +160,9 @@ mod tests {
     #[test]
     fn rejects_what_the_schema_pattern_rejects() {
         let pattern = regex_lite_match;
-        for text in ["", "10", "h", "1d", "-1h", "1.h", ".5h", "1h 30m", "1hh", "1.2.3s", "5us"] {
+        for text in [
+            "", "10", "h", "1d", "-1h", "1.h", ".5h", "1h 30m", "1hh", "1.2.3s", "5us",
+        ] {
             assert!(parse_duration(text).is_err(), "{text:?} should not parse");
             assert!(!pattern(text), "{text:?} should not match the pattern");
         }
@@ -177,7 +181,13 @@ mod tests {
 
     #[test]
     fn formats_from_std_duration() {
-        assert_eq!(DurationString::from(Duration::from_secs(120)).as_str(), "120s");
-        assert_eq!(DurationString::from(Duration::from_millis(1500)).as_str(), "1500ms");
+        assert_eq!(
+            DurationString::from(Duration::from_secs(120)).as_str(),
+            "120s"
+        );
+        assert_eq!(
+            DurationString::from(Duration::from_millis(1500)).as_str(),
+            "1500ms"
+        );
     }
 }

@@ -106,7 +106,10 @@ impl TrainingJob {
         job.metadata = ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(TEST_NAMESPACE.to_owned()),
-            uid: Some(format!("00000000-0000-4000-8000-{:012x}", fnv1a(name) & 0xffff_ffff_ffff)),
+            uid: Some(format!(
+                "00000000-0000-4000-8000-{:012x}",
+                fnv1a(name) & 0xffff_ffff_ffff
+            )),
             generation: Some(1),
             ..ObjectMeta::default()
         };
@@ -343,7 +346,11 @@ mod tests {
         assert_eq!(job.spec.consistency.effective_staleness(), 2);
         job.spec.validate().expect("fixture is valid");
 
-        for kind in [AppKind::MatrixFactorization, AppKind::LogisticRegression, AppKind::Lda] {
+        for kind in [
+            AppKind::MatrixFactorization,
+            AppKind::LogisticRegression,
+            AppKind::Lda,
+        ] {
             let job = TrainingJob::test("app").with_app(kind);
             job.spec.validate().expect("every app fixture is valid");
         }

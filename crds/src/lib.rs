@@ -96,7 +96,10 @@ pub fn crd() -> CustomResourceDefinition {
         tidy_schema(root);
         for rule in RULES {
             let node = schema_node(root, rule.scope).unwrap_or_else(|| {
-                panic!("rule scope {} is not a field of the TrainingJob schema", rule.scope)
+                panic!(
+                    "rule scope {} is not a field of the TrainingJob schema",
+                    rule.scope
+                )
             });
             node.x_kubernetes_validations
                 .get_or_insert_with(Vec::new)
@@ -169,7 +172,9 @@ fn tidy_description(description: &str) -> String {
 /// The schema node at a dotted property path (e.g. `spec.transient`).
 fn schema_node<'a>(root: &'a mut JSONSchemaProps, path: &str) -> Option<&'a mut JSONSchemaProps> {
     path.split('.').try_fold(root, |node, name| {
-        node.properties.as_mut().and_then(|properties| properties.get_mut(name))
+        node.properties
+            .as_mut()
+            .and_then(|properties| properties.get_mut(name))
     })
 }
 

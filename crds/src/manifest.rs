@@ -149,9 +149,15 @@ pub(crate) fn manifest_json_schema() -> Value {
     // The CRD schema leaves the object's header to the API server; declare it so the root, too,
     // rejects unknown fields. header_errors checks the values.
     if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
-        properties.insert("apiVersion".to_owned(), serde_json::json!({ "type": "string" }));
+        properties.insert(
+            "apiVersion".to_owned(),
+            serde_json::json!({ "type": "string" }),
+        );
         properties.insert("kind".to_owned(), serde_json::json!({ "type": "string" }));
-        properties.insert("metadata".to_owned(), serde_json::json!({ "type": "object" }));
+        properties.insert(
+            "metadata".to_owned(),
+            serde_json::json!({ "type": "object" }),
+        );
     }
     make_strict(&mut schema);
     schema
@@ -165,10 +171,7 @@ fn make_strict(node: &mut Value) {
         && !map.contains_key("type")
         && !map.contains_key("anyOf")
     {
-        map.insert(
-            "type".to_owned(),
-            serde_json::json!(["integer", "string"]),
-        );
+        map.insert("type".to_owned(), serde_json::json!(["integer", "string"]));
     }
     if map.remove("nullable") == Some(Value::Bool(true)) {
         allow_null(map);
@@ -336,7 +339,9 @@ fn join_path(path: &str, segment: &str) -> String {
         .bytes()
         .next()
         .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && segment.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if is_index || (!is_identifier && !path.is_empty()) {
         format!("{path}[{segment}]")
     } else if path.is_empty() {
@@ -374,7 +379,10 @@ mod tests {
     #[test]
     fn json_pointers_become_dotted_paths() {
         assert_eq!(dotted_path(""), "");
-        assert_eq!(dotted_path("/spec/transient/maxNodes"), "spec.transient.maxNodes");
+        assert_eq!(
+            dotted_path("/spec/transient/maxNodes"),
+            "spec.transient.maxNodes"
+        );
         assert_eq!(
             dotted_path("/spec/reliable/tolerations/0/effect"),
             "spec.reliable.tolerations[0].effect"

@@ -164,7 +164,10 @@ pub static RULES: &[Rule] = &[
         message: "spec.app.hyperparameters.rank is only valid for kind MatrixFactorization",
         holds: |s| {
             s.app.kind == AppKind::MatrixFactorization
-                || s.app.hyperparameters.as_ref().is_none_or(|h| h.rank.is_none())
+                || s.app
+                    .hyperparameters
+                    .as_ref()
+                    .is_none_or(|h| h.rank.is_none())
         },
     },
     Rule {
@@ -175,9 +178,10 @@ pub static RULES: &[Rule] = &[
         message: "spec.app.hyperparameters topics, alpha and beta are only valid for kind LDA",
         holds: |s| {
             is_lda(s)
-                || s.app.hyperparameters.as_ref().is_none_or(|h| {
-                    h.topics.is_none() && h.alpha.is_none() && h.beta.is_none()
-                })
+                || s.app
+                    .hyperparameters
+                    .as_ref()
+                    .is_none_or(|h| h.topics.is_none() && h.alpha.is_none() && h.beta.is_none())
         },
     },
     Rule {
@@ -188,9 +192,10 @@ pub static RULES: &[Rule] = &[
         message: "spec.app.hyperparameters learningRate and regularization are not valid for kind LDA",
         holds: |s| {
             !is_lda(s)
-                || s.app.hyperparameters.as_ref().is_none_or(|h| {
-                    h.learning_rate.is_none() && h.regularization.is_none()
-                })
+                || s.app
+                    .hyperparameters
+                    .as_ref()
+                    .is_none_or(|h| h.learning_rate.is_none() && h.regularization.is_none())
         },
     },
     Rule {
@@ -299,7 +304,10 @@ pub static RULES: &[Rule] = &[
             let Some(deadline) = &s.bidding.deadline else {
                 return true;
             };
-            match (deadline.to_duration(), s.bidding.decision_interval.to_duration()) {
+            match (
+                deadline.to_duration(),
+                s.bidding.decision_interval.to_duration(),
+            ) {
                 (Some(deadline), Some(interval)) => deadline > interval,
                 _ => false,
             }
@@ -376,8 +384,7 @@ pub static RULES: &[Rule] = &[
         cel: "self.provisioning.mode != 'ec2' || self.bidding.market.kind == 'ec2'",
         message: "spec.provisioning.mode ec2 requires spec.bidding.market.kind ec2",
         holds: |s| {
-            s.provisioning.mode != ProvisioningMode::Ec2
-                || s.bidding.market.kind == MarketKind::Ec2
+            s.provisioning.mode != ProvisioningMode::Ec2 || s.bidding.market.kind == MarketKind::Ec2
         },
     },
 ];
@@ -428,10 +435,7 @@ impl TrainingJobSpec {
     /// Checks every cross-field rule in [`RULES`] (schema bounds are the API server's job, or
     /// [`crate::parse_manifest`]'s outside a cluster).
     pub fn validate(&self) -> Result<(), InvalidSpec> {
-        let errors: Vec<FieldError> = self
-            .broken_rules()
-            .map(FieldError::from_rule)
-            .collect();
+        let errors: Vec<FieldError> = self.broken_rules().map(FieldError::from_rule).collect();
         if errors.is_empty() {
             Ok(())
         } else {

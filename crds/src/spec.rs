@@ -30,13 +30,47 @@ const CLOUD_NAME_PATTERN: &str = r"^[a-z0-9][a-z0-9.\-]*$";
     status = "TrainingJobStatus",
     derive = "PartialEq",
     doc = "TrainingJob trains a model on a reliable tier of on-demand nodes plus an elastic tier of spot (transient) nodes, bidding for the transient tier to minimise cost per unit of work.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase"),
-    printcolumn(name = "Stage", type_ = "integer", json_path = ".status.stage", description = "AgileML stage (1, 2 or 3)"),
-    printcolumn(name = "Iteration", type_ = "integer", json_path = ".status.iteration", description = "Completed iterations (clocks)"),
-    printcolumn(name = "Loss", type_ = "number", json_path = ".status.loss", description = "Most recent training loss"),
-    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodes.total", description = "Running nodes, both tiers"),
-    printcolumn(name = "Cost", type_ = "number", json_path = ".status.cost.spent", description = "USD spent so far"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Stage",
+        type_ = "integer",
+        json_path = ".status.stage",
+        description = "AgileML stage (1, 2 or 3)"
+    ),
+    printcolumn(
+        name = "Iteration",
+        type_ = "integer",
+        json_path = ".status.iteration",
+        description = "Completed iterations (clocks)"
+    ),
+    printcolumn(
+        name = "Loss",
+        type_ = "number",
+        json_path = ".status.loss",
+        description = "Most recent training loss"
+    ),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.nodes.total",
+        description = "Running nodes, both tiers"
+    ),
+    printcolumn(
+        name = "Cost",
+        type_ = "number",
+        json_path = ".status.cost.spent",
+        description = "USD spent so far"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
@@ -407,7 +441,10 @@ pub struct ReliableTierSpec {
     /// Candidate instance types for reliable nodes, cheapest first; empty lets the operator
     /// choose.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN)))]
+    #[schemars(
+        length(max = 32),
+        inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN))
+    )]
     pub instance_types: Vec<String>,
 
     /// Extra node selector for reliable pods, merged over the on-demand capacity-type label.
@@ -452,12 +489,18 @@ pub struct TransientTierSpec {
     /// Candidate instance types for transient nodes; each type × zone is a pool the bidder
     /// prices. Empty lets the market offer every type it knows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN)))]
+    #[schemars(
+        length(max = 32),
+        inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN))
+    )]
     pub instance_types: Vec<String>,
 
     /// Candidate zones (e.g. us-east-1a); empty allows every zone of the market's region.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN)))]
+    #[schemars(
+        length(max = 32),
+        inner(length(min = 1, max = 64), pattern(CLOUD_NAME_PATTERN))
+    )]
     pub zones: Vec<String>,
 
     /// Extra node selector for transient pods, merged over the spot capacity-type label.
@@ -795,8 +838,12 @@ impl CapacityTypeLabel {
     /// The preset with any explicit overrides applied.
     pub fn resolved(&self) -> ResolvedCapacityTypeLabel {
         let (key, on_demand, spot) = match self.preset {
-            CapacityTypePreset::Karpenter => ("karpenter.sh/capacity-type", Some("on-demand"), "spot"),
-            CapacityTypePreset::Eks => ("eks.amazonaws.com/capacityType", Some("ON_DEMAND"), "SPOT"),
+            CapacityTypePreset::Karpenter => {
+                ("karpenter.sh/capacity-type", Some("on-demand"), "spot")
+            }
+            CapacityTypePreset::Eks => {
+                ("eks.amazonaws.com/capacityType", Some("ON_DEMAND"), "SPOT")
+            }
             CapacityTypePreset::Gke => ("cloud.google.com/gke-spot", None, "true"),
         };
         ResolvedCapacityTypeLabel {

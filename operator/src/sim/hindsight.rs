@@ -1,0 +1,192 @@
+//! A provable lower bound on the cost of a job with full knowledge of the trace.
+//!
+//! Any AgileML strategy pays its reliable tier for the job's whole duration `D` and each
+//! transient instance-second at its price unless refunded. The bound relaxes everything else:
+//!
+//! - a slot is *free* if some pool could be bought then and an eviction event (the pool
+//!   becomes unavailable or its price rises above the slot's price) follows within an hour:
+//!   a necessary condition for refunded compute under `aws` (interrupted in the first hour)
+//!   and `aws-hourly-2016` (evicted partial hour); never under `gcp` or `fixed`;
+//! - otherwise a slot's work costs at least the cheapest price per work of any buyable pool;
+//! - every slot offers `cluster_size` instances at the highest per-instance rate of any pool,
+//!   with no σ, no λ, and reliable nodes always working;
+//! - work may be split across slots freely (fractional knapsack: free slots first, then the
+//!   cheapest), and costs are rounded down to a log-spaced bucket.
+//!
+//! Each relaxation only lowers the cost, so the minimum over `D` is a lower bound on what any
+//! strategy under the same application model can pay. `D` is scanned in intervals
+//! `[D_a, D_b]`, pricing the reliable tier at `D_a` and the transient work with the slots of
+//! `D_b`, which keeps the bound valid between grid points.
+
+use super::{Context, MarketGrid, RunResult};
+use crate::bidder::AppModel;
+use crate::billing::BillingModel;
+
+const BUCKETS: usize = 1024;
+
+/// Per-slot cheapest work, precomputed once per trace.
+#[derive(Clone, Debug)]
+pub struct SlotCosts {
+    /// Whether refunded compute was possible in the slot.
+    free: Vec<bool>,
+    /// Bucket of the cheapest USD per work unit in the slot (`usize::MAX`: nothing buyable).
+    bucket: Vec<usize>,
+    /// Lower edge of each bucket in USD per work unit.
+    edges: Vec<f64>,
+    /// Highest transient work per second of one instance over all pools.
+    max_rate: f64,
+}
+
+impl SlotCosts {
+    /// Precompute for `grid` under `app` and `billing`.
+    pub fn new(grid: &MarketGrid, app: &AppModel, billing: BillingModel) -> Self {
+        let refunds = matches!(billing, BillingModel::Aws | BillingModel::AwsHourly2016);
+        let hour_slots = (3600 / grid.step).max(1) as usize;
+        let mut free = vec![false; grid.slots];
+        // on-demand capacity can always be bought for the transient tier
+        let on_demand = grid
+            .pools
+            .iter()
+            .filter_map(|info| {
+                let rate = app.transient_rate(info.vcpus);
+                info.on_demand_usd_hr.filter(|_| rate > 0.0).map(|od| od / 3600.0 / rate)
+            })
+            .fold(f64::INFINITY, f64::min);
+        let mut cheapest = vec![on_demand; grid.slots];
+        let mut max_rate: f64 = 0.0;
+        for (pool, info) in grid.pools.iter().enumerate() {
+            let rate = app.transient_rate(info.vcpus);
+            max_rate = max_rate.max(rate);
+            // next slot after each slot where the pool is gone or pricier (monotonic stack)
+            let mut next_event = vec![usize::MAX; grid.slots];
+            let mut stack: Vec<usize> = Vec::new();
+            let mut next_gone = usize::MAX;
+            for slot in (0..grid.slots).rev() {
+                let price = grid.price(pool, slot);
+                match price {
+                    None => {
+                        next_gone = slot;
+                        stack.clear();
+                    }
+                    Some(p) => {
+                        while let Some(&top) = stack.last() {
+                            if grid.price(pool, top).is_some_and(|q| q <= p) {
+                                stack.pop();
+                            } else {
+                                break;
+                            }
+                        }
+                        let greater = stack.last().copied().unwrap_or(usize::MAX);
+                        next_event[slot] = greater.min(next_gone);
+                        stack.push(slot);
+                        if rate > 0.0 {
+                            cheapest[slot] = cheapest[slot].min(p / 3600.0 / rate);
+                        }
+                        if refunds && next_event[slot] != usize::MAX && next_event[slot] - slot <= hour_slots {
+                            free[slot] = true;
+                        }
+                    }
+                }
+            }
+        }
+        let finite: Vec<f64> = cheapest.iter().copied().filter(|c| c.is_finite() && *c > 0.0).collect();
+        let low = finite.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = finite.iter().copied().fold(0.0, f64::max);
+        let (low, high) = if finite.is_empty() { (1.0, 1.0) } else { (low, high.max(low * 1.000_001)) };
+        let ratio = (high / low).powf(1.0 / (BUCKETS - 1) as f64);
+        let edges: Vec<f64> = (0..BUCKETS).map(|b| low * ratio.powi(b as i32)).collect();
+        let bucket = cheapest
+            .iter()
+            .map(|&c| {
+                if !c.is_finite() {
+                    usize::MAX
+                } else {
+                    (((c / low).ln() / ratio.ln()).floor().max(0.0) as usize).min(BUCKETS - 1)
+                }
+            })
+            .collect();
+        Self {
+            free,
+            bucket,
+            edges,
+            max_rate,
+        }
+    }
+}
+
+/// The lower bound for `work` starting at `start_slot` (see the module docs).
+pub(super) fn lower_bound(ctx: &Context<'_>, costs: &SlotCosts, start_slot: usize, work: f64) -> RunResult {
+    let grid = ctx.grid;
+    let step = grid.step as f64;
+    let app = &ctx.config.app;
+    let reliable_count = f64::from(ctx.reliable.count);
+    let reliable_rate = reliable_count * app.nu_per_vcpu_second * ctx.reliable.vcpus;
+    let reliable_usd_per_slot = reliable_count * ctx.reliable.usd_hr * step / 3600.0;
+    let instances = f64::from(ctx.config.cluster_size);
+    let slot_work = instances * costs.max_rate * step;
+    let fastest = ((work / (slot_work + reliable_rate * step)).ceil() as usize).max(1);
+    let width = (fastest / 64).max(1);
+
+    let mut histogram = vec![0usize; BUCKETS];
+    let mut free_slots = 0usize;
+    let mut added = 0usize;
+    let mut best: Option<RunResult> = None;
+    let mut d_a = fastest;
+    loop {
+        let reliable_cost = reliable_usd_per_slot * d_a as f64;
+        if best.as_ref().is_some_and(|b| reliable_cost >= b.cost_usd) {
+            break;
+        }
+        let d_b = d_a + width - 1;
+        if start_slot + d_b > grid.slots {
+            break;
+        }
+        while added < d_b {
+            let slot = start_slot + added;
+            if costs.free[slot] {
+                free_slots += 1;
+            } else if costs.bucket[slot] != usize::MAX {
+                histogram[costs.bucket[slot]] += 1;
+            }
+            added += 1;
+        }
+        let need = (work - reliable_rate * d_b as f64 * step).max(0.0);
+        let mut slots_needed = need / slot_work;
+        let free_used = slots_needed.min(free_slots as f64);
+        slots_needed -= free_used;
+        let mut transient_cost = 0.0;
+        let mut paid_used = 0.0;
+        for (b, &count) in histogram.iter().enumerate() {
+            if slots_needed <= 0.0 {
+                break;
+            }
+            let take = slots_needed.min(count as f64);
+            transient_cost += take * slot_work * costs.edges[b];
+            paid_used += take;
+            slots_needed -= take;
+        }
+        if slots_needed <= 1e-9 {
+            let cost = reliable_cost + transient_cost;
+            if best.as_ref().is_none_or(|b| cost < b.cost_usd) {
+                best = Some(RunResult {
+                    cost_usd: cost,
+                    runtime_seconds: d_a as f64 * step,
+                    on_demand_hours: reliable_count * d_a as f64 * step / 3600.0,
+                    paid_spot_hours: paid_used * instances * step / 3600.0,
+                    free_hours: free_used * instances * step / 3600.0,
+                    evictions: 0,
+                    completed_in_trace: true,
+                });
+            }
+        }
+        d_a += width;
+    }
+    // the trace ended before any duration could finish: bound by the on-demand rest
+    best.unwrap_or_else(|| {
+        let hours = work / ctx.baseline_rate() / 3600.0;
+        RunResult {
+            completed_in_trace: false,
+            ..super::on_demand_only(ctx, hours)
+        }
+    })
+}

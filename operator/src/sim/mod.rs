@@ -1,0 +1,607 @@
+//! `ebbflow simulate`: replay a trace from many random start times and compare strategies
+//! (seed 003 §4.5.2) with the same bidder code the operator runs.
+//!
+//! The first [`SimConfig::train_fraction`] of the trace trains the eviction model; jobs start
+//! uniformly at random in the rest, so no strategy sees the future it is scored on (except
+//! the hindsight bound, by definition). A job is `hours` of work of the on-demand baseline:
+//! `cluster_size` on-demand instances of the reference type (the pool type with the lowest
+//! on-demand price per vCPU). Spot strategies may hold up to `cluster_size` transient
+//! instances; the AgileML ones also keep the reliable tier (`reliable_count` on-demand
+//! instances of the reference type).
+
+pub mod grid;
+pub mod hindsight;
+pub mod report;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::bidder::{
+    Allocation, AppModel, Bidder, BidderConfig, BidderInput, JobState, ReliableTier,
+};
+use crate::billing::{BillingModel, Charge, EndReason, Meter};
+use crate::eviction::{ConstantRateModel, EvictionConfig, EvictionError, EvictionModel, EvictionScore};
+use crate::market::{CapacityType, Market, MarketError, Timestamp};
+
+pub use grid::MarketGrid;
+
+/// The strategies compared, named as in the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Strategy {
+    /// The baseline: on-demand instances only.
+    OnDemandOnly,
+    /// Cheapest pool at the on-demand price, checkpoint/restart on eviction.
+    StandardCheckpoint,
+    /// Cheapest pool at the on-demand price, AgileML tiers.
+    StandardAgileMl,
+    /// BidBrain, AgileML tiers.
+    BidBrainAgileMl,
+    /// A lower bound on cost with full knowledge of the trace.
+    Hindsight,
+}
+
+impl Strategy {
+    /// Every strategy, in output order.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::OnDemandOnly,
+        Strategy::StandardCheckpoint,
+        Strategy::StandardAgileMl,
+        Strategy::BidBrainAgileMl,
+        Strategy::Hindsight,
+    ];
+
+    /// The name printed in tables, CSV and chart.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::OnDemandOnly => "on-demand only",
+            Strategy::StandardCheckpoint => "standard + checkpoint/restart",
+            Strategy::StandardAgileMl => "standard + AgileML",
+            Strategy::BidBrainAgileMl => "BidBrain + AgileML",
+            Strategy::Hindsight => "hindsight optimum",
+        }
+    }
+}
+
+/// Settings of a study.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Random start times per job length.
+    pub starts: usize,
+    /// Seed of the start times.
+    pub seed: u64,
+    /// Job lengths in hours of on-demand-equivalent work.
+    pub job_hours: Vec<f64>,
+    /// Instances of the on-demand baseline, and most transient instances held.
+    pub cluster_size: u32,
+    /// Reliable on-demand nodes of the AgileML strategies.
+    pub reliable_count: u32,
+    /// How instances are charged.
+    pub billing: BillingModel,
+    /// Share of the trace (from its start) used to train the eviction model.
+    pub train_fraction: f64,
+    /// The application (ν, φ, σ, λ).
+    pub app: AppModel,
+    /// Throughput lost to checkpointing (the paper's 17%).
+    pub checkpoint_overhead: f64,
+    /// Seconds from an eviction until a checkpointed job runs again (new instances booted and
+    /// the checkpoint loaded).
+    pub restart_seconds: f64,
+    /// The bidder's settings (its `max_transient` is set to `cluster_size`).
+    pub bidder: BidderConfig,
+    /// The eviction model's settings.
+    pub eviction: EvictionConfig,
+    /// Worker threads.
+    pub threads: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            starts: 1000,
+            seed: 1,
+            job_hours: vec![2.0, 20.0],
+            cluster_size: 32,
+            reliable_count: 1,
+            billing: BillingModel::Aws,
+            train_fraction: 0.3,
+            app: AppModel::default(),
+            checkpoint_overhead: 0.17,
+            restart_seconds: 300.0,
+            bidder: BidderConfig::default(),
+            eviction: EvictionConfig::default(),
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// Errors running a study.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The market is unusable.
+    #[error(transparent)]
+    Market(#[from] MarketError),
+    /// The eviction model could not be fitted.
+    #[error(transparent)]
+    Eviction(#[from] EvictionError),
+    /// The trace is too short for the configuration.
+    #[error("plan simulation on {source_name}: {reason}")]
+    Plan {
+        /// The trace.
+        source_name: String,
+        /// What does not fit.
+        reason: String,
+    },
+}
+
+/// The outcome of one job under one strategy.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RunResult {
+    /// USD spent.
+    pub cost_usd: f64,
+    /// Seconds from start to the last unit of work.
+    pub runtime_seconds: f64,
+    /// On-demand instance-hours (reliable tier, baseline, or trace-end fallback).
+    pub on_demand_hours: f64,
+    /// Spot instance-hours paid for.
+    pub paid_spot_hours: f64,
+    /// Spot instance-hours refunded.
+    pub free_hours: f64,
+    /// Spot allocations lost to evictions.
+    pub evictions: u32,
+    /// False if the trace ended first and the rest ran on on-demand instances.
+    pub completed_in_trace: bool,
+}
+
+/// One start time of one job length, every strategy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartResult {
+    /// Job length in hours.
+    pub job_hours: f64,
+    /// Start time.
+    pub start: Timestamp,
+    /// Cost and runtime of the on-demand baseline (the unit of the relative figures).
+    pub baseline: RunResult,
+    /// Per strategy, in [`Strategy::ALL`] order.
+    pub runs: Vec<RunResult>,
+}
+
+/// Everything a study produced.
+#[derive(Clone, Debug)]
+pub struct Study {
+    /// The trace.
+    pub source: String,
+    /// The billing model.
+    pub billing: BillingModel,
+    /// The reference instance type of the baseline.
+    pub reference_type: String,
+    /// The grid step in seconds.
+    pub step_seconds: i64,
+    /// Training slice end (start of the evaluation slice).
+    pub train_end: Timestamp,
+    /// The eviction model scored on the evaluation slice.
+    pub eviction_score: EvictionScore,
+    /// Per start and length.
+    pub starts: Vec<StartResult>,
+}
+
+/// The fixed context of every run of a study.
+struct Context<'a> {
+    grid: &'a MarketGrid,
+    model: &'a EvictionModel,
+    config: &'a SimConfig,
+    reference: usize,
+    reliable: ReliableTier,
+}
+
+impl Context<'_> {
+    fn reference_od(&self) -> f64 {
+        self.grid.pools[self.reference].on_demand_usd_hr.unwrap_or(f64::INFINITY)
+    }
+
+    fn baseline_rate(&self) -> f64 {
+        f64::from(self.config.cluster_size) * self.config.app.nu_per_vcpu_second * self.grid.pools[self.reference].vcpus
+    }
+}
+
+/// Run a study over `market` (on-demand prices and vCPUs must be complete). `progress` is
+/// called once per finished run.
+pub fn run_study(market: &Market, config: &SimConfig, progress: &(dyn Fn() + Sync)) -> Result<Study, SimError> {
+    let (first, last) = market.span()?;
+    let train_end = first + ((last - first) as f64 * config.train_fraction) as i64;
+    let training = market.slice(first, train_end);
+    let model = EvictionModel::fit(&training, config.eviction.clone())?;
+    let naive = ConstantRateModel::fit(&training, model.config());
+    let eviction_score = crate::eviction::score(&model, &naive, &market.slice(train_end, last + 1), 3600.0);
+
+    let step = MarketGrid::step_for(market);
+    let grid = MarketGrid::new(market, step)?;
+    let reference = (0..grid.pools.len())
+        .filter(|&p| grid.pools[p].on_demand_usd_hr.is_some())
+        .min_by(|&a, &b| {
+            let per_vcpu = |p: usize| grid.pools[p].on_demand_usd_hr.unwrap_or(f64::INFINITY) / grid.pools[p].vcpus;
+            per_vcpu(a).total_cmp(&per_vcpu(b))
+        })
+        .ok_or_else(|| SimError::Plan {
+            source_name: market.source.clone(),
+            reason: "no pool has an on-demand price".into(),
+        })?;
+    let reference_info = &grid.pools[reference];
+    let reliable = ReliableTier {
+        count: config.reliable_count,
+        vcpus: reference_info.vcpus,
+        usd_hr: reference_info.on_demand_usd_hr.unwrap_or(f64::INFINITY),
+    };
+    let ctx = Context {
+        grid: &grid,
+        model: &model,
+        config,
+        reference,
+        reliable,
+    };
+
+    // start slots: uniform over the evaluation slice, leaving room for 4× the longest job
+    let first_slot = ((train_end - grid.t0) / step).max(0) as usize;
+    let longest = config.job_hours.iter().copied().fold(0.0, f64::max);
+    let room = (4.0 * longest * 3600.0 / step as f64).ceil() as usize;
+    if first_slot + room >= grid.slots {
+        return Err(SimError::Plan {
+            source_name: market.source.clone(),
+            reason: format!(
+                "the evaluation slice ({} h) is shorter than 4× the longest job ({longest} h)",
+                (grid.slots - first_slot.min(grid.slots)) as f64 * step as f64 / 3600.0
+            ),
+        });
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    let mut jobs: Vec<(f64, usize)> = Vec::new();
+    for &hours in &config.job_hours {
+        for _ in 0..config.starts {
+            jobs.push((hours, rng.random_range(first_slot..grid.slots - room)));
+        }
+    }
+    let hindsight = hindsight::SlotCosts::new(&grid, &config.app, config.billing);
+
+    let next = AtomicUsize::new(0);
+    let threads = config.threads.max(1);
+    let mut results: Vec<Option<StartResult>> = vec![None; jobs.len()];
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (ctx, jobs, next, hindsight) = (&ctx, &jobs, &next, &hindsight);
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(hours, slot)) = jobs.get(i) else { break };
+                        out.push((i, run_start(ctx, hindsight, hours, slot, progress)));
+                    }
+                    out
+                })
+            })
+            .collect();
+        for handle in handles {
+            for (i, result) in handle.join().expect("simulation thread panicked") {
+                results[i] = Some(result);
+            }
+        }
+    });
+    Ok(Study {
+        source: market.source.clone(),
+        billing: config.billing,
+        reference_type: grid.pools[reference].id.instance_type.clone(),
+        step_seconds: step,
+        train_end,
+        eviction_score,
+        starts: results.into_iter().flatten().collect(),
+    })
+}
+
+fn run_start(
+    ctx: &Context<'_>,
+    hindsight: &hindsight::SlotCosts,
+    hours: f64,
+    slot: usize,
+    progress: &(dyn Fn() + Sync),
+) -> StartResult {
+    let work = hours * 3600.0 * ctx.baseline_rate();
+    let baseline = on_demand_only(ctx, hours);
+    let runs = Strategy::ALL
+        .iter()
+        .map(|&strategy| {
+            let result = match strategy {
+                Strategy::OnDemandOnly => baseline,
+                Strategy::Hindsight => hindsight::lower_bound(ctx, hindsight, slot, work),
+                _ => simulate(ctx, strategy, slot, work),
+            };
+            progress();
+            result
+        })
+        .collect();
+    StartResult {
+        job_hours: hours,
+        start: ctx.grid.time(slot),
+        baseline,
+        runs,
+    }
+}
+
+/// `cluster_size` on-demand instances for `hours`: the unit of every relative figure.
+fn on_demand_only(ctx: &Context<'_>, hours: f64) -> RunResult {
+    let instances = f64::from(ctx.config.cluster_size);
+    RunResult {
+        cost_usd: instances * ctx.reference_od() * hours,
+        runtime_seconds: hours * 3600.0,
+        on_demand_hours: instances * hours,
+        completed_in_trace: true,
+        ..RunResult::default()
+    }
+}
+
+/// A running allocation in the simulator.
+struct Live {
+    allocation: Allocation,
+    meter: Meter,
+    ready_at: Timestamp,
+    rate_each: f64,
+}
+
+/// Totals of finished instances.
+#[derive(Default)]
+struct Ledger {
+    result: RunResult,
+}
+
+impl Ledger {
+    fn close(&mut self, live: Live, reason: EndReason) {
+        let count = f64::from(live.allocation.count);
+        let charge: Charge = live.meter.finish(reason);
+        self.result.cost_usd += count * charge.usd;
+        if live.allocation.capacity == CapacityType::OnDemand {
+            self.result.on_demand_hours += count * (charge.paid_seconds + charge.free_seconds) / 3600.0;
+        } else {
+            self.result.paid_spot_hours += count * charge.paid_seconds / 3600.0;
+            self.result.free_hours += count * charge.free_seconds / 3600.0;
+        }
+        if reason == EndReason::Evicted {
+            self.result.evictions += 1;
+        }
+    }
+}
+
+/// Replay one job from `start_slot` under a standard or BidBrain strategy.
+fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64) -> RunResult {
+    let grid = ctx.grid;
+    let config = ctx.config;
+    let app = &config.app;
+    let billing = config.billing;
+    let step = grid.step;
+    let agile = strategy != Strategy::StandardCheckpoint;
+    let start = grid.time(start_slot);
+    let mut bidder_config = config.bidder.clone();
+    bidder_config.max_transient = config.cluster_size;
+    let bidder = Bidder {
+        config: bidder_config,
+        billing,
+        eviction: ctx.model,
+    };
+
+    let mut ledger = Ledger::default();
+    let mut live: Vec<Live> = Vec::new();
+    let mut next_id = 0u64;
+    // the reliable tier runs throughout (AgileML only), billed like any on-demand instance
+    let mut reliable_meter = agile.then(|| Meter::new(billing, start));
+    let reliable_od = ctx.reliable.usd_hr;
+    let mut done = 0.0;
+    let mut stall_until: Timestamp = start;
+    let mut next_decision: Timestamp = start;
+    // checkpointing state
+    let mut checkpoint_work = 0.0;
+    let mut last_checkpoint: Timestamp = start;
+    let mut checkpoint_interval = 3600.0;
+
+    let mut slot = start_slot;
+    loop {
+        let t = grid.time(slot);
+        if slot >= grid.slots {
+            // the trace ended: finish the rest on the on-demand baseline
+            let rest_hours = (work - done) / ctx.baseline_rate() / 3600.0;
+            for l in live.drain(..) {
+                ledger.close(l, EndReason::JobFinished);
+            }
+            if let Some(meter) = reliable_meter.take() {
+                ledger.result.cost_usd += f64::from(ctx.reliable.count) * meter.finish(EndReason::JobFinished).usd;
+                ledger.result.on_demand_hours += f64::from(ctx.reliable.count) * (t - start) as f64 / 3600.0;
+            }
+            let fallback = on_demand_only(ctx, rest_hours);
+            ledger.result.cost_usd += fallback.cost_usd;
+            ledger.result.on_demand_hours += fallback.on_demand_hours;
+            ledger.result.runtime_seconds = (t - start) as f64 + rest_hours * 3600.0;
+            ledger.result.completed_in_trace = false;
+            return ledger.result;
+        }
+
+        // evictions: the pool cannot be kept, or its price rose above the max price
+        let mut evicted = false;
+        let mut index = 0;
+        while index < live.len() {
+            let l = &live[index];
+            let keep = match l.allocation.capacity {
+                CapacityType::OnDemand => true,
+                CapacityType::Spot => grid
+                    .price(l.allocation.pool, slot)
+                    .is_some_and(|p| p <= l.allocation.max_price.unwrap_or(f64::INFINITY)),
+            };
+            if keep {
+                index += 1;
+            } else {
+                ledger.close(live.swap_remove(index), EndReason::Evicted);
+                evicted = true;
+            }
+        }
+        if evicted {
+            if agile {
+                stall_until = stall_until.max(t + app.lambda_seconds as i64);
+            } else {
+                done = checkpoint_work;
+                last_checkpoint = t;
+                stall_until = stall_until.max(t + config.restart_seconds as i64);
+            }
+        }
+
+        // decisions
+        match strategy {
+            Strategy::BidBrainAgileMl if evicted || t >= next_decision => {
+                let view = grid.view(slot);
+                let allocations: Vec<Allocation> = live.iter().map(|l| l.allocation.clone()).collect();
+                let job = JobState {
+                    remaining_work: work - done,
+                    ..JobState::default()
+                };
+                let decision = bidder.decide(&BidderInput {
+                    now: t,
+                    pools: &grid.pools,
+                    market: &view,
+                    allocations: &allocations,
+                    reliable: &ctx.reliable,
+                    app,
+                    job: &job,
+                });
+                for id in &decision.release {
+                    if let Some(i) = live.iter().position(|l| l.allocation.id == *id) {
+                        ledger.close(live.swap_remove(i), EndReason::Released);
+                    }
+                }
+                for request in decision.acquire {
+                    let buyable = match request.capacity {
+                        CapacityType::OnDemand => true,
+                        CapacityType::Spot => grid
+                            .price(request.pool, slot)
+                            .is_some_and(|p| p <= request.max_price.unwrap_or(f64::INFINITY)),
+                    };
+                    if buyable {
+                        next_id += 1;
+                        live.push(Live {
+                            rate_each: app.transient_rate(grid.pools[request.pool].vcpus),
+                            allocation: Allocation {
+                                id: next_id,
+                                pool: request.pool,
+                                capacity: request.capacity,
+                                count: request.count,
+                                max_price: request.max_price,
+                                launched_at: t,
+                            },
+                            meter: Meter::new(billing, t),
+                            ready_at: t + app.sigma_seconds as i64,
+                        });
+                    }
+                }
+                next_decision = decision.next_decision_at.max(t + 1);
+            }
+            Strategy::StandardCheckpoint | Strategy::StandardAgileMl if live.is_empty() => {
+                // the lowest current market price, bid the on-demand price
+                let cheapest = (0..grid.pools.len())
+                    .filter_map(|p| grid.price(p, slot).map(|price| (p, price)))
+                    .filter(|&(p, price)| grid.pools[p].on_demand_usd_hr.is_some_and(|od| price <= od))
+                    .min_by(|a, b| a.1.total_cmp(&b.1));
+                if let Some((pool, price)) = cheapest {
+                    let on_demand = grid.pools[pool].on_demand_usd_hr.unwrap_or(price);
+                    next_id += 1;
+                    let ready_at = if agile {
+                        t + app.sigma_seconds as i64
+                    } else {
+                        // boot, then restore: progress resumes after the restart delay
+                        t + (config.restart_seconds as i64).max(app.sigma_seconds as i64)
+                    };
+                    live.push(Live {
+                        rate_each: app.transient_rate(grid.pools[pool].vcpus),
+                        allocation: Allocation {
+                            id: next_id,
+                            pool,
+                            capacity: CapacityType::Spot,
+                            count: config.cluster_size,
+                            max_price: Some(on_demand),
+                            launched_at: t,
+                        },
+                        meter: Meter::new(billing, t),
+                        ready_at,
+                    });
+                    if !agile {
+                        // MTTF-based interval (Young): with overhead δ/I = 17%, I = 2 · 0.17 · MTTF
+                        let delta = (on_demand - price) / on_demand;
+                        let mttf = ctx.model.median_time_to_eviction(pool, delta).unwrap_or(4.0 * 3600.0);
+                        checkpoint_interval = (2.0 * config.checkpoint_overhead * mttf).clamp(600.0, 7200.0);
+                    }
+                }
+            }
+            _ => {}
+        }
+
+        // progress over [t, t + step)
+        let end = t + step;
+        let transient_count: f64 = live.iter().map(|l| f64::from(l.allocation.count)).sum();
+        let reliable_rate = if agile {
+            f64::from(ctx.reliable.count)
+                * app.reliable_rate(ctx.reliable.vcpus, transient_count, f64::from(ctx.reliable.count))
+        } else {
+            0.0
+        };
+        let efficiency = if agile { 1.0 } else { 1.0 / (1.0 + config.checkpoint_overhead) };
+        // (rate, from) pieces: each allocation contributes from when it is ready
+        let progress_from = |ready: Timestamp| (ready.max(stall_until).max(t)).min(end);
+        let mut pieces: Vec<(Timestamp, f64)> = live
+            .iter()
+            .map(|l| (progress_from(l.ready_at), l.rate_each * f64::from(l.allocation.count) * efficiency))
+            .collect();
+        pieces.push((progress_from(t), reliable_rate));
+        pieces.sort_by_key(|p| p.0);
+        let mut finish_at = None;
+        let mut rate = 0.0;
+        for i in 0..pieces.len() {
+            rate += pieces[i].1;
+            let from = pieces[i].0;
+            let to = pieces.get(i + 1).map_or(end, |p| p.0);
+            let gain = rate * (to - from) as f64;
+            if rate > 0.0 && done + gain >= work {
+                finish_at = Some(from + ((work - done) / rate).ceil() as Timestamp);
+                done = work;
+                break;
+            }
+            done += gain;
+        }
+
+        let until = finish_at.unwrap_or(end);
+        for l in &mut live {
+            let price = match l.allocation.capacity {
+                CapacityType::Spot => grid.price(l.allocation.pool, slot).unwrap_or(0.0),
+                CapacityType::OnDemand => grid.pools[l.allocation.pool].on_demand_usd_hr.unwrap_or(0.0),
+            };
+            l.meter.advance(until, price);
+        }
+        if let Some(meter) = reliable_meter.as_mut() {
+            meter.advance(until, reliable_od);
+        }
+        if let Some(finish) = finish_at {
+            for l in live.drain(..) {
+                ledger.close(l, EndReason::JobFinished);
+            }
+            if let Some(meter) = reliable_meter.take() {
+                let reliable = f64::from(ctx.reliable.count);
+                ledger.result.cost_usd += reliable * meter.finish(EndReason::JobFinished).usd;
+                ledger.result.on_demand_hours += reliable * (finish - start) as f64 / 3600.0;
+            }
+            ledger.result.runtime_seconds = (finish - start) as f64;
+            ledger.result.completed_in_trace = true;
+            return ledger.result;
+        }
+        if !agile && (end - last_checkpoint) as f64 >= checkpoint_interval {
+            checkpoint_work = done;
+            last_checkpoint = end;
+        }
+        slot += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests;

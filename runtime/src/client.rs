@@ -1,0 +1,275 @@
+//! Blocking data-plane client used by worker threads (plain `std::net`: workers are compute
+//! threads, not async tasks), and the worker transport over it.
+//!
+//! Requests to one server are pipelined: a worker writes the pushes (or pulls) of every partition
+//! a server holds, flushes once, then reads the replies in order.
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::app::{TableId, TableSpec};
+use crate::frame::{FrameError, HEADER_BYTES, body_len};
+use crate::message::{Message, Values};
+use crate::partition::{PartitionId, PartitionMap};
+use crate::snapshot::ParamSnapshot;
+use crate::worker::{PartitionView, Transport, WorkerError};
+
+/// Errors of the data-plane client.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// Connecting to a server failed.
+    #[error("connecting to {addr} failed: {source}")]
+    Connect {
+        /// The server address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Reading or writing a connection failed (includes the server closing it).
+    #[error("exchanging frames with {addr} failed: {source}")]
+    Exchange {
+        /// The server address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server sent bytes that are not a valid frame.
+    #[error("decoding a frame from {addr} failed: {source}")]
+    Decode {
+        /// The server address.
+        addr: SocketAddr,
+        /// Why.
+        source: FrameError,
+    },
+    /// The server answered a request with an error.
+    #[error("server {addr} refused the request ({category}): {message}")]
+    Refused {
+        /// The server address.
+        addr: SocketAddr,
+        /// The error's category.
+        category: String,
+        /// The error's description.
+        message: String,
+    },
+    /// The server answered with an unexpected message.
+    #[error("server {addr} answered {got} where {expected} was expected")]
+    Unexpected {
+        /// The server address.
+        addr: SocketAddr,
+        /// The message kind received.
+        got: &'static str,
+        /// The message kind expected.
+        expected: &'static str,
+    },
+    /// The partition map names a node whose address is unknown.
+    #[error("no address for node {node}")]
+    LookupNode {
+        /// The node.
+        node: u32,
+    },
+}
+
+impl ClientError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ClientError::Connect { .. } => "connect",
+            ClientError::Exchange { .. } => "exchange",
+            ClientError::Decode { .. } => "decode",
+            ClientError::Refused { .. } => "refused",
+            ClientError::Unexpected { .. } => "unexpected",
+            ClientError::LookupNode { .. } => "lookup_node",
+        }
+    }
+}
+
+/// An authenticated connection to one data-plane server.
+#[derive(Debug)]
+pub struct Connection {
+    addr: SocketAddr,
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    out: Vec<u8>,
+    body: Vec<u8>,
+    max_frame_bytes: usize,
+}
+
+impl Connection {
+    /// Connects to `addr` and presents the job secret; `timeout` bounds every read.
+    pub fn connect(addr: SocketAddr, secret: &[u8], node: u32, max_frame_bytes: usize, timeout: Duration) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(30))).map_err(|source| ClientError::Connect { addr, source })?;
+        let exchange = |source| ClientError::Exchange { addr, source };
+        stream.set_nodelay(true).map_err(exchange)?;
+        stream.set_read_timeout(Some(timeout)).map_err(exchange)?;
+        let reader = BufReader::with_capacity(1 << 16, stream.try_clone().map_err(exchange)?);
+        let writer = BufWriter::with_capacity(1 << 16, stream);
+        let mut connection = Self { addr, reader, writer, out: Vec::new(), body: Vec::new(), max_frame_bytes };
+        connection.send(&Message::Hello { secret, node })?;
+        connection.flush()?;
+        match connection.recv()? {
+            Message::Welcome => Ok(connection),
+            other => Err(unexpected(addr, &other, "welcome")),
+        }
+    }
+
+    /// Queues a message (sent on [`Connection::flush`] or when the buffer fills).
+    pub fn send(&mut self, message: &Message<'_>) -> Result<(), ClientError> {
+        self.out.clear();
+        message.encode(&mut self.out);
+        self.writer.write_all(&self.out).map_err(|source| ClientError::Exchange { addr: self.addr, source })
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        self.writer.flush().map_err(|source| ClientError::Exchange { addr: self.addr, source })
+    }
+
+    /// Reads the next message; a server `Error` becomes [`ClientError::Refused`].
+    pub fn recv(&mut self) -> Result<Message<'_>, ClientError> {
+        let addr = self.addr;
+        let mut header = [0u8; HEADER_BYTES];
+        self.reader.read_exact(&mut header).map_err(|source| ClientError::Exchange { addr, source })?;
+        let len = body_len(&header, self.max_frame_bytes).map_err(|source| ClientError::Decode { addr, source })?;
+        self.body.resize(len, 0);
+        self.reader.read_exact(&mut self.body).map_err(|source| ClientError::Exchange { addr, source })?;
+        match Message::decode(&self.body).map_err(|source| ClientError::Decode { addr, source })? {
+            Message::Error { category, message } => {
+                Err(ClientError::Refused { addr, category: category.to_owned(), message: message.to_owned() })
+            }
+            message => Ok(message),
+        }
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn unexpected(addr: SocketAddr, got: &Message<'_>, expected: &'static str) -> ClientError {
+    ClientError::Unexpected { addr, got: got.kind(), expected }
+}
+
+/// Where to find each node's data-plane server.
+pub type NodeAddrs = std::collections::BTreeMap<u32, SocketAddr>;
+
+/// Connection settings shared by a process's clients.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The job's shared secret.
+    pub secret: Vec<u8>,
+    /// This node's id (for the server's logs).
+    pub node: u32,
+    /// Frame cap.
+    pub max_frame_bytes: usize,
+    /// Read timeout (must exceed the longest SSP wait).
+    pub timeout: Duration,
+}
+
+/// Worker transport over TCP: one connection per server node, routes by the partition map.
+#[derive(Debug)]
+pub(crate) struct RemoteTransport {
+    connections: Vec<Connection>,
+    /// Per partition: (connection index, epoch).
+    routes: Vec<(usize, u64)>,
+}
+
+impl RemoteTransport {
+    /// Connects to every server in `map`.
+    pub(crate) fn connect(map: &PartitionMap, addrs: &NodeAddrs, config: &ClientConfig) -> Result<Self, ClientError> {
+        let owners = map.owners();
+        let mut connections = Vec::with_capacity(owners.len());
+        for owner in &owners {
+            let addr = *addrs.get(owner).ok_or(ClientError::LookupNode { node: *owner })?;
+            connections.push(Connection::connect(addr, &config.secret, config.node, config.max_frame_bytes, config.timeout)?);
+        }
+        let routes = map
+            .entries()
+            .iter()
+            .map(|entry| (owners.iter().position(|o| *o == entry.owner).unwrap_or(0), entry.epoch))
+            .collect();
+        Ok(Self { connections, routes })
+    }
+}
+
+impl Transport for RemoteTransport {
+    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError> {
+        let (index, epoch) = self.routes[partition as usize];
+        let connection = &mut self.connections[index];
+        connection.send(&Message::Register { worker, partition, epoch, tables: tables.to_vec() })?;
+        connection.flush()?;
+        let addr = connection.addr();
+        match connection.recv()? {
+            Message::Registered { partition: p, len } if p == partition => Ok(len as usize),
+            other => Err(unexpected(addr, &other, "registered").into()),
+        }
+    }
+
+    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError> {
+        for view in views {
+            let (index, epoch) = self.routes[view.partition as usize];
+            let values = Values::F32(&view.delta);
+            self.connections[index].send(&Message::Push { worker, clock, partition: view.partition, epoch, values })?;
+        }
+        for connection in &mut self.connections {
+            connection.flush()?;
+        }
+        for view in views {
+            let connection = &mut self.connections[self.routes[view.partition as usize].0];
+            let addr = connection.addr();
+            match connection.recv()? {
+                Message::Pushed { partition, .. } if partition == view.partition => {}
+                other => return Err(unexpected(addr, &other, "pushed").into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError> {
+        for view in views.iter().filter(|v| v.needs_pull) {
+            let (index, epoch) = self.routes[view.partition as usize];
+            self.connections[index].send(&Message::Pull { worker, partition: view.partition, epoch, min_clock })?;
+        }
+        for connection in &mut self.connections {
+            connection.flush()?;
+        }
+        for view in views.iter_mut().filter(|v| v.needs_pull) {
+            let connection = &mut self.connections[self.routes[view.partition as usize].0];
+            let addr = connection.addr();
+            match connection.recv()? {
+                Message::Rows { partition, visible, values } if partition == view.partition && values.len() == view.len => {
+                    values.copy_to(&mut view.incoming);
+                    view.visible = visible;
+                }
+                other => return Err(unexpected(addr, &other, "rows").into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies every partition of a job from its servers into a snapshot.
+pub fn fetch_snapshot(map: &PartitionMap, addrs: &NodeAddrs, specs: &[TableSpec], config: &ClientConfig) -> Result<ParamSnapshot, ClientError> {
+    let mut transport = RemoteTransport::connect(map, addrs, config)?;
+    let mut snapshot = ParamSnapshot::new(specs.to_vec());
+    for partition in 0..map.num_partitions() {
+        let (index, epoch) = transport.routes[partition as usize];
+        let connection = &mut transport.connections[index];
+        connection.send(&Message::Dump { partition, epoch })?;
+        connection.flush()?;
+        let addr = connection.addr();
+        match connection.recv()? {
+            Message::DumpRows { partition: p, tables, .. } if p == partition => {
+                for (table, keys, values) in tables {
+                    snapshot.add_rows(table, &keys, &values.to_vec());
+                }
+            }
+            other => return Err(unexpected(addr, &other, "dump_rows")),
+        }
+    }
+    snapshot.finish();
+    Ok(snapshot)
+}

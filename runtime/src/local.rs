@@ -1,0 +1,268 @@
+//! Single-process mode: an in-process server hosting every partition and N worker threads that
+//! talk to it directly (no TCP, no encoding), plus the run report shared with multi-process mode.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::app::{App, AppError, ClockStats, EvalReport, TableId, validate_tables};
+use crate::metrics::RuntimeMetrics;
+use crate::partition::PartitionId;
+use crate::snapshot::ParamSnapshot;
+use crate::store::ServerState;
+use crate::worker::{JobConfig, PartitionView, Transport, WorkerError, WorkerReport, run_worker};
+
+/// Errors of a whole run.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The job configuration is unusable.
+    #[error("invalid job configuration: {reason}")]
+    ValidateConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The app's table declarations are invalid.
+    #[error("invalid app tables: {0}")]
+    ValidateTables(#[from] AppError),
+    /// A worker thread failed.
+    #[error("worker {worker} failed: {source}")]
+    RunWorker {
+        /// The worker.
+        worker: u32,
+        /// Why.
+        source: WorkerError,
+    },
+    /// A worker thread panicked (a bug in the app).
+    #[error("worker {worker} panicked")]
+    JoinWorker {
+        /// The worker.
+        worker: u32,
+    },
+    /// A node process or the coordinator failed (multi-process mode).
+    #[error("cluster run failed: {reason}")]
+    RunCluster {
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl RunError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            RunError::ValidateConfig { .. } => "validate_config",
+            RunError::ValidateTables(_) => "validate_tables",
+            RunError::RunWorker { .. } => "run_worker",
+            RunError::JoinWorker { .. } => "join_worker",
+            RunError::RunCluster { .. } => "run_cluster",
+        }
+    }
+}
+
+/// Checks a job configuration.
+pub fn validate_config(config: &JobConfig) -> Result<(), RunError> {
+    let reason = if config.workers == 0 {
+        "workers must be at least 1"
+    } else if config.partitions == 0 {
+        "partitions must be at least 1"
+    } else if config.clocks == 0 {
+        "clocks must be at least 1"
+    } else {
+        return Ok(());
+    };
+    Err(RunError::ValidateConfig { reason: reason.to_owned() })
+}
+
+/// What a run did, the same in single- and multi-process mode.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Clocks run.
+    pub clocks: u64,
+    /// Worker threads over all processes.
+    pub workers: usize,
+    /// Units of work over all workers and clocks.
+    pub updates: u64,
+    /// Wall time of the clock loops (from workers starting to the last clock ending).
+    pub elapsed_seconds: f64,
+    /// `updates / elapsed_seconds`.
+    pub updates_per_second: f64,
+    /// Per clock: the app's stats summed over workers.
+    pub clock_stats: Vec<ClockStatsRecord>,
+    /// Per clock: wall time from the previous clock's end to this one's (slowest worker).
+    pub clock_seconds: Vec<f64>,
+    /// Seconds workers spent pulling (SSP waits included), summed over workers.
+    pub wait_seconds: f64,
+    /// Test quality of the final parameters.
+    pub eval: EvalReport,
+    /// Bytes of parameter values held by all servers at the end.
+    pub parameter_bytes: u64,
+    /// The final parameters, if the job asked to keep them.
+    #[serde(skip)]
+    pub params: Option<ParamSnapshot>,
+}
+
+/// Serializable form of [`ClockStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClockStatsRecord {
+    /// Units of work.
+    pub updates: u64,
+    /// Sum of loss terms.
+    pub loss_sum: f64,
+    /// Number of loss terms.
+    pub loss_count: u64,
+}
+
+impl From<ClockStats> for ClockStatsRecord {
+    fn from(s: ClockStats) -> Self {
+        Self { updates: s.updates, loss_sum: s.loss_sum, loss_count: s.loss_count }
+    }
+}
+
+impl RunReport {
+    /// Sum of the per-clock stats over the whole run.
+    pub fn total_stats(&self) -> ClockStats {
+        let mut total = ClockStats::default();
+        for record in &self.clock_stats {
+            total.merge(&ClockStats { updates: record.updates, loss_sum: record.loss_sum, loss_count: record.loss_count });
+        }
+        total
+    }
+
+    /// Builds the timing and stats part of a report from per-worker reports.
+    pub(crate) fn from_workers(clocks: u64, workers: &[WorkerReport]) -> Self {
+        let mut clock_stats = vec![ClockStatsRecord::default(); clocks as usize];
+        let mut clock_end = vec![0f64; clocks as usize];
+        let mut wait_seconds = 0.0;
+        for worker in workers {
+            for (clock, stats) in worker.stats.iter().enumerate() {
+                let record = &mut clock_stats[clock];
+                record.updates += stats.updates;
+                record.loss_sum += stats.loss_sum;
+                record.loss_count += stats.loss_count;
+            }
+            for (clock, end) in worker.clock_end.iter().enumerate() {
+                clock_end[clock] = clock_end[clock].max(*end);
+            }
+            wait_seconds += worker.wait_seconds;
+        }
+        let clock_seconds = clock_end
+            .iter()
+            .enumerate()
+            .map(|(clock, end)| end - if clock == 0 { 0.0 } else { clock_end[clock - 1] })
+            .collect();
+        let elapsed_seconds = clock_end.last().copied().unwrap_or(0.0);
+        let updates: u64 = clock_stats.iter().map(|r| r.updates).sum();
+        Self {
+            clocks,
+            workers: workers.len(),
+            updates,
+            elapsed_seconds,
+            updates_per_second: if elapsed_seconds > 0.0 { updates as f64 / elapsed_seconds } else { 0.0 },
+            clock_stats,
+            clock_seconds,
+            wait_seconds,
+            ..Self::default()
+        }
+    }
+}
+
+/// Worker-side access to an in-process [`ServerState`].
+pub(crate) struct LocalTransport {
+    state: Arc<ServerState>,
+    config: JobConfig,
+}
+
+/// Epoch of every partition in single-process mode (ownership never changes).
+const LOCAL_EPOCH: u64 = 1;
+
+impl Transport for LocalTransport {
+    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError> {
+        Ok(self.state.with_partition(partition, LOCAL_EPOCH, |store| store.register(worker, tables))?)
+    }
+
+    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError> {
+        for view in views {
+            self.state.push_with(view.partition, LOCAL_EPOCH, worker, clock, view.len, |out| out.copy_from_slice(&view.delta))?;
+        }
+        Ok(())
+    }
+
+    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError> {
+        for view in views.iter_mut().filter(|v| v.needs_pull) {
+            self.state.wait_clock_blocking(view.partition, min_clock, self.config.wait_timeout)?;
+            let incoming = &mut view.incoming;
+            view.visible = self.state.with_partition(view.partition, LOCAL_EPOCH, |store| {
+                let mut offset = 0;
+                store.read_rows(worker, |row| {
+                    incoming[offset..offset + row.len()].copy_from_slice(row);
+                    offset += row.len();
+                })?;
+                Ok(store.visible_clock())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies every hosted partition of `state` into a snapshot.
+pub(crate) fn snapshot_state(state: &ServerState, specs: &[crate::app::TableSpec]) -> ParamSnapshot {
+    let mut snapshot = ParamSnapshot::new(specs.to_vec());
+    for partition in state.hosted() {
+        let _ = state.with_partition(partition, LOCAL_EPOCH, |store| {
+            for spec in specs {
+                if let Some((keys, data, _)) = store.table_rows(spec.id) {
+                    snapshot.add_rows(spec.id, keys, data);
+                }
+            }
+            Ok(())
+        });
+    }
+    snapshot.finish();
+    snapshot
+}
+
+/// Trains `app` in this process: one in-process server, `config.workers` worker threads.
+pub fn run_single_process<A: App>(app: &A, config: &JobConfig, metrics: &RuntimeMetrics) -> Result<RunReport, RunError> {
+    validate_config(config)?;
+    let specs = app.tables();
+    validate_tables(&specs)?;
+    let hosted: Vec<(PartitionId, u64)> = (0..config.partitions).map(|p| (p, LOCAL_EPOCH)).collect();
+    let state = Arc::new(ServerState::new(&hosted, config.partitions, &specs, config.workers as u32, config.optimizer));
+    let app_workers: Vec<A::Worker> = (0..config.workers).map(|shard| app.worker(shard, config.workers)).collect();
+    tracing::info!(workers = config.workers, partitions = config.partitions, clocks = config.clocks, staleness = config.staleness, "single-process run starting");
+    let run_start = Instant::now();
+    let results: Vec<Result<WorkerReport, RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = app_workers
+            .into_iter()
+            .enumerate()
+            .map(|(worker, app_worker)| {
+                let mut transport = LocalTransport { state: state.clone(), config: config.clone() };
+                let specs = &specs;
+                std::thread::Builder::new()
+                    .name(format!("worker-{worker}"))
+                    .spawn_scoped(scope, move || {
+                        run_worker(worker as u32, app_worker, specs, &mut transport, config, metrics, run_start)
+                            .map_err(|source| RunError::RunWorker { worker: worker as u32, source })
+                    })
+                    .map_err(|_| RunError::JoinWorker { worker: worker as u32 })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(worker, handle)| handle?.join().map_err(|_| RunError::JoinWorker { worker: worker as u32 })?)
+            .collect()
+    });
+    let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut report = RunReport::from_workers(config.clocks, &reports);
+    let snapshot = snapshot_state(&state, &specs);
+    report.eval = app.evaluate(&snapshot);
+    report.parameter_bytes = state.parameter_bytes() as u64;
+    if config.keep_params {
+        report.params = Some(snapshot);
+    }
+    tracing::info!(updates_per_second = report.updates_per_second, loss = report.eval.loss, "single-process run done");
+    Ok(report)
+}
