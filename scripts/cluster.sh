@@ -32,7 +32,7 @@ tool() {
   [[ -x "$path" ]] || die "$path is missing: run scripts/setup-cluster-tools.sh first"
   echo "$path"
 }
-kwokctl() { "$(tool kwokctl "$kwok_version")" "$@"; }
+kwokctl() { "$(tool kwokctl "$kwok_version")" -v WARN "$@"; }
 kubeconfig_path() { echo "$KWOK_WORKDIR/clusters/$1/kubeconfig.yaml"; }
 kubectl_in() {
   local name="$1"
