@@ -60,7 +60,7 @@ impl From<Duration> for DurationString {
     /// Formats whole seconds as `Ns` and anything finer as `Nms`.
     fn from(duration: Duration) -> Self {
         let millis = duration.as_millis();
-        if millis % 1000 == 0 {
+        if millis.is_multiple_of(1000) {
             Self(format!("{}s", millis / 1000))
         } else {
             Self(format!("{millis}ms"))

@@ -292,12 +292,14 @@ fn field_errors_for(error: &jsonschema::ValidationError<'_>) -> Vec<FieldError> 
             ))
         }
         ValidationErrorKind::Maximum { limit } => at(format!(
-            "Invalid value: {}: {field} in body should be less than or equal to {limit}",
-            render_value(value)
+            "Invalid value: {}: {field} in body should be less than or equal to {}",
+            render_value(value),
+            render_number(limit)
         )),
         ValidationErrorKind::Minimum { limit } => at(format!(
-            "Invalid value: {}: {field} in body should be greater than or equal to {limit}",
-            render_value(value)
+            "Invalid value: {}: {field} in body should be greater than or equal to {}",
+            render_value(value),
+            render_number(limit)
         )),
         ValidationErrorKind::MaxLength { limit } => {
             at(format!("Too long: may not be more than {limit} bytes"))
@@ -357,6 +359,14 @@ fn render_value(value: &Value) -> String {
         Value::String(text) => format!("{text:?}"),
         Value::Object(_) | Value::Array(_) => format!("\"{}\"", json_type_name(value)),
         other => other.to_string(),
+    }
+}
+
+/// A bound as Go's `%v` prints a float64: `1000`, not `1000.0`.
+fn render_number(number: &Value) -> String {
+    match number.as_f64() {
+        Some(float) if float.fract() == 0.0 && float.abs() < 1e15 => format!("{}", float as i64),
+        _ => number.to_string(),
     }
 }
 

@@ -17,6 +17,8 @@ const CLOUD_NAME_PATTERN: &str = r"^[a-z0-9][a-z0-9.\-]*$";
 
 /// Desired state of a TrainingJob: the app, when to stop, both tiers' capacity, how to bid for
 /// the transient tier, elasticity, provisioning and runtime settings.
+// Several printer columns share a `type_`, which clippy mistakes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "ebbflow.dev",
@@ -179,9 +181,9 @@ pub struct DatasetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticDataset>,
 
-    /// A file every node can read. A relative path is resolved against the dataset root: the
-    /// mount of claimName (/data) in a cluster, the CLI's data directory for `ebbflow run`.
-    /// Files ending in .gz are decompressed while reading.
+    /// A file every node can read. A relative path is resolved against the dataset root: /data
+    /// (where claimName is mounted) in a cluster, `ebbflow run --data-dir` (default
+    /// ~/.cache/ebbflow/data) on one machine. Files ending in .gz are decompressed while reading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub path: Option<String>,
@@ -198,7 +200,7 @@ pub struct DatasetSpec {
     pub format: Option<DatasetFormat>,
 
     /// PersistentVolumeClaim (in the job's namespace) that holds path; mounted read-only at
-    /// /data on every node. Only valid with path.
+    /// /data on every node (ignored by `ebbflow run`). Only valid with path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub claim_name: Option<String>,
@@ -595,9 +597,9 @@ pub struct MarketSpec {
     /// (live GCP spot prices).
     pub kind: MarketKind,
 
-    /// trace only, and required there: path of the trace CSV (e.g.
-    /// aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv), resolved like
-    /// app.dataset.path.
+    /// trace only, and required there: path of the trace CSV (e.g. a file of shared/data/spot);
+    /// a relative path is resolved against the working directory of the operator or of
+    /// `ebbflow run`/`simulate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub trace: Option<String>,

@@ -202,7 +202,9 @@ fn duration(text: &str) -> DurationString {
 }
 
 /// For each rule, a change to the valid fixture that breaks it (and only it).
-fn breakers() -> Vec<(&'static str, fn(&mut TrainingJobSpec))> {
+type Breaker = (&'static str, fn(&mut TrainingJobSpec));
+
+fn breakers() -> Vec<Breaker> {
     vec![
         ("spec.app.dataset must set exactly one", |s| {
             s.app.dataset.path = Some("ratings.csv".into());
@@ -391,16 +393,16 @@ impl Choices {
     }
     /// The first option (the fixture's valid choice) half the time, else any.
     fn pick<T: Clone>(&mut self, options: &[T]) -> T {
-        if self.next() % 2 == 0 {
+        if self.next().is_multiple_of(2) {
             return options[0].clone();
         }
         options[(self.next() % options.len() as u64) as usize].clone()
     }
     fn maybe<T>(&mut self, value: T) -> Option<T> {
-        (self.next() % 6 == 0).then_some(value)
+        self.next().is_multiple_of(6).then_some(value)
     }
     fn often<T>(&mut self, value: T) -> Option<T> {
-        (self.next() % 6 != 0).then_some(value)
+        (!self.next().is_multiple_of(6)).then_some(value)
     }
 }
 

@@ -99,14 +99,28 @@ pub struct Connection {
 
 impl Connection {
     /// Connects to `addr` and presents the job secret; `timeout` bounds every read.
-    pub fn connect(addr: SocketAddr, secret: &[u8], node: u32, max_frame_bytes: usize, timeout: Duration) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(30))).map_err(|source| ClientError::Connect { addr, source })?;
+    pub fn connect(
+        addr: SocketAddr,
+        secret: &[u8],
+        node: u32,
+        max_frame_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(30)))
+            .map_err(|source| ClientError::Connect { addr, source })?;
         let exchange = |source| ClientError::Exchange { addr, source };
         stream.set_nodelay(true).map_err(exchange)?;
         stream.set_read_timeout(Some(timeout)).map_err(exchange)?;
         let reader = BufReader::with_capacity(1 << 16, stream.try_clone().map_err(exchange)?);
         let writer = BufWriter::with_capacity(1 << 16, stream);
-        let mut connection = Self { addr, reader, writer, out: Vec::new(), body: Vec::new(), max_frame_bytes };
+        let mut connection = Self {
+            addr,
+            reader,
+            writer,
+            out: Vec::new(),
+            body: Vec::new(),
+            max_frame_bytes,
+        };
         connection.send(&Message::Hello { secret, node })?;
         connection.flush()?;
         match connection.recv()? {
@@ -119,26 +133,41 @@ impl Connection {
     pub fn send(&mut self, message: &Message<'_>) -> Result<(), ClientError> {
         self.out.clear();
         message.encode(&mut self.out);
-        self.writer.write_all(&self.out).map_err(|source| ClientError::Exchange { addr: self.addr, source })
+        self.writer
+            .write_all(&self.out)
+            .map_err(|source| ClientError::Exchange {
+                addr: self.addr,
+                source,
+            })
     }
 
     /// Sends everything queued.
     pub fn flush(&mut self) -> Result<(), ClientError> {
-        self.writer.flush().map_err(|source| ClientError::Exchange { addr: self.addr, source })
+        self.writer.flush().map_err(|source| ClientError::Exchange {
+            addr: self.addr,
+            source,
+        })
     }
 
     /// Reads the next message; a server `Error` becomes [`ClientError::Refused`].
     pub fn recv(&mut self) -> Result<Message<'_>, ClientError> {
         let addr = self.addr;
         let mut header = [0u8; HEADER_BYTES];
-        self.reader.read_exact(&mut header).map_err(|source| ClientError::Exchange { addr, source })?;
-        let len = body_len(&header, self.max_frame_bytes).map_err(|source| ClientError::Decode { addr, source })?;
+        self.reader
+            .read_exact(&mut header)
+            .map_err(|source| ClientError::Exchange { addr, source })?;
+        let len = body_len(&header, self.max_frame_bytes)
+            .map_err(|source| ClientError::Decode { addr, source })?;
         self.body.resize(len, 0);
-        self.reader.read_exact(&mut self.body).map_err(|source| ClientError::Exchange { addr, source })?;
+        self.reader
+            .read_exact(&mut self.body)
+            .map_err(|source| ClientError::Exchange { addr, source })?;
         match Message::decode(&self.body).map_err(|source| ClientError::Decode { addr, source })? {
-            Message::Error { category, message } => {
-                Err(ClientError::Refused { addr, category: category.to_owned(), message: message.to_owned() })
-            }
+            Message::Error { category, message } => Err(ClientError::Refused {
+                addr,
+                category: category.to_owned(),
+                message: message.to_owned(),
+            }),
             message => Ok(message),
         }
     }
@@ -150,7 +179,11 @@ impl Connection {
 }
 
 fn unexpected(addr: SocketAddr, got: &Message<'_>, expected: &'static str) -> ClientError {
-    ClientError::Unexpected { addr, got: got.kind(), expected }
+    ClientError::Unexpected {
+        addr,
+        got: got.kind(),
+        expected,
+    }
 }
 
 /// Where to find each node's data-plane server.
@@ -179,27 +212,57 @@ pub(crate) struct RemoteTransport {
 
 impl RemoteTransport {
     /// Connects to every server in `map`.
-    pub(crate) fn connect(map: &PartitionMap, addrs: &NodeAddrs, config: &ClientConfig) -> Result<Self, ClientError> {
+    pub(crate) fn connect(
+        map: &PartitionMap,
+        addrs: &NodeAddrs,
+        config: &ClientConfig,
+    ) -> Result<Self, ClientError> {
         let owners = map.owners();
         let mut connections = Vec::with_capacity(owners.len());
         for owner in &owners {
-            let addr = *addrs.get(owner).ok_or(ClientError::LookupNode { node: *owner })?;
-            connections.push(Connection::connect(addr, &config.secret, config.node, config.max_frame_bytes, config.timeout)?);
+            let addr = *addrs
+                .get(owner)
+                .ok_or(ClientError::LookupNode { node: *owner })?;
+            connections.push(Connection::connect(
+                addr,
+                &config.secret,
+                config.node,
+                config.max_frame_bytes,
+                config.timeout,
+            )?);
         }
         let routes = map
             .entries()
             .iter()
-            .map(|entry| (owners.iter().position(|o| *o == entry.owner).unwrap_or(0), entry.epoch))
+            .map(|entry| {
+                (
+                    owners.iter().position(|o| *o == entry.owner).unwrap_or(0),
+                    entry.epoch,
+                )
+            })
             .collect();
-        Ok(Self { connections, routes })
+        Ok(Self {
+            connections,
+            routes,
+        })
     }
 }
 
 impl Transport for RemoteTransport {
-    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError> {
+    fn register(
+        &mut self,
+        worker: u32,
+        partition: PartitionId,
+        tables: &[(TableId, Vec<u64>)],
+    ) -> Result<usize, WorkerError> {
         let (index, epoch) = self.routes[partition as usize];
         let connection = &mut self.connections[index];
-        connection.send(&Message::Register { worker, partition, epoch, tables: tables.to_vec() })?;
+        connection.send(&Message::Register {
+            worker,
+            partition,
+            epoch,
+            tables: tables.to_vec(),
+        })?;
         connection.flush()?;
         let addr = connection.addr();
         match connection.recv()? {
@@ -208,11 +271,22 @@ impl Transport for RemoteTransport {
         }
     }
 
-    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError> {
+    fn push(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        views: &[PartitionView],
+    ) -> Result<(), WorkerError> {
         for view in views {
             let (index, epoch) = self.routes[view.partition as usize];
             let values = Values::F32(&view.delta);
-            self.connections[index].send(&Message::Push { worker, clock, partition: view.partition, epoch, values })?;
+            self.connections[index].send(&Message::Push {
+                worker,
+                clock,
+                partition: view.partition,
+                epoch,
+                values,
+            })?;
         }
         for connection in &mut self.connections {
             connection.flush()?;
@@ -228,10 +302,20 @@ impl Transport for RemoteTransport {
         Ok(())
     }
 
-    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError> {
+    fn pull(
+        &mut self,
+        worker: u32,
+        min_clock: u64,
+        views: &mut [PartitionView],
+    ) -> Result<(), WorkerError> {
         for view in views.iter().filter(|v| v.needs_pull) {
             let (index, epoch) = self.routes[view.partition as usize];
-            self.connections[index].send(&Message::Pull { worker, partition: view.partition, epoch, min_clock })?;
+            self.connections[index].send(&Message::Pull {
+                worker,
+                partition: view.partition,
+                epoch,
+                min_clock,
+            })?;
         }
         for connection in &mut self.connections {
             connection.flush()?;
@@ -240,7 +324,11 @@ impl Transport for RemoteTransport {
             let connection = &mut self.connections[self.routes[view.partition as usize].0];
             let addr = connection.addr();
             match connection.recv()? {
-                Message::Rows { partition, visible, values } if partition == view.partition && values.len() == view.len => {
+                Message::Rows {
+                    partition,
+                    visible,
+                    values,
+                } if partition == view.partition && values.len() == view.len => {
                     values.copy_to(&mut view.incoming);
                     view.visible = visible;
                 }
@@ -252,7 +340,12 @@ impl Transport for RemoteTransport {
 }
 
 /// Copies every partition of a job from its servers into a snapshot.
-pub fn fetch_snapshot(map: &PartitionMap, addrs: &NodeAddrs, specs: &[TableSpec], config: &ClientConfig) -> Result<ParamSnapshot, ClientError> {
+pub fn fetch_snapshot(
+    map: &PartitionMap,
+    addrs: &NodeAddrs,
+    specs: &[TableSpec],
+    config: &ClientConfig,
+) -> Result<ParamSnapshot, ClientError> {
     let mut transport = RemoteTransport::connect(map, addrs, config)?;
     let mut snapshot = ParamSnapshot::new(specs.to_vec());
     for partition in 0..map.num_partitions() {
@@ -262,7 +355,11 @@ pub fn fetch_snapshot(map: &PartitionMap, addrs: &NodeAddrs, specs: &[TableSpec]
         connection.flush()?;
         let addr = connection.addr();
         match connection.recv()? {
-            Message::DumpRows { partition: p, tables, .. } if p == partition => {
+            Message::DumpRows {
+                partition: p,
+                tables,
+                ..
+            } if p == partition => {
                 for (table, keys, values) in tables {
                     snapshot.add_rows(table, &keys, &values.to_vec());
                 }

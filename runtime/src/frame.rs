@@ -45,7 +45,9 @@ impl FrameError {
 /// Parses the header at the start of `buf`: the body length, if the header is present and the
 /// length within `max`. Does not require the body to be present.
 pub fn body_len(buf: &[u8], max: usize) -> Result<usize, FrameError> {
-    let Some(header) = buf.get(..HEADER_BYTES) else { return Err(FrameError::Incomplete) };
+    let Some(header) = buf.get(..HEADER_BYTES) else {
+        return Err(FrameError::Incomplete);
+    };
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
     if len == 0 {
         return Err(FrameError::Invalid("empty frame body"));
@@ -110,8 +112,14 @@ mod tests {
     #[test]
     fn header_checks() {
         assert_eq!(check(&[1, 0], 10), Err(FrameError::Incomplete));
-        assert_eq!(check(&[0, 0, 0, 0], 10), Err(FrameError::Invalid("empty frame body")));
-        assert_eq!(check(&[11, 0, 0, 0], 10), Err(FrameError::TooLarge { len: 11, max: 10 }));
+        assert_eq!(
+            check(&[0, 0, 0, 0], 10),
+            Err(FrameError::Invalid("empty frame body"))
+        );
+        assert_eq!(
+            check(&[11, 0, 0, 0], 10),
+            Err(FrameError::TooLarge { len: 11, max: 10 })
+        );
         assert_eq!(check(&[2, 0, 0, 0, 9], 10), Err(FrameError::Incomplete));
         assert_eq!(check(&[2, 0, 0, 0, 9, 9, 7], 10), Ok(6));
     }

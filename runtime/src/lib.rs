@@ -1,6 +1,22 @@
 //! AgileML: the ebbflow parameter-server runtime.
+//!
+//! Module map: [`app`] is the interface apps implement; [`partition`], [`store`] and
+//! [`optimizer`] are the server side; [`worker`] the clock loop; [`local`] single-process mode;
+//! [`frame`], [`message`], [`server`] and [`client`] the TCP data plane; [`exact`] the
+//! integer-exact test app; [`metrics`] the Prometheus metrics.
 
 pub mod app;
 pub mod apps;
+pub mod client;
 pub mod data;
 pub mod exact;
+pub mod frame;
+pub mod local;
+pub mod message;
+pub mod metrics;
+pub mod optimizer;
+pub mod partition;
+pub mod server;
+pub mod snapshot;
+pub mod store;
+pub mod worker;

@@ -72,7 +72,9 @@ pub fn validate_config(config: &JobConfig) -> Result<(), RunError> {
     } else {
         return Ok(());
     };
-    Err(RunError::ValidateConfig { reason: reason.to_owned() })
+    Err(RunError::ValidateConfig {
+        reason: reason.to_owned(),
+    })
 }
 
 /// What a run did, the same in single- and multi-process mode.
@@ -116,7 +118,11 @@ pub struct ClockStatsRecord {
 
 impl From<ClockStats> for ClockStatsRecord {
     fn from(s: ClockStats) -> Self {
-        Self { updates: s.updates, loss_sum: s.loss_sum, loss_count: s.loss_count }
+        Self {
+            updates: s.updates,
+            loss_sum: s.loss_sum,
+            loss_count: s.loss_count,
+        }
     }
 }
 
@@ -125,7 +131,11 @@ impl RunReport {
     pub fn total_stats(&self) -> ClockStats {
         let mut total = ClockStats::default();
         for record in &self.clock_stats {
-            total.merge(&ClockStats { updates: record.updates, loss_sum: record.loss_sum, loss_count: record.loss_count });
+            total.merge(&ClockStats {
+                updates: record.updates,
+                loss_sum: record.loss_sum,
+                loss_count: record.loss_count,
+            });
         }
         total
     }
@@ -150,7 +160,13 @@ impl RunReport {
         let clock_seconds = clock_end
             .iter()
             .enumerate()
-            .map(|(clock, end)| end - if clock == 0 { 0.0 } else { clock_end[clock - 1] })
+            .map(|(clock, end)| {
+                end - if clock == 0 {
+                    0.0
+                } else {
+                    clock_end[clock - 1]
+                }
+            })
             .collect();
         let elapsed_seconds = clock_end.last().copied().unwrap_or(0.0);
         let updates: u64 = clock_stats.iter().map(|r| r.updates).sum();
@@ -159,7 +175,11 @@ impl RunReport {
             workers: workers.len(),
             updates,
             elapsed_seconds,
-            updates_per_second: if elapsed_seconds > 0.0 { updates as f64 / elapsed_seconds } else { 0.0 },
+            updates_per_second: if elapsed_seconds > 0.0 {
+                updates as f64 / elapsed_seconds
+            } else {
+                0.0
+            },
             clock_stats,
             clock_seconds,
             wait_seconds,
@@ -178,36 +198,66 @@ pub(crate) struct LocalTransport {
 const LOCAL_EPOCH: u64 = 1;
 
 impl Transport for LocalTransport {
-    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError> {
-        Ok(self.state.with_partition(partition, LOCAL_EPOCH, |store| store.register(worker, tables))?)
+    fn register(
+        &mut self,
+        worker: u32,
+        partition: PartitionId,
+        tables: &[(TableId, Vec<u64>)],
+    ) -> Result<usize, WorkerError> {
+        Ok(self.state.with_partition(partition, LOCAL_EPOCH, |store| {
+            store.register(worker, tables)
+        })?)
     }
 
-    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError> {
+    fn push(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        views: &[PartitionView],
+    ) -> Result<(), WorkerError> {
         for view in views {
-            self.state.push_with(view.partition, LOCAL_EPOCH, worker, clock, view.len, |out| out.copy_from_slice(&view.delta))?;
+            self.state.push_with(
+                view.partition,
+                LOCAL_EPOCH,
+                worker,
+                clock,
+                view.len,
+                |out| out.copy_from_slice(&view.delta),
+            )?;
         }
         Ok(())
     }
 
-    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError> {
+    fn pull(
+        &mut self,
+        worker: u32,
+        min_clock: u64,
+        views: &mut [PartitionView],
+    ) -> Result<(), WorkerError> {
         for view in views.iter_mut().filter(|v| v.needs_pull) {
-            self.state.wait_clock_blocking(view.partition, min_clock, self.config.wait_timeout)?;
+            self.state
+                .wait_clock_blocking(view.partition, min_clock, self.config.wait_timeout)?;
             let incoming = &mut view.incoming;
-            view.visible = self.state.with_partition(view.partition, LOCAL_EPOCH, |store| {
-                let mut offset = 0;
-                store.read_rows(worker, |row| {
-                    incoming[offset..offset + row.len()].copy_from_slice(row);
-                    offset += row.len();
+            view.visible = self
+                .state
+                .with_partition(view.partition, LOCAL_EPOCH, |store| {
+                    let mut offset = 0;
+                    store.read_rows(worker, |row| {
+                        incoming[offset..offset + row.len()].copy_from_slice(row);
+                        offset += row.len();
+                    })?;
+                    Ok(store.visible_clock())
                 })?;
-                Ok(store.visible_clock())
-            })?;
         }
         Ok(())
     }
 }
 
 /// Copies every hosted partition of `state` into a snapshot.
-pub(crate) fn snapshot_state(state: &ServerState, specs: &[crate::app::TableSpec]) -> ParamSnapshot {
+pub(crate) fn snapshot_state(
+    state: &ServerState,
+    specs: &[crate::app::TableSpec],
+) -> ParamSnapshot {
     let mut snapshot = ParamSnapshot::new(specs.to_vec());
     for partition in state.hosted() {
         let _ = state.with_partition(partition, LOCAL_EPOCH, |store| {
@@ -224,35 +274,74 @@ pub(crate) fn snapshot_state(state: &ServerState, specs: &[crate::app::TableSpec
 }
 
 /// Trains `app` in this process: one in-process server, `config.workers` worker threads.
-pub fn run_single_process<A: App>(app: &A, config: &JobConfig, metrics: &RuntimeMetrics) -> Result<RunReport, RunError> {
+pub fn run_single_process<A: App>(
+    app: &A,
+    config: &JobConfig,
+    metrics: &RuntimeMetrics,
+) -> Result<RunReport, RunError> {
     validate_config(config)?;
     let specs = app.tables();
     validate_tables(&specs)?;
-    let hosted: Vec<(PartitionId, u64)> = (0..config.partitions).map(|p| (p, LOCAL_EPOCH)).collect();
-    let state = Arc::new(ServerState::new(&hosted, config.partitions, &specs, config.workers as u32, config.optimizer));
-    let app_workers: Vec<A::Worker> = (0..config.workers).map(|shard| app.worker(shard, config.workers)).collect();
-    tracing::info!(workers = config.workers, partitions = config.partitions, clocks = config.clocks, staleness = config.staleness, "single-process run starting");
+    let hosted: Vec<(PartitionId, u64)> =
+        (0..config.partitions).map(|p| (p, LOCAL_EPOCH)).collect();
+    let state = Arc::new(ServerState::new(
+        &hosted,
+        config.partitions,
+        &specs,
+        config.workers as u32,
+        config.optimizer,
+    ));
+    let app_workers: Vec<A::Worker> = (0..config.workers)
+        .map(|shard| app.worker(shard, config.workers))
+        .collect();
+    tracing::info!(
+        workers = config.workers,
+        partitions = config.partitions,
+        clocks = config.clocks,
+        staleness = config.staleness,
+        "single-process run starting"
+    );
     let run_start = Instant::now();
     let results: Vec<Result<WorkerReport, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = app_workers
             .into_iter()
             .enumerate()
             .map(|(worker, app_worker)| {
-                let mut transport = LocalTransport { state: state.clone(), config: config.clone() };
+                let mut transport = LocalTransport {
+                    state: state.clone(),
+                    config: config.clone(),
+                };
                 let specs = &specs;
                 std::thread::Builder::new()
                     .name(format!("worker-{worker}"))
                     .spawn_scoped(scope, move || {
-                        run_worker(worker as u32, app_worker, specs, &mut transport, config, metrics, run_start)
-                            .map_err(|source| RunError::RunWorker { worker: worker as u32, source })
+                        run_worker(
+                            worker as u32,
+                            app_worker,
+                            specs,
+                            &mut transport,
+                            config,
+                            metrics,
+                            run_start,
+                        )
+                        .map_err(|source| RunError::RunWorker {
+                            worker: worker as u32,
+                            source,
+                        })
                     })
-                    .map_err(|_| RunError::JoinWorker { worker: worker as u32 })
+                    .map_err(|_| RunError::JoinWorker {
+                        worker: worker as u32,
+                    })
             })
             .collect();
         handles
             .into_iter()
             .enumerate()
-            .map(|(worker, handle)| handle?.join().map_err(|_| RunError::JoinWorker { worker: worker as u32 })?)
+            .map(|(worker, handle)| {
+                handle?.join().map_err(|_| RunError::JoinWorker {
+                    worker: worker as u32,
+                })?
+            })
             .collect()
     });
     let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -263,6 +352,10 @@ pub fn run_single_process<A: App>(app: &A, config: &JobConfig, metrics: &Runtime
     if config.keep_params {
         report.params = Some(snapshot);
     }
-    tracing::info!(updates_per_second = report.updates_per_second, loss = report.eval.loss, "single-process run done");
+    tracing::info!(
+        updates_per_second = report.updates_per_second,
+        loss = report.eval.loss,
+        "single-process run done"
+    );
     Ok(report)
 }

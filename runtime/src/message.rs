@@ -164,7 +164,8 @@ const REGISTERED: u8 = 4;
 const PUSH: u8 = 5;
 const PUSHED: u8 = 6;
 const PULL: u8 = 7;
-const ROWS: u8 = 8;
+/// Kind byte of [`Message::Rows`] (the server writes that frame without an intermediate copy).
+pub(crate) const ROWS: u8 = 8;
 const DUMP: u8 = 9;
 const DUMP_ROWS: u8 = 10;
 const ERROR: u8 = 11;
@@ -195,7 +196,9 @@ impl<'a> Cursor<'a> {
 
     fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
         let b = self.take(8, what)?;
-        Ok(u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        Ok(u64::from_le_bytes([
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+        ]))
     }
 
     /// A `u32` count of items of `item_bytes` each, checked against the remaining bytes.
@@ -224,7 +227,10 @@ impl<'a> Cursor<'a> {
     fn keys(&mut self, what: &'static str) -> Result<Vec<u64>, FrameError> {
         let count = self.count(8, what)?;
         let bytes = self.take(count * 8, what)?;
-        Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(<[u8; 8]>::try_from(c).unwrap_or_default())).collect())
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(<[u8; 8]>::try_from(c).unwrap_or_default()))
+            .collect())
     }
 
     fn bool(&mut self, what: &'static str) -> Result<bool, FrameError> {
@@ -236,7 +242,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn finish(self) -> Result<(), FrameError> {
-        if self.rest.is_empty() { Ok(()) } else { Err(FrameError::Invalid("trailing bytes after message")) }
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::Invalid("trailing bytes after message"))
+        }
     }
 }
 
@@ -265,18 +275,33 @@ impl<'a> Message<'a> {
     pub fn decode(body: &'a [u8]) -> Result<Self, FrameError> {
         let mut c = Cursor { rest: body };
         let message = match c.u8("missing message kind")? {
-            HELLO => Message::Hello { secret: c.bytes("hello secret")?, node: c.u32("hello node")? },
+            HELLO => Message::Hello {
+                secret: c.bytes("hello secret")?,
+                node: c.u32("hello node")?,
+            },
             WELCOME => Message::Welcome,
             REGISTER => {
-                let (worker, partition, epoch) = (c.u32("register worker")?, c.u32("register partition")?, c.u64("register epoch")?);
+                let (worker, partition, epoch) = (
+                    c.u32("register worker")?,
+                    c.u32("register partition")?,
+                    c.u64("register epoch")?,
+                );
                 let count = c.count(8, "register table count")?;
                 let mut tables = Vec::with_capacity(count);
                 for _ in 0..count {
                     tables.push((c.u32("register table id")?, c.keys("register keys")?));
                 }
-                Message::Register { worker, partition, epoch, tables }
+                Message::Register {
+                    worker,
+                    partition,
+                    epoch,
+                    tables,
+                }
             }
-            REGISTERED => Message::Registered { partition: c.u32("registered partition")?, len: c.u64("registered length")? },
+            REGISTERED => Message::Registered {
+                partition: c.u32("registered partition")?,
+                len: c.u64("registered length")?,
+            },
             PUSH => Message::Push {
                 worker: c.u32("push worker")?,
                 clock: c.u64("push clock")?,
@@ -284,25 +309,47 @@ impl<'a> Message<'a> {
                 epoch: c.u64("push epoch")?,
                 values: c.values("push values")?,
             },
-            PUSHED => Message::Pushed { partition: c.u32("pushed partition")?, duplicate: c.bool("pushed flag")? },
+            PUSHED => Message::Pushed {
+                partition: c.u32("pushed partition")?,
+                duplicate: c.bool("pushed flag")?,
+            },
             PULL => Message::Pull {
                 worker: c.u32("pull worker")?,
                 partition: c.u32("pull partition")?,
                 epoch: c.u64("pull epoch")?,
                 min_clock: c.u64("pull clock")?,
             },
-            ROWS => Message::Rows { partition: c.u32("rows partition")?, visible: c.u64("rows clock")?, values: c.values("rows values")? },
-            DUMP => Message::Dump { partition: c.u32("dump partition")?, epoch: c.u64("dump epoch")? },
+            ROWS => Message::Rows {
+                partition: c.u32("rows partition")?,
+                visible: c.u64("rows clock")?,
+                values: c.values("rows values")?,
+            },
+            DUMP => Message::Dump {
+                partition: c.u32("dump partition")?,
+                epoch: c.u64("dump epoch")?,
+            },
             DUMP_ROWS => {
-                let (partition, visible) = (c.u32("dump rows partition")?, c.u64("dump rows clock")?);
+                let (partition, visible) =
+                    (c.u32("dump rows partition")?, c.u64("dump rows clock")?);
                 let count = c.count(12, "dump table count")?;
                 let mut tables = Vec::with_capacity(count);
                 for _ in 0..count {
-                    tables.push((c.u32("dump table id")?, c.keys("dump keys")?, c.values("dump values")?));
+                    tables.push((
+                        c.u32("dump table id")?,
+                        c.keys("dump keys")?,
+                        c.values("dump values")?,
+                    ));
                 }
-                Message::DumpRows { partition, visible, tables }
+                Message::DumpRows {
+                    partition,
+                    visible,
+                    tables,
+                }
             }
-            ERROR => Message::Error { category: c.str("error category")?, message: c.str("error message")? },
+            ERROR => Message::Error {
+                category: c.str("error category")?,
+                message: c.str("error message")?,
+            },
             _ => return Err(FrameError::Invalid("unknown message kind")),
         };
         c.finish()?;
@@ -319,7 +366,12 @@ impl<'a> Message<'a> {
                 put_u32(out, *node);
             }
             Message::Welcome => out.push(WELCOME),
-            Message::Register { worker, partition, epoch, tables } => {
+            Message::Register {
+                worker,
+                partition,
+                epoch,
+                tables,
+            } => {
                 out.push(REGISTER);
                 put_u32(out, *worker);
                 put_u32(out, *partition);
@@ -335,7 +387,13 @@ impl<'a> Message<'a> {
                 put_u32(out, *partition);
                 put_u64(out, *len);
             }
-            Message::Push { worker, clock, partition, epoch, values } => {
+            Message::Push {
+                worker,
+                clock,
+                partition,
+                epoch,
+                values,
+            } => {
                 out.push(PUSH);
                 put_u32(out, *worker);
                 put_u64(out, *clock);
@@ -343,19 +401,31 @@ impl<'a> Message<'a> {
                 put_u64(out, *epoch);
                 values.put(out);
             }
-            Message::Pushed { partition, duplicate } => {
+            Message::Pushed {
+                partition,
+                duplicate,
+            } => {
                 out.push(PUSHED);
                 put_u32(out, *partition);
                 out.push(u8::from(*duplicate));
             }
-            Message::Pull { worker, partition, epoch, min_clock } => {
+            Message::Pull {
+                worker,
+                partition,
+                epoch,
+                min_clock,
+            } => {
                 out.push(PULL);
                 put_u32(out, *worker);
                 put_u32(out, *partition);
                 put_u64(out, *epoch);
                 put_u64(out, *min_clock);
             }
-            Message::Rows { partition, visible, values } => {
+            Message::Rows {
+                partition,
+                visible,
+                values,
+            } => {
                 out.push(ROWS);
                 put_u32(out, *partition);
                 put_u64(out, *visible);
@@ -366,7 +436,11 @@ impl<'a> Message<'a> {
                 put_u32(out, *partition);
                 put_u64(out, *epoch);
             }
-            Message::DumpRows { partition, visible, tables } => {
+            Message::DumpRows {
+                partition,
+                visible,
+                tables,
+            } => {
                 out.push(DUMP_ROWS);
                 put_u32(out, *partition);
                 put_u64(out, *visible);
@@ -409,7 +483,10 @@ pub fn secrets_match(expected: &[u8], presented: &[u8]) -> bool {
     if expected.len() != presented.len() {
         return false;
     }
-    let difference = expected.iter().zip(presented).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let difference = expected
+        .iter()
+        .zip(presented)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
     std::hint::black_box(difference) == 0
 }
 
@@ -430,29 +507,80 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         let floats = [1.0f32, -2.5, 3.75];
-        round_trip(&Message::Hello { secret: b"s3cret", node: 4 });
+        round_trip(&Message::Hello {
+            secret: b"s3cret",
+            node: 4,
+        });
         round_trip(&Message::Welcome);
-        round_trip(&Message::Register { worker: 1, partition: 2, epoch: 3, tables: vec![(0, vec![5, 9]), (7, vec![])] });
-        round_trip(&Message::Registered { partition: 2, len: 99 });
-        round_trip(&Message::Push { worker: 1, clock: 8, partition: 2, epoch: 3, values: Values::F32(&floats) });
-        round_trip(&Message::Pushed { partition: 2, duplicate: true });
-        round_trip(&Message::Pull { worker: 1, partition: 2, epoch: 3, min_clock: 7 });
-        round_trip(&Message::Rows { partition: 2, visible: 7, values: Values::F32(&floats) });
-        round_trip(&Message::Dump { partition: 2, epoch: 3 });
-        round_trip(&Message::DumpRows { partition: 2, visible: 7, tables: vec![(0, vec![1], Values::F32(&floats[..1]))] });
-        round_trip(&Message::Error { category: "check_epoch", message: "partition 2 moved" });
+        round_trip(&Message::Register {
+            worker: 1,
+            partition: 2,
+            epoch: 3,
+            tables: vec![(0, vec![5, 9]), (7, vec![])],
+        });
+        round_trip(&Message::Registered {
+            partition: 2,
+            len: 99,
+        });
+        round_trip(&Message::Push {
+            worker: 1,
+            clock: 8,
+            partition: 2,
+            epoch: 3,
+            values: Values::F32(&floats),
+        });
+        round_trip(&Message::Pushed {
+            partition: 2,
+            duplicate: true,
+        });
+        round_trip(&Message::Pull {
+            worker: 1,
+            partition: 2,
+            epoch: 3,
+            min_clock: 7,
+        });
+        round_trip(&Message::Rows {
+            partition: 2,
+            visible: 7,
+            values: Values::F32(&floats),
+        });
+        round_trip(&Message::Dump {
+            partition: 2,
+            epoch: 3,
+        });
+        round_trip(&Message::DumpRows {
+            partition: 2,
+            visible: 7,
+            tables: vec![(0, vec![1], Values::F32(&floats[..1]))],
+        });
+        round_trip(&Message::Error {
+            category: "check_epoch",
+            message: "partition 2 moved",
+        });
     }
 
     #[test]
     fn malformed_bodies_are_invalid() {
-        assert_eq!(Message::decode(&[]), Err(FrameError::Invalid("missing message kind")));
-        assert_eq!(Message::decode(&[200]), Err(FrameError::Invalid("unknown message kind")));
-        assert_eq!(Message::decode(&[WELCOME, 0]), Err(FrameError::Invalid("trailing bytes after message")));
+        assert_eq!(
+            Message::decode(&[]),
+            Err(FrameError::Invalid("missing message kind"))
+        );
+        assert_eq!(
+            Message::decode(&[200]),
+            Err(FrameError::Invalid("unknown message kind"))
+        );
+        assert_eq!(
+            Message::decode(&[WELCOME, 0]),
+            Err(FrameError::Invalid("trailing bytes after message"))
+        );
         // A count promising more keys than bytes follow is refused before allocating.
         let mut body = vec![REGISTER];
         body.extend_from_slice(&[0; 16]);
         body.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(Message::decode(&body), Err(FrameError::Invalid("register table count")));
+        assert_eq!(
+            Message::decode(&body),
+            Err(FrameError::Invalid("register table count"))
+        );
         assert!(secrets_match(b"abc", b"abc"));
         assert!(!secrets_match(b"abc", b"abd"));
         assert!(!secrets_match(b"abc", b"abcd"));

@@ -1,6 +1,8 @@
 //! Prometheus metrics of the runtime, registered on a registry passed in (never the global one).
 
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// The runtime's metrics. Cheap to clone (handles are shared).
 #[derive(Debug, Clone)]
@@ -28,25 +30,51 @@ impl RuntimeMetrics {
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let buckets = prometheus::exponential_buckets(0.000_1, 2.0, 20)?;
         let metrics = Self {
-            iterations: IntCounter::new("ebbflow_runtime_iterations_total", "worker clocks completed")?,
-            iteration_seconds: Histogram::with_opts(
-                HistogramOpts::new("ebbflow_runtime_iteration_seconds", "wall time of one worker clock").buckets(buckets.clone()),
+            iterations: IntCounter::new(
+                "ebbflow_runtime_iterations_total",
+                "worker clocks completed",
             )?,
-            loss: Gauge::new("ebbflow_runtime_loss", "latest mean training loss reported by the app")?,
+            iteration_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ebbflow_runtime_iteration_seconds",
+                    "wall time of one worker clock",
+                )
+                .buckets(buckets.clone()),
+            )?,
+            loss: Gauge::new(
+                "ebbflow_runtime_loss",
+                "latest mean training loss reported by the app",
+            )?,
             rows_moved: IntCounterVec::new(
-                Opts::new("ebbflow_runtime_rows_moved_total", "rows moved between workers and servers"),
+                Opts::new(
+                    "ebbflow_runtime_rows_moved_total",
+                    "rows moved between workers and servers",
+                ),
                 &["direction"],
             )?,
             bytes_moved: IntCounterVec::new(
-                Opts::new("ebbflow_runtime_bytes_moved_total", "payload bytes moved between workers and servers"),
+                Opts::new(
+                    "ebbflow_runtime_bytes_moved_total",
+                    "payload bytes moved between workers and servers",
+                ),
                 &["direction"],
             )?,
             ssp_wait_seconds: Histogram::with_opts(
-                HistogramOpts::new("ebbflow_runtime_ssp_wait_seconds", "time a worker waited for the staleness bound").buckets(buckets),
+                HistogramOpts::new(
+                    "ebbflow_runtime_ssp_wait_seconds",
+                    "time a worker waited for the staleness bound",
+                )
+                .buckets(buckets),
             )?,
-            connections_open: IntGauge::new("ebbflow_runtime_connections_open", "open data-plane connections")?,
+            connections_open: IntGauge::new(
+                "ebbflow_runtime_connections_open",
+                "open data-plane connections",
+            )?,
             connections_refused: IntCounterVec::new(
-                Opts::new("ebbflow_runtime_connections_refused_total", "data-plane connections closed for a bad peer or frame"),
+                Opts::new(
+                    "ebbflow_runtime_connections_refused_total",
+                    "data-plane connections closed for a bad peer or frame",
+                ),
                 &["reason"],
             )?,
         };

@@ -85,7 +85,10 @@ mod tests {
         Optimizer::Sgd { lr: 0.1 }.apply(&mut row, &mut [], &[1.0, 2.0]);
         assert_eq!(row, [1.6, 1.2]);
         let (mut row, mut state) = ([0.0f32], [0.0f32]);
-        let momentum = Optimizer::Momentum { lr: 1.0, momentum: 0.5 };
+        let momentum = Optimizer::Momentum {
+            lr: 1.0,
+            momentum: 0.5,
+        };
         momentum.apply(&mut row, &mut state, &[1.0]);
         momentum.apply(&mut row, &mut state, &[1.0]);
         assert_eq!((row, state), ([2.5], [1.5]));

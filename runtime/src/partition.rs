@@ -78,7 +78,10 @@ impl PartitionMap {
             return Err(PartitionError::BuildNoServers);
         }
         let entries = (0..num_partitions as usize)
-            .map(|p| PartitionEntry { owner: servers[p % servers.len()], epoch: 1 })
+            .map(|p| PartitionEntry {
+                owner: servers[p % servers.len()],
+                epoch: 1,
+            })
             .collect();
         Ok(Self { entries })
     }
@@ -98,10 +101,13 @@ impl PartitionMap {
 
     /// Owner and epoch of `partition`.
     pub fn entry(&self, partition: PartitionId) -> Result<PartitionEntry, PartitionError> {
-        self.entries.get(partition as usize).copied().ok_or(PartitionError::LookupPartition {
-            partition,
-            num_partitions: self.num_partitions(),
-        })
+        self.entries
+            .get(partition as usize)
+            .copied()
+            .ok_or(PartitionError::LookupPartition {
+                partition,
+                num_partitions: self.num_partitions(),
+            })
     }
 
     /// All entries, indexed by partition.
@@ -111,7 +117,9 @@ impl PartitionMap {
 
     /// Partitions owned by `node`, ascending.
     pub fn owned_by(&self, node: NodeId) -> Vec<PartitionId> {
-        (0..self.num_partitions()).filter(|&p| self.entries[p as usize].owner == node).collect()
+        (0..self.num_partitions())
+            .filter(|&p| self.entries[p as usize].owner == node)
+            .collect()
     }
 
     /// Distinct owners, ascending.
@@ -135,7 +143,10 @@ mod tests {
             assert_eq!(p, partition_of(key, 8));
             counts[p as usize] += 1;
         }
-        assert!(counts.iter().all(|&c| (9_000..11_000).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
+            "{counts:?}"
+        );
     }
 
     #[test]
@@ -145,7 +156,13 @@ mod tests {
         assert_eq!(map.owners(), vec![3, 7]);
         assert_eq!(map.entry(1).unwrap(), PartitionEntry { owner: 7, epoch: 1 });
         assert_eq!(map.entry(5).unwrap_err().category(), "lookup_partition");
-        assert_eq!(PartitionMap::round_robin(0, &[1]).unwrap_err(), PartitionError::BuildEmpty);
-        assert_eq!(PartitionMap::round_robin(2, &[]).unwrap_err(), PartitionError::BuildNoServers);
+        assert_eq!(
+            PartitionMap::round_robin(0, &[1]).unwrap_err(),
+            PartitionError::BuildEmpty
+        );
+        assert_eq!(
+            PartitionMap::round_robin(2, &[]).unwrap_err(),
+            PartitionError::BuildNoServers
+        );
     }
 }

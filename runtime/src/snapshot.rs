@@ -23,12 +23,17 @@ pub struct ParamSnapshot {
 impl ParamSnapshot {
     /// An empty snapshot of the given tables.
     pub fn new(specs: Vec<TableSpec>) -> Self {
-        Self { specs, tables: BTreeMap::new() }
+        Self {
+            specs,
+            tables: BTreeMap::new(),
+        }
     }
 
     /// Adds rows of `table` (from one partition); unknown tables and ragged data are ignored.
     pub fn add_rows(&mut self, table: TableId, keys: &[u64], data: &[f32]) {
-        let Some(spec) = self.specs.iter().find(|s| s.id == table) else { return };
+        let Some(spec) = self.specs.iter().find(|s| s.id == table) else {
+            return;
+        };
         if data.len() != keys.len() * spec.width {
             return;
         }
@@ -40,7 +45,11 @@ impl ParamSnapshot {
     /// Sorts every table by key (call once after the last `add_rows`).
     pub fn finish(&mut self) {
         for (table, rows) in &mut self.tables {
-            let width = self.specs.iter().find(|s| s.id == *table).map_or(1, |s| s.width);
+            let width = self
+                .specs
+                .iter()
+                .find(|s| s.id == *table)
+                .map_or(1, |s| s.width);
             let mut order: Vec<usize> = (0..rows.keys.len()).collect();
             order.sort_unstable_by_key(|&i| rows.keys[i]);
             let keys = order.iter().map(|&i| rows.keys[i]).collect();
@@ -64,19 +73,30 @@ impl TableReader for ParamSnapshot {
     }
 
     fn read_row(&self, table: TableId, key: u64, out: &mut [f32]) -> bool {
-        let Some(spec) = self.specs.iter().find(|s| s.id == table) else { return false };
+        let Some(spec) = self.specs.iter().find(|s| s.id == table) else {
+            return false;
+        };
         if out.len() != spec.width {
             return false;
         }
-        match self.tables.get(&table).and_then(|t| t.keys.binary_search(&key).ok().map(|i| (t, i))) {
-            Some((rows, i)) => out.copy_from_slice(&rows.data[i * spec.width..(i + 1) * spec.width]),
+        match self
+            .tables
+            .get(&table)
+            .and_then(|t| t.keys.binary_search(&key).ok().map(|i| (t, i)))
+        {
+            Some((rows, i)) => {
+                out.copy_from_slice(&rows.data[i * spec.width..(i + 1) * spec.width])
+            }
             None => spec.init.fill(table, key, out),
         }
         true
     }
 
     fn keys(&self, table: TableId) -> Vec<u64> {
-        self.tables.get(&table).map(|t| t.keys.clone()).unwrap_or_default()
+        self.tables
+            .get(&table)
+            .map(|t| t.keys.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -87,8 +107,17 @@ mod tests {
 
     #[test]
     fn rows_are_found_sorted_or_initialised() {
-        let init = RowInit::Uniform { low: 0.0, high: 1.0, seed: 3 };
-        let mut snapshot = ParamSnapshot::new(vec![TableSpec { id: 1, name: "t".into(), width: 2, init }]);
+        let init = RowInit::Uniform {
+            low: 0.0,
+            high: 1.0,
+            seed: 3,
+        };
+        let mut snapshot = ParamSnapshot::new(vec![TableSpec {
+            id: 1,
+            name: "t".into(),
+            width: 2,
+            init,
+        }]);
         snapshot.add_rows(1, &[9, 2], &[9.0, 9.5, 2.0, 2.5]);
         snapshot.add_rows(1, &[5], &[5.0]);
         snapshot.finish();

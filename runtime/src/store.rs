@@ -90,7 +90,9 @@ pub enum StoreError {
         got: usize,
     },
     /// A push skipped clocks.
-    #[error("worker {worker} pushed clock {clock} to partition {partition}, expected clock {expected}")]
+    #[error(
+        "worker {worker} pushed clock {clock} to partition {partition}, expected clock {expected}"
+    )]
     PushClockGap {
         /// The worker.
         worker: u32,
@@ -161,7 +163,9 @@ impl TableRows {
         self.keys.push(key);
         let start = self.data.len();
         self.data.resize(start + width, 0.0);
-        self.spec.init.fill(self.spec.id, key, &mut self.data[start..]);
+        self.spec
+            .init
+            .fill(self.spec.id, key, &mut self.data[start..]);
         if with_state {
             self.state.resize(start + width, 0.0);
         }
@@ -246,7 +250,11 @@ impl PartitionStore {
     /// Fails unless `epoch` is the partition's current epoch.
     pub fn check_epoch(&self, epoch: u64) -> Result<(), StoreError> {
         if epoch != self.epoch {
-            return Err(StoreError::CheckEpoch { partition: self.partition, current: self.epoch, requested: epoch });
+            return Err(StoreError::CheckEpoch {
+                partition: self.partition,
+                current: self.epoch,
+                requested: epoch,
+            });
         }
         Ok(())
     }
@@ -255,12 +263,19 @@ impl PartitionStore {
         if (worker as usize) < self.completed.len() {
             Ok(worker as usize)
         } else {
-            Err(StoreError::LookupWorker { worker, num_workers: self.completed.len() as u32 })
+            Err(StoreError::LookupWorker {
+                worker,
+                num_workers: self.completed.len() as u32,
+            })
         }
     }
 
     /// Registers (or re-registers) `worker`'s batch: keys per table, in the order of later values.
-    pub fn register(&mut self, worker: u32, tables: &[(TableId, Vec<u64>)]) -> Result<usize, StoreError> {
+    pub fn register(
+        &mut self,
+        worker: u32,
+        tables: &[(TableId, Vec<u64>)],
+    ) -> Result<usize, StoreError> {
         let w = self.check_worker(worker)?;
         let with_state = self.optimizer.has_state();
         let mut batch = Batch::default();
@@ -270,11 +285,19 @@ impl PartitionStore {
                 .iter()
                 .position(|t| t.spec.id == *table)
                 .ok_or(StoreError::RegisterTable { table: *table })?;
-            if let Some(&key) = keys.iter().find(|&&k| crate::partition::partition_of(k, self.num_partitions) != self.partition) {
-                return Err(StoreError::RegisterKey { key, partition: self.partition });
+            if let Some(&key) = keys.iter().find(|&&k| {
+                crate::partition::partition_of(k, self.num_partitions) != self.partition
+            }) {
+                return Err(StoreError::RegisterKey {
+                    key,
+                    partition: self.partition,
+                });
             }
             let rows = &mut self.tables[position];
-            let indices = keys.iter().map(|&key| rows.row_index(key, with_state)).collect();
+            let indices = keys
+                .iter()
+                .map(|&key| rows.row_index(key, with_state))
+                .collect();
             batch.len += keys.len() * rows.spec.width;
             batch.segments.push((position, indices));
         }
@@ -286,7 +309,13 @@ impl PartitionStore {
     /// Number of values in `worker`'s registered batch.
     pub fn batch_len(&self, worker: u32) -> Result<usize, StoreError> {
         let w = self.check_worker(worker)?;
-        self.batches[w].as_ref().map(|b| b.len).ok_or(StoreError::LookupBatch { worker, partition: self.partition })
+        self.batches[w]
+            .as_ref()
+            .map(|b| b.len)
+            .ok_or(StoreError::LookupBatch {
+                worker,
+                partition: self.partition,
+            })
     }
 
     /// Receives `worker`'s deltas for `clock`: `fill` writes exactly `batch_len` values.
@@ -302,14 +331,24 @@ impl PartitionStore {
         let w = self.check_worker(worker)?;
         let expected_len = self.batch_len(worker)?;
         if len != expected_len {
-            return Err(StoreError::PushLength { worker, partition: self.partition, expected: expected_len, got: len });
+            return Err(StoreError::PushLength {
+                worker,
+                partition: self.partition,
+                expected: expected_len,
+                got: len,
+            });
         }
         let expected_clock = self.completed[w];
         if clock < expected_clock {
             return Ok((PushOutcome::Duplicate, false));
         }
         if clock > expected_clock {
-            return Err(StoreError::PushClockGap { worker, partition: self.partition, expected: expected_clock, clock });
+            return Err(StoreError::PushClockGap {
+                worker,
+                partition: self.partition,
+                expected: expected_clock,
+                clock,
+            });
         }
         let mut values = self.pool.pop().unwrap_or_default();
         values.clear();
@@ -331,9 +370,13 @@ impl PartitionStore {
         let min = self.completed.iter().copied().min().unwrap_or(0);
         let mut advanced = false;
         while self.visible_clock < min {
-            let Some(mut clock_values) = self.pending.pop_front() else { break };
+            let Some(mut clock_values) = self.pending.pop_front() else {
+                break;
+            };
             for (w, values) in clock_values.iter_mut().enumerate() {
-                let Some(values) = values.take() else { continue };
+                let Some(values) = values.take() else {
+                    continue;
+                };
                 self.apply(w, &values);
                 self.pool.push(values);
             }
@@ -344,7 +387,9 @@ impl PartitionStore {
     }
 
     fn apply(&mut self, w: usize, values: &[f32]) {
-        let Some(batch) = self.batches[w].as_ref() else { return };
+        let Some(batch) = self.batches[w].as_ref() else {
+            return;
+        };
         let optimizer = self.optimizer;
         let mut offset = 0;
         for (position, rows) in &batch.segments {
@@ -354,7 +399,11 @@ impl PartitionStore {
                 let start = row as usize * width;
                 let delta = &values[offset..offset + width];
                 offset += width;
-                let state = if table.state.is_empty() { &mut [][..] } else { &mut table.state[start..start + width] };
+                let state = if table.state.is_empty() {
+                    &mut [][..]
+                } else {
+                    &mut table.state[start..start + width]
+                };
                 optimizer.apply(&mut table.data[start..start + width], state, delta);
             }
         }
@@ -363,7 +412,10 @@ impl PartitionStore {
     /// Feeds `worker`'s registered rows, in batch order, to `sink` (one call per row).
     pub fn read_rows(&self, worker: u32, mut sink: impl FnMut(&[f32])) -> Result<(), StoreError> {
         let w = self.check_worker(worker)?;
-        let batch = self.batches[w].as_ref().ok_or(StoreError::LookupBatch { worker, partition: self.partition })?;
+        let batch = self.batches[w].as_ref().ok_or(StoreError::LookupBatch {
+            worker,
+            partition: self.partition,
+        })?;
         for (position, rows) in &batch.segments {
             let table = &self.tables[*position];
             let width = table.spec.width;
@@ -373,6 +425,11 @@ impl PartitionStore {
             }
         }
         Ok(())
+    }
+
+    /// Ids of the partition's tables, in declaration order.
+    pub fn table_ids(&self) -> Vec<TableId> {
+        self.tables.iter().map(|t| t.spec.id).collect()
     }
 
     /// Every materialised row of `table`: `(keys, values)` in storage order.
@@ -416,7 +473,14 @@ impl ServerState {
         for &(partition, epoch) in hosted {
             if let Some(entry) = slots.get_mut(partition as usize) {
                 *entry = Some(Slot {
-                    store: Mutex::new(PartitionStore::new(partition, num_partitions, epoch, specs, num_workers, optimizer)),
+                    store: Mutex::new(PartitionStore::new(
+                        partition,
+                        num_partitions,
+                        epoch,
+                        specs,
+                        num_workers,
+                        optimizer,
+                    )),
                     advanced: Condvar::new(),
                     watch: tokio::sync::watch::channel(0).0,
                 });
@@ -426,7 +490,10 @@ impl ServerState {
     }
 
     fn slot(&self, partition: PartitionId) -> Result<&Slot, StoreError> {
-        self.slots.get(partition as usize).and_then(Option::as_ref).ok_or(StoreError::LookupPartition { partition })
+        self.slots
+            .get(partition as usize)
+            .and_then(Option::as_ref)
+            .ok_or(StoreError::LookupPartition { partition })
     }
 
     /// Runs `f` on the locked partition after checking `epoch`.
@@ -466,39 +533,66 @@ impl ServerState {
     }
 
     /// Blocks the calling thread until `partition`'s visible clock is at least `clock`.
-    pub fn wait_clock_blocking(&self, partition: PartitionId, clock: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+    pub fn wait_clock_blocking(
+        &self,
+        partition: PartitionId,
+        clock: u64,
+        timeout: std::time::Duration,
+    ) -> Result<u64, StoreError> {
         let slot = self.slot(partition)?;
         let deadline = std::time::Instant::now() + timeout;
         let mut store = slot.store.lock();
         while store.visible_clock() < clock {
-            if slot.advanced.wait_until(&mut store, deadline).timed_out() && store.visible_clock() < clock {
-                return Err(StoreError::WaitClock { partition, clock, visible: store.visible_clock() });
+            if slot.advanced.wait_until(&mut store, deadline).timed_out()
+                && store.visible_clock() < clock
+            {
+                return Err(StoreError::WaitClock {
+                    partition,
+                    clock,
+                    visible: store.visible_clock(),
+                });
             }
         }
         Ok(store.visible_clock())
     }
 
     /// Waits (async) until `partition`'s visible clock is at least `clock`.
-    pub async fn wait_clock(&self, partition: PartitionId, clock: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+    pub async fn wait_clock(
+        &self,
+        partition: PartitionId,
+        clock: u64,
+        timeout: std::time::Duration,
+    ) -> Result<u64, StoreError> {
         let slot = self.slot(partition)?;
         let mut receiver = slot.watch.subscribe();
-        let waited = tokio::time::timeout(timeout, receiver.wait_for(|&visible| visible >= clock)).await;
+        let waited =
+            tokio::time::timeout(timeout, receiver.wait_for(|&visible| visible >= clock)).await;
         let visible = slot.store.lock().visible_clock();
         match waited {
             Ok(Ok(_)) => Ok(visible),
             _ if visible >= clock => Ok(visible),
-            _ => Err(StoreError::WaitClock { partition, clock, visible }),
+            _ => Err(StoreError::WaitClock {
+                partition,
+                clock,
+                visible,
+            }),
         }
     }
 
     /// Partitions hosted here, ascending.
     pub fn hosted(&self) -> Vec<PartitionId> {
-        (0..self.slots.len() as u32).filter(|&p| self.slots[p as usize].is_some()).collect()
+        (0..self.slots.len() as u32)
+            .filter(|&p| self.slots[p as usize].is_some())
+            .collect()
     }
 
     /// Bytes of parameter values held over all hosted partitions.
     pub fn parameter_bytes(&self) -> usize {
-        self.slots.iter().flatten().map(|slot| slot.store.lock().parameter_bytes()).sum()
+        self.slots
+            .iter()
+            .flatten()
+            .map(|slot| slot.store.lock().parameter_bytes())
+            .sum()
     }
 }
 
@@ -509,16 +603,26 @@ mod tests {
     use crate::partition::partition_of;
 
     fn spec() -> Vec<TableSpec> {
-        vec![TableSpec { id: 0, name: "t".into(), width: 2, init: RowInit::Zeros }]
+        vec![TableSpec {
+            id: 0,
+            name: "t".into(),
+            width: 2,
+            init: RowInit::Zeros,
+        }]
     }
 
     fn keys_of(partition: PartitionId, num_partitions: u32, n: usize) -> Vec<u64> {
-        (0..).filter(|&k| partition_of(k, num_partitions) == partition).take(n).collect()
+        (0..)
+            .filter(|&k| partition_of(k, num_partitions) == partition)
+            .take(n)
+            .collect()
     }
 
     fn read(store: &PartitionStore, worker: u32) -> Vec<f32> {
         let mut out = Vec::new();
-        store.read_rows(worker, |row| out.extend_from_slice(row)).unwrap();
+        store
+            .read_rows(worker, |row| out.extend_from_slice(row))
+            .unwrap();
         out
     }
 
@@ -529,7 +633,11 @@ mod tests {
         for worker in 0..2 {
             store.register(worker, &[(0, keys.clone())]).unwrap();
         }
-        let push = |store: &mut PartitionStore, worker, clock, v: f32| store.push_with(worker, clock, 4, |out| out.fill(v)).unwrap();
+        let push = |store: &mut PartitionStore, worker, clock, v: f32| {
+            store
+                .push_with(worker, clock, 4, |out| out.fill(v))
+                .unwrap()
+        };
         assert_eq!(push(&mut store, 0, 0, 1.0), (PushOutcome::Accepted, false));
         assert_eq!(push(&mut store, 0, 1, 10.0), (PushOutcome::Accepted, false));
         assert_eq!(read(&store, 1), vec![0.0; 4]);
@@ -538,8 +646,22 @@ mod tests {
         assert_eq!(read(&store, 1), vec![3.0; 4]);
         // Duplicate (a retry of clock 0) is ignored; a gap is refused.
         assert_eq!(push(&mut store, 1, 0, 2.0), (PushOutcome::Duplicate, false));
-        assert!(matches!(store.push_with(1, 5, 4, |_| ()), Err(StoreError::PushClockGap { expected: 1, clock: 5, .. })));
-        assert!(matches!(store.push_with(1, 1, 3, |_| ()), Err(StoreError::PushLength { expected: 4, got: 3, .. })));
+        assert!(matches!(
+            store.push_with(1, 5, 4, |_| ()),
+            Err(StoreError::PushClockGap {
+                expected: 1,
+                clock: 5,
+                ..
+            })
+        ));
+        assert!(matches!(
+            store.push_with(1, 1, 3, |_| ()),
+            Err(StoreError::PushLength {
+                expected: 4,
+                got: 3,
+                ..
+            })
+        ));
         assert_eq!(push(&mut store, 1, 1, 20.0), (PushOutcome::Accepted, true));
         assert_eq!(read(&store, 0), vec![33.0; 4]);
         assert_eq!(store.visible_clock(), 2);
@@ -549,27 +671,60 @@ mod tests {
     fn registration_is_validated() {
         let mut store = PartitionStore::new(1, 2, 1, &spec(), 1, Optimizer::Add);
         let foreign = keys_of(0, 2, 1);
-        assert!(matches!(store.register(0, &[(0, foreign)]), Err(StoreError::RegisterKey { .. })));
-        assert!(matches!(store.register(0, &[(9, vec![])]), Err(StoreError::RegisterTable { table: 9 })));
-        assert!(matches!(store.register(4, &[]), Err(StoreError::LookupWorker { worker: 4, .. })));
-        assert!(matches!(store.push_with(0, 0, 0, |_| ()), Err(StoreError::LookupBatch { .. })));
-        assert!(matches!(store.check_epoch(2), Err(StoreError::CheckEpoch { current: 1, requested: 2, .. })));
+        assert!(matches!(
+            store.register(0, &[(0, foreign)]),
+            Err(StoreError::RegisterKey { .. })
+        ));
+        assert!(matches!(
+            store.register(0, &[(9, vec![])]),
+            Err(StoreError::RegisterTable { table: 9 })
+        ));
+        assert!(matches!(
+            store.register(4, &[]),
+            Err(StoreError::LookupWorker { worker: 4, .. })
+        ));
+        assert!(matches!(
+            store.push_with(0, 0, 0, |_| ()),
+            Err(StoreError::LookupBatch { .. })
+        ));
+        assert!(matches!(
+            store.check_epoch(2),
+            Err(StoreError::CheckEpoch {
+                current: 1,
+                requested: 2,
+                ..
+            })
+        ));
     }
 
     #[test]
     fn server_state_wakes_waiters() {
         let keys = keys_of(1, 2, 1);
         let state = std::sync::Arc::new(ServerState::new(&[(1, 3)], 2, &spec(), 1, Optimizer::Add));
-        state.with_partition(1, 3, |s| s.register(0, &[(0, keys.clone())])).unwrap();
-        assert!(matches!(state.with_partition(0, 1, |_| Ok(())), Err(StoreError::LookupPartition { partition: 0 })));
+        state
+            .with_partition(1, 3, |s| s.register(0, &[(0, keys.clone())]))
+            .unwrap();
+        assert!(matches!(
+            state.with_partition(0, 1, |_| Ok(())),
+            Err(StoreError::LookupPartition { partition: 0 })
+        ));
         let waiter = {
             let state = state.clone();
-            std::thread::spawn(move || state.wait_clock_blocking(1, 1, std::time::Duration::from_secs(60)))
+            std::thread::spawn(move || {
+                state.wait_clock_blocking(1, 1, std::time::Duration::from_secs(60))
+            })
         };
         state.push_with(1, 3, 0, 0, 2, |v| v.fill(1.5)).unwrap();
         assert_eq!(waiter.join().unwrap(), Ok(1));
         let timeout = state.wait_clock_blocking(1, 5, std::time::Duration::from_millis(1));
-        assert!(matches!(timeout, Err(StoreError::WaitClock { clock: 5, visible: 1, .. })));
+        assert!(matches!(
+            timeout,
+            Err(StoreError::WaitClock {
+                clock: 5,
+                visible: 1,
+                ..
+            })
+        ));
         assert_eq!(state.parameter_bytes(), 8);
     }
 }

@@ -120,12 +120,23 @@ pub(crate) struct PartitionView {
 /// Moves values between a worker and the servers of its partitions.
 pub(crate) trait Transport {
     /// Registers the worker's batch with a partition; returns the server's value count.
-    fn register(&mut self, worker: u32, partition: PartitionId, tables: &[(TableId, Vec<u64>)]) -> Result<usize, WorkerError>;
+    fn register(
+        &mut self,
+        worker: u32,
+        partition: PartitionId,
+        tables: &[(TableId, Vec<u64>)],
+    ) -> Result<usize, WorkerError>;
     /// Pushes every view's `delta` for `clock` (one bulk batch per partition).
-    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView]) -> Result<(), WorkerError>;
+    fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView])
+    -> Result<(), WorkerError>;
     /// For every view with `needs_pull`, waits until its visible clock is at least `min_clock`,
     /// then fills `incoming` and sets `visible`.
-    fn pull(&mut self, worker: u32, min_clock: u64, views: &mut [PartitionView]) -> Result<(), WorkerError>;
+    fn pull(
+        &mut self,
+        worker: u32,
+        min_clock: u64,
+        views: &mut [PartitionView],
+    ) -> Result<(), WorkerError>;
 }
 
 /// What one worker thread did.
@@ -159,7 +170,9 @@ fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
         while start < table.slot_keys.len() {
             let partition = partition_of(table.slot_keys[start], num_partitions);
             let mut end = start + 1;
-            while end < table.slot_keys.len() && partition_of(table.slot_keys[end], num_partitions) == partition {
+            while end < table.slot_keys.len()
+                && partition_of(table.slot_keys[end], num_partitions) == partition
+            {
                 end += 1;
             }
             let view = &mut views[partition as usize];
@@ -193,7 +206,11 @@ fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
         let table = &mut cache.tables[position];
         let (from, to) = (start * table.width, end * table.width);
         let delta = &mut view.delta[offset..offset + (to - from)];
-        for ((d, value), snap) in delta.iter_mut().zip(&table.data[from..to]).zip(&mut table.snapshot[from..to]) {
+        for ((d, value), snap) in delta
+            .iter_mut()
+            .zip(&table.data[from..to])
+            .zip(&mut table.snapshot[from..to])
+        {
             *d = value - *snap;
             *snap = *value;
         }
@@ -203,7 +220,11 @@ fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
 
 /// Installs a pulled copy: `data = snapshot = incoming + own deltas not yet visible`.
 fn install(cache: &mut RowCache, view: &mut PartitionView) {
-    while view.own_log.front().is_some_and(|(clock, _)| *clock < view.visible) {
+    while view
+        .own_log
+        .front()
+        .is_some_and(|(clock, _)| *clock < view.visible)
+    {
         if let Some((_, buffer)) = view.own_log.pop_front() {
             view.spare.push(buffer);
         }
@@ -242,13 +263,22 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
         let keys = view_keys(&cache, view);
         let server = transport.register(worker_id, view.partition, &keys)?;
         if server != view.len {
-            return Err(WorkerError::RegisterLength { partition: view.partition, server, worker: view.len });
+            return Err(WorkerError::RegisterLength {
+                partition: view.partition,
+                server,
+                worker: view.len,
+            });
         }
     }
     app_worker.bind(&cache);
     let rows_per_pull: Vec<u64> = views
         .iter()
-        .map(|view| view.ranges.iter().map(|&(_, start, end)| (end - start) as u64).sum())
+        .map(|view| {
+            view.ranges
+                .iter()
+                .map(|&(_, start, end)| (end - start) as u64)
+                .sum()
+        })
         .collect();
     let pushed_rows: u64 = rows_per_pull.iter().sum();
     let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
@@ -258,7 +288,12 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
         clock_end: Vec::with_capacity(config.clocks as usize),
         wait_seconds: 0.0,
     };
-    let mut refresh = |views: &mut [PartitionView], cache: &mut RowCache, min_clock: u64, force: bool, report: &mut WorkerReport| {
+    let refresh = |transport: &mut T,
+                   views: &mut [PartitionView],
+                   cache: &mut RowCache,
+                   min_clock: u64,
+                   force: bool,
+                   report: &mut WorkerReport| {
         let mut pulled = (0u64, 0u64);
         for (view, rows) in views.iter_mut().zip(&rows_per_pull) {
             view.needs_pull = view.len > 0 && (force || view.visible < min_clock);
@@ -275,11 +310,17 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
         for view in views.iter_mut().filter(|v| v.needs_pull) {
             install(cache, view);
         }
-        metrics.rows_moved.with_label_values(&["pull"]).inc_by(pulled.0);
-        metrics.bytes_moved.with_label_values(&["pull"]).inc_by(pulled.1);
+        metrics
+            .rows_moved
+            .with_label_values(&["pull"])
+            .inc_by(pulled.0);
+        metrics
+            .bytes_moved
+            .with_label_values(&["pull"])
+            .inc_by(pulled.1);
         Ok::<(), WorkerError>(())
     };
-    refresh(&mut views, &mut cache, 0, true, &mut report)?;
+    refresh(transport, &mut views, &mut cache, 0, true, &mut report)?;
 
     for clock in 0..config.clocks {
         let started = Instant::now();
@@ -294,20 +335,40 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
             }
         }
         transport.push(worker_id, clock, &views)?;
-        metrics.rows_moved.with_label_values(&["push"]).inc_by(pushed_rows);
-        metrics.bytes_moved.with_label_values(&["push"]).inc_by(pushed_bytes);
+        metrics
+            .rows_moved
+            .with_label_values(&["push"])
+            .inc_by(pushed_rows);
+        metrics
+            .bytes_moved
+            .with_label_values(&["push"])
+            .inc_by(pushed_bytes);
         if clock + 1 < config.clocks {
             let min_clock = (clock + 1).saturating_sub(config.staleness);
-            refresh(&mut views, &mut cache, min_clock, false, &mut report)?;
+            refresh(
+                transport,
+                &mut views,
+                &mut cache,
+                min_clock,
+                false,
+                &mut report,
+            )?;
         }
         metrics.iterations.inc();
-        metrics.iteration_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .iteration_seconds
+            .observe(started.elapsed().as_secs_f64());
         if let Some(loss) = stats.mean_loss() {
             metrics.loss.set(loss);
         }
         report.stats.push(stats);
         report.clock_end.push(run_start.elapsed().as_secs_f64());
-        tracing::debug!(worker = worker_id, clock, updates = stats.updates, "clock done");
+        tracing::debug!(
+            worker = worker_id,
+            clock,
+            updates = stats.updates,
+            "clock done"
+        );
     }
     Ok(report)
 }
@@ -320,8 +381,18 @@ mod tests {
     #[test]
     fn views_cover_the_cache_and_deltas_round_trip() {
         let specs = vec![
-            TableSpec { id: 0, name: "a".into(), width: 2, init: RowInit::Zeros },
-            TableSpec { id: 1, name: "b".into(), width: 1, init: RowInit::Zeros },
+            TableSpec {
+                id: 0,
+                name: "a".into(),
+                width: 2,
+                init: RowInit::Zeros,
+            },
+            TableSpec {
+                id: 1,
+                name: "b".into(),
+                width: 1,
+                init: RowInit::Zeros,
+            },
         ];
         let mut ws = WorkingSet::new();
         ws.add_range(0, 20);
@@ -331,7 +402,10 @@ mod tests {
         assert_eq!(views.iter().map(|v| v.len).sum::<usize>(), 20 * 2 + 7);
         for view in &views {
             for (table, keys) in view_keys(&cache, view) {
-                assert!(keys.iter().all(|&k| partition_of(k, 3) == view.partition), "table {table}");
+                assert!(
+                    keys.iter().all(|&k| partition_of(k, 3) == view.partition),
+                    "table {table}"
+                );
             }
         }
         let slot = cache.slot(0, 13).unwrap();
@@ -341,7 +415,12 @@ mod tests {
             collect_delta(&mut cache, view);
         }
         assert_eq!(views[owner].delta.iter().sum::<f32>(), 2.5);
-        assert!(views.iter().enumerate().all(|(p, v)| p == owner || v.delta.iter().all(|d| *d == 0.0)));
+        assert!(
+            views
+                .iter()
+                .enumerate()
+                .all(|(p, v)| p == owner || v.delta.iter().all(|d| *d == 0.0))
+        );
         // A pulled copy that lacks the own delta of a not-yet-visible clock gets it re-added.
         let view = &mut views[owner];
         view.own_log.push_back((4, view.delta.clone()));

@@ -137,13 +137,24 @@ def load_trace(path: str, instance_type: str) -> dict[tuple[str, str], list[Pric
                         add(instance_type, zone, when, parse_price(row[f"{zone}_spot_usd_hr"], f"{where}: column {zone}_spot_usd_hr"))
             elif {"Time", "InstanceType", "AZ", "SpotPrice"} <= set(header):
                 names = zone_id_map()
+                gaps = 0
                 for row in reader:
                     where = f"{path}: line {reader.line_num}"
                     zone = names.get(row["AZ"])
                     if zone is None:
                         # moto does not model every AZ ID; those rows cannot be served.
                         continue
+                    try:
+                        missing = float(row["SpotPrice"]) <= 0
+                    except ValueError:
+                        missing = False  # parse_price below reports it
+                    if missing:
+                        # SpotLake writes -1 where it has no price: a gap, not a free instance.
+                        gaps += 1
+                        continue
                     add(row["InstanceType"], zone, parse_time(row["Time"], where), parse_price(row["SpotPrice"], f"{where}: column SpotPrice"))
+                if gaps:
+                    print(f"launch.py: {path}: skipped {gaps} rows without a price (SpotPrice <= 0)", file=sys.stderr)
             elif {"timestamp", "instance_type", "zone", "price_usd_hr"} <= set(header):
                 for row in reader:
                     where = f"{path}: line {reader.line_num}"

@@ -606,10 +606,7 @@ fn build_create_fleet(
             reason: "at least one pool is needed".into(),
         });
     }
-    let total = request
-        .spot_count
-        .checked_add(request.on_demand_count)
-        .unwrap_or(u32::MAX);
+    let total = request.spot_count.saturating_add(request.on_demand_count);
     let total = positive_i32("spot_count + on_demand_count", total)?;
     let template = match &request.launch_template {
         LaunchTemplateRef::Id(id) => {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -41,19 +41,24 @@ struct Moto {
 }
 
 impl Moto {
-    /// Starts the launcher; `None` (after saying so) when no Python is configured.
+    /// Starts the launcher on the shared p3.2xlarge trace; `None` (after saying so) when no
+    /// Python is configured.
     fn start(test: &str) -> Option<Self> {
+        Self::start_with_trace(test, &trace_path())
+    }
+
+    /// Starts the launcher serving `trace`.
+    fn start_with_trace(test: &str, trace: &Path) -> Option<Self> {
         let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
             eprintln!("{test}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
             return None;
         };
-        let trace = trace_path();
         assert!(trace.is_file(), "spot trace missing: {}", trace.display());
         let launcher = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("moto/launch.py");
         let mut child = Command::new(python)
             .arg(launcher)
             .arg("--trace")
-            .arg(&trace)
+            .arg(trace)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -95,6 +100,27 @@ impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory removed on drop (unique per process and test).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("ebbflow-ec2-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -486,4 +512,97 @@ async fn instant_fleet_launches_tagged_spot_instances() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn launcher_reads_cli_json_and_long_csv_traces() {
+    if std::env::var_os("EBBFLOW_PYTHON").is_none() {
+        eprintln!("other_formats: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+        return;
+    }
+    let dir = TempDir::new("formats");
+    // What `aws ec2 describe-spot-price-history` prints (newest first, as EC2 answers).
+    let json = dir.path().join("history.json");
+    std::fs::write(
+        &json,
+        r#"{"SpotPriceHistory": [
+  {"AvailabilityZone": "us-east-1b", "InstanceType": "m5.large", "ProductDescription": "Linux/UNIX",
+   "SpotPrice": "0.041200", "Timestamp": "2024-05-01T12:00:00+00:00"},
+  {"AvailabilityZone": "us-east-1b", "InstanceType": "m5.large", "ProductDescription": "Linux/UNIX",
+   "SpotPrice": "0.039800", "Timestamp": "2024-05-01T06:00:00+00:00"}
+]}"#,
+    )
+    .unwrap();
+    let long = dir.path().join("long.csv");
+    std::fs::write(
+        &long,
+        "timestamp,instance_type,zone,price_usd_hr\n\
+         2024-05-01T00:00:00Z,c5.large,us-east-1a,0.0350\n\
+         2024-05-01T01:00:00Z,c5.large,us-east-1a,0.0350\n\
+         2024-05-01T02:00:00Z,c5.large,us-east-1a,0.0371\n",
+    )
+    .unwrap();
+    let at = |h: u32| Utc.with_ymd_and_hms(2024, 5, 1, h, 0, 0).unwrap();
+
+    let moto = Moto::start_with_trace("json_format", &json).unwrap();
+    let ec2 = moto.client("us-east-1").await;
+    let points = ec2
+        .spot_price_history(&SpotPriceQuery::default())
+        .await
+        .unwrap();
+    let got: Vec<(DateTime<Utc>, &str, f64)> = points
+        .iter()
+        .map(|p| (p.timestamp, p.instance_type.as_str(), p.price_usd_hr))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(at(6), "m5.large", 0.0398), (at(12), "m5.large", 0.0412)]
+    );
+    drop(moto);
+
+    let moto = Moto::start_with_trace("long_format", &long).unwrap();
+    let ec2 = moto.client("us-east-1").await;
+    let query = SpotPriceQuery {
+        start: Some(at(1)),
+        ..SpotPriceQuery::default()
+    };
+    let points = ec2.spot_price_history(&query).await.unwrap();
+    let got: Vec<(DateTime<Utc>, f64)> = points
+        .iter()
+        .map(|p| (p.timestamp, p.price_usd_hr))
+        .collect();
+    // The repeated 01:00 price is no change; the price in force at 01:00 is the 00:00 record.
+    assert_eq!(got, vec![(at(0), 0.035), (at(2), 0.0371)]);
+}
+
+#[tokio::test]
+async fn launcher_maps_spotlake_zone_ids_to_zone_names() {
+    let spotlake = trace_path().with_file_name("aws_spotlake_hourly_2024-01_5regions.csv");
+    let Some(moto) = Moto::start_with_trace("spotlake_format", &spotlake) else {
+        return;
+    };
+    let ec2 = moto.client("us-east-1").await;
+    let query = SpotPriceQuery {
+        instance_types: vec!["c5.large".into()],
+        start: Some(Utc.with_ymd_and_hms(2024, 1, 10, 0, 0, 0).unwrap()),
+        end: Some(Utc.with_ymd_and_hms(2024, 1, 12, 0, 0, 0).unwrap()),
+        ..SpotPriceQuery::default()
+    };
+    let points = ec2.spot_price_history(&query).await.unwrap();
+    assert!(!points.is_empty());
+    let mut reader = csv::Reader::from_path(&spotlake).unwrap();
+    let traced: BTreeSet<String> = reader
+        .records()
+        .map(|r| r.unwrap())
+        .filter(|r| &r[1] == "c5.large" && &r[2] == "us-east-1")
+        .map(|r| r[7].parse::<f64>().unwrap().to_string())
+        .collect();
+    for point in &points {
+        assert!(point.zone.starts_with("us-east-1"), "{point:?}");
+        assert_eq!(point.instance_type, "c5.large");
+        assert!(
+            traced.contains(&point.price_usd_hr.to_string()),
+            "{point:?}"
+        );
+    }
 }

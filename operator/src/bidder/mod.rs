@@ -263,7 +263,9 @@ impl Bidder<'_> {
             }
             CapacityType::Spot => {
                 let quote = input.market.quotes.get(pool)?;
-                let window = self.billing.decision_window(age, self.config.horizon_seconds);
+                let window = self
+                    .billing
+                    .decision_window(age, self.config.horizon_seconds);
                 match (quote.buyable_price(), max_price) {
                     (Some(price), Some(max_price)) if price <= max_price => {
                         let delta = (max_price - price) / on_demand;
@@ -278,7 +280,9 @@ impl Bidder<'_> {
         };
         let charge = match capacity {
             CapacityType::OnDemand => price * window / 3600.0,
-            CapacityType::Spot => self.billing.expected_charge(price, age, window, beta, uptime),
+            CapacityType::Spot => self
+                .billing
+                .expected_charge(price, age, window, beta, uptime),
         };
         let useful = if adding {
             (uptime - input.app.sigma_seconds).max(0.0)
@@ -299,15 +303,21 @@ impl Bidder<'_> {
     /// `E = C / W` of `footprint` plus the reliable tier (eqs. 4.2–4.4).
     fn cost_per_work(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
         let (cost, work) = self.totals(input, footprint);
-        if work <= 0.0 { f64::INFINITY } else { cost / work }
+        if work <= 0.0 {
+            f64::INFINITY
+        } else {
+            cost / work
+        }
     }
 
     fn reliable_rate(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
         let reliable = input.reliable;
         f64::from(reliable.count)
-            * input
-                .app
-                .reliable_rate(reliable.vcpus, footprint.transient, f64::from(reliable.count))
+            * input.app.reliable_rate(
+                reliable.vcpus,
+                footprint.transient,
+                f64::from(reliable.count),
+            )
     }
 
     fn totals(&self, input: &BidderInput<'_>, footprint: &Footprint) -> (f64, f64) {
@@ -316,7 +326,8 @@ impl Bidder<'_> {
         let reliable_rate = self.reliable_rate(input, footprint);
         let cost = footprint.cost + f64::from(reliable.count) * reliable.usd_hr * window / 3600.0;
         let lambda_loss = (1.0 - footprint.survive) * input.app.lambda_seconds;
-        let work = footprint.work + reliable_rate * window - (footprint.rate + reliable_rate) * lambda_loss;
+        let work = footprint.work + reliable_rate * window
+            - (footprint.rate + reliable_rate) * lambda_loss;
         (cost, work.max(0.0))
     }
 
@@ -329,8 +340,15 @@ impl Bidder<'_> {
         for allocation in input.allocations {
             let age = (now - allocation.launched_at).max(0) as f64;
             let count = f64::from(allocation.count);
-            let Some(term) = self.term(input, allocation.pool, allocation.capacity, count, allocation.max_price, age, false)
-            else {
+            let Some(term) = self.term(
+                input,
+                allocation.pool,
+                allocation.capacity,
+                count,
+                allocation.max_price,
+                age,
+                false,
+            ) else {
                 continue;
             };
             current = current.with(&term);
@@ -340,7 +358,15 @@ impl Bidder<'_> {
             let renewal = match (allocation.capacity, boundary) {
                 (CapacityType::Spot, Some(b)) if b - now <= lead => {
                     let renewed_age = (b - allocation.launched_at) as f64;
-                    self.term(input, allocation.pool, allocation.capacity, count, allocation.max_price, renewed_age, false)
+                    self.term(
+                        input,
+                        allocation.pool,
+                        allocation.capacity,
+                        count,
+                        allocation.max_price,
+                        renewed_age,
+                        false,
+                    )
                 }
                 (_, None) | (CapacityType::OnDemand, _) => Some(term),
                 _ => None,
@@ -366,7 +392,11 @@ impl Bidder<'_> {
 
         let required_rate = input.job.deadline.map(|deadline| {
             let left = (deadline - now) as f64;
-            if left <= 0.0 { f64::INFINITY } else { input.job.remaining_work / left }
+            if left <= 0.0 {
+                f64::INFINITY
+            } else {
+                input.job.remaining_work / left
+            }
         });
 
         // releases: renewing must not raise E
@@ -392,8 +422,12 @@ impl Bidder<'_> {
         let mut infeasible = NoFeasiblePool::default();
         let mut candidates: Vec<(usize, CapacityType, Option<f64>)> = Vec::new();
         for (pool, quote) in input.market.quotes.iter().enumerate() {
-            let Some(info) = input.pools.get(pool) else { continue };
-            let Some(on_demand) = info.on_demand_usd_hr else { continue };
+            let Some(info) = input.pools.get(pool) else {
+                continue;
+            };
+            let Some(on_demand) = info.on_demand_usd_hr else {
+                continue;
+            };
             if info.id.capacity != CapacityType::Spot {
                 continue;
             }
@@ -420,7 +454,9 @@ impl Bidder<'_> {
             // on-demand capacity for the transient tier, one per instance type
             let mut seen: Vec<&str> = Vec::new();
             for (pool, info) in input.pools.iter().enumerate() {
-                if info.on_demand_usd_hr.is_some() && !seen.contains(&info.id.instance_type.as_str()) {
+                if info.on_demand_usd_hr.is_some()
+                    && !seen.contains(&info.id.instance_type.as_str())
+                {
                     seen.push(&info.id.instance_type);
                     candidates.push((pool, CapacityType::OnDemand, None));
                 }
@@ -447,18 +483,23 @@ impl Bidder<'_> {
                 // largest count can be best
                 let price = match capacity {
                     CapacityType::Spot => input.market.quotes[pool].price.unwrap_or(f64::INFINITY),
-                    CapacityType::OnDemand => input.pools[pool].on_demand_usd_hr.unwrap_or(f64::INFINITY),
+                    CapacityType::OnDemand => {
+                        input.pools[pool].on_demand_usd_hr.unwrap_or(f64::INFINITY)
+                    }
                 };
                 let mut largest = free.floor();
                 if let Some(cap) = input.job.budget_per_hour_usd {
-                    let room = cap - footprint.spend_per_hour - f64::from(input.reliable.count) * input.reliable.usd_hr;
+                    let room = cap
+                        - footprint.spend_per_hour
+                        - f64::from(input.reliable.count) * input.reliable.usd_hr;
                     largest = largest.min((room / price).floor());
                 }
                 if largest < 1.0 {
                     continue;
                 }
                 for count in [1.0, largest] {
-                    let Some(term) = self.term(input, pool, capacity, count, max_price, 0.0, true) else {
+                    let Some(term) = self.term(input, pool, capacity, count, max_price, 0.0, true)
+                    else {
                         continue;
                     };
                     let next = footprint.with(&term);

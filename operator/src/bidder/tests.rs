@@ -175,7 +175,9 @@ fn says_so_when_no_pool_is_feasible() {
         .price(STABLE, None, true)
         .decide(&model);
     assert!(decision.acquire.is_empty());
-    let reason = decision.no_feasible_pool.expect("no feasible pool reported");
+    let reason = decision
+        .no_feasible_pool
+        .expect("no feasible pool reported");
     assert_eq!(reason.unavailable, 1);
     assert_eq!(reason.unpriced, 1);
     assert!(reason.to_string().contains("no feasible spot pool"));

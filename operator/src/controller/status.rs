@@ -87,6 +87,8 @@ pub struct StatusInput<'a> {
     pub reliable_count: u32,
     /// The job's pods, classified.
     pub pods: &'a [ObservedPod<'a>],
+    /// Pods created by this reconcile (not yet in `pods`).
+    pub creating: usize,
     /// The coordinator's answer.
     pub coordinator: &'a CoordinatorObservation,
     /// Pool changes decided this reconcile (from previous to new counts), for the log.
@@ -400,7 +402,7 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         let was_running = status.phase == Some(Phase::Running);
         status.phase = Some(if was_running {
             Phase::Running
-        } else if input.pods.is_empty() {
+        } else if input.pods.is_empty() && input.creating == 0 {
             Phase::Pending
         } else {
             Phase::Provisioning

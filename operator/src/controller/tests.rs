@@ -8,7 +8,11 @@
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::{Json, Router, extract::State, routing::{get, post}};
+use axum::{
+    Json, Router,
+    extract::State,
+    routing::{get, post},
+};
 use ebbflow_crds::{BidAction, Phase, TrainingJob, TrainingJobStatus};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::{
@@ -19,14 +23,19 @@ use k8s_openapi::{
 use kube::{
     Client, ResourceExt,
     client::Body,
-    runtime::{controller::Action, events::{Recorder, Reporter}},
+    runtime::{
+        controller::Action,
+        events::{Recorder, Reporter},
+    },
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
 use serde_json::{Value, json};
 
 use super::{
-    Config, Context, FINALIZER, capacity::SpecCapacityPlanner, error_policy, reconcile,
+    Config, Context, FINALIZER,
+    capacity::SpecCapacityPlanner,
+    error_policy, reconcile,
     status::{conditions, reasons},
 };
 use crate::{
@@ -67,24 +76,41 @@ fn ok(value: impl serde::Serialize) -> (StatusCode, Value) {
 }
 
 fn list(kind: &str, items: Vec<Value>) -> (StatusCode, Value) {
-    ok(json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}))
+    ok(
+        json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
+    )
 }
 
 impl ClusterState {
-    fn handle(&mut self, method: &str, path: &str, query: &str, body: &[u8]) -> (StatusCode, Value) {
+    fn handle(
+        &mut self,
+        method: &str,
+        path: &str,
+        query: &str,
+        body: &[u8],
+    ) -> (StatusCode, Value) {
         self.requests.push(format!("{method} {path}"));
-        let body: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(body).unwrap() };
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(body).unwrap()
+        };
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method, segments.as_slice()) {
             ("GET", ["api", "v1", "namespaces", _, "pods"]) => {
                 if self.fail_pod_list {
-                    return (StatusCode::INTERNAL_SERVER_ERROR, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "etcd is sad", "reason": "InternalError", "code": 500}));
+                    return (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": "etcd is sad", "reason": "InternalError", "code": 500}),
+                    );
                 }
                 let job = query_label(query, "ebbflow.dev/job");
                 let items = self
                     .pods
                     .values()
-                    .filter(|pod| job.is_none() || pod.labels().get("ebbflow.dev/job") == job.as_ref())
+                    .filter(|pod| {
+                        job.is_none() || pod.labels().get("ebbflow.dev/job") == job.as_ref()
+                    })
                     .map(|pod| serde_json::to_value(pod).unwrap())
                     .collect();
                 list("PodList", items)
@@ -92,61 +118,105 @@ impl ClusterState {
             ("PATCH", ["api", "v1", "namespaces", _, "pods", name]) => {
                 let mut pod: Pod = serde_json::from_value(body).unwrap();
                 let existing = self.pods.get(*name);
-                pod.metadata.creation_timestamp = Some(existing.and_then(|p| p.metadata.creation_timestamp.clone()).unwrap_or(Time(Timestamp::now())));
-                pod.status = existing.and_then(|p| p.status.clone()).or_else(|| serde_json::from_value(json!({"phase": "Pending"})).ok());
+                pod.metadata.creation_timestamp = Some(
+                    existing
+                        .and_then(|p| p.metadata.creation_timestamp.clone())
+                        .unwrap_or(Time(Timestamp::now())),
+                );
+                pod.status = existing
+                    .and_then(|p| p.status.clone())
+                    .or_else(|| serde_json::from_value(json!({"phase": "Pending"})).ok());
                 if let (Some(existing), Some(spec)) = (existing, pod.spec.as_mut()) {
                     spec.node_name = existing.spec.as_ref().and_then(|s| s.node_name.clone());
                 }
                 self.pods.insert((*name).to_owned(), pod.clone());
                 ok(pod)
             }
-            ("DELETE", ["api", "v1", "namespaces", _, "pods", name]) => match self.pods.get_mut(*name) {
-                Some(pod) => {
-                    let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
-                    pod.metadata.deletion_timestamp.get_or_insert(Time(Timestamp::now() + SignedDuration::from_secs(grace)));
-                    ok(pod.clone())
+            ("DELETE", ["api", "v1", "namespaces", _, "pods", name]) => {
+                match self.pods.get_mut(*name) {
+                    Some(pod) => {
+                        let grace = pod
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.termination_grace_period_seconds)
+                            .unwrap_or(30);
+                        pod.metadata.deletion_timestamp.get_or_insert(Time(
+                            Timestamp::now() + SignedDuration::from_secs(grace),
+                        ));
+                        ok(pod.clone())
+                    }
+                    None => not_found(),
                 }
-                None => not_found(),
-            },
-            ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match self.secrets.get(*name) {
-                Some(secret) => ok(secret),
-                None => not_found(),
-            },
+            }
+            ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => {
+                match self.secrets.get(*name) {
+                    Some(secret) => ok(secret),
+                    None => not_found(),
+                }
+            }
             ("PATCH", ["api", "v1", "namespaces", _, "secrets", name]) => {
                 let secret: Secret = serde_json::from_value(body).unwrap();
                 self.secrets.insert((*name).to_owned(), secret.clone());
                 ok(secret)
             }
-            ("DELETE", ["api", "v1", "namespaces", _, "secrets", name]) => match self.secrets.remove(*name) {
-                Some(secret) => ok(secret),
-                None => not_found(),
-            },
+            ("DELETE", ["api", "v1", "namespaces", _, "secrets", name]) => {
+                match self.secrets.remove(*name) {
+                    Some(secret) => ok(secret),
+                    None => not_found(),
+                }
+            }
             ("PATCH", ["api", "v1", "namespaces", _, "services", name]) => {
                 let service: Service = serde_json::from_value(body).unwrap();
                 self.services.insert((*name).to_owned(), service.clone());
                 ok(service)
             }
-            ("DELETE", ["api", "v1", "namespaces", _, "services", name]) => match self.services.remove(*name) {
-                Some(service) => ok(service),
-                None => not_found(),
-            },
+            ("DELETE", ["api", "v1", "namespaces", _, "services", name]) => {
+                match self.services.remove(*name) {
+                    Some(service) => ok(service),
+                    None => not_found(),
+                }
+            }
             ("GET", ["api", "v1", "nodes", name]) => match self.nodes.get(*name) {
                 Some(node) => ok(node),
                 None => not_found(),
             },
-            ("PATCH", ["apis", "ebbflow.dev", "v1alpha1", "namespaces", _, "trainingjobs", _, "status"]) => {
+            (
+                "PATCH",
+                [
+                    "apis",
+                    "ebbflow.dev",
+                    "v1alpha1",
+                    "namespaces",
+                    _,
+                    "trainingjobs",
+                    _,
+                    "status",
+                ],
+            ) => {
                 let job = self.job.as_mut().unwrap();
                 job.status = Some(serde_json::from_value(body["status"].clone()).unwrap());
                 ok(job.clone())
             }
-            ("PATCH", ["apis", "ebbflow.dev", "v1alpha1", "namespaces", _, "trainingjobs", _]) => {
+            (
+                "PATCH",
+                [
+                    "apis",
+                    "ebbflow.dev",
+                    "v1alpha1",
+                    "namespaces",
+                    _,
+                    "trainingjobs",
+                    _,
+                ],
+            ) => {
                 let job = self.job.as_mut().unwrap();
                 for operation in body.as_array().unwrap() {
                     let path = operation["path"].as_str().unwrap();
                     match (operation["op"].as_str().unwrap(), path) {
                         ("test", _) => {}
                         ("add", "/metadata/finalizers") => {
-                            job.metadata.finalizers = serde_json::from_value(operation["value"].clone()).unwrap();
+                            job.metadata.finalizers =
+                                serde_json::from_value(operation["value"].clone()).unwrap();
                         }
                         ("add", "/metadata/finalizers/-") => job
                             .metadata
@@ -184,7 +254,10 @@ fn query_label(query: &str, key: &str) -> Option<String> {
     let selector = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("labelSelector="))?;
-    let decoded = selector.replace("%3D", "=").replace("%2C", ",").replace("%2F", "/");
+    let decoded = selector
+        .replace("%3D", "=")
+        .replace("%2C", ",")
+        .replace("%2F", "/");
     decoded
         .split(',')
         .find_map(|term| term.strip_prefix(&format!("{key}=")).map(str::to_owned))
@@ -204,18 +277,25 @@ type SharedCoordinator = Arc<Mutex<CoordinatorState>>;
 
 async fn serve_coordinator(state: SharedCoordinator) -> SocketAddr {
     let app = Router::new()
-        .route("/v1/status", get(|State(s): State<SharedCoordinator>| async move { Json(s.lock().status.clone()) }))
+        .route(
+            "/v1/status",
+            get(|State(s): State<SharedCoordinator>| async move { Json(s.lock().status.clone()) }),
+        )
         .route(
             "/v1/notices",
-            post(|State(s): State<SharedCoordinator>, Json(notice): Json<NoticeRequest>| async move {
-                s.lock().notices.push(notice);
-            }),
+            post(
+                |State(s): State<SharedCoordinator>, Json(notice): Json<NoticeRequest>| async move {
+                    s.lock().notices.push(notice);
+                },
+            ),
         )
         .route(
             "/v1/stop",
-            post(|State(s): State<SharedCoordinator>, Json(stop): Json<StopRequest>| async move {
-                s.lock().stops.push(stop);
-            }),
+            post(
+                |State(s): State<SharedCoordinator>, Json(stop): Json<StopRequest>| async move {
+                    s.lock().stops.push(stop);
+                },
+            ),
         )
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -256,8 +336,15 @@ impl Scenario {
         Self::with_coordinator_at(job, SharedCoordinator::default(), address)
     }
 
-    fn with_coordinator_at(job: TrainingJob, coordinator: SharedCoordinator, address: SocketAddr) -> Self {
-        let cluster = Arc::new(Mutex::new(ClusterState { job: Some(job), ..ClusterState::default() }));
+    fn with_coordinator_at(
+        job: TrainingJob,
+        coordinator: SharedCoordinator,
+        address: SocketAddr,
+    ) -> Self {
+        let cluster = Arc::new(Mutex::new(ClusterState {
+            job: Some(job),
+            ..ClusterState::default()
+        }));
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let served = cluster.clone();
         tokio::spawn(async move {
@@ -291,7 +378,12 @@ impl Scenario {
             CoordinatorClient::new(Duration::from_secs(2)).unwrap(),
             Arc::new(SpecCapacityPlanner),
         );
-        Self { cluster, coordinator, ctx: Arc::new(ctx), registry }
+        Self {
+            cluster,
+            coordinator,
+            ctx: Arc::new(ctx),
+            registry,
+        }
     }
 
     async fn reconcile(&self) -> Result<Action, super::Error> {
@@ -320,7 +412,9 @@ impl Scenario {
 
     fn condition(&self, type_: &str) -> (String, String, String) {
         let status = self.status();
-        let c = status.condition(type_).unwrap_or_else(|| panic!("no {type_} condition"));
+        let c = status
+            .condition(type_)
+            .unwrap_or_else(|| panic!("no {type_} condition"));
         (c.status.clone(), c.reason.clone(), c.message.clone())
     }
 
@@ -334,12 +428,22 @@ impl Scenario {
     /// Pods not being deleted, by name.
     fn live_pods(&self) -> Vec<String> {
         let cluster = self.cluster.lock();
-        cluster.pods.values().filter(|p| p.metadata.deletion_timestamp.is_none()).map(|p| p.name_any()).collect()
+        cluster
+            .pods
+            .values()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect()
     }
 
     fn deleting_pods(&self) -> Vec<String> {
         let cluster = self.cluster.lock();
-        cluster.pods.values().filter(|p| p.metadata.deletion_timestamp.is_some()).map(|p| p.name_any()).collect()
+        cluster
+            .pods
+            .values()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .map(|p| p.name_any())
+            .collect()
     }
 
     fn pod(&self, name: &str) -> Pod {
@@ -357,22 +461,36 @@ impl Scenario {
                 continue;
             }
             pod.spec.as_mut().unwrap().node_name = Some(node_name.clone());
-            pod.status = serde_json::from_value(json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})).ok();
-            let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap();
+            pod.status = serde_json::from_value(
+                json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
+            )
+            .ok();
+            let node: Node =
+                serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap();
             cluster.nodes.entry(node_name).or_insert(node);
         }
     }
 
     /// The kubelet finishes every graceful deletion.
     fn finish_deletions(&self) {
-        self.cluster.lock().pods.retain(|_, pod| pod.metadata.deletion_timestamp.is_none());
+        self.cluster
+            .lock()
+            .pods
+            .retain(|_, pod| pod.metadata.deletion_timestamp.is_none());
     }
 
     fn taint_node_of(&self, pod: &str, key: &str, added: Timestamp) {
         let mut cluster = self.cluster.lock();
         let node = cluster.nodes.get_mut(&format!("node-{pod}")).unwrap();
-        let taint = serde_json::from_value(json!({"key": key, "effect": "NoSchedule", "timeAdded": Time(added)})).unwrap();
-        node.spec.get_or_insert_with(Default::default).taints.get_or_insert_with(Vec::new).push(taint);
+        let taint = serde_json::from_value(
+            json!({"key": key, "effect": "NoSchedule", "timeAdded": Time(added)}),
+        )
+        .unwrap();
+        node.spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new)
+            .push(taint);
     }
 
     fn remove_node_of(&self, pod: &str) {
@@ -384,11 +502,22 @@ impl Scenario {
     }
 
     fn event_reasons(&self) -> Vec<String> {
-        self.cluster.lock().events.iter().map(|(_, reason, _)| reason.clone()).collect()
+        self.cluster
+            .lock()
+            .events
+            .iter()
+            .map(|(_, reason, _)| reason.clone())
+            .collect()
     }
 
     fn events_with_reason(&self, reason: &str) -> Vec<RecordedEvent> {
-        self.cluster.lock().events.iter().filter(|(_, r, _)| r == reason).cloned().collect()
+        self.cluster
+            .lock()
+            .events
+            .iter()
+            .filter(|(_, r, _)| r == reason)
+            .cloned()
+            .collect()
     }
 
     fn notices(&self) -> Vec<NoticeRequest> {
@@ -406,12 +535,17 @@ impl Scenario {
             })
             .filter(|(_, metric)| {
                 label.is_none_or(|(key, value)| {
-                    metric.get_label().iter().any(|pair| pair.name() == key && pair.value() == value)
+                    metric
+                        .get_label()
+                        .iter()
+                        .any(|pair| pair.name() == key && pair.value() == value)
                 })
             })
             .map(|(kind, metric)| match kind {
                 prometheus::proto::MetricType::COUNTER => metric.get_counter().get_value(),
-                prometheus::proto::MetricType::HISTOGRAM => metric.get_histogram().get_sample_count() as f64,
+                prometheus::proto::MetricType::HISTOGRAM => {
+                    metric.get_histogram().get_sample_count() as f64
+                }
                 _ => metric.get_gauge().get_value(),
             })
             .sum()
@@ -432,10 +566,12 @@ impl Scenario {
 
 /// A job with a transient tier of `max_nodes` in c5.xlarge across `zones`.
 fn spot_job(name: &str, max_nodes: u32, zones: &[&str]) -> TrainingJob {
-    TrainingJob::test(name).with_transient(max_nodes).with_spec(|spec| {
-        spec.transient.instance_types = vec!["c5.xlarge".to_owned()];
-        spec.transient.zones = zones.iter().map(|z| (*z).to_owned()).collect();
-    })
+    TrainingJob::test(name)
+        .with_transient(max_nodes)
+        .with_spec(|spec| {
+            spec.transient.instance_types = vec!["c5.xlarge".to_owned()];
+            spec.transient.zones = zones.iter().map(|z| (*z).to_owned()).collect();
+        })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,7 +580,11 @@ fn spot_job(name: &str, max_nodes: u32, zones: &[&str]) -> TrainingJob {
 #[tokio::test]
 async fn create_adds_finalizer_then_secret_service_and_reliable_pods() {
     let scenario = Scenario::new(TrainingJob::test("mf").with_reliable(2)).await;
-    assert_eq!(scenario.settle().await, Action::await_change(), "finalizer first");
+    assert_eq!(
+        scenario.settle().await,
+        Action::await_change(),
+        "finalizer first"
+    );
     assert_eq!(scenario.job().finalizers(), [FINALIZER]);
     assert!(scenario.live_pods().is_empty());
 
@@ -453,7 +593,9 @@ async fn create_adds_finalizer_then_secret_service_and_reliable_pods() {
     let token = {
         let cluster = scenario.cluster.lock();
         assert!(cluster.services.contains_key("mf-coordinator"));
-        cluster.secrets["mf-token"].data.as_ref().unwrap()["token"].0.clone()
+        cluster.secrets["mf-token"].data.as_ref().unwrap()["token"]
+            .0
+            .clone()
     };
     assert_eq!(token.len(), 64, "256-bit hex token");
     assert_eq!(scenario.status().phase, Some(Phase::Provisioning));
@@ -463,28 +605,52 @@ async fn create_adds_finalizer_then_secret_service_and_reliable_pods() {
 
     // Applying again keeps the token and creates nothing new.
     scenario.settle().await;
-    let again = scenario.cluster.lock().secrets["mf-token"].data.as_ref().unwrap()["token"].0.clone();
+    let again = scenario.cluster.lock().secrets["mf-token"]
+        .data
+        .as_ref()
+        .unwrap()["token"]
+        .0
+        .clone();
     assert_eq!(again, token);
     assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-r-1"]);
-    assert_eq!(scenario.metric("ebbflow_operator_pods_created_total", Some(("tier", "reliable"))), 2.0);
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_pods_created_total",
+            Some(("tier", "reliable"))
+        ),
+        2.0
+    );
 }
 
 #[tokio::test]
 async fn scale_up_creates_transient_pods_in_the_decided_pool() {
     let scenario = Scenario::running(spot_job("mf", 3, &["us-east-1a"])).await;
-    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2"]);
+    assert_eq!(
+        scenario.live_pods(),
+        ["mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2"]
+    );
     let pod = scenario.pod("mf-t-0");
     let selector = pod.spec.as_ref().unwrap().node_selector.clone().unwrap();
     assert_eq!(selector["karpenter.sh/capacity-type"], "spot");
     assert_eq!(selector["topology.kubernetes.io/zone"], "us-east-1a");
     let nodes = scenario.status().nodes.unwrap();
     assert_eq!((nodes.reliable, nodes.transient), (1, 3));
-    assert_eq!(scenario.condition(conditions::READY).1, reasons::COORDINATOR_READY);
+    assert_eq!(
+        scenario.condition(conditions::READY).1,
+        reasons::COORDINATOR_READY
+    );
 
     scenario.change_spec(|spec| spec.transient.max_nodes = 5);
     let action = scenario.settle().await;
-    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2", "mf-t-3", "mf-t-4"]);
-    assert_eq!(action, Action::requeue(Duration::from_secs(10)), "provisioning requeue");
+    assert_eq!(
+        scenario.live_pods(),
+        ["mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2", "mf-t-3", "mf-t-4"]
+    );
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(10)),
+        "provisioning requeue"
+    );
     let decisions = scenario.status().recent_decisions;
     let last = decisions.last().unwrap();
     assert_eq!((last.action, last.count), (BidAction::Acquire, 2));
@@ -494,7 +660,8 @@ async fn scale_up_creates_transient_pods_in_the_decided_pool() {
 #[tokio::test]
 async fn partial_eviction_notifies_the_coordinator_and_replaces_capacity() {
     let scenario = Scenario::running(spot_job("mf", 4, &["us-east-1a"])).await;
-    let tainted_at = Timestamp::now();
+    // Taints carry whole seconds.
+    let tainted_at = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
     scenario.taint_node_of("mf-t-1", NTH_SPOT_ITN_TAINT, tainted_at);
     scenario.taint_node_of("mf-t-3", NTH_SPOT_ITN_TAINT, tainted_at);
     scenario.settle().await;
@@ -506,9 +673,20 @@ async fn partial_eviction_notifies_the_coordinator_and_replaces_capacity() {
     let leaves_at: Timestamp = notices[0].leaves_at.parse().unwrap();
     assert_eq!(leaves_at, tainted_at + SignedDuration::from_secs(120));
     assert_eq!(scenario.status().evictions, 2);
-    assert_eq!(scenario.metric("ebbflow_operator_notice_lead_seconds", Some(("source", "AwsNodeTerminationHandler"))), 2.0);
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_notice_lead_seconds",
+            Some(("source", "AwsNodeTerminationHandler"))
+        ),
+        2.0
+    );
     // Replacements come up while the noticed pods drain; nothing is deleted early.
-    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2", "mf-t-3", "mf-t-4", "mf-t-5"]);
+    assert_eq!(
+        scenario.live_pods(),
+        [
+            "mf-r-0", "mf-t-0", "mf-t-1", "mf-t-2", "mf-t-3", "mf-t-4", "mf-t-5"
+        ]
+    );
     assert_eq!(scenario.events_with_reason("EvictionNotice").len(), 2);
 
     // Seen again: no duplicate delivery, no double count.
@@ -526,14 +704,33 @@ async fn full_eviction_moves_the_transient_tier_to_another_pool() {
     }
     scenario.settle().await;
     assert_eq!(scenario.notices().len(), 2);
-    assert!(scenario.notices().iter().all(|n| n.source == "KarpenterDisruption"));
-    let new_zone = |name: &str| scenario.pod(name).spec.unwrap().node_selector.unwrap()["topology.kubernetes.io/zone"].clone();
+    assert!(
+        scenario
+            .notices()
+            .iter()
+            .all(|n| n.source == "KarpenterDisruption")
+    );
+    let new_zone = |name: &str| {
+        scenario.pod(name).spec.unwrap().node_selector.unwrap()["topology.kubernetes.io/zone"]
+            .clone()
+    };
     assert_eq!(new_zone("mf-t-2"), "us-east-1b");
     assert_eq!(new_zone("mf-t-3"), "us-east-1b");
     let decisions = scenario.status().recent_decisions;
-    let tail: Vec<(BidAction, String)> = decisions.iter().rev().take(2).map(|d| (d.action, d.pool.clone().unwrap().zone)).collect();
-    assert!(tail.contains(&(BidAction::Release, "us-east-1a".to_owned())), "{tail:?}");
-    assert!(tail.contains(&(BidAction::Acquire, "us-east-1b".to_owned())), "{tail:?}");
+    let tail: Vec<(BidAction, String)> = decisions
+        .iter()
+        .rev()
+        .take(2)
+        .map(|d| (d.action, d.pool.clone().unwrap().zone))
+        .collect();
+    assert!(
+        tail.contains(&(BidAction::Release, "us-east-1a".to_owned())),
+        "{tail:?}"
+    );
+    assert!(
+        tail.contains(&(BidAction::Acquire, "us-east-1b".to_owned())),
+        "{tail:?}"
+    );
     assert_eq!(decisions.last().unwrap().reason, "Eviction");
 }
 
@@ -545,14 +742,26 @@ async fn node_deleted_without_notice_replaces_the_pod_and_degrades() {
 
     let notices = scenario.notices();
     assert_eq!(notices.len(), 1);
-    assert_eq!((notices[0].instance.as_str(), notices[0].source.as_str()), ("mf-t-0", "NodeGone"));
+    assert_eq!(
+        (notices[0].instance.as_str(), notices[0].source.as_str()),
+        ("mf-t-0", "NodeGone")
+    );
     assert_eq!(scenario.deleting_pods(), ["mf-t-0"]);
     assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-1", "mf-t-2"]);
     let (degraded, reason, message) = scenario.condition(conditions::DEGRADED);
-    assert_eq!((degraded.as_str(), reason.as_str()), ("True", reasons::NODE_LOST));
+    assert_eq!(
+        (degraded.as_str(), reason.as_str()),
+        ("True", reasons::NODE_LOST)
+    );
     assert!(message.contains("mf-t-0"));
     assert_eq!(scenario.events_with_reason(reasons::NODE_LOST).len(), 1);
-    assert_eq!(scenario.metric("ebbflow_operator_pods_deleted_total", Some(("reason", "Replace"))), 1.0);
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_pods_deleted_total",
+            Some(("reason", "Replace"))
+        ),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -572,7 +781,10 @@ async fn suspend_releases_every_pod_after_telling_the_coordinator() {
     scenario.finish_deletions();
     scenario.settle().await;
     assert_eq!(scenario.status().evictions, 0);
-    assert!(scenario.cluster.lock().secrets.contains_key("mf-token"), "state to resume from");
+    assert!(
+        scenario.cluster.lock().secrets.contains_key("mf-token"),
+        "state to resume from"
+    );
 }
 
 #[tokio::test]
@@ -590,7 +802,11 @@ async fn resume_recreates_the_reliable_tier() {
     assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0"]);
     assert_eq!(scenario.condition(conditions::SUSPENDED).0, "False");
     assert!(scenario.event_reasons().contains(&"Resumed".to_owned()));
-    assert_eq!(scenario.cluster.lock().secrets["mf-token"], token, "same token after resume");
+    assert_eq!(
+        scenario.cluster.lock().secrets["mf-token"],
+        token,
+        "same token after resume"
+    );
     scenario.schedule_and_start_pods();
     scenario.settle().await;
     assert_eq!(scenario.status().phase, Some(Phase::Running));
@@ -613,7 +829,13 @@ async fn delete_cleans_up_everything_and_releases_the_finalizer() {
     assert!(scenario.job().finalizers().is_empty(), "finalizer removed");
     assert_eq!(scenario.coordinator.lock().stops[0].reason, "Deleted");
     assert!(scenario.event_reasons().contains(&"CleanedUp".to_owned()));
-    assert_eq!(scenario.metric("ebbflow_operator_pods_deleted_total", Some(("reason", "Cleanup"))), 3.0);
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_pods_deleted_total",
+            Some(("reason", "Cleanup"))
+        ),
+        3.0
+    );
 }
 
 #[tokio::test]
@@ -630,14 +852,25 @@ async fn delete_before_anything_was_applied_is_clean() {
 
 #[tokio::test]
 async fn invalid_spec_sets_condition_and_one_event_without_retrying() {
-    let scenario = Scenario::new(TrainingJob::test("bad").with_transient_range(5, 2).with_finalizer(FINALIZER)).await;
+    let scenario = Scenario::new(
+        TrainingJob::test("bad")
+            .with_transient_range(5, 2)
+            .with_finalizer(FINALIZER),
+    )
+    .await;
     let action = scenario.settle().await;
     assert_eq!(action, Action::await_change(), "no hot retry loop");
     let (valid, reason, message) = scenario.condition(conditions::VALID);
-    assert_eq!((valid.as_str(), reason.as_str()), ("False", reasons::INVALID_SPEC));
+    assert_eq!(
+        (valid.as_str(), reason.as_str()),
+        ("False", reasons::INVALID_SPEC)
+    );
     assert!(message.contains("spec.transient.minNodes"), "{message}");
     assert_eq!(scenario.status().phase, Some(Phase::Failed));
-    assert!(scenario.live_pods().is_empty(), "nothing is created from an invalid spec");
+    assert!(
+        scenario.live_pods().is_empty(),
+        "nothing is created from an invalid spec"
+    );
     let events = scenario.events_with_reason(reasons::INVALID_SPEC);
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0, "Warning");
@@ -660,15 +893,38 @@ async fn coordinator_unreachable_is_degraded_with_backoff() {
     let first = scenario.settle().await;
     assert_eq!(first, Action::requeue(Duration::from_secs(5)));
     let (degraded, reason, message) = scenario.condition(conditions::DEGRADED);
-    assert_eq!((degraded.as_str(), reason.as_str()), ("True", reasons::COORDINATOR_UNREACHABLE));
+    assert_eq!(
+        (degraded.as_str(), reason.as_str()),
+        ("True", reasons::COORDINATOR_UNREACHABLE)
+    );
     assert!(message.contains("127.0.0.1"), "{message}");
-    assert_eq!(scenario.live_pods(), ["mf-r-0"], "children are still applied");
+    assert_eq!(
+        scenario.live_pods(),
+        ["mf-r-0"],
+        "children are still applied"
+    );
     let second = scenario.settle().await;
-    assert_eq!(second, Action::requeue(Duration::from_secs(10)), "backoff doubles");
+    assert_eq!(
+        second,
+        Action::requeue(Duration::from_secs(10)),
+        "backoff doubles"
+    );
     let third = scenario.settle().await;
     assert_eq!(third, Action::requeue(Duration::from_secs(20)));
-    assert_eq!(scenario.events_with_reason(reasons::COORDINATOR_UNREACHABLE).len(), 1, "one event per transition");
-    assert_eq!(scenario.metric("ebbflow_operator_coordinator_requests_total", Some(("outcome", "error"))), 3.0);
+    assert_eq!(
+        scenario
+            .events_with_reason(reasons::COORDINATOR_UNREACHABLE)
+            .len(),
+        1,
+        "one event per transition"
+    );
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_coordinator_requests_total",
+            Some(("outcome", "error"))
+        ),
+        3.0
+    );
 }
 
 #[tokio::test]
@@ -681,7 +937,10 @@ async fn finished_training_succeeds_and_releases_nodes() {
     });
     scenario.settle().await;
     assert_eq!(scenario.status().phase, Some(Phase::Succeeded));
-    assert_eq!(scenario.condition(conditions::SUCCEEDED).1, "IterationsReached");
+    assert_eq!(
+        scenario.condition(conditions::SUCCEEDED).1,
+        "IterationsReached"
+    );
     assert_eq!(scenario.status().iteration, Some(10));
     assert!(scenario.live_pods().is_empty());
     assert!(scenario.event_reasons().contains(&"Succeeded".to_owned()));
@@ -694,10 +953,20 @@ async fn api_errors_back_off_per_job_and_are_counted_by_category() {
     let error = scenario.reconcile().await.unwrap_err();
     assert_eq!(error.category(), "Kubernetes");
     assert!(error.to_string().contains("list pods"), "{error}");
-    assert_eq!(scenario.metric("ebbflow_operator_reconcile_errors_total", Some(("category", "Kubernetes"))), 1.0);
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_reconcile_errors_total",
+            Some(("category", "Kubernetes"))
+        ),
+        1.0
+    );
     let job = Arc::new(scenario.job());
     let next = error_policy(job, &error, scenario.ctx.clone());
-    assert_eq!(next, Action::requeue(Duration::from_secs(10)), "second failure waits longer");
+    assert_eq!(
+        next,
+        Action::requeue(Duration::from_secs(10)),
+        "second failure waits longer"
+    );
 }
 
 #[tokio::test]

@@ -428,6 +428,8 @@ fn csv_error(file: &str, error: &csv::Error) -> TraceError {
 #[derive(Default)]
 struct SeriesBuilder {
     pools: BTreeMap<(String, String), (Option<f64>, Vec<Sample>)>,
+    /// A repeated timestamp replaces the previous sample instead of being an error.
+    replace_repeated: bool,
 }
 
 impl SeriesBuilder {
@@ -440,6 +442,16 @@ impl SeriesBuilder {
         on_demand: Option<f64>,
     ) -> Result<(), TraceError> {
         let entry = self.pools.entry(key.clone()).or_default();
+        if self.replace_repeated
+            && let Some(last) = entry.1.last_mut()
+            && last.at == sample.at
+        {
+            *last = sample;
+            if on_demand.is_some() {
+                entry.0 = on_demand;
+            }
+            return Ok(());
+        }
         if let Some(last) = entry.1.last()
             && last.at >= sample.at
         {
@@ -543,9 +555,14 @@ fn parse_spotlake(file: &str, text: &str) -> Result<Market, TraceError> {
         let instance_type = row.text(1)?.to_string();
         let zone = row.text(3)?.to_string();
         let on_demand = row.price(6)?;
+        // SpotLake writes -1 where its collector got no price: a gap, not a price
+        let price = match row.text(7)? {
+            "-1" | "-1.0" => None,
+            _ => Some(row.price(7)?),
+        };
         let sample = Sample {
             at,
-            price: Some(row.price(7)?),
+            price,
             available: true,
         };
         builder.push(
@@ -581,7 +598,11 @@ pub fn gcp_vcpus(machine_type: &str) -> Option<f64> {
 }
 
 fn parse_gcp(file: &str, text: &str) -> Result<Market, TraceError> {
-    let mut builder = SeriesBuilder::default();
+    // two source commits can carry the same snapshot timestamp: the later row wins
+    let mut builder = SeriesBuilder {
+        replace_repeated: true,
+        ..SeriesBuilder::default()
+    };
     let mut vcpus_of: BTreeMap<String, f64> = BTreeMap::new();
     let mut on_demand_history: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
     for_each_row(file, text, |row| {
@@ -638,9 +659,13 @@ fn parse_advisor(file: &str, text: &str) -> Result<AdvisorTable, TraceError> {
                 "not an interruption band (<5%, 5-10%, 10-15%, 15-20%, >20%)",
             )
         })?;
-        let savings_pct = row.number(4)?;
-        if savings_pct > 100.0 {
-            return Err(row.error(4, "savings above 100%"));
+        // negative savings are real: some spot prices sit above on-demand
+        let savings_pct: f64 = row
+            .text(4)?
+            .parse()
+            .map_err(|_| row.error(4, "not a number"))?;
+        if !savings_pct.is_finite() || savings_pct > 100.0 {
+            return Err(row.error(4, "savings must be a number up to 100"));
         }
         entries.push(AdvisorEntry {
             region: row.text(0)?.to_string(),
@@ -855,6 +880,16 @@ mod tests {
         let text = "snapshot_utc,source_commit,region,machine_type,on_demand_usd_hr,spot_usd_hr\n\
                     2022-02-09T23:07:12Z,d4890e9324,europe-west4,a2-highgpu-1g,3.622044,\n\
                     2022-02-16T23:07:12Z,d4890e9325,europe-west4,a2-highgpu-1g,3.622044,1.1\n";
+        let repeated = format!(
+            "{text}2022-02-16T23:07:12Z,d4890e9326,europe-west4,a2-highgpu-1g,3.622044,1.2\n"
+        );
+        let m = market(parse_trace("g.csv", &repeated, &ReadOptions::default()).unwrap());
+        assert_eq!(m.pools[0].samples.len(), 2);
+        assert_eq!(
+            m.pools[0].samples[1].price,
+            Some(1.2),
+            "a repeated snapshot replaces the earlier row"
+        );
         let m = market(parse_trace("g.csv", text, &ReadOptions::default()).unwrap());
         let pool = &m.pools[0];
         assert_eq!(pool.info.vcpus, 12.0);
@@ -928,6 +963,16 @@ mod tests {
         );
         assert!(message.contains("abc"), "{message}");
 
+        let sentinel = text.replace("abc", "-1.0");
+        let TraceFile::Market(m) =
+            parse_trace("gap.csv", &sentinel, &ReadOptions::default()).unwrap()
+        else {
+            panic!("market expected")
+        };
+        assert_eq!(m.pools[0].samples[1].price, None, "SpotLake's -1 is a gap");
+        let negative = text.replace("abc", "-2.5");
+        assert!(parse_trace("neg.csv", &negative, &ReadOptions::default()).is_err());
+
         let zero = text.replace("abc", "0");
         let err = parse_trace("zero.csv", &zero, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().contains("positive"), "{err}");
@@ -965,5 +1010,52 @@ mod tests {
         assert_eq!(*line, 3);
         assert!(*column > 40, "{err}");
         assert!(err.to_string().contains("SpotPrice"), "{err}");
+    }
+
+    /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
+    /// the repository.
+    fn spot_data() -> std::path::PathBuf {
+        std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+            std::path::PathBuf::from,
+        )
+    }
+
+    #[test]
+    fn every_shared_trace_is_recognised_by_content() {
+        let dir = spot_data();
+        let read = |name: &str| {
+            read_trace(&dir.join(name), &ReadOptions::default()).unwrap_or_else(|e| {
+                panic!("{e} (set EBBFLOW_SPOT_DATA to the shared spot data directory)")
+            })
+        };
+        let p3 = market(read(
+            "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv",
+        ));
+        assert_eq!(p3.pools.len(), 9);
+        assert!(
+            p3.pools
+                .iter()
+                .all(|p| p.samples.len() == 9778 && p.has_availability)
+        );
+        let spotlake = market(read("aws_spotlake_hourly_2024-01_5regions.csv"));
+        assert_eq!(spotlake.pools.len(), 72);
+        assert!(spotlake.pools.iter().all(|p| p.samples.len() == 744));
+        let gcp = market(read("gcp_spot_on_demand_price_history_2022-2026.csv"));
+        assert!(gcp.pools.len() >= 40, "{}", gcp.pools.len());
+        assert!(
+            gcp.pools
+                .iter()
+                .all(|p| p.info.on_demand_usd_hr.is_some() && p.info.vcpus >= 8.0)
+        );
+        assert!(
+            matches!(read("aws_spot_advisor_linux_snapshot.csv"), TraceFile::Advisor(a) if a.entries.len() == 14_962)
+        );
+        assert!(
+            matches!(read("aws_on_demand_prices_us-east-1.csv"), TraceFile::OnDemand(t) if t.prices.len() > 1000)
+        );
+        assert!(
+            matches!(read("aws_instance_specs.csv"), TraceFile::Specs(t) if t.specs.len() == 929)
+        );
     }
 }

@@ -7,7 +7,8 @@
 //!   becomes unavailable or its price rises above the slot's price) follows within an hour:
 //!   a necessary condition for refunded compute under `aws` (interrupted in the first hour)
 //!   and `aws-hourly-2016` (evicted partial hour); never under `gcp` or `fixed`;
-//! - otherwise a slot's work costs at least the cheapest price per work of any buyable pool;
+//! - otherwise a slot's work costs at least the cheapest price per work of any buyable pool
+//!   or of on-demand capacity;
 //! - every slot offers `cluster_size` instances at the highest per-instance rate of any pool,
 //!   with no σ, no λ, and reliable nodes always working;
 //! - work may be split across slots freely (fractional knapsack: free slots first, then the
@@ -133,7 +134,8 @@ pub(super) fn lower_bound(ctx: &Context<'_>, costs: &SlotCosts, start_slot: usiz
     let mut best: Option<RunResult> = None;
     let mut d_a = fastest;
     loop {
-        let reliable_cost = reliable_usd_per_slot * d_a as f64;
+        // a job that touches d slots ran for more than d − 1 of them
+        let reliable_cost = reliable_usd_per_slot * (d_a - 1) as f64;
         if best.as_ref().is_some_and(|b| reliable_cost >= b.cost_usd) {
             break;
         }

@@ -9,6 +9,7 @@
 //! instances; the AgileML ones also keep the reliable tier (`reliable_count` on-demand
 //! instances of the reference type).
 
+pub mod cli;
 pub mod grid;
 pub mod hindsight;
 pub mod report;

@@ -684,3 +684,44 @@ async fn an_unreachable_endpoint_is_a_retryable_connection_error_without_secrets
     );
     assert_eq!(format_price("p", 2.0).unwrap(), "2");
 }
+
+#[tokio::test]
+async fn spot_request_status_reports_interruptions() {
+    let body = r#"<?xml version="1.0" encoding="UTF-8"?>
+<DescribeSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+  <requestId>1</requestId>
+  <spotInstanceRequestSet>
+    <item>
+      <spotInstanceRequestId>sir-1a2b3c4d</spotInstanceRequestId>
+      <spotPrice>1.25</spotPrice>
+      <type>one-time</type>
+      <state>active</state>
+      <status>
+        <code>marked-for-termination</code>
+        <updateTime>2026-11-22T05:10:00.000Z</updateTime>
+        <message>Your Spot Instance is marked for termination.</message>
+      </status>
+      <instanceId>i-1</instanceId>
+    </item>
+  </spotInstanceRequestSet>
+</DescribeSpotInstanceRequestsResponse>"#;
+    let (ec2, recorder) = replay(&[(200, body)]);
+    let statuses = ec2.spot_requests(&["i-1".to_owned()]).await.unwrap();
+    let sent = &recorder.requests()[0];
+    assert_eq!(sent["Action"], "DescribeSpotInstanceRequests");
+    assert_eq!(sent["Filter.1.Name"], "instance-id");
+    assert_eq!(sent["Filter.1.Value.1"], "i-1");
+    assert_eq!(statuses.len(), 1);
+    let status = &statuses[0];
+    assert_eq!(status.request_id, "sir-1a2b3c4d");
+    assert_eq!(status.instance_id.as_deref(), Some("i-1"));
+    assert_eq!(status.state.as_deref(), Some("active"));
+    assert!(status.is_interrupted());
+    assert_eq!(
+        status.updated,
+        Some(Utc.with_ymd_and_hms(2026, 11, 22, 5, 10, 0).unwrap())
+    );
+    let (ec2, recorder) = replay(&[]);
+    assert!(ec2.spot_requests(&[]).await.unwrap().is_empty());
+    assert!(recorder.requests().is_empty());
+}

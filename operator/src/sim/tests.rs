@@ -1,0 +1,202 @@
+//! Small seeded studies asserting invariants (no hard-coded figures).
+
+use super::*;
+use crate::market::trace::{ReadOptions, TraceFile, read_trace};
+use crate::market::{GapPolicy, PoolId, PoolInfo, PoolSeries, Sample};
+
+/// Three pools over ten days, sampled every 3 minutes: a cheap pool that churns in and out of
+/// availability with pseudo-random run lengths, a mid-priced pool whose price steps, and a
+/// dear, stable pool.
+fn synthetic_market() -> Market {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let ticks = 10 * 24 * 20;
+    let mut churny = Vec::new();
+    let mut up = true;
+    let mut left = 0;
+    for tick in 0..ticks {
+        if left == 0 {
+            up = !up;
+            left = if up { 5 + next() % 40 } else { 1 + next() % 10 };
+        }
+        left -= 1;
+        churny.push(Sample {
+            at: tick * 180,
+            price: Some(0.30),
+            available: up,
+        });
+    }
+    let stepping: Vec<Sample> = (0..ticks)
+        .map(|tick| Sample {
+            at: tick * 180,
+            price: Some(if (tick / 100) % 3 == 0 { 0.55 } else { 0.40 }),
+            available: true,
+        })
+        .collect();
+    let stable: Vec<Sample> = (0..ticks)
+        .map(|tick| Sample {
+            at: tick * 180,
+            price: Some(0.6),
+            available: true,
+        })
+        .collect();
+    let pool = |zone: &str, samples: Vec<Sample>| PoolSeries {
+        info: PoolInfo {
+            id: PoolId {
+                instance_type: "c5.xlarge".into(),
+                zone: zone.into(),
+                capacity: CapacityType::Spot,
+            },
+            vcpus: 4.0,
+            memory_gib: None,
+            on_demand_usd_hr: Some(1.0),
+        },
+        samples,
+        has_availability: true,
+    };
+    Market {
+        source: "synthetic".into(),
+        gap: GapPolicy::for_interval(180),
+        pools: vec![pool("a", churny), pool("b", stepping), pool("c", stable)],
+    }
+}
+
+fn small_config(billing: BillingModel) -> SimConfig {
+    SimConfig {
+        starts: 12,
+        seed: 7,
+        job_hours: vec![2.0, 6.0],
+        cluster_size: 8,
+        billing,
+        eviction: EvictionConfig {
+            max_horizon_seconds: 6.0 * 3600.0,
+            ..EvictionConfig::default()
+        },
+        threads: 2,
+        ..SimConfig::default()
+    }
+}
+
+fn check_invariants(study: &Study, config: &SimConfig) {
+    assert_eq!(study.starts.len(), config.starts * config.job_hours.len());
+    let index = |s: Strategy| Strategy::ALL.iter().position(|x| *x == s).unwrap();
+    for start in &study.starts {
+        assert_eq!(start.runs.len(), Strategy::ALL.len());
+        assert_eq!(start.runs[index(Strategy::OnDemandOnly)], start.baseline);
+        let bound = start.runs[index(Strategy::Hindsight)].cost_usd;
+        for (strategy, run) in Strategy::ALL.iter().zip(&start.runs) {
+            assert!(run.cost_usd.is_finite() && run.cost_usd >= 0.0, "{strategy:?} {run:?}");
+            assert!(run.runtime_seconds > 0.0, "{strategy:?} {run:?}");
+            assert!(run.on_demand_hours >= 0.0 && run.paid_spot_hours >= 0.0 && run.free_hours >= 0.0);
+            if config.billing == BillingModel::Gcp {
+                assert_eq!(run.free_hours, 0.0, "{strategy:?}: gcp never refunds");
+            }
+            // the bound holds for every strategy with a reliable tier
+            if matches!(strategy, Strategy::StandardAgileMl | Strategy::BidBrainAgileMl | Strategy::OnDemandOnly) {
+                assert!(bound <= run.cost_usd * (1.0 + 1e-9), "{strategy:?} {run:?} below the bound {bound}");
+            }
+        }
+        // no spot strategy runs faster than its transient capacity allows (φ < 1, σ > 0)
+        let spot = &start.runs[index(Strategy::BidBrainAgileMl)];
+        assert!(spot.runtime_seconds >= start.baseline.runtime_seconds * 0.5);
+    }
+    let summaries = report::summarize(study);
+    let od = summaries.iter().find(|s| s.strategy == Strategy::OnDemandOnly).unwrap();
+    assert!((od.cost_relative - 1.0).abs() < 1e-12 && (od.runtime_relative - 1.0).abs() < 1e-12);
+    let table = report::table(study, &summaries);
+    for strategy in Strategy::ALL {
+        assert!(table.contains(strategy.name()), "{table}");
+    }
+}
+
+#[test]
+fn synthetic_study_keeps_its_invariants_under_every_billing_model() {
+    let market = synthetic_market();
+    for billing in [BillingModel::Aws, BillingModel::AwsHourly2016, BillingModel::Gcp] {
+        let config = small_config(billing);
+        let study = run_study(&market, &config, &|| {}).unwrap();
+        check_invariants(&study, &config);
+    }
+}
+
+#[test]
+fn studies_are_repeatable_and_independent_of_thread_count() {
+    let market = synthetic_market();
+    let mut config = small_config(BillingModel::Aws);
+    let a = run_study(&market, &config, &|| {}).unwrap();
+    config.threads = 1;
+    let b = run_study(&market, &config, &|| {}).unwrap();
+    assert_eq!(a.starts, b.starts);
+    config.seed = 8;
+    let c = run_study(&market, &config, &|| {}).unwrap();
+    assert_ne!(a.starts, c.starts, "another seed draws other start times");
+}
+
+#[test]
+fn progress_is_reported_once_per_run_and_outputs_are_written() {
+    let market = synthetic_market();
+    let config = small_config(BillingModel::Aws);
+    let count = AtomicUsize::new(0);
+    let study = run_study(&market, &config, &|| {
+        count.fetch_add(1, Ordering::Relaxed);
+    })
+    .unwrap();
+    assert_eq!(count.into_inner(), config.starts * config.job_hours.len() * Strategy::ALL.len());
+    let dir = tempfile::tempdir().unwrap();
+    let summaries = report::summarize(&study);
+    let paths = report::write_outputs(&study, &summaries, dir.path()).unwrap();
+    let runs = std::fs::read_to_string(&paths[0]).unwrap();
+    assert_eq!(runs.lines().count(), 1 + study.starts.len() * Strategy::ALL.len());
+    let svg = std::fs::read_to_string(dir.path().join("cost.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("BidBrain + AgileML"));
+}
+
+#[test]
+fn a_trace_too_short_for_the_jobs_is_refused() {
+    let market = synthetic_market();
+    let mut config = small_config(BillingModel::Aws);
+    config.job_hours = vec![100.0];
+    let err = run_study(&market, &config, &|| {}).unwrap_err();
+    assert!(err.to_string().contains("shorter than"), "{err}");
+}
+
+/// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
+/// the repository.
+fn spot_data() -> std::path::PathBuf {
+    std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+        std::path::PathBuf::from,
+    )
+}
+
+#[test]
+fn real_p3_trace_study_keeps_its_invariants() {
+    let dir = spot_data();
+    let read = |name: &str| {
+        read_trace(&dir.join(name), &ReadOptions::default())
+            .unwrap_or_else(|e| panic!("{e} (set EBBFLOW_SPOT_DATA to the shared spot data directory)"))
+    };
+    let TraceFile::Market(mut market) = read("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv") else {
+        panic!("the p3 trace is a market")
+    };
+    let TraceFile::OnDemand(on_demand) = read("aws_on_demand_prices_us-east-1.csv") else {
+        panic!("on-demand prices expected")
+    };
+    let TraceFile::Specs(specs) = read("aws_instance_specs.csv") else {
+        panic!("instance specs expected")
+    };
+    market.complete(Some(&on_demand), Some(&specs)).unwrap();
+    assert_eq!(market.pools.len(), 9);
+    assert_eq!(market.pools[0].info.vcpus, 8.0);
+    assert_eq!(market.pools[0].info.on_demand_usd_hr, Some(3.06));
+    let mut config = small_config(BillingModel::Aws);
+    config.job_hours = vec![2.0];
+    let study = run_study(&market, &config, &|| {}).unwrap();
+    check_invariants(&study, &config);
+    assert!(study.eviction_score.outcomes > 1000);
+}

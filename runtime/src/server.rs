@@ -1,0 +1,350 @@
+//! The data-plane server: accepts worker connections and serves the partitions a node hosts.
+//!
+//! Modelled on mini-redis: [`run`] takes an already-bound listener and a shutdown future; a
+//! semaphore caps open connections; on shutdown it stops accepting, tells handlers to finish and
+//! waits for them. Each connection must start with a `Hello` carrying the job secret (compared in
+//! constant time). A peer without it, or one sending a malformed, truncated or oversized frame, is
+//! logged and disconnected; every other connection keeps being served. Request-level failures
+//! (wrong epoch, unknown partition) are answered with an `Error` message instead.
+//!
+//! Store operations that touch many values run on the blocking pool, so the async workers never
+//! stall on a large batch.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::frame::{FrameError, HEADER_BYTES, body_len, check, get_f32s, put_f32s};
+use crate::message::{Message, Values, secrets_match};
+use crate::metrics::RuntimeMetrics;
+use crate::store::{PushOutcome, ServerState, StoreError};
+
+/// Settings of a data-plane server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The job's shared secret every peer must present.
+    pub secret: Vec<u8>,
+    /// Largest frame body accepted (nothing larger is ever allocated).
+    pub max_frame_bytes: usize,
+    /// Most connections served at once; further peers wait to be accepted.
+    pub max_connections: usize,
+    /// How long a pull may wait for its clock.
+    pub wait_timeout: Duration,
+    /// How long a new peer has to present its hello.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults with the given secret.
+    pub fn with_secret(secret: Vec<u8>) -> Self {
+        Self {
+            secret,
+            max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+            max_connections: 1024,
+            wait_timeout: Duration::from_secs(600),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a connection was closed by the server.
+#[derive(Debug, Error)]
+pub enum ConnectionError {
+    /// Reading from the peer failed.
+    #[error("reading from the peer failed: {0}")]
+    Read(std::io::Error),
+    /// Writing to the peer failed.
+    #[error("writing to the peer failed: {0}")]
+    Write(std::io::Error),
+    /// The peer sent a malformed or oversized frame.
+    #[error("bad frame: {0}")]
+    Decode(#[from] FrameError),
+    /// The peer closed the connection in the middle of a frame.
+    #[error("peer closed the connection mid-frame")]
+    Truncate,
+    /// The peer did not present the job secret.
+    #[error("peer did not authenticate")]
+    Authenticate,
+    /// The peer did not say hello in time.
+    #[error("peer sent no hello in time")]
+    Handshake,
+    /// The peer sent a message a client must not send.
+    #[error("peer sent an unexpected {0} message")]
+    Unexpected(&'static str),
+}
+
+impl ConnectionError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ConnectionError::Read(_) => "read",
+            ConnectionError::Write(_) => "write",
+            ConnectionError::Decode(e) => e.category(),
+            ConnectionError::Truncate => "truncated",
+            ConnectionError::Authenticate => "unauthenticated",
+            ConnectionError::Handshake => "handshake_timeout",
+            ConnectionError::Unexpected(_) => "unexpected",
+        }
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` completes, then waits for open connections.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    config: Arc<ServerConfig>,
+    metrics: RuntimeMetrics,
+    shutdown: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut handlers = JoinSet::new();
+    let accept =
+        async {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (state, config, metrics, stop) = (
+                    state.clone(),
+                    config.clone(),
+                    metrics.clone(),
+                    stop_rx.clone(),
+                );
+                handlers.spawn(async move {
+                metrics.connections_open.inc();
+                let result = serve_connection(stream, &state, &config, stop).await;
+                metrics.connections_open.dec();
+                if let Err(error) = result {
+                    metrics.connections_refused.with_label_values(&[error.category()]).inc();
+                    tracing::warn!(%peer, reason = error.category(), %error, "connection closed");
+                }
+                drop(permit);
+            });
+                while handlers.try_join_next().is_some() {}
+            }
+        };
+    tokio::select! {
+        () = accept => {}
+        () = shutdown => tracing::info!("data-plane server shutting down"),
+    }
+    let _ = stop_tx.send(true);
+    while handlers.join_next().await.is_some() {}
+}
+
+/// Reads one frame into `buf`; `Ok(None)` at a clean end of stream.
+async fn read_frame(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Option<Bytes>, ConnectionError> {
+    loop {
+        match check(buf, max) {
+            Ok(total) => return Ok(Some(buf.split_to(total).freeze())),
+            Err(FrameError::Incomplete) => {
+                if let Ok(len) = body_len(buf, max) {
+                    buf.reserve(HEADER_BYTES + len - buf.len());
+                } else if buf.capacity() == buf.len() {
+                    buf.reserve(4096);
+                }
+                if stream.read_buf(buf).await.map_err(ConnectionError::Read)? == 0 {
+                    return if buf.is_empty() {
+                        Ok(None)
+                    } else {
+                        Err(ConnectionError::Truncate)
+                    };
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+async fn serve_connection(
+    mut stream: TcpStream,
+    state: &Arc<ServerState>,
+    config: &ServerConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(1 << 16);
+    let hello = tokio::time::timeout(
+        config.handshake_timeout,
+        read_frame(&mut stream, &mut buf, config.max_frame_bytes),
+    )
+    .await
+    .map_err(|_| ConnectionError::Handshake)??;
+    let Some(hello) = hello else {
+        return Err(ConnectionError::Authenticate);
+    };
+    let node = match Message::decode(&hello[HEADER_BYTES..])? {
+        Message::Hello { secret, node } if secrets_match(&config.secret, secret) => node,
+        _ => return Err(ConnectionError::Authenticate),
+    };
+    tracing::debug!(node, "peer authenticated");
+    let mut out = Vec::with_capacity(1 << 16);
+    Message::Welcome.encode(&mut out);
+    stream
+        .write_all(&out)
+        .await
+        .map_err(ConnectionError::Write)?;
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes) => frame?,
+            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+        };
+        let Some(frame) = frame else { return Ok(()) };
+        // Headers only: cheap, and rejects client-illegal kinds before any work.
+        let wait = match Message::decode(&frame[HEADER_BYTES..])? {
+            Message::Pull {
+                partition,
+                min_clock,
+                ..
+            } => Some((partition, min_clock)),
+            Message::Register { .. } | Message::Push { .. } | Message::Dump { .. } => None,
+            other => return Err(ConnectionError::Unexpected(other.kind())),
+        };
+        out.clear();
+        let mut waited = Ok(());
+        if let Some((partition, min_clock)) = wait {
+            waited = state
+                .wait_clock(partition, min_clock, config.wait_timeout)
+                .await
+                .map(|_| ());
+        }
+        out = match waited {
+            Err(error) => {
+                encode_error(&error, &mut out);
+                out
+            }
+            Ok(()) => {
+                let state = state.clone();
+                tokio::task::spawn_blocking(move || {
+                    process(&state, &frame[HEADER_BYTES..], &mut out);
+                    out
+                })
+                .await
+                .map_err(|_| ConnectionError::Unexpected("panicking"))?
+            }
+        };
+        stream
+            .write_all(&out)
+            .await
+            .map_err(ConnectionError::Write)?;
+    }
+}
+
+fn encode_error(error: &StoreError, out: &mut Vec<u8>) {
+    Message::Error {
+        category: error.category(),
+        message: &error.to_string(),
+    }
+    .encode(out);
+}
+
+/// Serves one decoded request into `out` (the reply frame).
+fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
+    let Ok(message) = Message::decode(body) else {
+        return;
+    };
+    let result = match message {
+        Message::Register {
+            worker,
+            partition,
+            epoch,
+            tables,
+        } => state
+            .with_partition(partition, epoch, |store| store.register(worker, &tables))
+            .map(|len| {
+                Message::Registered {
+                    partition,
+                    len: len as u64,
+                }
+                .encode(out)
+            }),
+        Message::Push {
+            worker,
+            clock,
+            partition,
+            epoch,
+            values,
+        } => {
+            let Values::Le(bytes) = values else { return };
+            state
+                .push_with(partition, epoch, worker, clock, values.len(), |slot| {
+                    get_f32s(bytes, slot)
+                })
+                .map(|outcome| {
+                    Message::Pushed {
+                        partition,
+                        duplicate: outcome == PushOutcome::Duplicate,
+                    }
+                    .encode(out)
+                })
+        }
+        Message::Pull {
+            worker,
+            partition,
+            epoch,
+            ..
+        } => state.with_partition(partition, epoch, |store| {
+            let len = store.batch_len(worker)?;
+            let visible = store.visible_clock();
+            // Rows frame written by hand so the values go straight from the table into the frame.
+            let start = crate::frame::begin_frame(out);
+            out.push(crate::message::ROWS);
+            out.extend_from_slice(&partition.to_le_bytes());
+            out.extend_from_slice(&visible.to_le_bytes());
+            out.extend_from_slice(&(len as u32).to_le_bytes());
+            store.read_rows(worker, |row| put_f32s(out, row))?;
+            crate::frame::end_frame(out, start);
+            Ok(())
+        }),
+        Message::Dump { partition, epoch } => state.with_partition(partition, epoch, |store| {
+            let tables = store
+                .table_ids()
+                .into_iter()
+                .filter_map(|id| {
+                    store
+                        .table_rows(id)
+                        .map(|(keys, data, _)| (id, keys.to_vec(), Values::F32(data)))
+                })
+                .collect();
+            Message::DumpRows {
+                partition,
+                visible: store.visible_clock(),
+                tables,
+            }
+            .encode(out);
+            Ok(())
+        }),
+        _ => return,
+    };
+    if let Err(error) = result {
+        out.clear();
+        encode_error(&error, out);
+    }
+}
+
+/// Binds `addr` and returns the listener and its actual address (port 0 picks a free port).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
