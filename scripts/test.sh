@@ -17,3 +17,6 @@ export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
 
 echo "==> cargo test (unit + integration, no cluster needed)"
 cargo test --workspace --locked
+
+echo "==> helm chart: lint, template across value combinations, values schema rejections"
+scripts/check-chart.sh
