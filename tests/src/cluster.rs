@@ -58,7 +58,11 @@ pub async fn client_or_skip(test: &str) -> Result<Option<Client>, BoxError> {
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, failing with `what` after `timeout`.
-pub async fn poll_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T, BoxError>
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<T, BoxError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>, BoxError>>,
@@ -85,26 +89,34 @@ pub async fn install_crd(client: &Client) -> Result<CustomResourceDefinition, Bo
         .map_err(|e| format!("parse CRD YAML {}: {e}", path.display()))?;
     let name = crd.name_any();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
-        .await
-        .map_err(|e| format!("apply CRD {name}: {e}"))?;
-    poll_until(&format!("CRD {name} to be Established"), Duration::from_secs(30), || {
-        let crds = crds.clone();
-        let name = name.clone();
-        async move {
-            let current = crds.get(&name).await?;
-            let established = current
-                .status
-                .as_ref()
-                .and_then(|status| status.conditions.as_ref())
-                .is_some_and(|conditions| {
-                    conditions
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            Ok(established.then_some(current))
-        }
-    })
+    crds.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .map_err(|e| format!("apply CRD {name}: {e}"))?;
+    poll_until(
+        &format!("CRD {name} to be Established"),
+        Duration::from_secs(30),
+        || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let current = crds.get(&name).await?;
+                let established = current
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.conditions.as_ref())
+                    .is_some_and(|conditions| {
+                        conditions
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                Ok(established.then_some(current))
+            }
+        },
+    )
     .await
 }
 
