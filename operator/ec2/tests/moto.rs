@@ -24,12 +24,14 @@ const AMI: &str = "ami-03cf127a";
 /// How long moto may take to start (imports are slow on a busy 2-core machine).
 const START_DEADLINE: Duration = Duration::from_secs(120);
 
+/// The shared p3.2xlarge trace: in `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
+/// repository (as the market's trace tests find it).
 fn trace_path() -> PathBuf {
-    let shared = std::env::var_os("EBBFLOW_SHARED").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+    let spot_data = std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/spot"),
         PathBuf::from,
     );
-    shared.join("data/spot").join(TRACE)
+    spot_data.join(TRACE)
 }
 
 /// A moto server child process, killed on drop.
@@ -53,7 +55,11 @@ impl Moto {
             eprintln!("{test}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
             return None;
         };
-        assert!(trace.is_file(), "spot trace missing: {}", trace.display());
+        assert!(
+            trace.is_file(),
+            "spot trace missing: {} (set EBBFLOW_SPOT_DATA)",
+            trace.display()
+        );
         let launcher = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("moto/launch.py");
         let mut child = Command::new(python)
             .arg(launcher)
