@@ -372,7 +372,7 @@ impl RowCache {
 }
 
 /// What one worker did in one clock.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClockStats {
     /// Units of work done (ratings, examples or tokens processed): the throughput numerator.
     pub updates: u64,

@@ -14,6 +14,7 @@ pub mod frame;
 pub mod local;
 pub mod message;
 pub mod metrics;
+pub mod node;
 pub mod optimizer;
 pub mod partition;
 pub mod server;

@@ -100,6 +100,10 @@ pub struct RunReport {
     pub eval: EvalReport,
     /// Bytes of parameter values held by all servers at the end.
     pub parameter_bytes: u64,
+    /// Sum of every materialised parameter value (a cheap fingerprint to compare runs).
+    pub param_sum: f64,
+    /// Sum of absolute values of every materialised parameter value.
+    pub param_abs_sum: f64,
     /// The final parameters, if the job asked to keep them.
     #[serde(skip)]
     pub params: Option<ParamSnapshot>,
@@ -140,8 +144,20 @@ impl RunReport {
         total
     }
 
-    /// Builds the timing and stats part of a report from per-worker reports.
-    pub(crate) fn from_workers(clocks: u64, workers: &[WorkerReport]) -> Self {
+    /// Evaluates the final parameters and fills the quality fields.
+    pub fn finish<A: App>(&mut self, app: &A, snapshot: ParamSnapshot, keep_params: bool) {
+        self.eval = app.evaluate(&snapshot);
+        let (sum, abs_sum) = snapshot.sums();
+        self.param_sum = sum;
+        self.param_abs_sum = abs_sum;
+        if keep_params {
+            self.params = Some(snapshot);
+        }
+    }
+
+    /// Builds the timing and stats part of a report from per-worker reports (clock end times
+    /// relative to one common start).
+    pub fn from_workers(clocks: u64, workers: &[WorkerReport]) -> Self {
         let mut clock_stats = vec![ClockStatsRecord::default(); clocks as usize];
         let mut clock_end = vec![0f64; clocks as usize];
         let mut wait_seconds = 0.0;
@@ -346,12 +362,8 @@ pub fn run_single_process<A: App>(
     });
     let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let mut report = RunReport::from_workers(config.clocks, &reports);
-    let snapshot = snapshot_state(&state, &specs);
-    report.eval = app.evaluate(&snapshot);
     report.parameter_bytes = state.parameter_bytes() as u64;
-    if config.keep_params {
-        report.params = Some(snapshot);
-    }
+    report.finish(app, snapshot_state(&state, &specs), config.keep_params);
     tracing::info!(
         updates_per_second = report.updates_per_second,
         loss = report.eval.loss,

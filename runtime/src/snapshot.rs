@@ -61,6 +61,16 @@ impl ParamSnapshot {
         }
     }
 
+    /// Sum and sum of absolute values of every materialised value, in key order (deterministic).
+    pub fn sums(&self) -> (f64, f64) {
+        self.tables
+            .values()
+            .flat_map(|t| t.data.iter())
+            .fold((0.0, 0.0), |(sum, abs), v| {
+                (sum + f64::from(*v), abs + f64::from(v.abs()))
+            })
+    }
+
     /// Rows of `table`, if any were materialised.
     pub fn table(&self, table: TableId) -> Option<&SnapshotTable> {
         self.tables.get(&table)

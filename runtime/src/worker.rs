@@ -140,14 +140,14 @@ pub(crate) trait Transport {
 }
 
 /// What one worker thread did.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct WorkerReport {
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct WorkerReport {
     /// Per clock: the app's stats.
-    pub(crate) stats: Vec<ClockStats>,
+    pub stats: Vec<ClockStats>,
     /// Per clock: seconds since the run's start when the clock ended.
-    pub(crate) clock_end: Vec<f64>,
+    pub clock_end: Vec<f64>,
     /// Seconds spent in pulls (waiting for the staleness bound included).
-    pub(crate) wait_seconds: f64,
+    pub wait_seconds: f64,
 }
 
 /// Builds one view per partition from the cache's partition-grouped slot order.

@@ -1,1 +1,211 @@
 //! Admin HTTP API types shared by the runtime coordinator and the operator.
+//!
+//! Endpoints (JSON bodies, served by `ebbflow-runtime coordinator`):
+//!
+//! | method & path | request | response |
+//! |---|---|---|
+//! | `GET /status` | | [`StatusResponse`] |
+//! | `POST /join` | [`JoinRequest`] | [`JoinResponse`] |
+//! | `GET /plan?node=N` | | [`PlanResponse`] (`ready: false` until every node joined) |
+//! | `POST /report` | [`ReportRequest`] | [`Ack`] |
+//! | `POST /notice` | [`NoticeRequest`] | [`NoticeResponse`] |
+//! | `POST /stop` | | [`Ack`] |
+//! | `GET /metrics` | | Prometheus text |
+//!
+//! Errors are returned with a 4xx/5xx status and an [`ApiError`] body.
+
+use serde::{Deserialize, Serialize};
+
+/// Lifecycle stage of a job as the coordinator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobPhase {
+    /// Waiting for nodes to join.
+    Joining,
+    /// Every node joined; workers are training.
+    Training,
+    /// Training finished; the final evaluation is being computed.
+    Evaluating,
+    /// Finished; `result` in the status holds the outcome.
+    Done,
+    /// Stopped on request before finishing.
+    Stopped,
+    /// Failed; `error` in the status says why.
+    Failed,
+}
+
+/// A node asks to take part in the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// Stable name of the node (pod or instance name).
+    pub name: String,
+    /// Address of the node's data-plane server (`host:port`).
+    pub data_addr: String,
+    /// Worker threads the node runs.
+    pub workers: u32,
+    /// The job's shared secret (proves the node belongs to the job).
+    pub secret: String,
+    /// Whether the node is on reliable (on-demand) capacity.
+    #[serde(default = "default_true")]
+    pub reliable: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The coordinator accepted a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinResponse {
+    /// The node's id within the job.
+    pub node: u32,
+}
+
+/// Owner and epoch of one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionOwner {
+    /// Node serving the partition.
+    pub owner: u32,
+    /// Incremented on every ownership change.
+    pub epoch: u64,
+}
+
+/// A node of the job as listed in plans and status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Node id.
+    pub node: u32,
+    /// Node name.
+    pub name: String,
+    /// Data-plane address.
+    pub data_addr: String,
+    /// Worker threads.
+    pub workers: u32,
+    /// First global worker id of the node's threads.
+    pub worker_base: u32,
+    /// Whether the node reported its workers finished.
+    pub finished: bool,
+}
+
+/// Everything a node needs to start training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanResponse {
+    /// False while nodes are still joining (poll again).
+    pub ready: bool,
+    /// Partition owners, indexed by partition.
+    pub partitions: Vec<PartitionOwner>,
+    /// Every node of the job.
+    pub nodes: Vec<NodeInfo>,
+    /// Worker threads over all nodes.
+    pub total_workers: u32,
+    /// Clocks to run.
+    pub clocks: u64,
+    /// SSP staleness.
+    pub staleness: u64,
+}
+
+/// Per-clock stats of one worker thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClockRecord {
+    /// Units of work.
+    pub updates: u64,
+    /// Sum of loss terms.
+    pub loss_sum: f64,
+    /// Number of loss terms.
+    pub loss_count: u64,
+    /// Seconds since the node's start of training when the clock ended.
+    pub end_seconds: f64,
+}
+
+/// A node reports its worker threads finished (or failed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportRequest {
+    /// The reporting node.
+    pub node: u32,
+    /// The job's shared secret.
+    pub secret: String,
+    /// Per worker thread: per clock records.
+    pub workers: Vec<Vec<ClockRecord>>,
+    /// Seconds each worker spent pulling (SSP waits included).
+    pub wait_seconds: Vec<f64>,
+    /// Set if the node's workers failed.
+    pub error: Option<String>,
+}
+
+/// "Instance X goes away at T" (issue 4 acts on it; static membership records it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeRequest {
+    /// Name of the node (as in [`JoinRequest::name`]).
+    pub name: String,
+    /// Deadline, seconds since the Unix epoch.
+    pub deadline_unix: u64,
+}
+
+/// What the coordinator did with a notice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeResponse {
+    /// The node the notice is for.
+    pub node: u32,
+    /// False if an identical notice was already recorded.
+    pub new: bool,
+}
+
+/// Plain acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// Always true.
+    pub ok: bool,
+}
+
+/// Final outcome of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    /// Headline loss of the final evaluation.
+    pub loss: f64,
+    /// Further evaluation metrics.
+    pub metrics: Vec<(String, f64)>,
+    /// Units of work per second over all workers.
+    pub updates_per_second: f64,
+}
+
+/// Coordinator status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    /// Job phase.
+    pub phase: JobPhase,
+    /// Nodes expected before training starts.
+    pub expected_nodes: u32,
+    /// Nodes joined so far.
+    pub nodes: Vec<NodeInfo>,
+    /// Partition owners.
+    pub partitions: Vec<PartitionOwner>,
+    /// Recorded notices: (node, deadline).
+    pub notices: Vec<(u32, u64)>,
+    /// Outcome once done.
+    pub result: Option<JobResult>,
+    /// Failure description once failed.
+    pub error: Option<String>,
+}
+
+/// Error body of a failed request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Static category (e.g. `unknown_node`, `bad_secret`).
+    pub category: String,
+    /// Human-readable description.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_defaults_to_reliable_and_round_trips() {
+        let join: JoinRequest = serde_json::from_str(r#"{"name":"a","data_addr":"127.0.0.1:1","workers":2,"secret":"s"}"#).unwrap();
+        assert!(join.reliable);
+        let back: JoinRequest = serde_json::from_str(&serde_json::to_string(&join).unwrap()).unwrap();
+        assert_eq!(back, join);
+        assert_eq!(serde_json::to_string(&JobPhase::Evaluating).unwrap(), "\"evaluating\"");
+    }
+}

@@ -1,0 +1,232 @@
+//! Node-side building blocks shared by the `node` process and the in-process loopback mode:
+//! hosting partitions behind a TCP server, and running worker threads against remote servers.
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::app::{App, TableSpec, validate_tables};
+use crate::client::{ClientConfig, NodeAddrs, RemoteTransport, fetch_snapshot};
+use crate::local::{RunError, RunReport, validate_config};
+use crate::metrics::RuntimeMetrics;
+use crate::partition::{NodeId, PartitionMap};
+use crate::server::{ServerConfig, run};
+use crate::store::ServerState;
+use crate::worker::{JobConfig, WorkerReport, run_worker};
+
+/// Which workers a node runs and where every partition lives.
+#[derive(Debug, Clone)]
+pub struct WorkerPlan {
+    /// Global id of the node's first worker thread.
+    pub worker_base: u32,
+    /// Worker threads on this node.
+    pub local_workers: usize,
+    /// Worker threads over the whole job.
+    pub total_workers: usize,
+    /// Partition owners.
+    pub map: PartitionMap,
+    /// Data-plane address of every owner.
+    pub addrs: NodeAddrs,
+}
+
+/// A fresh random job secret (hex), from the standard library's randomly keyed hasher.
+pub fn random_secret() -> String {
+    let state = std::collections::hash_map::RandomState::new();
+    (0..4)
+        .map(|i| {
+            let mut hasher = state.build_hasher();
+            hasher.write_u64(i);
+            hasher.write_u128(Instant::now().elapsed().as_nanos());
+            format!("{:016x}", hasher.finish())
+        })
+        .collect()
+}
+
+/// Runs this node's worker threads against the servers in `plan`; returns their reports.
+pub fn run_workers<A: App>(
+    app: &A,
+    specs: &[TableSpec],
+    plan: &WorkerPlan,
+    client: &ClientConfig,
+    config: &JobConfig,
+    metrics: &RuntimeMetrics,
+    run_start: Instant,
+) -> Result<Vec<WorkerReport>, RunError> {
+    let config = JobConfig {
+        partitions: plan.map.num_partitions(),
+        ..config.clone()
+    };
+    let app_workers: Vec<(u32, A::Worker)> = (0..plan.local_workers)
+        .map(|i| {
+            let global = plan.worker_base + i as u32;
+            (global, app.worker(global as usize, plan.total_workers))
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = app_workers
+            .into_iter()
+            .map(|(worker, app_worker)| {
+                let config = &config;
+                let handle = std::thread::Builder::new()
+                    .name(format!("worker-{worker}"))
+                    .spawn_scoped(scope, move || {
+                        let mut transport =
+                            RemoteTransport::connect(&plan.map, &plan.addrs, client).map_err(
+                                |e| RunError::RunWorker {
+                                    worker,
+                                    source: e.into(),
+                                },
+                            )?;
+                        run_worker(
+                            worker,
+                            app_worker,
+                            specs,
+                            &mut transport,
+                            config,
+                            metrics,
+                            run_start,
+                        )
+                        .map_err(|source| RunError::RunWorker { worker, source })
+                    });
+                (worker, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(worker, handle)| {
+                let handle = handle.map_err(|_| RunError::JoinWorker { worker })?;
+                handle.join().map_err(|_| RunError::JoinWorker { worker })?
+            })
+            .collect()
+    })
+}
+
+/// A data-plane server running on a tokio runtime, stopped on drop of the shutdown sender.
+pub struct ServerHandle {
+    /// Address the server listens on.
+    pub addr: SocketAddr,
+    /// The partitions it serves.
+    pub state: Arc<ServerState>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Binds `addr` on `runtime` and serves `state` there.
+    pub fn start(
+        runtime: &tokio::runtime::Handle,
+        addr: SocketAddr,
+        state: Arc<ServerState>,
+        config: ServerConfig,
+        metrics: RuntimeMetrics,
+    ) -> std::io::Result<Self> {
+        let (listener, addr) = runtime.block_on(crate::server::bind(addr))?;
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let serving = state.clone();
+        let task = runtime.spawn(async move {
+            run(listener, serving, Arc::new(config), metrics, async {
+                let _ = stop.await;
+            })
+            .await;
+        });
+        Ok(Self {
+            addr,
+            state,
+            shutdown: Some(shutdown),
+            task: Some(task),
+        })
+    }
+
+    /// Stops accepting, waits for open connections to finish.
+    pub fn stop(mut self, runtime: &tokio::runtime::Handle) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = runtime.block_on(task);
+        }
+    }
+}
+
+/// Trains `app` in this process over real TCP: `servers` data-plane servers on 127.0.0.1 (the
+/// partitions spread round-robin) and `config.workers` worker threads talking to them through the
+/// same client code node processes use. For tests and benchmarks of the data plane.
+pub fn run_loopback<A: App>(
+    app: &A,
+    config: &JobConfig,
+    servers: u32,
+    metrics: &RuntimeMetrics,
+) -> Result<RunReport, RunError> {
+    validate_config(config)?;
+    let specs = app.tables();
+    validate_tables(&specs)?;
+    let cluster = |reason: String| RunError::RunCluster { reason };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| cluster(format!("starting the tokio runtime failed: {e}")))?;
+    let owners: Vec<NodeId> = (0..servers.max(1)).collect();
+    let map = PartitionMap::round_robin(config.partitions, &owners)
+        .map_err(|e| cluster(e.to_string()))?;
+    let secret = random_secret().into_bytes();
+    let mut handles = Vec::new();
+    let mut addrs = BTreeMap::new();
+    for &node in &owners {
+        let hosted: Vec<_> = map
+            .owned_by(node)
+            .into_iter()
+            .map(|p| (p, map.entries()[p as usize].epoch))
+            .collect();
+        let state = Arc::new(ServerState::new(
+            &hosted,
+            config.partitions,
+            &specs,
+            config.workers as u32,
+            config.optimizer,
+        ));
+        let server_config = ServerConfig {
+            wait_timeout: config.wait_timeout,
+            ..ServerConfig::with_secret(secret.clone())
+        };
+        let handle = ServerHandle::start(
+            runtime.handle(),
+            ([127, 0, 0, 1], 0).into(),
+            state,
+            server_config,
+            metrics.clone(),
+        )
+        .map_err(|e| cluster(format!("binding a loopback server failed: {e}")))?;
+        addrs.insert(node, handle.addr);
+        handles.push(handle);
+    }
+    let plan = WorkerPlan {
+        worker_base: 0,
+        local_workers: config.workers,
+        total_workers: config.workers,
+        map: map.clone(),
+        addrs: addrs.clone(),
+    };
+    let client = ClientConfig {
+        secret: secret.clone(),
+        node: 0,
+        max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+        timeout: config.wait_timeout,
+    };
+    let run_start = Instant::now();
+    let reports = run_workers(app, &specs, &plan, &client, config, metrics, run_start)?;
+    let mut report = RunReport::from_workers(config.clocks, &reports);
+    let snapshot = fetch_snapshot(&map, &addrs, &specs, &client)
+        .map_err(|e| cluster(format!("fetching the final parameters failed: {e}")))?;
+    report.parameter_bytes = handles
+        .iter()
+        .map(|h| h.state.parameter_bytes() as u64)
+        .sum();
+    report.finish(app, snapshot, config.keep_params);
+    for handle in handles {
+        handle.stop(runtime.handle());
+    }
+    Ok(report)
+}

@@ -1,0 +1,236 @@
+//! The TCP data plane: loopback runs match single-process runs; bad peers are refused while
+//! good ones keep being served.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ebbflow_runtime::app::{RowInit, TableSpec};
+use ebbflow_runtime::client::Connection;
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::message::{Message, Values};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::{ServerHandle, run_loopback};
+use ebbflow_runtime::optimizer::Optimizer;
+use ebbflow_runtime::partition::partition_of;
+use ebbflow_runtime::server::ServerConfig;
+use ebbflow_runtime::store::ServerState;
+use ebbflow_runtime::worker::JobConfig;
+
+fn exact_job(workers: usize, staleness: u64) -> (ExactApp, JobConfig) {
+    let clocks = 8;
+    let app = ExactApp::new(ExactConfig {
+        rows: 61,
+        width: 2,
+        tables: 2,
+        shared_rows: 3,
+        clocks,
+        staleness,
+    });
+    let config = JobConfig {
+        clocks,
+        staleness,
+        workers,
+        partitions: 6,
+        keep_params: true,
+        ..JobConfig::default()
+    };
+    (app, config)
+}
+
+#[test]
+fn loopback_runs_are_exact_and_equal_single_process_runs() {
+    for staleness in [0, 2] {
+        let (app, config) = exact_job(3, staleness);
+        let tcp = run_loopback(&app, &config, 2, &RuntimeMetrics::unregistered()).unwrap();
+        assert_eq!(tcp.eval.loss, 0.0, "staleness {staleness}: {:?}", tcp.eval);
+        assert_eq!(
+            tcp.total_stats().loss_sum,
+            0.0,
+            "staleness {staleness}: ssp bound violated over tcp"
+        );
+        let (app, config) = exact_job(3, staleness);
+        let local = run_single_process(&app, &config, &RuntimeMetrics::unregistered()).unwrap();
+        assert_eq!(tcp.params, local.params);
+        assert_eq!(tcp.param_sum, local.param_sum);
+    }
+}
+
+const SECRET: &[u8] = b"job-secret";
+
+fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> ServerHandle {
+    let specs = vec![TableSpec {
+        id: 0,
+        name: "t".into(),
+        width: 2,
+        init: RowInit::Zeros,
+    }];
+    let state = Arc::new(ServerState::new(&[(0, 1)], 1, &specs, 1, Optimizer::Add));
+    let config = ServerConfig {
+        max_frame_bytes: 1 << 20,
+        ..ServerConfig::with_secret(SECRET.to_vec())
+    };
+    ServerHandle::start(
+        runtime.handle(),
+        ([127, 0, 0, 1], 0).into(),
+        state,
+        config,
+        metrics.clone(),
+    )
+    .unwrap()
+}
+
+/// Writes raw bytes and waits for the server to close the connection.
+fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream.write_all(bytes).unwrap();
+    if close_write {
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut rest = Vec::new();
+    // A refused peer gets nothing (or only the welcome, for authenticated ones) and then EOF.
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.len() <= 5, "server kept talking: {rest:?}");
+}
+
+fn hello(secret: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    Message::Hello { secret, node: 9 }.encode(&mut out);
+    out
+}
+
+fn wait_for_count(metrics: &RuntimeMetrics, reason: &str, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metrics
+        .connections_refused
+        .with_label_values(&[reason])
+        .get()
+        < count
+    {
+        assert!(Instant::now() < deadline, "no {reason} refusal recorded");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn bad_peers_are_refused_while_a_good_client_keeps_working() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let metrics = RuntimeMetrics::unregistered();
+    let server = start_server(&runtime, &metrics);
+    let timeout = Duration::from_secs(60);
+    let mut good = Connection::connect(server.addr, SECRET, 1, 1 << 20, timeout).unwrap();
+    let key = (0..).find(|&k| partition_of(k, 1) == 0).unwrap();
+    good.send(&Message::Register {
+        worker: 0,
+        partition: 0,
+        epoch: 1,
+        tables: vec![(0, vec![key])],
+    })
+    .unwrap();
+    good.flush().unwrap();
+    assert!(matches!(
+        good.recv().unwrap(),
+        Message::Registered { len: 2, .. }
+    ));
+
+    // Wrong secret, then no secret at all (a request as first frame).
+    expect_closed(server.addr, &hello(b"wrong"), false);
+    let mut pull = Vec::new();
+    Message::Pull {
+        worker: 0,
+        partition: 0,
+        epoch: 1,
+        min_clock: 0,
+    }
+    .encode(&mut pull);
+    expect_closed(server.addr, &pull, false);
+    wait_for_count(&metrics, "unauthenticated", 2);
+    // Oversized: a header announcing 1 GiB is refused without reading (or allocating) it.
+    let mut oversized = hello(SECRET);
+    oversized.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    expect_closed(server.addr, &oversized, false);
+    wait_for_count(&metrics, "too_large", 1);
+    // Truncated: half a frame, then the peer goes away.
+    let mut truncated = hello(SECRET);
+    truncated.extend_from_slice(&pull[..pull.len() / 2]);
+    expect_closed(server.addr, &truncated, true);
+    wait_for_count(&metrics, "truncated", 1);
+    // Garbage body.
+    let mut garbage = hello(SECRET);
+    garbage.extend_from_slice(&[3, 0, 0, 0, 250, 1, 2]);
+    expect_closed(server.addr, &garbage, false);
+    wait_for_count(&metrics, "invalid", 1);
+
+    // The good client is still served, and request-level errors keep its connection open.
+    good.send(&Message::Push {
+        worker: 0,
+        clock: 0,
+        partition: 0,
+        epoch: 7,
+        values: Values::F32(&[1.0, 2.0]),
+    })
+    .unwrap();
+    good.flush().unwrap();
+    let refused = good.recv().unwrap_err();
+    assert_eq!(refused.category(), "refused");
+    assert!(refused.to_string().contains("epoch"), "{refused}");
+    good.send(&Message::Push {
+        worker: 0,
+        clock: 0,
+        partition: 0,
+        epoch: 1,
+        values: Values::F32(&[1.0, 2.0]),
+    })
+    .unwrap();
+    good.send(&Message::Push {
+        worker: 0,
+        clock: 0,
+        partition: 0,
+        epoch: 1,
+        values: Values::F32(&[1.0, 2.0]),
+    })
+    .unwrap();
+    good.send(&Message::Pull {
+        worker: 0,
+        partition: 0,
+        epoch: 1,
+        min_clock: 1,
+    })
+    .unwrap();
+    good.flush().unwrap();
+    assert!(matches!(
+        good.recv().unwrap(),
+        Message::Pushed {
+            duplicate: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        good.recv().unwrap(),
+        Message::Pushed {
+            duplicate: true,
+            ..
+        }
+    ));
+    match good.recv().unwrap() {
+        Message::Rows {
+            visible, values, ..
+        } => {
+            assert_eq!(visible, 1);
+            assert_eq!(values.to_vec(), vec![1.0, 2.0]);
+        }
+        other => panic!("expected rows, got {other:?}"),
+    }
+    assert_eq!(metrics.connections_open.get(), 1);
+    drop(good);
+    server.stop(runtime.handle());
+}
