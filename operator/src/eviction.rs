@@ -95,13 +95,19 @@ pub fn lifetimes(pool: &PoolSeries, delta: f64, cap_seconds: f64, max_hold: i64)
             let age = (next.at - launch.at) as f64;
             if next.at - previous > max_hold {
                 // a gap: the pool is unknown from previous + max_hold on
+                let gone = ((previous + max_hold) - launch.at) as f64;
                 outcome = Some(Lifetime {
-                    seconds: ((previous + max_hold) - launch.at) as f64,
-                    evicted: true,
+                    seconds: gone.min(cap_seconds),
+                    evicted: gone <= cap_seconds,
                 });
                 break;
             }
             if age > cap_seconds {
+                // still running at the next sample, past the cap: survived the whole cap
+                outcome = Some(Lifetime {
+                    seconds: cap_seconds,
+                    evicted: false,
+                });
                 break;
             }
             let crossed = next.price.is_none_or(|p| p > max_price);

@@ -2,9 +2,6 @@
 
 pub mod bidder;
 pub mod billing;
-pub mod controller;
-pub mod coordinator;
 pub mod eviction;
 pub mod market;
-pub mod metrics;
-pub mod notices;
+pub mod sim;

@@ -243,6 +243,7 @@ pub struct Bidder<'a> {
 
 impl Bidder<'_> {
     /// Expected cost and work of `count` instances of `pool` at `max_price` and age `age`.
+    #[allow(clippy::too_many_arguments)] // one call per allocation shape; a struct would only rename them
     fn term(
         &self,
         input: &BidderInput<'_>,

@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
+    /// Replay a spot trace from many random start times and compare bidding strategies.
+    Simulate(Box<ebbflow_operator::sim::cli::SimulateArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -21,6 +23,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => {
             print!("{}", ebbflow_crds::crd_yaml()?);
+        }
+        Command::Simulate(args) => {
+            print!("{}", ebbflow_operator::sim::cli::run(&args)?);
         }
     }
     Ok(())

@@ -6,7 +6,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{SimConfig, SimError, report};
 use crate::billing::{BillingError, BillingModel};
-use crate::market::trace::{ReadOptions, TraceError, TraceFile, TraceFormat, detect_format, read_trace};
+use crate::market::trace::{
+    ReadOptions, TraceError, TraceFile, TraceFormat, detect_format, read_trace,
+};
 use crate::market::{MarketError, OnDemandTable, SpecTable};
 
 /// Arguments of `ebbflow simulate`.
@@ -79,14 +81,23 @@ pub enum SimulateError {
 fn sibling_tables(trace: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
     let mut on_demand = None;
     let mut specs = None;
-    let dir = trace.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = trace
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let Ok(entries) = std::fs::read_dir(dir) else {
         return (None, None);
     };
-    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
     paths.sort();
     for path in paths {
-        let Some(head) = first_line(&path) else { continue };
+        let Some(head) = first_line(&path) else {
+            continue;
+        };
         match detect_format(&head) {
             Some(TraceFormat::OnDemandPrices) if on_demand.is_none() => on_demand = Some(path),
             Some(TraceFormat::InstanceSpecs) if specs.is_none() => specs = Some(path),
@@ -113,9 +124,24 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     let format = first_line(&args.trace).and_then(|l| detect_format(&l));
     let mut market = match read_trace(&args.trace, &options)? {
         TraceFile::Market(market) => market,
-        TraceFile::OnDemand(_) => return Err(SimulateError::ReplayTable { file, kind: "on-demand price" }),
-        TraceFile::Specs(_) => return Err(SimulateError::ReplayTable { file, kind: "instance spec" }),
-        TraceFile::Advisor(_) => return Err(SimulateError::ReplayTable { file, kind: "Spot Advisor" }),
+        TraceFile::OnDemand(_) => {
+            return Err(SimulateError::ReplayTable {
+                file,
+                kind: "on-demand price",
+            });
+        }
+        TraceFile::Specs(_) => {
+            return Err(SimulateError::ReplayTable {
+                file,
+                kind: "instance spec",
+            });
+        }
+        TraceFile::Advisor(_) => {
+            return Err(SimulateError::ReplayTable {
+                file,
+                kind: "Spot Advisor",
+            });
+        }
     };
     let (found_on_demand, found_specs) = sibling_tables(&args.trace);
     let on_demand: Option<OnDemandTable> = match args.on_demand.clone().or(found_on_demand) {
@@ -151,7 +177,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     }
     let total = (config.starts * config.job_hours.len() * super::Strategy::ALL.len()) as u64;
     let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template("{spinner} simulate [{elapsed_precise}] {wide_bar} {pos}/{len} runs ({eta})") {
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} simulate [{elapsed_precise}] {wide_bar} {pos}/{len} runs ({eta})",
+    ) {
         bar.set_style(style);
     }
     let study = super::run_study(&market, &config, &|| bar.inc(1))?;

@@ -50,7 +50,9 @@ impl SlotCosts {
             .iter()
             .filter_map(|info| {
                 let rate = app.transient_rate(info.vcpus);
-                info.on_demand_usd_hr.filter(|_| rate > 0.0).map(|od| od / 3600.0 / rate)
+                info.on_demand_usd_hr
+                    .filter(|_| rate > 0.0)
+                    .map(|od| od / 3600.0 / rate)
             })
             .fold(f64::INFINITY, f64::min);
         let mut cheapest = vec![on_demand; grid.slots];
@@ -83,17 +85,28 @@ impl SlotCosts {
                         if rate > 0.0 {
                             cheapest[slot] = cheapest[slot].min(p / 3600.0 / rate);
                         }
-                        if refunds && next_event[slot] != usize::MAX && next_event[slot] - slot <= hour_slots {
+                        if refunds
+                            && next_event[slot] != usize::MAX
+                            && next_event[slot] - slot <= hour_slots
+                        {
                             free[slot] = true;
                         }
                     }
                 }
             }
         }
-        let finite: Vec<f64> = cheapest.iter().copied().filter(|c| c.is_finite() && *c > 0.0).collect();
+        let finite: Vec<f64> = cheapest
+            .iter()
+            .copied()
+            .filter(|c| c.is_finite() && *c > 0.0)
+            .collect();
         let low = finite.iter().copied().fold(f64::INFINITY, f64::min);
         let high = finite.iter().copied().fold(0.0, f64::max);
-        let (low, high) = if finite.is_empty() { (1.0, 1.0) } else { (low, high.max(low * 1.000_001)) };
+        let (low, high) = if finite.is_empty() {
+            (1.0, 1.0)
+        } else {
+            (low, high.max(low * 1.000_001))
+        };
         let ratio = (high / low).powf(1.0 / (BUCKETS - 1) as f64);
         let edges: Vec<f64> = (0..BUCKETS).map(|b| low * ratio.powi(b as i32)).collect();
         let bucket = cheapest
@@ -116,7 +129,12 @@ impl SlotCosts {
 }
 
 /// The lower bound for `work` starting at `start_slot` (see the module docs).
-pub(super) fn lower_bound(ctx: &Context<'_>, costs: &SlotCosts, start_slot: usize, work: f64) -> RunResult {
+pub(super) fn lower_bound(
+    ctx: &Context<'_>,
+    costs: &SlotCosts,
+    start_slot: usize,
+    work: f64,
+) -> RunResult {
     let grid = ctx.grid;
     let step = grid.step as f64;
     let app = &ctx.config.app;

@@ -23,7 +23,9 @@ use crate::bidder::{
     Allocation, AppModel, Bidder, BidderConfig, BidderInput, JobState, ReliableTier,
 };
 use crate::billing::{BillingModel, Charge, EndReason, Meter};
-use crate::eviction::{ConstantRateModel, EvictionConfig, EvictionError, EvictionModel, EvictionScore};
+use crate::eviction::{
+    ConstantRateModel, EvictionConfig, EvictionError, EvictionModel, EvictionScore,
+};
 use crate::market::{CapacityType, Market, MarketError, Timestamp};
 
 pub use grid::MarketGrid;
@@ -198,30 +200,41 @@ struct Context<'a> {
 
 impl Context<'_> {
     fn reference_od(&self) -> f64 {
-        self.grid.pools[self.reference].on_demand_usd_hr.unwrap_or(f64::INFINITY)
+        self.grid.pools[self.reference]
+            .on_demand_usd_hr
+            .unwrap_or(f64::INFINITY)
     }
 
     fn baseline_rate(&self) -> f64 {
-        f64::from(self.config.cluster_size) * self.config.app.nu_per_vcpu_second * self.grid.pools[self.reference].vcpus
+        f64::from(self.config.cluster_size)
+            * self.config.app.nu_per_vcpu_second
+            * self.grid.pools[self.reference].vcpus
     }
 }
 
 /// Run a study over `market` (on-demand prices and vCPUs must be complete). `progress` is
 /// called once per finished run.
-pub fn run_study(market: &Market, config: &SimConfig, progress: &(dyn Fn() + Sync)) -> Result<Study, SimError> {
+pub fn run_study(
+    market: &Market,
+    config: &SimConfig,
+    progress: &(dyn Fn() + Sync),
+) -> Result<Study, SimError> {
     let (first, last) = market.span()?;
     let train_end = first + ((last - first) as f64 * config.train_fraction) as i64;
     let training = market.slice(first, train_end);
     let model = EvictionModel::fit(&training, config.eviction.clone())?;
     let naive = ConstantRateModel::fit(&training, model.config());
-    let eviction_score = crate::eviction::score(&model, &naive, &market.slice(train_end, last + 1), 3600.0);
+    let eviction_score =
+        crate::eviction::score(&model, &naive, &market.slice(train_end, last + 1), 3600.0);
 
     let step = MarketGrid::step_for(market);
     let grid = MarketGrid::new(market, step)?;
     let reference = (0..grid.pools.len())
         .filter(|&p| grid.pools[p].on_demand_usd_hr.is_some())
         .min_by(|&a, &b| {
-            let per_vcpu = |p: usize| grid.pools[p].on_demand_usd_hr.unwrap_or(f64::INFINITY) / grid.pools[p].vcpus;
+            let per_vcpu = |p: usize| {
+                grid.pools[p].on_demand_usd_hr.unwrap_or(f64::INFINITY) / grid.pools[p].vcpus
+            };
             per_vcpu(a).total_cmp(&per_vcpu(b))
         })
         .ok_or_else(|| SimError::Plan {
@@ -275,7 +288,9 @@ pub fn run_study(market: &Market, config: &SimConfig, progress: &(dyn Fn() + Syn
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(hours, slot)) = jobs.get(i) else { break };
+                        let Some(&(hours, slot)) = jobs.get(i) else {
+                            break;
+                        };
                         out.push((i, run_start(ctx, hindsight, hours, slot, progress)));
                     }
                     out
@@ -360,7 +375,8 @@ impl Ledger {
         let charge: Charge = live.meter.finish(reason);
         self.result.cost_usd += count * charge.usd;
         if live.allocation.capacity == CapacityType::OnDemand {
-            self.result.on_demand_hours += count * (charge.paid_seconds + charge.free_seconds) / 3600.0;
+            self.result.on_demand_hours +=
+                count * (charge.paid_seconds + charge.free_seconds) / 3600.0;
         } else {
             self.result.paid_spot_hours += count * charge.paid_seconds / 3600.0;
             self.result.free_hours += count * charge.free_seconds / 3600.0;
@@ -412,8 +428,10 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
                 ledger.close(l, EndReason::JobFinished);
             }
             if let Some(meter) = reliable_meter.take() {
-                ledger.result.cost_usd += f64::from(ctx.reliable.count) * meter.finish(EndReason::JobFinished).usd;
-                ledger.result.on_demand_hours += f64::from(ctx.reliable.count) * (t - start) as f64 / 3600.0;
+                ledger.result.cost_usd +=
+                    f64::from(ctx.reliable.count) * meter.finish(EndReason::JobFinished).usd;
+                ledger.result.on_demand_hours +=
+                    f64::from(ctx.reliable.count) * (t - start) as f64 / 3600.0;
             }
             let fallback = on_demand_only(ctx, rest_hours);
             ledger.result.cost_usd += fallback.cost_usd;
@@ -455,7 +473,8 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
         match strategy {
             Strategy::BidBrainAgileMl if evicted || t >= next_decision => {
                 let view = grid.view(slot);
-                let allocations: Vec<Allocation> = live.iter().map(|l| l.allocation.clone()).collect();
+                let allocations: Vec<Allocation> =
+                    live.iter().map(|l| l.allocation.clone()).collect();
                 let job = JobState {
                     remaining_work: work - done,
                     ..JobState::default()
@@ -504,7 +523,9 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
                 // the lowest current market price, bid the on-demand price
                 let cheapest = (0..grid.pools.len())
                     .filter_map(|p| grid.price(p, slot).map(|price| (p, price)))
-                    .filter(|&(p, price)| grid.pools[p].on_demand_usd_hr.is_some_and(|od| price <= od))
+                    .filter(|&(p, price)| {
+                        grid.pools[p].on_demand_usd_hr.is_some_and(|od| price <= od)
+                    })
                     .min_by(|a, b| a.1.total_cmp(&b.1));
                 if let Some((pool, price)) = cheapest {
                     let on_demand = grid.pools[pool].on_demand_usd_hr.unwrap_or(price);
@@ -531,8 +552,12 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
                     if !agile {
                         // MTTF-based interval (Young): with overhead δ/I = 17%, I = 2 · 0.17 · MTTF
                         let delta = (on_demand - price) / on_demand;
-                        let mttf = ctx.model.median_time_to_eviction(pool, delta).unwrap_or(4.0 * 3600.0);
-                        checkpoint_interval = (2.0 * config.checkpoint_overhead * mttf).clamp(600.0, 7200.0);
+                        let mttf = ctx
+                            .model
+                            .median_time_to_eviction(pool, delta)
+                            .unwrap_or(4.0 * 3600.0);
+                        checkpoint_interval =
+                            (2.0 * config.checkpoint_overhead * mttf).clamp(600.0, 7200.0);
                     }
                 }
             }
@@ -544,16 +569,29 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
         let transient_count: f64 = live.iter().map(|l| f64::from(l.allocation.count)).sum();
         let reliable_rate = if agile {
             f64::from(ctx.reliable.count)
-                * app.reliable_rate(ctx.reliable.vcpus, transient_count, f64::from(ctx.reliable.count))
+                * app.reliable_rate(
+                    ctx.reliable.vcpus,
+                    transient_count,
+                    f64::from(ctx.reliable.count),
+                )
         } else {
             0.0
         };
-        let efficiency = if agile { 1.0 } else { 1.0 / (1.0 + config.checkpoint_overhead) };
+        let efficiency = if agile {
+            1.0
+        } else {
+            1.0 / (1.0 + config.checkpoint_overhead)
+        };
         // (rate, from) pieces: each allocation contributes from when it is ready
         let progress_from = |ready: Timestamp| (ready.max(stall_until).max(t)).min(end);
         let mut pieces: Vec<(Timestamp, f64)> = live
             .iter()
-            .map(|l| (progress_from(l.ready_at), l.rate_each * f64::from(l.allocation.count) * efficiency))
+            .map(|l| {
+                (
+                    progress_from(l.ready_at),
+                    l.rate_each * f64::from(l.allocation.count) * efficiency,
+                )
+            })
             .collect();
         pieces.push((progress_from(t), reliable_rate));
         pieces.sort_by_key(|p| p.0);
@@ -576,7 +614,9 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
         for l in &mut live {
             let price = match l.allocation.capacity {
                 CapacityType::Spot => grid.price(l.allocation.pool, slot).unwrap_or(0.0),
-                CapacityType::OnDemand => grid.pools[l.allocation.pool].on_demand_usd_hr.unwrap_or(0.0),
+                CapacityType::OnDemand => grid.pools[l.allocation.pool]
+                    .on_demand_usd_hr
+                    .unwrap_or(0.0),
             };
             l.meter.advance(until, price);
         }

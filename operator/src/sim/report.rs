@@ -41,22 +41,33 @@ pub fn summarize(study: &Study) -> Vec<Summary> {
     lengths.dedup();
     let mut out = Vec::new();
     for hours in lengths {
-        let starts: Vec<_> = study.starts.iter().filter(|s| s.job_hours == hours).collect();
+        let starts: Vec<_> = study
+            .starts
+            .iter()
+            .filter(|s| s.job_hours == hours)
+            .collect();
         let n = starts.len().max(1) as f64;
         for (index, &strategy) in Strategy::ALL.iter().enumerate() {
-            let mean = |f: &dyn Fn(&super::StartResult) -> f64| starts.iter().map(|s| f(s)).sum::<f64>() / n;
+            let mean = |f: &dyn Fn(&super::StartResult) -> f64| {
+                starts.iter().map(|s| f(s)).sum::<f64>() / n
+            };
             out.push(Summary {
                 job_hours: hours,
                 strategy,
                 runs: starts.len(),
                 cost_relative: mean(&|s| s.runs[index].cost_usd / s.baseline.cost_usd),
-                runtime_relative: mean(&|s| s.runs[index].runtime_seconds / s.baseline.runtime_seconds),
+                runtime_relative: mean(&|s| {
+                    s.runs[index].runtime_seconds / s.baseline.runtime_seconds
+                }),
                 cost_usd: mean(&|s| s.runs[index].cost_usd),
                 on_demand_hours: mean(&|s| s.runs[index].on_demand_hours),
                 paid_spot_hours: mean(&|s| s.runs[index].paid_spot_hours),
                 free_hours: mean(&|s| s.runs[index].free_hours),
                 evictions: mean(&|s| f64::from(s.runs[index].evictions)),
-                outside_trace: starts.iter().filter(|s| !s.runs[index].completed_in_trace).count(),
+                outside_trace: starts
+                    .iter()
+                    .filter(|s| !s.runs[index].completed_in_trace)
+                    .count(),
             });
         }
     }
@@ -79,7 +90,9 @@ pub struct Targets {
 impl Targets {
     /// Whether every target is met.
     pub fn met(&self) -> bool {
-        self.versus_standard_agileml < 1.0 && self.versus_standard_checkpoint < 1.0 && self.versus_hindsight <= 1.3
+        self.versus_standard_agileml < 1.0
+            && self.versus_standard_checkpoint < 1.0
+            && self.versus_hindsight <= 1.3
     }
 }
 
@@ -134,12 +147,25 @@ pub fn table(study: &Study, summaries: &[Summary]) -> String {
     lengths.dedup();
     for hours in lengths {
         let _ = writeln!(out);
-        let runs = summaries.iter().find(|s| s.job_hours == hours).map_or(0, |s| s.runs);
-        let _ = writeln!(out, "{hours} h jobs, {runs} random starts (means; cost and runtime relative to on-demand only)");
+        let runs = summaries
+            .iter()
+            .find(|s| s.job_hours == hours)
+            .map_or(0, |s| s.runs);
+        let _ = writeln!(
+            out,
+            "{hours} h jobs, {runs} random starts (means; cost and runtime relative to on-demand only)"
+        );
         let _ = writeln!(
             out,
             "{:<30} {:>9} {:>9} {:>12} {:>12} {:>10} {:>10} {:>9}",
-            "strategy", "cost", "runtime", "on-demand h", "paid spot h", "free h", "evictions", "past end"
+            "strategy",
+            "cost",
+            "runtime",
+            "on-demand h",
+            "paid spot h",
+            "free h",
+            "evictions",
+            "past end"
         );
         for s in summaries.iter().filter(|s| s.job_hours == hours) {
             let _ = writeln!(
@@ -195,15 +221,20 @@ fn write_file(path: &Path, content: &str) -> Result<(), ReportError> {
         path: path.to_path_buf(),
         source,
     })?;
-    file.write_all(content.as_bytes()).map_err(|source| ReportError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+    file.write_all(content.as_bytes())
+        .map_err(|source| ReportError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Write `runs.csv` (one row per start, length and strategy), `summary.csv`, `report.txt`
 /// and `cost.svg` into `dir` (created if missing); returns the paths written.
-pub fn write_outputs(study: &Study, summaries: &[Summary], dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+pub fn write_outputs(
+    study: &Study,
+    summaries: &[Summary],
+    dir: &Path,
+) -> Result<Vec<PathBuf>, ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
         path: dir.to_path_buf(),
         source,
@@ -264,7 +295,9 @@ pub fn write_outputs(study: &Study, summaries: &[Summary], dir: &Path) -> Result
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A grouped bar chart: cost (left) and runtime (right) relative to on-demand only, one
@@ -289,8 +322,13 @@ pub fn svg(study: &Study, summaries: &[Summary]) -> String {
         study.billing
     );
     for (panel, (title, value)) in [
-        ("cost relative to on-demand only", (|s: &Summary| s.cost_relative) as fn(&Summary) -> f64),
-        ("runtime relative to on-demand only", |s: &Summary| s.runtime_relative),
+        (
+            "cost relative to on-demand only",
+            (|s: &Summary| s.cost_relative) as fn(&Summary) -> f64,
+        ),
+        ("runtime relative to on-demand only", |s: &Summary| {
+            s.runtime_relative
+        }),
     ]
     .into_iter()
     .enumerate()

@@ -90,15 +90,26 @@ fn check_invariants(study: &Study, config: &SimConfig) {
         assert_eq!(start.runs[index(Strategy::OnDemandOnly)], start.baseline);
         let bound = start.runs[index(Strategy::Hindsight)].cost_usd;
         for (strategy, run) in Strategy::ALL.iter().zip(&start.runs) {
-            assert!(run.cost_usd.is_finite() && run.cost_usd >= 0.0, "{strategy:?} {run:?}");
+            assert!(
+                run.cost_usd.is_finite() && run.cost_usd >= 0.0,
+                "{strategy:?} {run:?}"
+            );
             assert!(run.runtime_seconds > 0.0, "{strategy:?} {run:?}");
-            assert!(run.on_demand_hours >= 0.0 && run.paid_spot_hours >= 0.0 && run.free_hours >= 0.0);
+            assert!(
+                run.on_demand_hours >= 0.0 && run.paid_spot_hours >= 0.0 && run.free_hours >= 0.0
+            );
             if config.billing == BillingModel::Gcp {
                 assert_eq!(run.free_hours, 0.0, "{strategy:?}: gcp never refunds");
             }
             // the bound holds for every strategy with a reliable tier
-            if matches!(strategy, Strategy::StandardAgileMl | Strategy::BidBrainAgileMl | Strategy::OnDemandOnly) {
-                assert!(bound <= run.cost_usd * (1.0 + 1e-9), "{strategy:?} {run:?} below the bound {bound}");
+            if matches!(
+                strategy,
+                Strategy::StandardAgileMl | Strategy::BidBrainAgileMl | Strategy::OnDemandOnly
+            ) {
+                assert!(
+                    bound <= run.cost_usd * (1.0 + 1e-9),
+                    "{strategy:?} {run:?} below the bound {bound}"
+                );
             }
         }
         // no spot strategy runs faster than its transient capacity allows (φ < 1, σ > 0)
@@ -106,7 +117,10 @@ fn check_invariants(study: &Study, config: &SimConfig) {
         assert!(spot.runtime_seconds >= start.baseline.runtime_seconds * 0.5);
     }
     let summaries = report::summarize(study);
-    let od = summaries.iter().find(|s| s.strategy == Strategy::OnDemandOnly).unwrap();
+    let od = summaries
+        .iter()
+        .find(|s| s.strategy == Strategy::OnDemandOnly)
+        .unwrap();
     assert!((od.cost_relative - 1.0).abs() < 1e-12 && (od.runtime_relative - 1.0).abs() < 1e-12);
     let table = report::table(study, &summaries);
     for strategy in Strategy::ALL {
@@ -117,7 +131,11 @@ fn check_invariants(study: &Study, config: &SimConfig) {
 #[test]
 fn synthetic_study_keeps_its_invariants_under_every_billing_model() {
     let market = synthetic_market();
-    for billing in [BillingModel::Aws, BillingModel::AwsHourly2016, BillingModel::Gcp] {
+    for billing in [
+        BillingModel::Aws,
+        BillingModel::AwsHourly2016,
+        BillingModel::Gcp,
+    ] {
         let config = small_config(billing);
         let study = run_study(&market, &config, &|| {}).unwrap();
         check_invariants(&study, &config);
@@ -146,12 +164,18 @@ fn progress_is_reported_once_per_run_and_outputs_are_written() {
         count.fetch_add(1, Ordering::Relaxed);
     })
     .unwrap();
-    assert_eq!(count.into_inner(), config.starts * config.job_hours.len() * Strategy::ALL.len());
+    assert_eq!(
+        count.into_inner(),
+        config.starts * config.job_hours.len() * Strategy::ALL.len()
+    );
     let dir = tempfile::tempdir().unwrap();
     let summaries = report::summarize(&study);
     let paths = report::write_outputs(&study, &summaries, dir.path()).unwrap();
     let runs = std::fs::read_to_string(&paths[0]).unwrap();
-    assert_eq!(runs.lines().count(), 1 + study.starts.len() * Strategy::ALL.len());
+    assert_eq!(
+        runs.lines().count(),
+        1 + study.starts.len() * Strategy::ALL.len()
+    );
     let svg = std::fs::read_to_string(dir.path().join("cost.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("BidBrain + AgileML"));
 }
@@ -178,10 +202,13 @@ fn spot_data() -> std::path::PathBuf {
 fn real_p3_trace_study_keeps_its_invariants() {
     let dir = spot_data();
     let read = |name: &str| {
-        read_trace(&dir.join(name), &ReadOptions::default())
-            .unwrap_or_else(|e| panic!("{e} (set EBBFLOW_SPOT_DATA to the shared spot data directory)"))
+        read_trace(&dir.join(name), &ReadOptions::default()).unwrap_or_else(|e| {
+            panic!("{e} (set EBBFLOW_SPOT_DATA to the shared spot data directory)")
+        })
     };
-    let TraceFile::Market(mut market) = read("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv") else {
+    let TraceFile::Market(mut market) =
+        read("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv")
+    else {
         panic!("the p3 trace is a market")
     };
     let TraceFile::OnDemand(on_demand) = read("aws_on_demand_prices_us-east-1.csv") else {
