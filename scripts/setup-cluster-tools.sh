@@ -6,6 +6,8 @@
 # $EBBFLOW_CACHE/bin/<name>-<version> and is skipped when already there. Prints the bin dir on
 # stdout (progress goes to stderr).
 #
+# Usage: setup-cluster-tools.sh [NAME...]   only the named tools (e.g. helm); default all.
+#
 # Env: EBBFLOW_CACHE (default ~/.cache/ebbflow); EBBFLOW_GO_JOBS, parallel Go compiles (default 2;
 # use 1 when others compile on the same machine).
 set -euo pipefail
@@ -18,7 +20,9 @@ mkdir -p "$bin_dir"
 log() { echo "setup-cluster-tools: $*" >&2; }
 die() { echo "setup-cluster-tools: error: $*" >&2; exit 1; }
 
-command -v go >/dev/null || die "go not found on PATH (need Go >= 1.26)"
+# Debian-style installs put Go outside the default PATH.
+command -v go >/dev/null || [[ ! -x /usr/local/go/bin/go ]] || PATH="/usr/local/go/bin:$PATH"
+command -v go >/dev/null || die "go not found on PATH or in /usr/local/go/bin (need Go >= 1.26)"
 export GOTOOLCHAIN=local
 export GOFLAGS="-p=${EBBFLOW_GO_JOBS:-2} -trimpath -buildvcs=false"
 
@@ -26,10 +30,18 @@ export GOFLAGS="-p=${EBBFLOW_GO_JOBS:-2} -trimpath -buildvcs=false"
 exec 9>"$bin_dir/.setup.lock"
 flock 9
 
-have() { [[ -x "$bin_dir/$1-$2" ]]; }
+all_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm
+  amazon-ec2-metadata-mock)
+for requested in "$@"; do
+  [[ " ${all_tools[*]} " == *" $requested "* ]] || die "unknown tool '$requested' (known: ${all_tools[*]})"
+done
+requested_tools=("$@")
+wanted() { ((${#requested_tools[@]} == 0)) || [[ " ${requested_tools[*]} " == *" $1 "* ]]; }
+# have NAME VERSION: nothing to do for NAME (already built, or not asked for).
+have() { [[ -x "$bin_dir/$1-$2" ]] || ! wanted "$1"; }
 
-# build_into NAME VERSION CMD...: runs CMD with $out (a fresh temp dir) and moves $out/NAME into
-# place only when it succeeded, so an interrupted build never leaves a half-written binary.
+# Builds go to a temp dir and move into place only when they succeeded, so an interrupted build
+# never leaves a half-written binary.
 staging_dir="$(mktemp -d "$bin_dir/.build.XXXXXX")"
 trap 'rm -rf "$staging_dir"' EXIT
 install_built() {

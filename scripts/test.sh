@@ -20,3 +20,11 @@ cargo test --workspace --locked
 
 echo "==> helm chart: lint, template across value combinations, values schema rejections"
 scripts/check-chart.sh
+
+# A real control plane (built from Go modules, cached) with kwok nodes; EBBFLOW_SKIP_E2E=1 skips.
+if [[ "${EBBFLOW_SKIP_E2E:-0}" == 1 ]]; then
+  echo "==> end-to-end on a real control plane: skipped (EBBFLOW_SKIP_E2E=1)"
+else
+  echo "==> end-to-end on a real control plane (scripts/e2e.sh: kwok cluster on 127.0.0.1)"
+  scripts/e2e.sh
+fi
