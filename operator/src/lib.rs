@@ -2,6 +2,12 @@
 
 pub mod bidder;
 pub mod billing;
+pub mod controller;
+pub mod coordinator;
 pub mod eviction;
+pub mod http;
+pub mod leader;
 pub mod market;
+pub mod metrics;
+pub mod notices;
 pub mod sim;

@@ -1,5 +1,271 @@
-//! `ebbflow-operator`: the Kubernetes controller.
+//! `ebbflow-operator`: the Kubernetes controller for TrainingJobs.
+//!
+//! A thin `main` over the library: flags, tracing, the HTTP endpoints, the CRD check, leader
+//! election, then the controller until SIGTERM/Ctrl-C.
 
-fn main() -> anyhow::Result<()> {
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use ebbflow_crds::{CapacityTypeLabel, CapacityTypePreset, ResolvedCapacityTypeLabel};
+use ebbflow_operator::{
+    controller::{self, Config, Context, capacity::SpecCapacityPlanner},
+    coordinator::CoordinatorClient,
+    http::{self, HttpState},
+    leader::{LeaderElector, LeaseConfig},
+    metrics::Metrics,
+};
+use kube::{
+    Client,
+    runtime::events::{Recorder, Reporter},
+};
+use prometheus::Registry;
+use tracing::{error, info};
+
+/// Capacity-type label presets, or custom with explicit key and values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Preset {
+    /// karpenter.sh/capacity-type: on-demand | spot.
+    Karpenter,
+    /// eks.amazonaws.com/capacityType: ON_DEMAND | SPOT.
+    Eks,
+    /// cloud.google.com/gke-spot: "true" on spot nodes.
+    Gke,
+    /// --capacity-type-label, --on-demand-value and --spot-value.
+    Custom,
+}
+
+/// ebbflow-operator: reconciles TrainingJobs into runtime pods on on-demand and spot nodes.
+#[derive(Parser, Debug)]
+#[command(name = "ebbflow-operator", version, about)]
+struct Flags {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "EBBFLOW_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+
+    /// Node label preset telling on-demand from spot nodes, for jobs that keep the default.
+    #[arg(long, value_enum, default_value = "karpenter")]
+    capacity_type_preset: Preset,
+
+    /// Label key (preset custom, or overriding the preset's).
+    #[arg(long)]
+    capacity_type_label: Option<String>,
+
+    /// Label value on on-demand nodes (preset custom, or overriding the preset's).
+    #[arg(long)]
+    on_demand_value: Option<String>,
+
+    /// Label value on spot nodes (preset custom, or overriding the preset's).
+    #[arg(long)]
+    spot_value: Option<String>,
+
+    /// Runtime image for jobs whose spec names none.
+    #[arg(long, env = "EBBFLOW_RUNTIME_IMAGE", default_value = concat!("ghcr.io/ebbflow/ebbflow-runtime:", env!("CARGO_PKG_VERSION")))]
+    runtime_image: String,
+
+    /// Talk to this coordinator URL for every job instead of `http://<job>-coordinator.<ns>.svc:7070`
+    /// (tests, port-forwards; e.g. http://127.0.0.1:7070).
+    #[arg(long, env = "EBBFLOW_COORDINATOR_URL")]
+    coordinator_url: Option<String>,
+
+    /// Timeout of each coordinator request, in seconds.
+    #[arg(long, default_value_t = 5)]
+    coordinator_timeout_seconds: u64,
+
+    /// Requeue while a job's nodes are being provisioned, in seconds.
+    #[arg(long, default_value_t = 10)]
+    provisioning_requeue_seconds: u64,
+
+    /// Write progress-only status changes (iteration, loss) at most this often, in seconds.
+    #[arg(long, default_value_t = 15)]
+    status_interval_seconds: u64,
+
+    /// Compete for a coordination.k8s.io Lease and reconcile only while holding it.
+    #[arg(long)]
+    leader_election: bool,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "ebbflow-operator")]
+    lease_name: String,
+
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+
+    /// Lease validity without renewal, in seconds.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+
+    /// The leader steps down if it cannot renew for this long, in seconds.
+    #[arg(long, default_value_t = 10)]
+    renew_deadline_seconds: u64,
+
+    /// Pause between lease attempts, in seconds.
+    #[arg(long, default_value_t = 2)]
+    retry_period_seconds: u64,
+
+    /// This replica's identity for leader election and events (default: hostname).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+impl Flags {
+    fn capacity_label(&self) -> anyhow::Result<ResolvedCapacityTypeLabel> {
+        let preset = match self.capacity_type_preset {
+            Preset::Karpenter => Some(CapacityTypePreset::Karpenter),
+            Preset::Eks => Some(CapacityTypePreset::Eks),
+            Preset::Gke => Some(CapacityTypePreset::Gke),
+            Preset::Custom => None,
+        };
+        let label = match preset {
+            Some(preset) => CapacityTypeLabel {
+                preset,
+                key: self.capacity_type_label.clone(),
+                on_demand_value: self.on_demand_value.clone(),
+                spot_value: self.spot_value.clone(),
+            }
+            .resolved(),
+            None => ResolvedCapacityTypeLabel {
+                key: self
+                    .capacity_type_label
+                    .clone()
+                    .context("--capacity-type-preset=custom needs --capacity-type-label")?,
+                on_demand_value: self.on_demand_value.clone(),
+                spot_value: self
+                    .spot_value
+                    .clone()
+                    .context("--capacity-type-preset=custom needs --spot-value")?,
+            },
+        };
+        Ok(label)
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if std::env::var("EBBFLOW_LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().init();
+    } else {
+        builder.compact().init();
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let flags = Flags::parse();
+    init_tracing();
+    let capacity_label = flags.capacity_label()?;
+    let identity = flags.identity.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "ebbflow-operator".to_owned())
+    });
+
+    let registry = Registry::new();
+    let metrics = Metrics::register(&registry).context("register metrics")?;
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(flags.metrics_addr)
+        .await
+        .with_context(|| format!("bind {}", flags.metrics_addr))?;
+    info!(address = %flags.metrics_addr, "serving /metrics, /healthz, /readyz");
+    let http_state = HttpState {
+        registry,
+        ready: ready.clone(),
+    };
+    tokio::spawn(async move {
+        if let Err(error) = http::serve(listener, http_state, shutdown_signal()).await {
+            error!(%error, "http server failed");
+        }
+    });
+
+    let client = Client::try_default()
+        .await
+        .context("connect to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    if let Err(error) = controller::check_crd(&client).await {
+        // One clear line, no backtrace: the usual cause is a missing `helm install`.
+        eprintln!("ebbflow-operator: {error}");
+        std::process::exit(1);
+    }
+
+    let mut elector = None;
+    if flags.leader_election {
+        let lease = LeaderElector::new(
+            client.clone(),
+            LeaseConfig {
+                name: flags.lease_name.clone(),
+                namespace: flags.lease_namespace.clone(),
+                identity: identity.clone(),
+                lease_duration: Duration::from_secs(flags.lease_duration_seconds),
+                renew_deadline: Duration::from_secs(flags.renew_deadline_seconds),
+                retry_period: Duration::from_secs(flags.retry_period_seconds),
+            },
+        );
+        info!(lease = %flags.lease_name, %identity, "waiting for leadership");
+        lease.acquire().await;
+        elector = Some(lease);
+    }
+    metrics.leader.set(1);
+
+    let mut config = Config::new(flags.runtime_image.clone());
+    config.plan.capacity_label = capacity_label;
+    config.coordinator_url_override = flags.coordinator_url.clone();
+    config.provisioning_requeue = Duration::from_secs(flags.provisioning_requeue_seconds);
+    config.status_interval = Duration::from_secs(flags.status_interval_seconds);
+    let reporter = Reporter {
+        controller: controller::MANAGER.to_owned(),
+        instance: Some(identity.clone()),
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(client, reporter),
+        metrics.clone(),
+        config,
+        CoordinatorClient::new(Duration::from_secs(flags.coordinator_timeout_seconds))
+            .context("build coordinator http client")?,
+        Arc::new(SpecCapacityPlanner),
+    ));
+
+    ready.store(true, Ordering::Relaxed);
+    info!("controller starting");
+    let controller = controller::run(ctx, shutdown_signal());
+    match elector {
+        Some(elector) => {
+            tokio::select! {
+                () = controller => {}
+                lost = elector.keep() => {
+                    metrics.leader.set(0);
+                    // Exit so the pod restarts as a standby; never reconcile without the lease.
+                    anyhow::bail!("{lost}");
+                }
+            }
+        }
+        None => controller.await,
+    }
+    info!("controller stopped");
     Ok(())
 }

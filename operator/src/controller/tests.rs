@@ -977,3 +977,30 @@ async fn node_events_map_back_to_jobs_with_pods_there() {
     assert_eq!(jobs[0].name, "mf");
     assert!(scenario.ctx.node_index.jobs_on("node-elsewhere").is_empty());
 }
+
+#[tokio::test]
+async fn missing_crd_is_one_clear_line() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(
+            request.uri().path(),
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.ebbflow.dev"
+        );
+        let (status, body) = not_found();
+        respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+    });
+    let error = super::check_crd(&Client::new(service, "default"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, super::StartError::CrdMissing), "{error}");
+    let text = error.to_string();
+    assert!(!text.contains('\n'));
+    assert!(text.contains("trainingjobs.ebbflow.dev"), "{text}");
+    server.await.unwrap();
+}

@@ -21,8 +21,7 @@ pub fn validate(job: &TrainingJob, capabilities: Capabilities) -> Vec<FieldError
     if spec.provisioning.mode == ProvisioningMode::Ec2 && !capabilities.ec2 {
         errors.push(FieldError {
             field: "spec.provisioning.mode".to_owned(),
-            detail: "ec2 provisioning is not enabled in this operator (start it with --ec2)"
-                .to_owned(),
+            detail: "ec2 provisioning is not available in this operator build".to_owned(),
         });
     }
     if spec.bidding.decision_interval.to_duration().is_none() {
