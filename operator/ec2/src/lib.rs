@@ -4,7 +4,7 @@
 //! price history, instance types and offerings, placement scores, launching tagged spot and
 //! on-demand instances, finding and terminating a job's instances. [`SdkEc2`] implements it over
 //! `aws-sdk-ec2`; every failure becomes an [`Ec2Error`] with a bounded [`ErrorCategory`] and a
-//! [`RetryAdvice`]. This crate is alone in depending on the (slow to build) SDK.
+//! [`RetryAdvice`]. [`FakeEc2`] is an in-memory implementation for callers' tests. This crate is alone in depending on the (slow to build) SDK.
 //!
 //! Integration tests run against a local moto server started by `moto/launch.py`, which
 //! serves spot prices from a real trace (see the crate README).
@@ -12,12 +12,14 @@
 mod api;
 mod config;
 mod error;
+mod fake;
 mod sdk;
 mod types;
 
 pub use api::{BoxFuture, Ec2Api, Ec2Result};
 pub use config::{Ec2Config, StaticCredentials};
 pub use error::{Ec2Error, ErrorCategory, Operation, RetryAdvice, classify_code};
+pub use fake::FakeEc2;
 pub use sdk::SdkEc2;
 pub use types::{
     Capacity, CapacityType, Ec2Instance, FleetInstance, FleetLaunchError, FleetOutcome, FleetPool,

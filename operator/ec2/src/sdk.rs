@@ -540,13 +540,7 @@ fn build_run_instances(
     builder: RunInstancesBuilder,
     request: &LaunchRequest,
 ) -> Ec2Result<RunInstancesBuilder> {
-    request.tags.validate()?;
-    if request.image_id.is_empty() {
-        return Err(Ec2Error::InvalidArgument {
-            field: "image_id",
-            reason: "must not be empty".into(),
-        });
-    }
+    request.validate()?;
     let count = positive_i32("count", request.count)?;
     let mut builder = builder
         .image_id(&request.image_id)
@@ -599,13 +593,7 @@ fn build_create_fleet(
     builder: CreateFleetBuilder,
     request: &FleetRequest,
 ) -> Ec2Result<CreateFleetBuilder> {
-    request.tags.validate()?;
-    if request.pools.is_empty() {
-        return Err(Ec2Error::InvalidArgument {
-            field: "pools",
-            reason: "at least one pool is needed".into(),
-        });
-    }
+    request.validate()?;
     let total = request.spot_count.saturating_add(request.on_demand_count);
     let total = positive_i32("spot_count + on_demand_count", total)?;
     let template = match &request.launch_template {

@@ -241,6 +241,23 @@ pub struct LaunchRequest {
     pub client_token: Option<String>,
 }
 
+impl LaunchRequest {
+    /// Checks the request before anything is sent.
+    pub fn validate(&self) -> Result<(), Ec2Error> {
+        self.tags.validate()?;
+        non_empty_field("image_id", &self.image_id)?;
+        non_empty_field("instance_type", &self.instance_type)?;
+        count_field("count", self.count)?;
+        if let Capacity::Spot {
+            max_price_usd_hr: Some(price),
+        } = self.capacity
+        {
+            format_price("max_price_usd_hr", price)?;
+        }
+        Ok(())
+    }
+}
+
 /// A launch template reference for CreateFleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LaunchTemplateRef {
@@ -280,6 +297,51 @@ pub struct FleetRequest {
     pub tags: JobTags,
     /// Idempotency token.
     pub client_token: Option<String>,
+}
+
+impl FleetRequest {
+    /// Checks the request before anything is sent.
+    pub fn validate(&self) -> Result<(), Ec2Error> {
+        self.tags.validate()?;
+        if self.pools.is_empty() {
+            return Err(Ec2Error::InvalidArgument {
+                field: "pools",
+                reason: "at least one pool is needed".into(),
+            });
+        }
+        for pool in &self.pools {
+            non_empty_field("pools.instance_type", &pool.instance_type)?;
+            if let Some(price) = pool.max_price_usd_hr {
+                format_price("pools.max_price_usd_hr", price)?;
+            }
+        }
+        count_field(
+            "spot_count + on_demand_count",
+            self.spot_count.saturating_add(self.on_demand_count),
+        )?;
+        Ok(())
+    }
+}
+
+fn non_empty_field(field: &'static str, value: &str) -> Result<(), Ec2Error> {
+    if value.is_empty() {
+        return Err(Ec2Error::InvalidArgument {
+            field,
+            reason: "must not be empty".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Counts go to EC2 as 32-bit signed integers.
+fn count_field(field: &'static str, value: u32) -> Result<i32, Ec2Error> {
+    i32::try_from(value)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| Ec2Error::InvalidArgument {
+            field,
+            reason: format!("must be within 1..={}, got {value}", i32::MAX),
+        })
 }
 
 /// Instances one CreateFleet call launched, and the pools that failed.
