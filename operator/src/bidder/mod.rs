@@ -400,25 +400,6 @@ impl Bidder<'_> {
             }
         });
 
-        // releases: renewing must not raise E
-        let mut footprint = current;
-        let mut release = Vec::new();
-        for (id, _term, renewal) in &terms {
-            let Some(renewal) = renewal else { continue };
-            let others = terms
-                .iter()
-                .filter(|(other, _, _)| other != id && !release.contains(other))
-                .fold(Footprint::empty(), |f, (_, t, _)| f.with(t));
-            let with = self.cost_per_work(input, &others.with(renewal));
-            let without = self.cost_per_work(input, &others);
-            let rate_without = others.expected_rate + self.reliable_rate(input, &others);
-            let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
-            if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
-                release.push(*id);
-                footprint = others;
-            }
-        }
-
         // candidates: every buyable spot pool at every modelled bid delta
         let mut infeasible = NoFeasiblePool::default();
         let mut candidates: Vec<(usize, CapacityType, Option<f64>)> = Vec::new();
@@ -461,6 +442,36 @@ impl Bidder<'_> {
                     seen.push(&info.id.instance_type);
                     candidates.push((pool, CapacityType::OnDemand, None));
                 }
+            }
+        }
+
+        // releases before billing boundaries: keep an allocation only if renewing it is no
+        // worse than dropping it or replacing it by the best fresh candidate of the same size
+        // (under `aws` a fresh instance is again refunded if interrupted in its first hour)
+        let mut footprint = current;
+        let mut release = Vec::new();
+        for (id, _term, renewal) in &terms {
+            let Some(renewal) = renewal else { continue };
+            let others = terms
+                .iter()
+                .filter(|(other, _, _)| other != id && !release.contains(other))
+                .fold(Footprint::empty(), |f, (_, t, _)| f.with(t));
+            let with = self.cost_per_work(input, &others.with(renewal));
+            let mut without = self.cost_per_work(input, &others);
+            for &(pool, capacity, max_price) in
+                candidates.iter().filter(|c| c.1 == CapacityType::Spot)
+            {
+                if let Some(fresh) =
+                    self.term(input, pool, capacity, renewal.count, max_price, 0.0, true)
+                {
+                    without = without.min(self.cost_per_work(input, &others.with(&fresh)));
+                }
+            }
+            let rate_without = others.expected_rate + self.reliable_rate(input, &others);
+            let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
+            if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
+                release.push(*id);
+                footprint = others;
             }
         }
 

@@ -266,3 +266,24 @@ fn decisions_are_deterministic() {
     let scenario = Scenario::new(BillingModel::Aws).holding(1, CHURNY, 2, 0.31, 1000);
     assert_eq!(scenario.decide(&model), scenario.decide(&model));
 }
+
+#[test]
+fn under_aws_an_instance_about_to_leave_its_free_hour_is_replaced_by_a_fresh_one() {
+    let model = eviction_model();
+    // 56 minutes old in the churny pool: past the hour an interruption is no longer free, while
+    // a fresh allocation in the same pool is again refunded if interrupted in its first hour
+    let mut scenario = Scenario::new(BillingModel::Aws).holding(4, CHURNY, 8, 0.31, 56 * 60);
+    scenario.app.lambda_seconds = 10.0;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.release, vec![4], "{decision:?}");
+    assert_eq!(
+        decision.acquire.iter().map(|r| r.count).sum::<u32>(),
+        8,
+        "{decision:?}"
+    );
+    // without refunds a fresh allocation only costs its start-up time: a good one is kept
+    let mut scenario = Scenario::new(BillingModel::Gcp).holding(4, STABLE, 8, 0.31, 56 * 60);
+    scenario.app.lambda_seconds = 10.0;
+    let decision = scenario.decide(&model);
+    assert!(decision.release.is_empty(), "{decision:?}");
+}
