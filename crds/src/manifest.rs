@@ -65,7 +65,7 @@ pub fn parse_manifest(yaml: &str) -> Result<TrainingJob, ManifestError> {
         // Unreachable for documents the schema admits; reported rather than panicking.
         invalid(vec![FieldError {
             field: "spec".to_owned(),
-            detail: format!("Invalid value: \"object\": {error}"),
+            detail: format!("Invalid value: {error}"),
         }])
     })?;
     job.spec.validate().map_err(|broken| invalid(broken.0))?;

@@ -405,12 +405,12 @@ impl fmt::Display for FieldError {
 }
 
 impl FieldError {
-    /// The error the API server reports when `rule` fails: `<path>: Invalid value: "object":
-    /// <message>`.
+    /// The error the API server (Kubernetes 1.35) reports when `rule` fails:
+    /// `<path>: Invalid value: <message>`.
     pub fn from_rule(rule: &Rule) -> Self {
         Self {
             field: rule.path(),
-            detail: format!("Invalid value: \"object\": {}", rule.message),
+            detail: format!("Invalid value: {}", rule.message),
         }
     }
 }

@@ -530,10 +530,10 @@ fn messages_read_like_the_api_server() {
     let error = parse_manifest(&yaml).expect_err("two rules broken");
     assert_eq!(
         error.to_string(),
-        "TrainingJob.ebbflow.dev \"broken\" is invalid: [spec.stop: Invalid value: \"object\": \
-         spec.stop must set at least one of iterations, targetLoss or wallClockLimit, \
-         spec.transient.minNodes: Invalid value: \"object\": spec.transient.minNodes must be \
-         less than or equal to spec.transient.maxNodes]"
+        "TrainingJob.ebbflow.dev \"broken\" is invalid: [spec.stop: Invalid value: spec.stop \
+         must set at least one of iterations, targetLoss or wallClockLimit, \
+         spec.transient.minNodes: Invalid value: spec.transient.minNodes must be less than or \
+         equal to spec.transient.maxNodes]"
     );
 }
 
