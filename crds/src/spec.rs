@@ -182,8 +182,9 @@ pub struct DatasetSpec {
     pub synthetic: Option<SyntheticDataset>,
 
     /// A file every node can read. A relative path is resolved against the dataset root: /data
-    /// (where claimName is mounted) in a cluster, `ebbflow run --data-dir` (default
-    /// ~/.cache/ebbflow/data) on one machine. Files ending in .gz are decompressed while reading.
+    /// (where claimName is mounted) in a cluster, the data directory of `ebbflow run`
+    /// (EBBFLOW_DATA_DIR, default ~/.cache/ebbflow/data) on one machine. Files ending in .gz are
+    /// decompressed while reading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub path: Option<String>,

@@ -113,6 +113,29 @@ fn example_traces_exist_beside_the_repository() {
     }
 }
 
+#[test]
+fn example_datasets_exist_in_the_data_directory() {
+    // scripts/fetch-data.sh fills EBBFLOW_DATA_DIR (the README's test command exports it);
+    // relative dataset paths are resolved against it by `ebbflow run`.
+    let Some(data_dir) = std::env::var_os("EBBFLOW_DATA_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_dir())
+    else {
+        eprintln!("EBBFLOW_DATA_DIR not set or not a directory; skipping");
+        return;
+    };
+    for (path, job) in examples() {
+        if let Some(dataset) = &job.spec.app.dataset.path {
+            assert!(
+                data_dir.join(dataset).is_file(),
+                "{}: dataset {dataset} not in {} (scripts/fetch-data.sh fetches it)",
+                path.display(),
+                data_dir.display()
+            );
+        }
+    }
+}
+
 /// A valid manifest to break, as JSON.
 fn base() -> Value {
     json!({
