@@ -138,11 +138,13 @@ def load_trace(path: str, instance_type: str) -> dict[tuple[str, str], list[Pric
             elif {"Time", "InstanceType", "AZ", "SpotPrice"} <= set(header):
                 names = zone_id_map()
                 gaps = 0
+                unmapped: set[str] = set()
                 for row in reader:
                     where = f"{path}: line {reader.line_num}"
                     zone = names.get(row["AZ"])
                     if zone is None:
                         # moto does not model every AZ ID; those rows cannot be served.
+                        unmapped.add(row["AZ"])
                         continue
                     try:
                         missing = float(row["SpotPrice"]) <= 0
@@ -155,6 +157,8 @@ def load_trace(path: str, instance_type: str) -> dict[tuple[str, str], list[Pric
                     add(row["InstanceType"], zone, parse_time(row["Time"], where), parse_price(row["SpotPrice"], f"{where}: column SpotPrice"))
                 if gaps:
                     print(f"launch.py: {path}: skipped {gaps} rows without a price (SpotPrice <= 0)", file=sys.stderr)
+                if unmapped:
+                    print(f"launch.py: {path}: skipped AZ IDs moto does not know: {sorted(unmapped)}", file=sys.stderr)
             elif {"timestamp", "instance_type", "zone", "price_usd_hr"} <= set(header):
                 for row in reader:
                     where = f"{path}: line {reader.line_num}"
