@@ -65,8 +65,20 @@ pub enum EvictionError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvictionModel {
     config: EvictionConfig,
-    /// `curves[pool][delta]`.
+    /// `curves[pool][delta]`, over all launches.
     curves: Vec<Vec<Curve>>,
+    /// `by_run_age[pool][delta][bucket]`: launches grouped by how long the pool had been
+    /// buyable (see [`RUN_AGE_EDGES`]); `None` where too few launches (the pool's overall curve
+    /// is used). Only pools with availability data have them.
+    by_run_age: Vec<Vec<Vec<Option<Curve>>>>,
+}
+
+/// Bucket edges (seconds) of the pool's buyable run age at launch: with availability data,
+/// how long a pool has been up says much about how soon it goes down.
+pub const RUN_AGE_EDGES: [f64; 5] = [900.0, 1800.0, 3600.0, 7200.0, 14_400.0];
+
+fn run_age_bucket(run_age: f64) -> usize {
+    RUN_AGE_EDGES.partition_point(|&edge| edge <= run_age)
 }
 
 /// An observed time to eviction from one launch.
@@ -76,6 +88,8 @@ pub struct Lifetime {
     pub seconds: f64,
     /// Whether the instance was evicted (false: censored).
     pub evicted: bool,
+    /// How long the pool had been buyable without interruption at launch, if known.
+    pub run_age: Option<f64>,
 }
 
 /// Every launch lifetime of `pool` at max price `price + delta · on_demand`, with launches at
@@ -84,10 +98,22 @@ pub fn lifetimes(pool: &PoolSeries, delta: f64, cap_seconds: f64, max_hold: i64)
     let on_demand = pool.info.on_demand_usd_hr.unwrap_or(0.0);
     let samples = &pool.samples;
     let mut out = Vec::new();
+    // start of the pool's current buyable run (None: unknown, it began before the samples)
+    let mut run_start: Option<i64> = None;
+    let mut previous_sample: Option<(i64, bool)> = None;
     for (i, launch) in samples.iter().enumerate() {
-        let Some(price) = launch.price.filter(|_| launch.available) else {
+        let buyable = launch.available && launch.price.is_some();
+        if let Some((at, was_buyable)) = previous_sample
+            && buyable
+            && (!was_buyable || launch.at - at > max_hold)
+        {
+            run_start = Some(launch.at);
+        }
+        previous_sample = Some((launch.at, buyable));
+        let Some(price) = launch.price.filter(|_| buyable) else {
             continue;
         };
+        let run_age = run_start.map(|start| (launch.at - start) as f64);
         let max_price = price + delta * on_demand;
         let mut previous = launch.at;
         let mut outcome = None;
@@ -96,35 +122,28 @@ pub fn lifetimes(pool: &PoolSeries, delta: f64, cap_seconds: f64, max_hold: i64)
             if next.at - previous > max_hold {
                 // a gap: the pool is unknown from previous + max_hold on
                 let gone = ((previous + max_hold) - launch.at) as f64;
-                outcome = Some(Lifetime {
-                    seconds: gone.min(cap_seconds),
-                    evicted: gone <= cap_seconds,
-                });
+                outcome = Some((gone.min(cap_seconds), gone <= cap_seconds));
                 break;
             }
             if age > cap_seconds {
                 // still running at the next sample, past the cap: survived the whole cap
-                outcome = Some(Lifetime {
-                    seconds: cap_seconds,
-                    evicted: false,
-                });
+                outcome = Some((cap_seconds, false));
                 break;
             }
             let crossed = next.price.is_none_or(|p| p > max_price);
             if !next.available || crossed {
-                outcome = Some(Lifetime {
-                    seconds: age,
-                    evicted: true,
-                });
+                outcome = Some((age, true));
                 break;
             }
             previous = next.at;
         }
-        let lifetime = outcome.unwrap_or_else(|| Lifetime {
-            seconds: ((previous - launch.at) as f64).min(cap_seconds),
-            evicted: false,
+        let (seconds, evicted) =
+            outcome.unwrap_or((((previous - launch.at) as f64).min(cap_seconds), false));
+        out.push(Lifetime {
+            seconds,
+            evicted,
+            run_age,
         });
-        out.push(lifetime);
     }
     out
 }
@@ -211,6 +230,33 @@ impl EvictionModel {
                 curve(all, config.step_seconds, points)
             })
             .collect();
+        let by_run_age = per_pool
+            .iter()
+            .zip(&training.pools)
+            .map(|(deltas, pool)| {
+                deltas
+                    .iter()
+                    .map(|lifetimes| {
+                        (0..=RUN_AGE_EDGES.len())
+                            .map(|bucket| {
+                                if !pool.has_availability {
+                                    return None;
+                                }
+                                let group: Vec<Lifetime> = lifetimes
+                                    .iter()
+                                    .filter(|l| {
+                                        l.run_age.is_some_and(|r| run_age_bucket(r) == bucket)
+                                    })
+                                    .copied()
+                                    .collect();
+                                (group.len() >= config.min_launches)
+                                    .then(|| curve(group, config.step_seconds, points))
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
         let curves = per_pool
             .iter_mut()
             .map(|deltas| {
@@ -227,7 +273,11 @@ impl EvictionModel {
                     .collect()
             })
             .collect();
-        Ok(Self { config, curves })
+        Ok(Self {
+            config,
+            curves,
+            by_run_age,
+        })
     }
 
     /// The configuration used.
@@ -242,6 +292,14 @@ impl EvictionModel {
             .bid_deltas
             .partition_point(|&d| d <= delta + 1e-12)
             .saturating_sub(1)
+    }
+
+    /// The curve for `pool` at `delta`, conditioned on the pool's run age at launch if known.
+    fn curve_for(&self, pool: usize, delta: f64, run_age: Option<f64>) -> &Curve {
+        let d = self.delta_index(delta);
+        run_age
+            .and_then(|r| self.by_run_age[pool][d][run_age_bucket(r)].as_ref())
+            .unwrap_or(&self.curves[pool][d])
     }
 
     fn survival_at(&self, curve: &Curve, tau: f64) -> f64 {
@@ -279,9 +337,17 @@ impl EvictionModel {
     }
 
     /// Probability that an instance of `pool` launched at max price `price + delta ·
-    /// on-demand`, still running at `age` seconds, survives `horizon` more seconds.
-    pub fn survival(&self, pool: usize, delta: f64, age: f64, horizon: f64) -> f64 {
-        let curve = &self.curves[pool][self.delta_index(delta)];
+    /// on-demand` when the pool had been buyable for `run_age` seconds (if known), still
+    /// running at `age` seconds, survives `horizon` more seconds.
+    pub fn survival(
+        &self,
+        pool: usize,
+        delta: f64,
+        run_age: Option<f64>,
+        age: f64,
+        horizon: f64,
+    ) -> f64 {
+        let curve = self.curve_for(pool, delta, run_age);
         let at_age = self.survival_at(curve, age);
         if at_age <= 1e-9 {
             // the model never saw an instance this old: assume the hazard of the whole curve
@@ -291,13 +357,27 @@ impl EvictionModel {
     }
 
     /// β: probability of eviction within `horizon` seconds (see [`EvictionModel::survival`]).
-    pub fn beta(&self, pool: usize, delta: f64, age: f64, horizon: f64) -> f64 {
-        1.0 - self.survival(pool, delta, age, horizon)
+    pub fn beta(
+        &self,
+        pool: usize,
+        delta: f64,
+        run_age: Option<f64>,
+        age: f64,
+        horizon: f64,
+    ) -> f64 {
+        1.0 - self.survival(pool, delta, run_age, age, horizon)
     }
 
     /// Expected running seconds within the next `horizon` seconds, `∫ S(age + τ)/S(age) dτ`.
-    pub fn expected_uptime(&self, pool: usize, delta: f64, age: f64, horizon: f64) -> f64 {
-        let curve = &self.curves[pool][self.delta_index(delta)];
+    pub fn expected_uptime(
+        &self,
+        pool: usize,
+        delta: f64,
+        run_age: Option<f64>,
+        age: f64,
+        horizon: f64,
+    ) -> f64 {
+        let curve = self.curve_for(pool, delta, run_age);
         let at_age = self.survival_at(curve, age);
         if at_age <= 1e-9 {
             return self.integral_at(curve, horizon);
@@ -410,7 +490,7 @@ pub fn score(
                 } else {
                     continue; // censored before the horizon: outcome unknown
                 };
-                let p_model = model.beta(pool_index, delta, 0.0, horizon_seconds);
+                let p_model = model.beta(pool_index, delta, l.run_age, 0.0, horizon_seconds);
                 let p_naive = naive.beta(pool_index, horizon_seconds);
                 out.model.brier += (p_model - y) * (p_model - y);
                 out.naive.brier += (p_naive - y) * (p_naive - y);
@@ -488,11 +568,11 @@ mod tests {
         let model = EvictionModel::fit(&m, config()).unwrap();
         let median = model.median_time_to_eviction(0, 0.5).unwrap();
         assert!((1200.0..=1800.0).contains(&median), "median {median}");
-        assert!(model.beta(0, 0.5, 0.0, 3600.0) > 0.99);
-        assert!(model.beta(0, 0.5, 0.0, 600.0) < 0.3);
+        assert!(model.beta(0, 0.5, None, 0.0, 3600.0) > 0.99);
+        assert!(model.beta(0, 0.5, None, 0.0, 600.0) < 0.3);
         // conditional on surviving 40 minutes, eviction within 15 minutes is certain
-        assert!(model.beta(0, 0.5, 2400.0, 900.0) > 0.95);
-        let uptime = model.expected_uptime(0, 0.5, 0.0, 3600.0);
+        assert!(model.beta(0, 0.5, None, 2400.0, 900.0) > 0.95);
+        let uptime = model.expected_uptime(0, 0.5, None, 0.0, 3600.0);
         assert!((1300.0..1800.0).contains(&uptime), "uptime {uptime}");
     }
 
@@ -506,9 +586,9 @@ mod tests {
         )]);
         let model = EvictionModel::fit(&m, config()).unwrap();
         // launches during a spike (1 in 30) bid above every later price and survive
-        let beta_low = model.beta(0, 0.0001, 0.0, 3600.0);
+        let beta_low = model.beta(0, 0.0001, None, 0.0, 3600.0);
         assert!((0.95..0.98).contains(&beta_low), "{beta_low}");
-        assert!(model.beta(0, 0.5, 0.0, 3600.0) < 0.01);
+        assert!(model.beta(0, 0.5, None, 0.0, 3600.0) < 0.01);
         assert_eq!(model.median_time_to_eviction(0, 0.5), None);
         // a delta between the grid points uses the lower one
         assert_eq!(model.delta_index(0.3), 0);

@@ -270,8 +270,16 @@ impl Bidder<'_> {
                 match (quote.buyable_price(), max_price) {
                     (Some(price), Some(max_price)) if price <= max_price => {
                         let delta = (max_price - price) / on_demand;
-                        let beta = self.eviction.beta(pool, delta, age, window);
-                        let uptime = self.eviction.expected_uptime(pool, delta, age, window);
+                        // the pool's buyable run age when this allocation was launched
+                        let launched = input.now - age as Timestamp;
+                        let run_age = quote
+                            .up_since
+                            .filter(|since| *since <= launched)
+                            .map(|since| (launched - since) as f64);
+                        let beta = self.eviction.beta(pool, delta, run_age, age, window);
+                        let uptime = self
+                            .eviction
+                            .expected_uptime(pool, delta, run_age, age, window);
                         (price, window, beta, uptime)
                     }
                     // unavailable, unpriced or above its max price: it is going away now

@@ -80,6 +80,7 @@ impl Scenario {
                     Quote {
                         price: Some(0.3),
                         available: true,
+                        up_since: None,
                     };
                     2
                 ],
@@ -104,7 +105,11 @@ impl Scenario {
     }
 
     fn price(mut self, pool: usize, price: Option<f64>, available: bool) -> Self {
-        self.view.quotes[pool] = Quote { price, available };
+        self.view.quotes[pool] = Quote {
+            price,
+            available,
+            up_since: None,
+        };
         self
     }
 

@@ -110,6 +110,9 @@ pub struct Quote {
     pub price: Option<f64>,
     /// Whether new capacity can be obtained and running capacity is kept.
     pub available: bool,
+    /// Since when the pool has been buyable without interruption, if known (from
+    /// availability history; `None` where the source cannot tell).
+    pub up_since: Option<Timestamp>,
 }
 
 impl Quote {
@@ -127,6 +130,7 @@ impl PoolSeries {
             return Quote {
                 price: None,
                 available: false,
+                up_since: None,
             };
         }
         let sample = self.samples[after - 1];
@@ -134,12 +138,34 @@ impl PoolSeries {
             return Quote {
                 price: None,
                 available: false,
+                up_since: None,
             };
         }
         Quote {
             price: sample.price,
             available: sample.available && sample.price.is_some(),
+            up_since: None,
         }
+    }
+
+    /// Since when the pool has been buyable without interruption at `at` (`None` if it is not
+    /// buyable, or was buyable since before its first sample). Only meaningful for series with
+    /// availability data.
+    pub fn up_since(&self, at: Timestamp, gap: GapPolicy) -> Option<Timestamp> {
+        let after = self.samples.partition_point(|s| s.at <= at);
+        if after == 0 || !self.quote_at(at, gap).available {
+            return None;
+        }
+        let mut start = after - 1;
+        while start > 0 {
+            let (previous, current) = (self.samples[start - 1], self.samples[start]);
+            let buyable = previous.available && previous.price.is_some();
+            if !buyable || current.at - previous.at > gap.max_hold_seconds {
+                return Some(current.at);
+            }
+            start -= 1;
+        }
+        None
     }
 }
 
@@ -210,7 +236,14 @@ impl Market {
             quotes: self
                 .pools
                 .iter()
-                .map(|p| p.quote_at(at, self.gap))
+                .map(|p| Quote {
+                    up_since: if p.has_availability {
+                        p.up_since(at, self.gap)
+                    } else {
+                        None
+                    },
+                    ..p.quote_at(at, self.gap)
+                })
                 .collect(),
         }
     }
@@ -387,6 +420,30 @@ mod tests {
         // a sample without a price is unavailable, not free
         let unlisted = pool.quote_at(10_000, gap);
         assert_eq!(unlisted.buyable_price(), None);
+    }
+
+    #[test]
+    fn up_since_finds_the_start_of_the_current_buyable_run() {
+        let flags = [true, false, true, true, true];
+        let pool = series(
+            flags
+                .iter()
+                .enumerate()
+                .map(|(i, &available)| Sample {
+                    at: 100 * i as i64,
+                    price: Some(0.03),
+                    available,
+                })
+                .collect(),
+        );
+        let gap = GapPolicy::for_interval(100);
+        assert_eq!(pool.up_since(450, gap), Some(200));
+        assert_eq!(pool.up_since(150, gap), None, "not buyable");
+        assert_eq!(
+            pool.up_since(50, gap),
+            None,
+            "buyable since before the first sample"
+        );
     }
 
     #[test]

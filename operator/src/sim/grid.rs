@@ -16,6 +16,9 @@ pub struct MarketGrid {
     pub pools: Vec<PoolInfo>,
     /// `prices[pool][slot]`.
     prices: Vec<Vec<f32>>,
+    /// `run_start[pool][slot]`: first slot of the pool's current buyable run, `u32::MAX` when
+    /// unknown (buyable since slot 0) or not buyable. Only for pools with availability data.
+    run_start: Vec<Vec<u32>>,
 }
 
 impl MarketGrid {
@@ -36,12 +39,36 @@ impl MarketGrid {
                     .collect()
             })
             .collect();
+        let run_start = market
+            .pools
+            .iter()
+            .zip(&prices)
+            .map(|(pool, prices): (_, &Vec<f32>)| {
+                let mut out = vec![u32::MAX; slots];
+                if !pool.has_availability {
+                    return out;
+                }
+                let mut current = u32::MAX;
+                for slot in 0..slots {
+                    if prices[slot].is_nan() {
+                        current = u32::MAX;
+                    } else {
+                        if slot > 0 && prices[slot - 1].is_nan() {
+                            current = slot as u32;
+                        }
+                        out[slot] = current;
+                    }
+                }
+                out
+            })
+            .collect();
         Ok(Self {
             t0: first,
             step,
             slots,
             pools: market.infos(),
             prices,
+            run_start,
         })
     }
 
@@ -76,9 +103,11 @@ impl MarketGrid {
             quotes: (0..self.pools.len())
                 .map(|pool| {
                     let price = self.price(pool, slot);
+                    let start = self.run_start[pool][slot];
                     Quote {
                         price,
                         available: price.is_some(),
+                        up_since: (start != u32::MAX).then(|| self.time(start as usize)),
                     }
                 })
                 .collect(),
