@@ -1,15 +1,11 @@
-//! Client side of the runtime coordinator's admin HTTP API: status, eviction notices, stop.
-//!
-//! `ebbflow-runtime-api` does not define these messages yet, so the operator defines the wire
-//! format it speaks here (JSON, camelCase):
-//!
-//! - `GET  /v1/status` → [`CoordinatorStatus`]
-//! - `POST /v1/notices` with [`NoticeRequest`] → 2xx
-//! - `POST /v1/stop` with [`StopRequest`] → 2xx
+//! Client side of the runtime coordinator's admin HTTP API (types from
+//! `ebbflow-runtime-api`): `GET /status`, `POST /notice`, `POST /stop`.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use ebbflow_runtime_api::{JobPhase, NoticeRequest, StatusResponse};
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
 
 /// Port of the coordinator's admin HTTP API inside a runtime pod.
 pub const ADMIN_PORT: u16 = 7070;
@@ -17,54 +13,61 @@ pub const ADMIN_PORT: u16 = 7070;
 /// Port of the runtime's TCP data plane inside a runtime pod.
 pub const DATA_PORT: u16 = 7071;
 
-/// What the coordinator reports about training.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// What the operator takes from a coordinator's status.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CoordinatorStatus {
-    /// AgileML stage (1, 2 or 3).
-    #[serde(default)]
+    /// AgileML stage (1, 2 or 3), when the coordinator reports one.
     pub stage: Option<u8>,
-    /// Completed iterations (clocks).
-    #[serde(default)]
-    pub iteration: u64,
-    /// Training loss at the last completed iteration.
-    #[serde(default)]
+    /// Completed iterations (clocks), when reported.
+    pub iteration: Option<u64>,
+    /// Training loss (the final evaluation's once done).
     pub loss: Option<f64>,
-    /// True once a stop criterion was met and training ended.
-    #[serde(default)]
+    /// True once training finished (a stop criterion was met).
     pub finished: bool,
-    /// Why training ended, when `finished` (e.g. IterationsReached, TargetLossReached).
-    #[serde(default)]
+    /// Why training ended, when `finished` (CamelCase, e.g. IterationsReached).
     pub reason: Option<String>,
-    /// Runtime nodes (pod names) that joined and are serving.
-    #[serde(default)]
+    /// Set when training failed, with the coordinator's description.
+    pub failed: Option<String>,
+    /// Runtime nodes (pod names) that joined.
     pub members: Vec<String>,
     /// Partition migrations done so far.
-    #[serde(default)]
     pub migrations: u64,
     /// Rollbacks to the last consistent clock so far.
-    #[serde(default)]
     pub rollbacks: u64,
 }
 
-/// "Instance X leaves at T", sent once per instance and deadline.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NoticeRequest {
-    /// The runtime node (pod name) that goes away.
-    pub instance: String,
-    /// When it goes away (RFC 3339); in the past when it is already gone.
-    pub leaves_at: String,
-    /// Where the notice came from (e.g. AwsNodeTerminationHandler, NodeGone).
-    pub source: String,
+impl From<StatusResponse> for CoordinatorStatus {
+    fn from(response: StatusResponse) -> Self {
+        Self {
+            stage: None,
+            iteration: None,
+            loss: response.result.as_ref().map(|result| result.loss),
+            finished: response.phase == JobPhase::Done,
+            reason: (response.phase == JobPhase::Done).then(|| "StopCriterionMet".to_owned()),
+            failed: (response.phase == JobPhase::Failed).then(|| {
+                response
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "training failed".to_owned())
+            }),
+            members: response
+                .nodes
+                .iter()
+                .map(|node| node.name.clone())
+                .collect(),
+            migrations: 0,
+            rollbacks: 0,
+        }
+    }
 }
 
-/// Asks the coordinator to stop training (suspend or job deletion).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StopRequest {
-    /// Why (Suspended, Deleted).
-    pub reason: String,
+/// The wire notice for `instance` leaving at `leaves_at` (whole seconds, rounded down so the
+/// coordinator never plans with more time than there is).
+pub fn notice_request(instance: &str, leaves_at: Timestamp) -> NoticeRequest {
+    NoticeRequest {
+        name: instance.to_owned(),
+        deadline_unix: u64::try_from(leaves_at.as_second()).unwrap_or(0),
+    }
 }
 
 /// Errors talking to a coordinator.
@@ -112,9 +115,9 @@ impl CoordinatorClient {
         Ok(Self { http })
     }
 
-    /// `GET {base}/v1/status`.
+    /// `GET {base}/status`.
     pub async fn status(&self, base: &str) -> Result<CoordinatorStatus, CoordinatorError> {
-        let url = format!("{}/v1/status", base.trim_end_matches('/'));
+        let url = format!("{}/status", base.trim_end_matches('/'));
         let response =
             self.http
                 .get(&url)
@@ -126,32 +129,34 @@ impl CoordinatorClient {
                 })?;
         let response = check_status(&url, response)?;
         response
-            .json()
+            .json::<StatusResponse>()
             .await
+            .map(CoordinatorStatus::from)
             .map_err(|source| CoordinatorError::Decode { url, source })
     }
 
-    /// `POST {base}/v1/notices`.
+    /// `POST {base}/notice`.
     pub async fn notice(&self, base: &str, notice: &NoticeRequest) -> Result<(), CoordinatorError> {
-        self.post(base, "/v1/notices", notice).await
+        self.post(base, "/notice", Some(notice)).await
     }
 
-    /// `POST {base}/v1/stop`.
-    pub async fn stop(&self, base: &str, request: &StopRequest) -> Result<(), CoordinatorError> {
-        self.post(base, "/v1/stop", request).await
+    /// `POST {base}/stop`.
+    pub async fn stop(&self, base: &str) -> Result<(), CoordinatorError> {
+        self.post::<()>(base, "/stop", None).await
     }
 
     async fn post<T: Serialize>(
         &self,
         base: &str,
         path: &str,
-        body: &T,
+        body: Option<&T>,
     ) -> Result<(), CoordinatorError> {
         let url = format!("{}{path}", base.trim_end_matches('/'));
-        let response = self
-            .http
-            .post(&url)
-            .json(body)
+        let mut request = self.http.post(&url);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
             .send()
             .await
             .map_err(|source| CoordinatorError::Unreachable {
@@ -205,12 +210,37 @@ mod tests {
     }
 
     #[test]
-    fn status_tolerates_missing_fields() {
-        let status: CoordinatorStatus =
-            serde_json::from_str(r#"{"stage":2,"iteration":7}"#).unwrap();
-        assert_eq!(status.stage, Some(2));
-        assert_eq!(status.iteration, 7);
+    fn wire_status_maps_to_what_the_operator_uses() {
+        let wire: StatusResponse = serde_json::from_str(
+            r#"{"phase":"done","expected_nodes":1,
+                "nodes":[{"node":0,"name":"mf-r-0","data_addr":"10.0.0.1:7071","workers":2,"worker_base":0,"finished":true}],
+                "partitions":[],"notices":[],
+                "result":{"loss":0.25,"metrics":[],"updates_per_second":10.0},"error":null}"#,
+        )
+        .unwrap();
+        let status = CoordinatorStatus::from(wire.clone());
+        assert!(status.finished);
+        assert_eq!(status.loss, Some(0.25));
+        assert_eq!(status.members, ["mf-r-0"]);
+        assert!(status.failed.is_none());
+
+        let failed = StatusResponse {
+            phase: JobPhase::Failed,
+            error: Some("worker 3 diverged".into()),
+            result: None,
+            ..wire
+        };
+        let status = CoordinatorStatus::from(failed);
         assert!(!status.finished);
+        assert_eq!(status.failed.as_deref(), Some("worker 3 diverged"));
+    }
+
+    #[test]
+    fn notice_deadlines_round_down_to_seconds() {
+        let leaves_at: Timestamp = "2026-01-01T00:02:00.900Z".parse().unwrap();
+        let request = notice_request("mf-t-0", leaves_at);
+        assert_eq!(request.name, "mf-t-0");
+        assert_eq!(request.deadline_unix, 1_767_225_720);
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ use self::{
     validate::Capabilities,
 };
 use crate::{
-    coordinator::{CoordinatorClient, NoticeRequest, StopRequest, coordinator_url},
+    coordinator::{CoordinatorClient, coordinator_url, notice_request},
     metrics::Metrics,
     notices::{self, Notice, NoticeLedger, NoticeSource},
 };
@@ -460,7 +460,9 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // notices: what is leaving, from nodes and pods
     let current_notices = notices::notices(&observed.pods, &observed.nodes, now);
-    let already_succeeded = previous.and_then(|s| s.phase) == Some(ebbflow_crds::Phase::Succeeded);
+    // Succeeded and failed-in-training are final: nodes stay released.
+    let already_succeeded = previous.and_then(|s| s.phase) == Some(ebbflow_crds::Phase::Succeeded)
+        || status::training_failed(previous);
     let coordinator_base = coordinator_url(
         &name,
         &namespace,
@@ -535,7 +537,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // decide capacity
     let finished = already_succeeded
-        || matches!(&coordinator, CoordinatorObservation::Reported(report) if report.finished);
+        || matches!(&coordinator, CoordinatorObservation::Reported(report) if report.finished || report.failed.is_some());
     let activity = if finished {
         Activity::Finished
     } else if job.spec.suspend {
@@ -635,10 +637,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     }
     if job.spec.suspend && !desired.delete.is_empty() && coordinator_pod_ready {
         // Let the coordinator push state to its backups before its nodes go.
-        let stop = StopRequest {
-            reason: "Suspended".to_owned(),
-        };
-        if let Err(error) = ctx.coordinator.stop(&coordinator_base, &stop).await {
+        if let Err(error) = ctx.coordinator.stop(&coordinator_base).await {
             debug!(%error, "stop before suspend not delivered");
         }
     }
@@ -761,11 +760,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
 /// Sends one notice; true if the coordinator accepted it.
 async fn deliver_notice(ctx: &Context, base: &str, notice: &Notice, now: Timestamp) -> bool {
-    let request = NoticeRequest {
-        instance: notice.pod.clone(),
-        leaves_at: notice.leaves_at.to_string(),
-        source: notice.source.as_str().to_owned(),
-    };
+    let request = notice_request(&notice.pod, notice.leaves_at);
     match ctx.coordinator.notice(base, &request).await {
         Ok(()) => {
             let lead = notice.leaves_at.duration_since(now).as_secs_f64().max(0.0);
@@ -939,10 +934,7 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
             &namespace,
             ctx.config.coordinator_url_override.as_deref(),
         );
-        let stop = StopRequest {
-            reason: "Deleted".to_owned(),
-        };
-        if let Err(error) = ctx.coordinator.stop(&base, &stop).await {
+        if let Err(error) = ctx.coordinator.stop(&base).await {
             // The job is going away either way; a coordinator that cannot be told is deleted.
             debug!(%error, "stop before deletion not delivered");
         }

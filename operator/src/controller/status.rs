@@ -59,6 +59,8 @@ pub mod reasons {
     pub const NODE_LOST: &str = "NodeLost";
     /// Nothing is wrong.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// The coordinator reported that training failed.
+    pub const TRAINING_FAILED: &str = "TrainingFailed";
 }
 
 /// What the coordinator query produced this reconcile.
@@ -137,6 +139,14 @@ pub fn condition_is(status: Option<&TrainingJobStatus>, type_: &str, value: bool
         .is_some_and(|c| c.status == text)
 }
 
+/// True once the job failed in training (final; an invalid spec is not final).
+pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
+    status.is_some_and(|s| s.phase == Some(Phase::Failed))
+        && status
+            .and_then(|s| s.condition(conditions::FAILED))
+            .is_some_and(|c| c.status == "True" && c.reason == reasons::TRAINING_FAILED)
+}
+
 /// The new status.
 pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     let mut status = input.previous.cloned().unwrap_or_default();
@@ -189,7 +199,7 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     }
     if let CoordinatorObservation::Reported(report) = input.coordinator {
         status.stage = report.stage.or(status.stage);
-        status.iteration = Some(report.iteration);
+        status.iteration = report.iteration.or(status.iteration);
         status.loss = report.loss.or(status.loss);
         status.migrations = status.migrations.max(report.migrations);
         status.rollbacks = status.rollbacks.max(report.rollbacks);
@@ -234,14 +244,50 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         reasons::VALID_SPEC,
         "the spec passed validation",
     );
-    set(
-        &mut status,
-        conditions::FAILED,
-        false,
-        reasons::AS_EXPECTED,
-        "",
-    );
+    if !training_failed(Some(&status)) {
+        set(
+            &mut status,
+            conditions::FAILED,
+            false,
+            reasons::AS_EXPECTED,
+            "",
+        );
+    }
 
+    // Training failed (the coordinator says so): final, like success.
+    let failure = match input.coordinator {
+        CoordinatorObservation::Reported(report) => report.failed.clone(),
+        _ => None,
+    };
+    if training_failed(Some(&status)) || failure.is_some() {
+        if !training_failed(Some(&status)) {
+            status.completion_time = Some(Time(now));
+            let message = failure.unwrap_or_default();
+            set(
+                &mut status,
+                conditions::FAILED,
+                true,
+                reasons::TRAINING_FAILED,
+                &message,
+            );
+        }
+        status.phase = Some(Phase::Failed);
+        set(
+            &mut status,
+            conditions::READY,
+            false,
+            reasons::TRAINING_FAILED,
+            "training failed",
+        );
+        set(
+            &mut status,
+            conditions::PROGRESSING,
+            false,
+            reasons::TRAINING_FAILED,
+            "training failed",
+        );
+        return status;
+    }
     let finished_report = match input.coordinator {
         CoordinatorObservation::Reported(report) if report.finished => Some(report),
         _ => None,

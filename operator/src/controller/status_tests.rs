@@ -70,7 +70,7 @@ fn condition<'a>(status: &'a TrainingJobStatus, type_: &str) -> (&'a str, &'a st
 fn reported(iteration: u64, finished: bool) -> CoordinatorObservation {
     CoordinatorObservation::Reported(CoordinatorStatus {
         stage: Some(2),
-        iteration,
+        iteration: Some(iteration),
         loss: Some(0.5),
         finished,
         ..CoordinatorStatus::default()

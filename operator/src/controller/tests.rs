@@ -14,6 +14,9 @@ use axum::{
     routing::{get, post},
 };
 use ebbflow_crds::{BidAction, Phase, TrainingJob, TrainingJobStatus};
+use ebbflow_runtime_api::{
+    Ack, JobPhase, JobResult, NoticeRequest, NoticeResponse, StatusResponse,
+};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::{
     api::core::v1::{Node, Pod, Secret, Service},
@@ -39,7 +42,7 @@ use super::{
     status::{conditions, reasons},
 };
 use crate::{
-    coordinator::{CoordinatorClient, CoordinatorStatus, NoticeRequest, StopRequest},
+    coordinator::CoordinatorClient,
     metrics::Metrics,
     notices::{KARPENTER_DISRUPTED_TAINT, NTH_SPOT_ITN_TAINT},
 };
@@ -266,11 +269,28 @@ fn query_label(query: &str, key: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // the fake coordinator
 
-#[derive(Default)]
 struct CoordinatorState {
-    status: CoordinatorStatus,
+    status: StatusResponse,
     notices: Vec<NoticeRequest>,
-    stops: Vec<StopRequest>,
+    stops: usize,
+}
+
+impl Default for CoordinatorState {
+    fn default() -> Self {
+        Self {
+            status: StatusResponse {
+                phase: JobPhase::Training,
+                expected_nodes: 1,
+                nodes: Vec::new(),
+                partitions: Vec::new(),
+                notices: Vec::new(),
+                result: None,
+                error: None,
+            },
+            notices: Vec::new(),
+            stops: 0,
+        }
+    }
 }
 
 type SharedCoordinator = Arc<Mutex<CoordinatorState>>;
@@ -278,24 +298,26 @@ type SharedCoordinator = Arc<Mutex<CoordinatorState>>;
 async fn serve_coordinator(state: SharedCoordinator) -> SocketAddr {
     let app = Router::new()
         .route(
-            "/v1/status",
+            "/status",
             get(|State(s): State<SharedCoordinator>| async move { Json(s.lock().status.clone()) }),
         )
         .route(
-            "/v1/notices",
+            "/notice",
             post(
                 |State(s): State<SharedCoordinator>, Json(notice): Json<NoticeRequest>| async move {
-                    s.lock().notices.push(notice);
+                    let mut state = s.lock();
+                    let new = !state.notices.contains(&notice);
+                    state.notices.push(notice);
+                    Json(NoticeResponse { node: 0, new })
                 },
             ),
         )
         .route(
-            "/v1/stop",
-            post(
-                |State(s): State<SharedCoordinator>, Json(stop): Json<StopRequest>| async move {
-                    s.lock().stops.push(stop);
-                },
-            ),
+            "/stop",
+            post(|State(s): State<SharedCoordinator>| async move {
+                s.lock().stops += 1;
+                Json(Ack { ok: true })
+            }),
         )
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -497,7 +519,7 @@ impl Scenario {
         self.cluster.lock().nodes.remove(&format!("node-{pod}"));
     }
 
-    fn report(&self, change: impl FnOnce(&mut CoordinatorStatus)) {
+    fn report(&self, change: impl FnOnce(&mut StatusResponse)) {
         change(&mut self.coordinator.lock().status);
     }
 
@@ -667,11 +689,10 @@ async fn partial_eviction_notifies_the_coordinator_and_replaces_capacity() {
     scenario.settle().await;
 
     let notices = scenario.notices();
-    let noticed: Vec<&str> = notices.iter().map(|n| n.instance.as_str()).collect();
+    let noticed: Vec<&str> = notices.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(noticed, ["mf-t-1", "mf-t-3"]);
-    assert_eq!(notices[0].source, "AwsNodeTerminationHandler");
-    let leaves_at: Timestamp = notices[0].leaves_at.parse().unwrap();
-    assert_eq!(leaves_at, tainted_at + SignedDuration::from_secs(120));
+    let leaves_at = tainted_at + SignedDuration::from_secs(120);
+    assert_eq!(notices[0].deadline_unix, leaves_at.as_second() as u64);
     assert_eq!(scenario.status().evictions, 2);
     assert_eq!(
         scenario.metric(
@@ -704,11 +725,12 @@ async fn full_eviction_moves_the_transient_tier_to_another_pool() {
     }
     scenario.settle().await;
     assert_eq!(scenario.notices().len(), 2);
-    assert!(
-        scenario
-            .notices()
-            .iter()
-            .all(|n| n.source == "KarpenterDisruption")
+    assert_eq!(
+        scenario.metric(
+            "ebbflow_operator_notices_sent_total",
+            Some(("source", "KarpenterDisruption"))
+        ),
+        2.0
     );
     let new_zone = |name: &str| {
         scenario.pod(name).spec.unwrap().node_selector.unwrap()["topology.kubernetes.io/zone"]
@@ -742,9 +764,17 @@ async fn node_deleted_without_notice_replaces_the_pod_and_degrades() {
 
     let notices = scenario.notices();
     assert_eq!(notices.len(), 1);
+    assert_eq!(notices[0].name, "mf-t-0");
+    assert!(
+        notices[0].deadline_unix <= Timestamp::now().as_second() as u64,
+        "already gone"
+    );
     assert_eq!(
-        (notices[0].instance.as_str(), notices[0].source.as_str()),
-        ("mf-t-0", "NodeGone")
+        scenario.metric(
+            "ebbflow_operator_notices_sent_total",
+            Some(("source", "NodeGone"))
+        ),
+        1.0
     );
     assert_eq!(scenario.deleting_pods(), ["mf-t-0"]);
     assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-1", "mf-t-2"]);
@@ -776,7 +806,7 @@ async fn suspend_releases_every_pod_after_telling_the_coordinator() {
     assert_eq!(scenario.condition(conditions::SUSPENDED).0, "True");
     assert!(scenario.event_reasons().contains(&"Suspended".to_owned()));
     // Suspend stops the coordinator; nothing more is sent to a job that is stopping.
-    assert_eq!(scenario.coordinator.lock().stops.len(), 1);
+    assert_eq!(scenario.coordinator.lock().stops, 1);
     // Our own release is not counted as an eviction.
     scenario.finish_deletions();
     scenario.settle().await;
@@ -827,7 +857,11 @@ async fn delete_cleans_up_everything_and_releases_the_finalizer() {
         assert!(cluster.secrets.is_empty());
     }
     assert!(scenario.job().finalizers().is_empty(), "finalizer removed");
-    assert_eq!(scenario.coordinator.lock().stops[0].reason, "Deleted");
+    assert_eq!(
+        scenario.coordinator.lock().stops,
+        1,
+        "told to stop before deletion"
+    );
     assert!(scenario.event_reasons().contains(&"CleanedUp".to_owned()));
     assert_eq!(
         scenario.metric(
@@ -931,19 +965,44 @@ async fn coordinator_unreachable_is_degraded_with_backoff() {
 async fn finished_training_succeeds_and_releases_nodes() {
     let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
     scenario.report(|status| {
-        status.iteration = 10;
-        status.finished = true;
-        status.reason = Some("IterationsReached".to_owned());
+        status.phase = JobPhase::Done;
+        status.result = Some(JobResult {
+            loss: 0.125,
+            metrics: Vec::new(),
+            updates_per_second: 100.0,
+        });
     });
     scenario.settle().await;
     assert_eq!(scenario.status().phase, Some(Phase::Succeeded));
     assert_eq!(
         scenario.condition(conditions::SUCCEEDED).1,
-        "IterationsReached"
+        reasons::STOP_CRITERION_MET
     );
-    assert_eq!(scenario.status().iteration, Some(10));
+    assert_eq!(scenario.status().loss, Some(0.125));
     assert!(scenario.live_pods().is_empty());
     assert!(scenario.event_reasons().contains(&"Succeeded".to_owned()));
+}
+
+#[tokio::test]
+async fn failed_training_is_final_and_releases_nodes() {
+    let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
+    scenario.report(|status| {
+        status.phase = JobPhase::Failed;
+        status.error = Some("worker 3 diverged".to_owned());
+    });
+    scenario.settle().await;
+    assert_eq!(scenario.status().phase, Some(Phase::Failed));
+    let (failed, reason, message) = scenario.condition(conditions::FAILED);
+    assert_eq!(
+        (failed.as_str(), reason.as_str()),
+        ("True", reasons::TRAINING_FAILED)
+    );
+    assert_eq!(message, "worker 3 diverged");
+    assert!(scenario.live_pods().is_empty());
+    scenario.finish_deletions();
+    scenario.settle().await;
+    assert_eq!(scenario.status().phase, Some(Phase::Failed), "final");
+    assert!(scenario.live_pods().is_empty(), "nothing recreated");
 }
 
 #[tokio::test]
