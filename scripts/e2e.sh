@@ -10,7 +10,10 @@ export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 name="${EBBFLOW_E2E_CLUSTER:-ebbflow-e2e}"
 mkdir -p "$EBBFLOW_CACHE"
 
-scripts/setup-cluster-tools.sh >/dev/null
+# shellcheck source=../tests/cluster/versions.env
+source tests/cluster/versions.env
+bin_dir="$(scripts/setup-cluster-tools.sh)"
+export EBBFLOW_HELM="$bin_dir/helm-$helm_version"
 
 # One run per cluster name on this machine at a time (a second run would delete the first's
 # cluster when it replaces a leftover).
