@@ -2,7 +2,8 @@
 """Matrix-factorization peers on the split ebbflow-bench writes (user<TAB>item<TAB>rating, dense ids).
 
 --peer torch:    biased MF in PyTorch on CPU, SGD with ebbflow's hyperparameters (rank, learning
-                 rate and per-epoch decay, L2, init std); gradients summed over mini-batches.
+                 rate and per-epoch decay, L2, init std); sparse embedding gradients summed over
+                 mini-batches of 1024.
 --peer surprise: scikit-surprise's SVD (SGD matrix factorization with biases).
 
 Trains epoch by epoch until the test RMSE (predictions clipped to the training range) is <= the
@@ -30,8 +31,9 @@ def run_torch(args, train, test):
     num_users = int(max(users_tr.max(), users_te.max())) + 1
     num_items = int(max(items_tr.max(), items_te.max())) + 1
     width = args.rank + 1  # bias, then factors: the same layout as ebbflow
-    users = torch.nn.Embedding(num_users, width)
-    items = torch.nn.Embedding(num_items, width)
+    # sparse gradients: each step touches only the batch's rows, as ebbflow's SGD does
+    users = torch.nn.Embedding(num_users, width, sparse=True)
+    items = torch.nn.Embedding(num_items, width, sparse=True)
     torch.nn.init.normal_(users.weight, std=args.init_std)
     torch.nn.init.normal_(items.weight, std=args.init_std)
     mean = float(ratings_tr.mean())
@@ -126,7 +128,7 @@ def main():
     parser.add_argument("--decay", type=float, default=0.92)
     parser.add_argument("--regularization", type=float, default=0.05)
     parser.add_argument("--init-std", type=float, default=0.1)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

@@ -3,6 +3,9 @@
 //! For each app (MF on MovieLens 100K, MLR on digits, LDA on reuters) it measures
 //! - the bare single-thread loop (same kernels on plain `Vec<f32>`): clocks and time to the target
 //!   test quality, and updates/s over a fixed number of clocks;
+//! - the parameter server with one worker, in-process and over TCP loopback (`run_loopback`:
+//!   one data-plane server and one worker thread in this process): updates/s over the same clocks
+//!   (ratio to the bare loop), time to the same quality, parameter bytes and this process's RSS;
 //! - the peers a user would pick instead (PyTorch on CPU, scikit-surprise, scikit-learn, the `lda`
 //!   package) through `bench/*.py` in the benchmark's own venv, on the very same split;
 //!
@@ -21,6 +24,10 @@ use ebbflow_runtime::apps::{
     BareLoop, BareWorker, LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig,
 };
 use ebbflow_runtime::data;
+use ebbflow_runtime::local::{RunReport, run_single_process};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::run_loopback;
+use ebbflow_runtime::worker::JobConfig;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -54,6 +61,11 @@ struct Target {
 impl Target {
     fn value(&self, report: &EvalReport) -> f64 {
         report.metric(self.metric).unwrap_or(f64::NAN)
+    }
+
+    fn goal_text(&self) -> String {
+        let sign = if self.higher_is_better { ">=" } else { "<=" };
+        format!("{sign} {:.4}", self.goal)
     }
 
     fn reached(&self, value: f64) -> bool {
@@ -111,6 +123,149 @@ where
         })
         .fold(0.0, f64::max)
 }
+
+/// Where the parameter server runs for a measurement.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// `run_single_process`: in-process server, 1 worker thread.
+    InProcess,
+    /// `run_loopback`: 1 data-plane server over TCP on 127.0.0.1, 1 worker thread.
+    Loopback,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::InProcess => "ps in-process, 1 worker",
+            Mode::Loopback => "ps over TCP loopback (1 server, 1 worker)",
+        }
+    }
+}
+
+fn run_ps<A: App>(app: &A, mode: Mode, clocks: u64) -> anyhow::Result<RunReport> {
+    let config = JobConfig {
+        clocks,
+        staleness: 0,
+        workers: 1,
+        partitions: 4,
+        ..JobConfig::default()
+    };
+    let metrics = RuntimeMetrics::unregistered();
+    Ok(match mode {
+        Mode::InProcess => run_single_process(app, &config, &metrics)?,
+        Mode::Loopback => run_loopback(app, &config, 1, &metrics)?,
+    })
+}
+
+/// Resident set size of this process in bytes (`VmRSS`), if readable.
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Measures our side for one app: bare loop and PS (both modes) to the target and in throughput.
+/// Returns the PS (in-process) training seconds to the target, the figure peers are compared to.
+fn measure_ours<A>(
+    report: &mut Report,
+    name: &'static str,
+    app: &A,
+    target: Target,
+    max_clocks: u64,
+    throughput_clocks: u64,
+    repeat: usize,
+) -> anyhow::Result<f64>
+where
+    A: App,
+    A::Worker: BareWorker,
+{
+    let bare = bare_to_target(app, target, max_clocks);
+    report.add(
+        name,
+        format!(
+            "bare loop: clocks to {} {}",
+            target.metric,
+            target.goal_text()
+        ),
+        format!(
+            "{} ({}, {} {:.4})",
+            bare.clocks,
+            seconds(bare.seconds),
+            target.metric,
+            bare.quality
+        ),
+    );
+    if !bare.reached {
+        bail!("{name}: the bare loop did not reach the target in {max_clocks} clocks");
+    }
+    let bare_rate = bare_updates_per_second(app, throughput_clocks, repeat);
+    report.add(
+        name,
+        format!("bare loop: updates/s ({throughput_clocks} clocks, best of {repeat})"),
+        rate(bare_rate),
+    );
+    for mode in [Mode::InProcess, Mode::Loopback] {
+        let mut best = 0.0f64;
+        let mut last = None;
+        for _ in 0..repeat.max(1) {
+            let run = run_ps(app, mode, throughput_clocks)?;
+            best = best.max(run.updates_per_second);
+            last = Some(run);
+        }
+        let last = last.expect("at least one repetition");
+        report.add(
+            name,
+            format!(
+                "{}: updates/s ({throughput_clocks} clocks, best of {repeat})",
+                mode.label()
+            ),
+            rate(best),
+        );
+        report.add(
+            name,
+            format!("{} / bare loop updates/s", mode.label()),
+            format!("{:.2}", best / bare_rate),
+        );
+        if let Mode::Loopback = mode {
+            let rss = rss_bytes().unwrap_or(0);
+            report.add(
+                name,
+                "parameter bytes; this process's RSS (server + worker + data + bench)",
+                format!(
+                    "{:.2} MiB; {:.1} MiB (bound 1.5x params + 64 MiB = {:.1} MiB)",
+                    last.parameter_bytes as f64 / MIB,
+                    rss as f64 / MIB,
+                    1.5 * last.parameter_bytes as f64 / MIB + 64.0
+                ),
+            );
+        }
+    }
+    // The PS with one BSP worker runs the same math; allow a few extra clocks for float noise.
+    for clocks in bare.clocks.max(1)..=bare.clocks + 5 {
+        let run = run_ps(app, Mode::InProcess, clocks)?;
+        let quality = target.value(&run.eval);
+        if target.reached(quality) {
+            report.add(
+                name,
+                format!(
+                    "ps in-process, 1 worker: time to {} {}",
+                    target.metric,
+                    target.goal_text()
+                ),
+                format!(
+                    "{} ({clocks} clocks, {} {quality:.4})",
+                    seconds(run.elapsed_seconds),
+                    target.metric
+                ),
+            );
+            return Ok(run.elapsed_seconds);
+        }
+    }
+    bail!("{name}: the parameter server did not reach the target")
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// Runs a peer script and parses the JSON object it prints.
 fn run_peer(python: &Path, script: &Path, args: &[String]) -> anyhow::Result<serde_json::Value> {
@@ -266,23 +421,15 @@ impl Bench {
             goal: 0.95,
             higher_is_better: false,
         };
-        let ours = bare_to_target(&app, target, 100);
-        self.report.add(
+        let ours = measure_ours(
+            &mut self.report,
             "mf",
-            format!("bare loop: clocks to test RMSE <= {}", target.goal),
-            format!(
-                "{} ({}, rmse {:.4})",
-                ours.clocks,
-                seconds(ours.seconds),
-                ours.quality
-            ),
-        );
-        let bare_rate = bare_updates_per_second(&app, 20, self.args.repeat);
-        self.report.add(
-            "mf",
-            "bare loop: updates/s (20 clocks, best of repeats)",
-            rate(bare_rate),
-        );
+            &app,
+            target,
+            100,
+            20,
+            self.args.repeat,
+        )?;
         let common = |peer: &str| {
             vec![
                 "--peer".into(),
@@ -307,13 +454,7 @@ impl Bench {
         };
         for peer in ["torch", "surprise"] {
             if let Some(result) = self.peer("mf_peers.py", common(peer)) {
-                add_peer(
-                    &mut self.report,
-                    "mf",
-                    &result,
-                    ours.seconds,
-                    "RMSE <= 0.95",
-                );
+                add_peer(&mut self.report, "mf", &result, ours, "RMSE <= 0.95");
             }
         }
         Ok(())
@@ -336,23 +477,15 @@ impl Bench {
             goal: 0.95,
             higher_is_better: true,
         };
-        let ours = bare_to_target(&app, target, 100);
-        self.report.add(
+        let ours = measure_ours(
+            &mut self.report,
             "mlr",
-            format!("bare loop: clocks to test accuracy >= {}", target.goal),
-            format!(
-                "{} ({}, accuracy {:.4})",
-                ours.clocks,
-                seconds(ours.seconds),
-                ours.quality
-            ),
-        );
-        let bare_rate = bare_updates_per_second(&app, 20, self.args.repeat);
-        self.report.add(
-            "mlr",
-            "bare loop: updates/s (20 clocks, best of repeats)",
-            rate(bare_rate),
-        );
+            &app,
+            target,
+            100,
+            20,
+            self.args.repeat,
+        )?;
         for peer in ["torch", "sgd", "lbfgs"] {
             let args = vec![
                 "--peer".into(),
@@ -373,13 +506,7 @@ impl Bench {
                 config.batch_size.to_string(),
             ];
             if let Some(result) = self.peer("mlr_peers.py", args) {
-                add_peer(
-                    &mut self.report,
-                    "mlr",
-                    &result,
-                    ours.seconds,
-                    "accuracy >= 0.95",
-                );
+                add_peer(&mut self.report, "mlr", &result, ours, "accuracy >= 0.95");
             }
         }
         Ok(())
@@ -405,12 +532,6 @@ impl Bench {
                 config.eta.to_string(),
             ],
         );
-        let bare_rate = bare_updates_per_second(&app, 200, self.args.repeat);
-        self.report.add(
-            "lda",
-            "bare loop: tokens/s (200 clocks, best of repeats)",
-            rate(bare_rate),
-        );
         let Some(peer) = peer else {
             return Ok(());
         };
@@ -426,7 +547,7 @@ impl Bench {
                 peer["peer"].as_str().unwrap_or("lda")
             ),
             format!(
-                "{} (per-token log-likelihood {theirs:.4}, {})",
+                "{} (per-token log-likelihood {theirs:.4}, {} tokens/s)",
                 seconds(their_seconds),
                 rate(their_rate)
             ),
@@ -436,28 +557,30 @@ impl Bench {
             goal: theirs,
             higher_is_better: true,
         };
-        let ours = bare_to_target(&app, target, iterations * 2);
+        let ours = measure_ours(
+            &mut self.report,
+            "lda",
+            &app,
+            target,
+            iterations * 2,
+            200,
+            self.args.repeat,
+        )?;
         self.report.add(
             "lda",
-            "bare loop: clocks to the lda package's final log-likelihood",
-            format!(
-                "{} ({}, {:.4})",
-                ours.clocks,
-                seconds(ours.seconds),
-                ours.quality
-            ),
+            "speed-up vs the lda package at equal log-likelihood (ps in-process)",
+            format!("{:.1}x", their_seconds / ours),
         );
-        if ours.reached {
-            self.report.add(
-                "lda",
-                "speed-up vs lda package at equal log-likelihood",
-                format!("{:.1}x", their_seconds / ours.seconds),
-            );
-        }
+        let run = run_ps(&app, Mode::InProcess, iterations)?;
         self.report.add(
             "lda",
-            "bare loop tokens/s / lda package tokens/s",
-            format!("{:.2}", bare_rate / their_rate),
+            format!("ps in-process tokens/s over {iterations} iterations / lda package tokens/s"),
+            format!(
+                "{:.2} ({} vs {})",
+                run.updates_per_second / their_rate,
+                rate(run.updates_per_second),
+                rate(their_rate)
+            ),
         );
         Ok(())
     }
