@@ -725,3 +725,49 @@ async fn spot_request_status_reports_interruptions() {
     assert!(ec2.spot_requests(&[]).await.unwrap().is_empty());
     assert!(recorder.requests().is_empty());
 }
+
+#[tokio::test]
+async fn placement_scores_parse_and_reject_out_of_range_scores() {
+    let body = r#"<?xml version="1.0" encoding="UTF-8"?>
+<GetSpotPlacementScoresResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+  <requestId>1</requestId>
+  <spotPlacementScoreSet>
+    <item><region>us-east-1</region><availabilityZoneId>use1-az4</availabilityZoneId><score>9</score></item>
+    <item><region>us-east-1</region><availabilityZoneId>use1-az6</availabilityZoneId><score>3</score></item>
+  </spotPlacementScoreSet>
+</GetSpotPlacementScoresResponse>"#;
+    let query = PlacementScoreQuery {
+        instance_types: vec!["p3.2xlarge".into(), "g5.xlarge".into()],
+        target_capacity: 4,
+        single_availability_zone: true,
+        regions: vec!["us-east-1".into()],
+    };
+    let (ec2, recorder) = replay(&[(200, body)]);
+    let scores = ec2.spot_placement_scores(&query).await.unwrap();
+    let sent = &recorder.requests()[0];
+    assert_eq!(sent["Action"], "GetSpotPlacementScores");
+    assert_eq!(sent["InstanceType.1"], "p3.2xlarge");
+    assert_eq!(sent["InstanceType.2"], "g5.xlarge");
+    assert_eq!(sent["TargetCapacity"], "4");
+    assert_eq!(sent["TargetCapacityUnitType"], "units");
+    assert_eq!(sent["SingleAvailabilityZone"], "true");
+    assert_eq!(sent["RegionName.1"], "us-east-1");
+    assert_eq!(
+        scores,
+        vec![
+            PlacementScore {
+                region: "us-east-1".into(),
+                zone_id: Some("use1-az4".into()),
+                score: 9,
+            },
+            PlacementScore {
+                region: "us-east-1".into(),
+                zone_id: Some("use1-az6".into()),
+                score: 3,
+            },
+        ]
+    );
+    let (ec2, _) = replay(&[(200, &body.replace("<score>3</score>", "<score>11</score>"))]);
+    let error = ec2.spot_placement_scores(&query).await.unwrap_err();
+    assert_eq!(error.category(), ErrorCategory::InvalidResponse, "{error}");
+}
