@@ -154,12 +154,25 @@ options:
   cacheDir: $KWOK_WORKDIR/cache
 EOF
   log "creating cluster $name (kube $kube_version, etcd $etcd_version, kwok $kwok_version)"
-  if ! kwokctl --name "$name" create cluster --config "$config" --kubeconfig "" \
-    --wait "${timeout_seconds}s" --timeout "${timeout_seconds}s" >&2; then
-    rm -f "$config"
-    log "logs of the failed cluster are in $dir/logs"
-    die "kwokctl create cluster $name failed"
-  fi
+  # kwokctl picks free ports just before the components bind them; another process can take one
+  # in between, so a failed start is retried once on fresh ports.
+  local attempt
+  for attempt in 1 2; do
+    if kwokctl --name "$name" create cluster --config "$config" --kubeconfig "" \
+      --wait "${timeout_seconds}s" --timeout "${timeout_seconds}s" >&2; then
+      break
+    fi
+    if ((attempt == 2)); then
+      rm -f "$config"
+      rm -rf "$cache/cluster-logs-$name"
+      cp -r "$dir/logs" "$cache/cluster-logs-$name" 2>/dev/null &&
+        log "logs of the failed cluster are in $cache/cluster-logs-$name"
+      down "$name"
+      die "kwokctl create cluster $name failed twice"
+    fi
+    log "kwokctl create cluster $name failed; retrying once"
+    down "$name"
+  done
   rm -f "$config"
   [[ -f "$(kubeconfig_path "$name")" ]] || die "kwokctl wrote no kubeconfig at $(kubeconfig_path "$name")"
   poll_until "the API server of $name to be ready" kubectl_in "$name" get --raw /readyz
