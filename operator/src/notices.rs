@@ -425,7 +425,7 @@ spec:
 "#,
         );
         let found = notices(
-            &[disrupted.clone()],
+            std::slice::from_ref(&disrupted),
             &nodes(vec![("n2", tainted)]),
             at("2026-01-01T00:00:01Z"),
         );

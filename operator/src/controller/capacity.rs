@@ -162,7 +162,7 @@ mod tests {
             "sticky"
         );
 
-        let moving = decide(&job(), &[(a.clone(), 2)], &[a.clone()]);
+        let moving = decide(&job(), &[(a.clone(), 2)], std::slice::from_ref(&a));
         assert_eq!(moving.transient, BTreeMap::from([(b.clone(), 4)]));
         assert_eq!(moving.reason, "Eviction");
 

@@ -963,10 +963,9 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
     )
     .await;
     ctx.node_index.update(&job_ref, &BTreeSet::new());
-    if let Some(memory) = ctx.memory.lock().remove(&job_ref) {
-        if let Some(phase) = memory.phase {
-            ctx.metrics.jobs.with_label_values(&[phase]).dec();
-        }
+    let forgotten = ctx.memory.lock().remove(&job_ref);
+    if let Some(phase) = forgotten.and_then(|memory| memory.phase) {
+        ctx.metrics.jobs.with_label_values(&[phase]).dec();
     }
     Ok(Action::await_change())
 }

@@ -4,6 +4,9 @@
 
 use ebbflow_crds::{FieldError, ProvisioningMode, TrainingJob};
 
+/// Longest job name whose children's names stay valid (`<name>-coordinator` ≤ 63).
+pub const MAX_NAME_LENGTH: usize = 63 - "-coordinator".len();
+
 /// What the operator can do, for validation.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Capabilities {
@@ -17,6 +20,22 @@ pub fn validate(job: &TrainingJob, capabilities: Capabilities) -> Vec<FieldError
         Ok(()) => Vec::new(),
         Err(invalid) => invalid.0,
     };
+    if let Some(name) = job.metadata.name.as_deref() {
+        if name.len() > MAX_NAME_LENGTH {
+            errors.push(FieldError {
+                field: "metadata.name".to_owned(),
+                detail: format!(
+                    "must be at most {MAX_NAME_LENGTH} characters: the coordinator Service is named <name>-coordinator and Service names are at most 63"
+                ),
+            });
+        }
+        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            errors.push(FieldError {
+                field: "metadata.name".to_owned(),
+                detail: "must start with a lowercase letter: it names the coordinator Service (DNS-1035)".to_owned(),
+            });
+        }
+    }
     let spec = &job.spec;
     if spec.provisioning.mode == ProvisioningMode::Ec2 && !capabilities.ec2 {
         errors.push(FieldError {
@@ -66,6 +85,26 @@ mod tests {
         let errors = validate(&job, Capabilities::default());
         assert_eq!(errors[0].field, "spec.transient.minNodes");
         assert!(message(&errors).starts_with("spec.transient.minNodes: "));
+    }
+
+    #[test]
+    fn names_must_fit_the_children() {
+        let long = TrainingJob::test(&"a".repeat(MAX_NAME_LENGTH + 1));
+        let errors = validate(&long, Capabilities::default());
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "metadata.name");
+        assert!(
+            validate(
+                &TrainingJob::test(&"a".repeat(MAX_NAME_LENGTH)),
+                Capabilities::default()
+            )
+            .is_empty()
+        );
+        let digit = TrainingJob::test("1job");
+        assert_eq!(
+            validate(&digit, Capabilities::default())[0].field,
+            "metadata.name"
+        );
     }
 
     #[test]
