@@ -8,6 +8,8 @@
 pub mod app;
 pub mod apps;
 pub mod client;
+pub mod cluster;
+pub mod coordinator;
 pub mod data;
 pub mod exact;
 pub mod frame;

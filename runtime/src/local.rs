@@ -146,7 +146,13 @@ impl RunReport {
 
     /// Evaluates the final parameters and fills the quality fields.
     pub fn finish<A: App>(&mut self, app: &A, snapshot: ParamSnapshot, keep_params: bool) {
-        self.eval = app.evaluate(&snapshot);
+        let eval = app.evaluate(&snapshot);
+        self.finish_with(eval, snapshot, keep_params);
+    }
+
+    /// Fills the quality fields from an evaluation already computed on `snapshot`.
+    pub fn finish_with(&mut self, eval: EvalReport, snapshot: ParamSnapshot, keep_params: bool) {
+        self.eval = eval;
         let (sum, abs_sum) = snapshot.sums();
         self.param_sum = sum;
         self.param_abs_sum = abs_sum;

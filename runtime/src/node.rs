@@ -122,7 +122,19 @@ impl ServerHandle {
         config: ServerConfig,
         metrics: RuntimeMetrics,
     ) -> std::io::Result<Self> {
-        let (listener, addr) = runtime.block_on(crate::server::bind(addr))?;
+        let (listener, _) = runtime.block_on(crate::server::bind(addr))?;
+        Self::serve(runtime, listener, state, config, metrics)
+    }
+
+    /// Serves `state` on an already-bound listener.
+    pub fn serve(
+        runtime: &tokio::runtime::Handle,
+        listener: tokio::net::TcpListener,
+        state: Arc<ServerState>,
+        config: ServerConfig,
+        metrics: RuntimeMetrics,
+    ) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let serving = state.clone();
         let task = runtime.spawn(async move {

@@ -1,5 +1,547 @@
-//! `ebbflow-runtime`: coordinator and node processes.
+//! `ebbflow-runtime`: the coordinator, node and single-process modes of the AgileML runtime.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use ebbflow_runtime::app::App;
+use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
+use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::{ServerHandle, WorkerPlan};
+use ebbflow_runtime::optimizer::Optimizer;
+use ebbflow_runtime::partition::{PartitionEntry, PartitionMap};
+use ebbflow_runtime::server::ServerConfig;
+use ebbflow_runtime::store::ServerState;
+use ebbflow_runtime::worker::JobConfig;
+use ebbflow_runtime_api::{
+    ClockRecord, JobPhase, JoinRequest, JoinResponse, PlanResponse, ReportRequest, StatusResponse,
+};
+use prometheus::Registry;
+
+#[derive(Debug, Parser)]
+#[command(name = "ebbflow-runtime", about = "AgileML parameter-server runtime")]
+struct Cli {
+    /// Log as JSON lines instead of compact text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Single process: in-process server and worker threads, no TCP.
+    Local {
+        #[command(flatten)]
+        job: JobArgs,
+        /// Worker threads (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        #[command(flatten)]
+        app: AppArgs,
+    },
+    /// Coordinator: static membership, admin HTTP API, final evaluation.
+    Coordinator {
+        #[command(flatten)]
+        job: JobArgs,
+        /// Admin HTTP address (port 0 picks one; the bound address is printed).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Nodes to wait for.
+        #[arg(long)]
+        nodes: u32,
+        /// The job's shared secret.
+        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Write the final run report (JSON) here.
+        #[arg(long)]
+        report_out: Option<PathBuf>,
+        #[command(flatten)]
+        app: AppArgs,
+    },
+    /// Node: hosts partitions and worker threads.
+    Node {
+        /// Coordinator URL, e.g. `http://127.0.0.1:7000`.
+        #[arg(long)]
+        coordinator: String,
+        /// Stable node name.
+        #[arg(long)]
+        name: String,
+        /// Data-plane address (port 0 picks one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Data-plane address other nodes use (default: the bound address).
+        #[arg(long)]
+        advertise: Option<SocketAddr>,
+        /// Serve `/metrics` on this address.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
+        /// Worker threads (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// The job's shared secret.
+        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
+        #[arg(long, default_value = "add", value_parser = parse_optimizer)]
+        optimizer: Optimizer,
+        #[command(flatten)]
+        app: AppArgs,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+struct JobArgs {
+    /// Clocks to run.
+    #[arg(long, default_value_t = 10)]
+    clocks: u64,
+    /// SSP staleness (0 = BSP).
+    #[arg(long, default_value_t = 0)]
+    staleness: u64,
+    /// Partitions of the key space.
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS` (local mode).
+    #[arg(long = "server-optimizer", default_value = "add", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
+}
+
+#[derive(Debug, Clone, Args)]
+struct AppArgs {
+    /// Application: `exact` (the integer-exact test app).
+    #[arg(long, default_value = "exact")]
+    app: String,
+    /// exact: rows per table.
+    #[arg(long, default_value_t = 64)]
+    exact_rows: u64,
+    /// exact: values per row.
+    #[arg(long, default_value_t = 4)]
+    exact_width: usize,
+    /// exact: tables.
+    #[arg(long, default_value_t = 2)]
+    exact_tables: u32,
+    /// exact: rows every worker touches.
+    #[arg(long, default_value_t = 4)]
+    exact_shared: u64,
+}
+
+fn parse_optimizer(text: &str) -> Result<Optimizer, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let number = |i: usize| -> Result<f32, String> {
+        parts
+            .get(i)
+            .ok_or_else(|| format!("optimizer {text:?} misses a parameter"))?
+            .parse()
+            .map_err(|_| format!("optimizer {text:?}: not a number"))
+    };
+    match parts[0] {
+        "add" if parts.len() == 1 => Ok(Optimizer::Add),
+        "sgd" if parts.len() == 2 => Ok(Optimizer::Sgd { lr: number(1)? }),
+        "momentum" if parts.len() == 3 => Ok(Optimizer::Momentum {
+            lr: number(1)?,
+            momentum: number(2)?,
+        }),
+        "adagrad" if parts.len() == 3 => Ok(Optimizer::AdaGrad {
+            lr: number(1)?,
+            eps: number(2)?,
+        }),
+        _ => Err(format!(
+            "unknown optimizer {text:?} (expected add, sgd:LR, momentum:LR:MU or adagrad:LR:EPS)"
+        )),
+    }
+}
+
+fn exact_app(args: &AppArgs, clocks: u64, staleness: u64) -> anyhow::Result<ExactApp> {
+    if args.app != "exact" {
+        bail!(
+            "unknown app {:?}: this binary runs `exact`; MF, MLR and LDA run through the library API",
+            args.app
+        );
+    }
+    Ok(ExactApp::new(ExactConfig {
+        rows: args.exact_rows,
+        width: args.exact_width,
+        tables: args.exact_tables,
+        shared_rows: args.exact_shared,
+        clocks,
+        staleness,
+    }))
+}
+
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn init_tracing(json: bool) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.compact().init();
+    }
+}
 
 fn main() -> anyhow::Result<()> {
-    Ok(())
+    let cli = Cli::parse();
+    init_tracing(cli.log_json);
+    match cli.command {
+        Command::Local { job, workers, app } => {
+            let app = exact_app(&app, job.clocks, job.staleness)?;
+            let config = JobConfig {
+                clocks: job.clocks,
+                staleness: job.staleness,
+                partitions: job.partitions,
+                optimizer: job.optimizer,
+                workers: workers.unwrap_or_else(default_workers),
+                ..JobConfig::default()
+            };
+            let report = run_single_process(&app, &config, &RuntimeMetrics::unregistered())?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::Coordinator {
+            job,
+            listen,
+            nodes,
+            secret,
+            report_out,
+            app,
+        } => coordinator_main(job, listen, nodes, secret, report_out, app),
+        Command::Node {
+            coordinator,
+            name,
+            listen,
+            advertise,
+            metrics_listen,
+            workers,
+            secret,
+            optimizer,
+            app,
+        } => node_main(NodeArgs {
+            coordinator: coordinator.trim_end_matches('/').to_owned(),
+            name,
+            listen,
+            advertise,
+            metrics_listen,
+            workers: workers.unwrap_or_else(default_workers),
+            secret,
+            optimizer,
+            app,
+        }),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+fn coordinator_main(
+    job: JobArgs,
+    listen: SocketAddr,
+    nodes: u32,
+    secret: String,
+    report_out: Option<PathBuf>,
+    app: AppArgs,
+) -> anyhow::Result<()> {
+    if nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let probe = exact_app(&app, job.clocks, job.staleness)?;
+    let specs = probe.tables();
+    let app_args = app.clone();
+    let config = CoordinatorConfig {
+        expected_nodes: nodes,
+        partitions: job.partitions,
+        clocks: job.clocks,
+        staleness: job.staleness,
+        secret,
+        specs,
+        evaluator: Arc::new(move |snapshot, total_workers| {
+            match exact_app(&app_args, job.clocks, job.staleness) {
+                Ok(app) => app.with_num_workers(total_workers).evaluate(snapshot),
+                Err(_) => ebbflow_runtime::app::EvalReport {
+                    loss: f64::NAN,
+                    metrics: vec![],
+                },
+            }
+        }),
+    };
+    let registry = Registry::new();
+    RuntimeMetrics::register(&registry).context("registering metrics")?;
+    let coordinator = Coordinator::new(config, registry);
+    let rt = runtime()?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(listen))
+        .with_context(|| format!("binding the admin address {listen}"))?;
+    let bound = listener.local_addr()?;
+    // The launcher reads this line to learn the port.
+    println!("listening on {bound}");
+    tracing::info!(%bound, nodes, "coordinator listening");
+    let served = coordinator.clone();
+    rt.block_on(async move {
+        let waiter = served.clone();
+        axum::serve(listener, router(served))
+            .with_graceful_shutdown(async move {
+                while !waiter.finished() {
+                    tokio::select! {
+                        () = waiter.changed() => {}
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            })
+            .await
+    })
+    .context("serving the admin API")?;
+    let status = coordinator.status(None);
+    if let (Some(path), Some(report)) = (report_out, coordinator.run_report()) {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    match status.phase {
+        JobPhase::Done => Ok(()),
+        phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
+    }
+}
+
+struct NodeArgs {
+    coordinator: String,
+    name: String,
+    listen: SocketAddr,
+    advertise: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
+    workers: usize,
+    secret: String,
+    optimizer: Optimizer,
+    app: AppArgs,
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> anyhow::Result<T> {
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        bail!(
+            "GET {url} answered {status}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    response
+        .json()
+        .await
+        .with_context(|| format!("decoding GET {url}"))
+}
+
+async fn post_json<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+    body: &B,
+) -> anyhow::Result<T> {
+    let response = http
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        bail!(
+            "POST {url} answered {status}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    response
+        .json()
+        .await
+        .with_context(|| format!("decoding POST {url}"))
+}
+
+fn node_main(args: NodeArgs) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let registry = Registry::new();
+    let metrics = RuntimeMetrics::register(&registry).context("registering metrics")?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(args.listen))
+        .with_context(|| format!("binding the data plane on {}", args.listen))?;
+    let advertise = args.advertise.unwrap_or(listener.local_addr()?);
+    if let Some(addr) = args.metrics_listen {
+        let metrics_listener = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .with_context(|| format!("binding metrics on {addr}"))?;
+        let app = metrics_router(registry.clone());
+        rt.spawn(async move { axum::serve(metrics_listener, app).await });
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .context("building the HTTP client")?;
+    let base = &args.coordinator;
+    let join = JoinRequest {
+        name: args.name.clone(),
+        data_addr: advertise.to_string(),
+        workers: args.workers as u32,
+        secret: args.secret.clone(),
+        reliable: true,
+    };
+    let joined: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
+    let node = joined.node;
+    tracing::info!(node, name = %args.name, %advertise, "joined");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let plan: PlanResponse = loop {
+        let plan: PlanResponse =
+            rt.block_on(get_json(&http, &format!("{base}/plan?node={node}")))?;
+        if plan.ready {
+            break plan;
+        }
+        if Instant::now() > deadline {
+            bail!("the job did not start within 600 s");
+        }
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    };
+    let entries = plan
+        .partitions
+        .iter()
+        .map(|p| PartitionEntry {
+            owner: p.owner,
+            epoch: p.epoch,
+        })
+        .collect();
+    let map = PartitionMap::from_entries(entries)?;
+    let mut addrs = NodeAddrs::new();
+    for info in &plan.nodes {
+        addrs.insert(
+            info.node,
+            info.data_addr
+                .parse()
+                .with_context(|| format!("node {} address {:?}", info.node, info.data_addr))?,
+        );
+    }
+    let me = plan
+        .nodes
+        .iter()
+        .find(|n| n.node == node)
+        .context("the plan does not list this node")?;
+    let app = exact_app(&args.app, plan.clocks, plan.staleness)?;
+    let specs = app.tables();
+    let hosted: Vec<_> = map
+        .owned_by(node)
+        .into_iter()
+        .map(|p| (p, map.entries()[p as usize].epoch))
+        .collect();
+    let state = Arc::new(ServerState::new(
+        &hosted,
+        map.num_partitions(),
+        &specs,
+        plan.total_workers,
+        args.optimizer,
+    ));
+    let wait_timeout = Duration::from_secs(600);
+    let server_config = ServerConfig {
+        wait_timeout,
+        ..ServerConfig::with_secret(args.secret.clone().into_bytes())
+    };
+    let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics.clone())?;
+    let worker_plan = WorkerPlan {
+        worker_base: me.worker_base,
+        local_workers: me.workers as usize,
+        total_workers: plan.total_workers as usize,
+        map: map.clone(),
+        addrs,
+    };
+    let client = ClientConfig {
+        secret: args.secret.clone().into_bytes(),
+        node,
+        max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
+        timeout: wait_timeout,
+    };
+    let config = JobConfig {
+        clocks: plan.clocks,
+        staleness: plan.staleness,
+        workers: me.workers as usize,
+        partitions: map.num_partitions(),
+        optimizer: args.optimizer,
+        wait_timeout,
+        keep_params: false,
+    };
+    let outcome = ebbflow_runtime::node::run_workers(
+        &app,
+        &specs,
+        &worker_plan,
+        &client,
+        &config,
+        &metrics,
+        Instant::now(),
+    );
+    let report = match &outcome {
+        Ok(reports) => ReportRequest {
+            node,
+            secret: args.secret.clone(),
+            workers: reports
+                .iter()
+                .map(|r| {
+                    r.stats
+                        .iter()
+                        .zip(&r.clock_end)
+                        .map(|(s, end)| ClockRecord {
+                            updates: s.updates,
+                            loss_sum: s.loss_sum,
+                            loss_count: s.loss_count,
+                            end_seconds: *end,
+                        })
+                        .collect()
+                })
+                .collect(),
+            wait_seconds: reports.iter().map(|r| r.wait_seconds).collect(),
+            error: None,
+        },
+        Err(error) => ReportRequest {
+            node,
+            secret: args.secret.clone(),
+            workers: vec![],
+            wait_seconds: vec![],
+            error: Some(error.to_string()),
+        },
+    };
+    let _: ebbflow_runtime_api::Ack =
+        rt.block_on(post_json(&http, &format!("{base}/report"), &report))?;
+    // Keep serving partitions until the coordinator has copied them and says the job is over.
+    let status: StatusResponse = loop {
+        let status: StatusResponse =
+            rt.block_on(get_json(&http, &format!("{base}/status?node={node}")))?;
+        if matches!(
+            status.phase,
+            JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+        ) {
+            break status;
+        }
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    };
+    server.stop(rt.handle());
+    outcome?;
+    match status.phase {
+        JobPhase::Done => {
+            tracing::info!(node, "job done");
+            Ok(())
+        }
+        phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
+    }
 }

@@ -1,0 +1,97 @@
+//! Multi-process mode: a coordinator and node processes of the real binary on 127.0.0.1.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ebbflow_runtime::cluster::{ClusterSpec, run_cluster};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
+
+fn app_args() -> Vec<String> {
+    [
+        "--app",
+        "exact",
+        "--exact-rows",
+        "53",
+        "--exact-width",
+        "3",
+        "--exact-tables",
+        "2",
+        "--exact-shared",
+        "4",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn exact_app_over_node_processes_matches_single_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for staleness in [0, 2] {
+        let config = JobConfig {
+            clocks: 6,
+            staleness,
+            workers: 4,
+            partitions: 5,
+            ..JobConfig::default()
+        };
+        let spec = ClusterSpec {
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_ebbflow-runtime")),
+            nodes: 2,
+            workers_per_node: 2,
+            app_args: app_args(),
+            work_dir: dir.path().to_path_buf(),
+            timeout: Duration::from_secs(300),
+        };
+        let cluster = run_cluster(&spec, &config).unwrap();
+        assert_eq!(
+            cluster.eval.metric("wrong_values"),
+            Some(0.0),
+            "staleness {staleness}: {:?}",
+            cluster.eval
+        );
+        assert_eq!(cluster.workers, 4);
+        assert_eq!(
+            cluster.total_stats().loss_sum,
+            0.0,
+            "staleness {staleness}: ssp bound violated"
+        );
+        assert!(cluster.total_stats().loss_count > 0);
+        let app = ExactApp::new(ExactConfig {
+            rows: 53,
+            width: 3,
+            tables: 2,
+            shared_rows: 4,
+            clocks: 6,
+            staleness,
+        });
+        let local = run_single_process(&app, &config, &RuntimeMetrics::unregistered()).unwrap();
+        assert_eq!(cluster.param_sum, local.param_sum);
+        assert_eq!(cluster.param_abs_sum, local.param_abs_sum);
+        assert_eq!(cluster.updates, local.updates);
+    }
+}
+
+#[test]
+fn a_node_with_the_wrong_secret_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"))
+        .args([
+            "node",
+            "--coordinator",
+            "http://127.0.0.1:9",
+            "--name",
+            "n",
+            "--workers",
+            "1",
+        ])
+        .env("EBBFLOW_JOB_SECRET", "x")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/join"), "{stderr}");
+}
