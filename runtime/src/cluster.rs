@@ -15,15 +15,50 @@ pub struct ClusterSpec {
     /// Path of the `ebbflow-runtime` binary.
     pub binary: PathBuf,
     /// Node processes.
-    pub nodes: usize,
-    /// Worker threads per node.
-    pub workers_per_node: usize,
+    pub nodes: Vec<NodeSpec>,
     /// App selection arguments passed to every process (e.g. `--app exact --exact-rows 64`).
     pub app_args: Vec<String>,
     /// Directory for the report file.
     pub work_dir: PathBuf,
     /// Kill everything if the job takes longer than this.
     pub timeout: Duration,
+}
+
+/// One node process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Worker threads (0: a server-only node).
+    pub workers: usize,
+    /// Whether it hosts partitions (false: a worker-only node).
+    pub serves: bool,
+}
+
+impl NodeSpec {
+    /// `count` nodes that each serve partitions and run `workers` threads.
+    pub fn uniform(count: usize, workers: usize) -> Vec<NodeSpec> {
+        vec![
+            NodeSpec {
+                workers,
+                serves: true
+            };
+            count
+        ]
+    }
+
+    /// One server-only node and one worker-only node with `workers` threads (the topology of the
+    /// "1 server process + 1 worker process" benchmark).
+    pub fn split(workers: usize) -> Vec<NodeSpec> {
+        vec![
+            NodeSpec {
+                workers: 0,
+                serves: true,
+            },
+            NodeSpec {
+                workers,
+                serves: false,
+            },
+        ]
+    }
 }
 
 /// Kills still-running children on drop (a failed launch leaves no strays).
@@ -60,7 +95,7 @@ pub fn run_cluster(spec: &ClusterSpec, config: &JobConfig) -> Result<RunReport, 
     let mut coordinator = Command::new(&spec.binary)
         .arg("coordinator")
         .args(&job_args)
-        .args(["--nodes", &spec.nodes.to_string(), "--report-out"])
+        .args(["--nodes", &spec.nodes.len().to_string(), "--report-out"])
         .arg(&report_path)
         .args(&spec.app_args)
         .env("EBBFLOW_JOB_SECRET", &secret)
@@ -86,8 +121,9 @@ pub fn run_cluster(spec: &ClusterSpec, config: &JobConfig) -> Result<RunReport, 
         .strip_prefix("listening on ")
         .ok_or_else(|| failed(format!("coordinator printed {line:?}")))?
         .to_owned();
-    for node in 0..spec.nodes {
-        let child = Command::new(&spec.binary)
+    for (node, node_spec) in spec.nodes.iter().enumerate() {
+        let mut command = Command::new(&spec.binary);
+        command
             .arg("node")
             .args([
                 "--coordinator",
@@ -97,10 +133,14 @@ pub fn run_cluster(spec: &ClusterSpec, config: &JobConfig) -> Result<RunReport, 
             ])
             .args([
                 "--workers",
-                &spec.workers_per_node.to_string(),
+                &node_spec.workers.to_string(),
                 "--optimizer",
                 &optimizer_arg(config),
-            ])
+            ]);
+        if !node_spec.serves {
+            command.arg("--no-serve");
+        }
+        let child = command
             .args(&spec.app_args)
             .env("EBBFLOW_JOB_SECRET", &secret)
             .spawn()

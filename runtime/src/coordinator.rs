@@ -158,8 +158,10 @@ impl Coordinator {
             tracing::warn!(name = %request.name, "join with a wrong job secret refused");
             return Err(error);
         }
-        if request.workers == 0 {
-            return Err(AdminError::Validate("workers must be at least 1".into()));
+        if request.workers == 0 && !request.serves {
+            return Err(AdminError::Validate(
+                "a node must run workers or serve partitions".into(),
+            ));
         }
         if request.data_addr.parse::<SocketAddr>().is_err() {
             return Err(AdminError::Validate(format!(
@@ -185,19 +187,39 @@ impl Coordinator {
             workers: request.workers,
             worker_base,
             finished: false,
+            serves: request.serves,
         });
         tracing::info!(node, name = %request.name, "node joined");
         if m.nodes.len() as u32 == self.config.expected_nodes {
-            let owners: Vec<u32> = (0..self.config.expected_nodes).collect();
-            m.map = PartitionMap::round_robin(self.config.partitions, &owners).ok();
-            m.phase = Some(JobPhase::Training);
-            tracing::info!(
-                nodes = owners.len(),
-                partitions = self.config.partitions,
-                "all nodes joined, training"
-            );
+            let owners: Vec<u32> = m
+                .nodes
+                .iter()
+                .filter(|n| n.serves)
+                .map(|n| n.node)
+                .collect();
+            let workers: u32 = m.nodes.iter().map(|n| n.workers).sum();
+            match PartitionMap::round_robin(self.config.partitions, &owners) {
+                Ok(map) if workers > 0 => {
+                    m.map = Some(map);
+                    m.phase = Some(JobPhase::Training);
+                    tracing::info!(
+                        nodes = m.nodes.len(),
+                        servers = owners.len(),
+                        partitions = self.config.partitions,
+                        "all nodes joined, training"
+                    );
+                }
+                Ok(_) => self.fail(&mut m, "no node runs workers".into()),
+                Err(error) => self.fail(&mut m, format!("cannot place partitions: {error}")),
+            }
         }
         Ok(JoinResponse { node })
+    }
+
+    fn fail(&self, m: &mut Membership, error: String) {
+        tracing::warn!(%error, "job failed");
+        m.error = Some(error);
+        m.phase = Some(JobPhase::Failed);
     }
 
     /// The plan for a node (not ready while joining).
@@ -301,6 +323,8 @@ impl Coordinator {
         match outcome {
             Ok(snapshot) => {
                 let mut report = RunReport::from_workers(self.config.clocks, &workers);
+                report.parameter_bytes = snapshot.parameter_bytes();
+                report.node_peak_rss_bytes = reports.values().map(|r| r.peak_rss_bytes).collect();
                 report.finish_with(
                     (self.config.evaluator)(&snapshot, total_workers),
                     snapshot,
@@ -504,6 +528,7 @@ mod tests {
             workers: 2,
             secret: secret.into(),
             reliable: true,
+            serves: true,
         }
     }
 

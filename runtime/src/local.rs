@@ -61,6 +61,14 @@ impl RunError {
     }
 }
 
+/// Peak resident memory of this process (`VmHWM`), if the platform reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Checks a job configuration.
 pub fn validate_config(config: &JobConfig) -> Result<(), RunError> {
     let reason = if config.workers == 0 {
@@ -100,6 +108,9 @@ pub struct RunReport {
     pub eval: EvalReport,
     /// Bytes of parameter values held by all servers at the end.
     pub parameter_bytes: u64,
+    /// Peak resident memory of each node process (multi-process mode; bytes, 0 if unknown).
+    #[serde(default)]
+    pub node_peak_rss_bytes: Vec<u64>,
     /// Sum of every materialised parameter value (a cheap fingerprint to compare runs).
     pub param_sum: f64,
     /// Sum of absolute values of every materialised parameter value.

@@ -71,6 +71,11 @@ impl ParamSnapshot {
             })
     }
 
+    /// Bytes of all materialised values (what the servers hold, without optimizer state).
+    pub fn parameter_bytes(&self) -> u64 {
+        self.tables.values().map(|t| t.data.len() as u64 * 4).sum()
+    }
+
     /// Rows of `table`, if any were materialised.
     pub fn table(&self, table: TableId) -> Option<&SnapshotTable> {
         self.tables.get(&table)

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ebbflow_runtime::cluster::{ClusterSpec, run_cluster};
+use ebbflow_runtime::cluster::{ClusterSpec, NodeSpec, run_cluster};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::local::run_single_process;
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -39,8 +39,7 @@ fn exact_app_over_node_processes_matches_single_process() {
         };
         let spec = ClusterSpec {
             binary: PathBuf::from(env!("CARGO_BIN_EXE_ebbflow-runtime")),
-            nodes: 2,
-            workers_per_node: 2,
+            nodes: NodeSpec::uniform(2, 2),
             app_args: app_args(),
             work_dir: dir.path().to_path_buf(),
             timeout: Duration::from_secs(300),
@@ -72,6 +71,50 @@ fn exact_app_over_node_processes_matches_single_process() {
         assert_eq!(cluster.param_abs_sum, local.param_abs_sum);
         assert_eq!(cluster.updates, local.updates);
     }
+}
+
+#[test]
+fn server_only_and_worker_only_nodes_train_exactly_and_report_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = JobConfig {
+        clocks: 5,
+        staleness: 1,
+        workers: 2,
+        partitions: 3,
+        ..JobConfig::default()
+    };
+    let spec = ClusterSpec {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_ebbflow-runtime")),
+        nodes: NodeSpec::split(2),
+        app_args: [
+            "--app",
+            "exact",
+            "--exact-rows",
+            "40",
+            "--exact-width",
+            "2",
+            "--exact-tables",
+            "1",
+            "--exact-shared",
+            "3",
+        ]
+        .map(String::from)
+        .to_vec(),
+        work_dir: dir.path().to_path_buf(),
+        timeout: Duration::from_secs(300),
+    };
+    let report = run_cluster(&spec, &config).unwrap();
+    assert_eq!(report.eval.loss, 0.0, "{:?}", report.eval);
+    assert_eq!(report.total_stats().loss_sum, 0.0);
+    assert_eq!(report.workers, 2);
+    // 40 rows of 2 values, all hosted by the server-only node.
+    assert_eq!(report.parameter_bytes, 40 * 2 * 4);
+    assert_eq!(report.node_peak_rss_bytes.len(), 2);
+    assert!(
+        report.node_peak_rss_bytes.iter().all(|&rss| rss > 0),
+        "{:?}",
+        report.node_peak_rss_bytes
+    );
 }
 
 #[test]

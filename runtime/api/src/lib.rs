@@ -48,6 +48,9 @@ pub struct JoinRequest {
     /// Whether the node is on reliable (on-demand) capacity.
     #[serde(default = "default_true")]
     pub reliable: bool,
+    /// Whether the node hosts partitions (false: a worker-only node).
+    #[serde(default = "default_true")]
+    pub serves: bool,
 }
 
 fn default_true() -> bool {
@@ -85,6 +88,9 @@ pub struct NodeInfo {
     pub worker_base: u32,
     /// Whether the node reported its workers finished.
     pub finished: bool,
+    /// Whether the node hosts partitions.
+    #[serde(default = "default_true")]
+    pub serves: bool,
 }
 
 /// Everything a node needs to start training.
@@ -130,6 +136,12 @@ pub struct ReportRequest {
     pub wait_seconds: Vec<f64>,
     /// Set if the node's workers failed.
     pub error: Option<String>,
+    /// Peak resident memory of the node process (bytes; 0 if unknown).
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
+    /// Bytes of parameter values the node hosts.
+    #[serde(default)]
+    pub parameter_bytes: u64,
 }
 
 /// "Instance X goes away at T" (issue 4 acts on it; static membership records it).
@@ -203,7 +215,7 @@ mod tests {
     #[test]
     fn join_defaults_to_reliable_and_round_trips() {
         let join: JoinRequest = serde_json::from_str(r#"{"name":"a","data_addr":"127.0.0.1:1","workers":2,"secret":"s"}"#).unwrap();
-        assert!(join.reliable);
+        assert!(join.reliable && join.serves);
         let back: JoinRequest = serde_json::from_str(&serde_json::to_string(&join).unwrap()).unwrap();
         assert_eq!(back, join);
         assert_eq!(serde_json::to_string(&JobPhase::Evaluating).unwrap(), "\"evaluating\"");

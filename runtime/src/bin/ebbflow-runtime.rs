@@ -11,7 +11,7 @@ use ebbflow_runtime::app::App;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
-use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::local::{peak_rss_bytes, run_single_process};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::node::{ServerHandle, WorkerPlan};
 use ebbflow_runtime::optimizer::Optimizer;
@@ -82,9 +82,12 @@ enum Command {
         /// Serve `/metrics` on this address.
         #[arg(long)]
         metrics_listen: Option<SocketAddr>,
-        /// Worker threads (default: one per core).
+        /// Worker threads (default: one per core; 0 for a server-only node).
         #[arg(long)]
         workers: Option<usize>,
+        /// Host no partitions (a worker-only node).
+        #[arg(long)]
+        no_serve: bool,
         /// The job's shared secret.
         #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
         secret: String,
@@ -224,10 +227,12 @@ fn main() -> anyhow::Result<()> {
             advertise,
             metrics_listen,
             workers,
+            no_serve,
             secret,
             optimizer,
             app,
         } => node_main(NodeArgs {
+            serves: !no_serve,
             coordinator: coordinator.trim_end_matches('/').to_owned(),
             name,
             listen,
@@ -318,6 +323,7 @@ fn coordinator_main(
 }
 
 struct NodeArgs {
+    serves: bool,
     coordinator: String,
     name: String,
     listen: SocketAddr,
@@ -401,6 +407,7 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         workers: args.workers as u32,
         secret: args.secret.clone(),
         reliable: true,
+        serves: args.serves,
     };
     let joined: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
     let node = joined.node;
@@ -491,6 +498,26 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         &metrics,
         Instant::now(),
     );
+    if me.workers == 0 {
+        // A server-only node reports once training is over, so its peak memory covers it.
+        loop {
+            let status: StatusResponse = rt.block_on(get_json(&http, &format!("{base}/status")))?;
+            let training_over = status
+                .nodes
+                .iter()
+                .filter(|n| n.workers > 0)
+                .all(|n| n.finished);
+            if training_over
+                || matches!(
+                    status.phase,
+                    JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+                )
+            {
+                break;
+            }
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        }
+    }
     let report = match &outcome {
         Ok(reports) => ReportRequest {
             node,
@@ -512,6 +539,8 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
                 .collect(),
             wait_seconds: reports.iter().map(|r| r.wait_seconds).collect(),
             error: None,
+            peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
+            parameter_bytes: server.state.parameter_bytes() as u64,
         },
         Err(error) => ReportRequest {
             node,
@@ -519,6 +548,8 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
             workers: vec![],
             wait_seconds: vec![],
             error: Some(error.to_string()),
+            peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
+            parameter_bytes: 0,
         },
     };
     let _: ebbflow_runtime_api::Ack =
