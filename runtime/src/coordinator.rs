@@ -595,3 +595,124 @@ mod tests {
         assert!(c.finished());
     }
 }
+
+#[cfg(test)]
+mod http_tests {
+    use super::*;
+
+    /// The admin API over real HTTP on port 0: status, errors with categories, metrics text.
+    #[tokio::test]
+    async fn admin_api_answers_json_and_metrics() {
+        let registry = Registry::new();
+        let metrics = crate::metrics::RuntimeMetrics::register(&registry).unwrap();
+        metrics.iterations.inc_by(3);
+        let config = CoordinatorConfig {
+            expected_nodes: 1,
+            partitions: 2,
+            clocks: 1,
+            staleness: 0,
+            secret: "k".into(),
+            specs: vec![],
+            evaluator: Arc::new(|_, _| EvalReport::default()),
+        };
+        let coordinator = Coordinator::new(config, registry);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, router(coordinator)).await });
+        let http = reqwest::Client::new();
+        let status: StatusResponse = http
+            .get(format!("{base}/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            (status.phase, status.expected_nodes),
+            (JobPhase::Joining, 1)
+        );
+        let join = JoinRequest {
+            name: "n".into(),
+            data_addr: "127.0.0.1:1".into(),
+            workers: 1,
+            secret: "nope".into(),
+            reliable: true,
+            serves: true,
+        };
+        let refused = http
+            .post(format!("{base}/join"))
+            .json(&join)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let body: ApiError = refused.json().await.unwrap();
+        assert_eq!(body.category, "bad_secret");
+        let joined: JoinResponse = http
+            .post(format!("{base}/join"))
+            .json(&JoinRequest {
+                secret: "k".into(),
+                ..join
+            })
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(joined.node, 0);
+        let plan: PlanResponse = http
+            .get(format!("{base}/plan?node=0"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(plan.ready);
+        let missing = http.get(format!("{base}/plan")).send().await.unwrap();
+        assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+        let notice = http
+            .post(format!("{base}/notice"))
+            .json(&NoticeRequest {
+                name: "ghost".into(),
+                deadline_unix: 1,
+            })
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(notice.status(), StatusCode::NOT_FOUND);
+        let text = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            text.contains("ebbflow_runtime_iterations_total 3"),
+            "{text}"
+        );
+        let stopped: Ack = http
+            .post(format!("{base}/stop"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(stopped.ok);
+        let status: StatusResponse = http
+            .get(format!("{base}/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status.phase, JobPhase::Stopped);
+        server.abort();
+    }
+}

@@ -234,3 +234,36 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     drop(good);
     server.stop(runtime.handle());
 }
+
+/// BSP makes the visible state exactly "every update of earlier clocks", applied in worker order,
+/// so matrix factorization over TCP ends with the same parameters as in one process.
+#[test]
+fn mf_under_bsp_is_identical_over_tcp_and_in_process() {
+    use ebbflow_runtime::apps::{MfApp, MfConfig};
+    let data = ebbflow_runtime::data::synthetic_ratings(120, 80, 4, 6_000, 0.3, 3).unwrap();
+    let (train, test) = data.ratings.split(0.2, 5).unwrap();
+    let config = MfConfig {
+        rank: 6,
+        learning_rate: 0.01,
+        ..MfConfig::default()
+    };
+    let app = MfApp::new(train, test, config).unwrap();
+    let job = JobConfig {
+        clocks: 6,
+        staleness: 0,
+        workers: 3,
+        partitions: 4,
+        keep_params: true,
+        ..JobConfig::default()
+    };
+    let local = run_single_process(&app, &job, &RuntimeMetrics::unregistered()).unwrap();
+    let tcp = run_loopback(&app, &job, 2, &RuntimeMetrics::unregistered()).unwrap();
+    assert!(
+        (local.eval.loss - tcp.eval.loss).abs() <= 1e-9,
+        "rmse {} vs {}",
+        local.eval.loss,
+        tcp.eval.loss
+    );
+    assert_eq!(local.params, tcp.params);
+    assert!(local.param_abs_sum > 0.0);
+}
