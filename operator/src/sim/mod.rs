@@ -263,7 +263,7 @@ pub fn run_study(
         return Err(SimError::Plan {
             source_name: market.source.clone(),
             reason: format!(
-                "the evaluation slice ({} h) is shorter than 4× the longest job ({longest} h)",
+                "the evaluation slice ({:.1} h) is shorter than 4× the longest job ({longest} h)",
                 (grid.slots - first_slot.min(grid.slots)) as f64 * step as f64 / 3600.0
             ),
         });
