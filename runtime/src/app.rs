@@ -437,6 +437,9 @@ pub trait App: Send + Sync + 'static {
     fn worker(&self, shard: usize, num_shards: usize) -> Self::Worker;
     /// Test quality of the given parameters.
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport;
+    /// Tells an app evaluated in a process that built no workers (the coordinator) how many
+    /// workers the job had; only apps whose evaluation depends on it need to override this.
+    fn set_num_workers(&self, _num_workers: usize) {}
 }
 
 /// One worker thread's view of an app: a data shard that does one clock of work at a time.

@@ -141,6 +141,11 @@ impl App for ExactApp {
         }
     }
 
+    fn set_num_workers(&self, num_workers: usize) {
+        self.num_workers
+            .store(num_workers, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
         let num_workers = self
             .num_workers

@@ -161,12 +161,6 @@ fn parse_optimizer(text: &str) -> Result<Optimizer, String> {
 }
 
 fn exact_app(args: &AppArgs, clocks: u64, staleness: u64) -> anyhow::Result<ExactApp> {
-    if args.app != "exact" {
-        bail!(
-            "unknown app {:?}: this binary runs `exact`; MF, MLR and LDA run through the library API",
-            args.app
-        );
-    }
     Ok(ExactApp::new(ExactConfig {
         rows: args.exact_rows,
         width: args.exact_width,
@@ -175,6 +169,40 @@ fn exact_app(args: &AppArgs, clocks: u64, staleness: u64) -> anyhow::Result<Exac
         clocks,
         staleness,
     }))
+}
+
+/// Work that needs the app, whose type `--app` picks at run time.
+trait AppTask {
+    /// Runs with the built app.
+    fn run<A: App>(self, app: A) -> anyhow::Result<()>;
+}
+
+/// Builds the app named by `--app` and runs `task` with it.
+fn with_app<T: AppTask>(
+    args: &AppArgs,
+    clocks: u64,
+    staleness: u64,
+    task: T,
+) -> anyhow::Result<()> {
+    match args.app.as_str() {
+        "exact" => task.run(exact_app(args, clocks, staleness)?),
+        other => bail!(
+            "unknown app {other:?}: this build runs `exact`; MF, MLR and LDA run through the library API"
+        ),
+    }
+}
+
+/// Single-process mode.
+struct LocalTask {
+    config: JobConfig,
+}
+
+impl AppTask for LocalTask {
+    fn run<A: App>(self, app: A) -> anyhow::Result<()> {
+        let report = run_single_process(&app, &self.config, &RuntimeMetrics::unregistered())?;
+        println!("{}", serde_json::to_string(&report)?);
+        Ok(())
+    }
 }
 
 fn default_workers() -> usize {
@@ -199,7 +227,6 @@ fn main() -> anyhow::Result<()> {
     init_tracing(cli.log_json);
     match cli.command {
         Command::Local { job, workers, app } => {
-            let app = exact_app(&app, job.clocks, job.staleness)?;
             let config = JobConfig {
                 clocks: job.clocks,
                 staleness: job.staleness,
@@ -208,9 +235,7 @@ fn main() -> anyhow::Result<()> {
                 workers: workers.unwrap_or_else(default_workers),
                 ..JobConfig::default()
             };
-            let report = run_single_process(&app, &config, &RuntimeMetrics::unregistered())?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(())
+            with_app(&app, job.clocks, job.staleness, LocalTask { config })
         }
         Command::Coordinator {
             job,
@@ -265,60 +290,88 @@ fn coordinator_main(
     if nodes == 0 {
         bail!("--nodes must be at least 1");
     }
-    let probe = exact_app(&app, job.clocks, job.staleness)?;
-    let specs = probe.tables();
-    let app_args = app.clone();
-    let config = CoordinatorConfig {
-        expected_nodes: nodes,
-        partitions: job.partitions,
-        clocks: job.clocks,
-        staleness: job.staleness,
-        secret,
-        specs,
-        evaluator: Arc::new(move |snapshot, total_workers| {
-            match exact_app(&app_args, job.clocks, job.staleness) {
-                Ok(app) => app.with_num_workers(total_workers).evaluate(snapshot),
-                Err(_) => ebbflow_runtime::app::EvalReport {
-                    loss: f64::NAN,
-                    metrics: vec![],
-                },
-            }
-        }),
-    };
-    let registry = Registry::new();
-    RuntimeMetrics::register(&registry).context("registering metrics")?;
-    let coordinator = Coordinator::new(config, registry);
-    let rt = runtime()?;
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(listen))
-        .with_context(|| format!("binding the admin address {listen}"))?;
-    let bound = listener.local_addr()?;
-    // The launcher reads this line to learn the port.
-    println!("listening on {bound}");
-    tracing::info!(%bound, nodes, "coordinator listening");
-    let served = coordinator.clone();
-    rt.block_on(async move {
-        let waiter = served.clone();
-        axum::serve(listener, router(served))
-            .with_graceful_shutdown(async move {
-                while !waiter.finished() {
-                    tokio::select! {
-                        () = waiter.changed() => {}
-                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+    let (clocks, staleness) = (job.clocks, job.staleness);
+    with_app(
+        &app,
+        clocks,
+        staleness,
+        CoordinatorTask {
+            job,
+            listen,
+            nodes,
+            secret,
+            report_out,
+        },
+    )
+}
+
+/// The coordinator's life once the app (for its tables and evaluation) is built.
+struct CoordinatorTask {
+    job: JobArgs,
+    listen: SocketAddr,
+    nodes: u32,
+    secret: String,
+    report_out: Option<PathBuf>,
+}
+
+impl AppTask for CoordinatorTask {
+    fn run<A: App>(self, app: A) -> anyhow::Result<()> {
+        let CoordinatorTask {
+            job,
+            listen,
+            nodes,
+            secret,
+            report_out,
+        } = self;
+        let specs = app.tables();
+        let app = Arc::new(app);
+        let config = CoordinatorConfig {
+            expected_nodes: nodes,
+            partitions: job.partitions,
+            clocks: job.clocks,
+            staleness: job.staleness,
+            secret,
+            specs,
+            evaluator: Arc::new(move |snapshot, total_workers| {
+                app.set_num_workers(total_workers);
+                app.evaluate(snapshot)
+            }),
+        };
+        let registry = Registry::new();
+        RuntimeMetrics::register(&registry).context("registering metrics")?;
+        let coordinator = Coordinator::new(config, registry);
+        let rt = runtime()?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(listen))
+            .with_context(|| format!("binding the admin address {listen}"))?;
+        let bound = listener.local_addr()?;
+        // The launcher reads this line to learn the port.
+        println!("listening on {bound}");
+        tracing::info!(%bound, nodes, "coordinator listening");
+        let served = coordinator.clone();
+        rt.block_on(async move {
+            let waiter = served.clone();
+            axum::serve(listener, router(served))
+                .with_graceful_shutdown(async move {
+                    while !waiter.finished() {
+                        tokio::select! {
+                            () = waiter.changed() => {}
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        }
                     }
-                }
-            })
-            .await
-    })
-    .context("serving the admin API")?;
-    let status = coordinator.status(None);
-    if let (Some(path), Some(report)) = (report_out, coordinator.run_report()) {
-        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
-    }
-    match status.phase {
-        JobPhase::Done => Ok(()),
-        phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
+                })
+                .await
+        })
+        .context("serving the admin API")?;
+        let status = coordinator.status(None);
+        if let (Some(path), Some(report)) = (report_out, coordinator.run_report()) {
+            std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+                .with_context(|| format!("writing the report to {}", path.display()))?;
+        }
+        match status.phase {
+            JobPhase::Done => Ok(()),
+            phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
+        }
     }
 }
 
@@ -447,132 +500,184 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         .iter()
         .find(|n| n.node == node)
         .context("the plan does not list this node")?;
-    let app = exact_app(&args.app, plan.clocks, plan.staleness)?;
-    let specs = app.tables();
-    let hosted: Vec<_> = map
-        .owned_by(node)
-        .into_iter()
-        .map(|p| (p, map.entries()[p as usize].epoch))
-        .collect();
-    let state = Arc::new(ServerState::new(
-        &hosted,
-        map.num_partitions(),
-        &specs,
-        plan.total_workers,
-        args.optimizer,
-    ));
-    let wait_timeout = Duration::from_secs(600);
-    let server_config = ServerConfig {
-        wait_timeout,
-        ..ServerConfig::with_secret(args.secret.clone().into_bytes())
-    };
-    let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics.clone())?;
-    let worker_plan = WorkerPlan {
-        worker_base: me.worker_base,
-        local_workers: me.workers as usize,
-        total_workers: plan.total_workers as usize,
-        map: map.clone(),
-        addrs,
-    };
-    let client = ClientConfig {
-        secret: args.secret.clone().into_bytes(),
+    let (clocks, staleness) = (plan.clocks, plan.staleness);
+    let app_args = args.app.clone();
+    let task = NodeTask {
+        rt,
+        metrics,
+        listener,
+        http,
+        base: base.to_owned(),
         node,
-        max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
-        timeout: wait_timeout,
+        map,
+        addrs,
+        me: me.clone(),
+        plan,
+        args,
     };
-    let config = JobConfig {
-        clocks: plan.clocks,
-        staleness: plan.staleness,
-        workers: me.workers as usize,
-        partitions: map.num_partitions(),
-        optimizer: args.optimizer,
-        wait_timeout,
-        keep_params: false,
-    };
-    let outcome = ebbflow_runtime::node::run_workers(
-        &app,
-        &specs,
-        &worker_plan,
-        &client,
-        &config,
-        &metrics,
-        Instant::now(),
-    );
-    if me.workers == 0 {
-        // A server-only node reports once training is over, so its peak memory covers it.
-        loop {
-            let status: StatusResponse = rt.block_on(get_json(&http, &format!("{base}/status")))?;
-            let training_over = status
-                .nodes
-                .iter()
-                .filter(|n| n.workers > 0)
-                .all(|n| n.finished);
-            if training_over
-                || matches!(
-                    status.phase,
-                    JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
-                )
-            {
-                break;
+    with_app(&app_args, clocks, staleness, task)
+}
+
+/// The part of a node's life that needs the app: host partitions, train, report, serve until done.
+struct NodeTask {
+    rt: tokio::runtime::Runtime,
+    metrics: RuntimeMetrics,
+    listener: tokio::net::TcpListener,
+    http: reqwest::Client,
+    base: String,
+    node: u32,
+    map: PartitionMap,
+    addrs: NodeAddrs,
+    me: ebbflow_runtime_api::NodeInfo,
+    plan: PlanResponse,
+    args: NodeArgs,
+}
+
+impl AppTask for NodeTask {
+    fn run<A: App>(self, app: A) -> anyhow::Result<()> {
+        let NodeTask {
+            rt,
+            metrics,
+            listener,
+            http,
+            base,
+            node,
+            map,
+            addrs,
+            me,
+            plan,
+            args,
+        } = self;
+        let base = &base;
+        let me = &me;
+        let specs = app.tables();
+        let hosted: Vec<_> = map
+            .owned_by(node)
+            .into_iter()
+            .map(|p| (p, map.entries()[p as usize].epoch))
+            .collect();
+        let state = Arc::new(ServerState::new(
+            &hosted,
+            map.num_partitions(),
+            &specs,
+            plan.total_workers,
+            args.optimizer,
+        ));
+        let wait_timeout = Duration::from_secs(600);
+        let server_config = ServerConfig {
+            wait_timeout,
+            ..ServerConfig::with_secret(args.secret.clone().into_bytes())
+        };
+        let server =
+            ServerHandle::serve(rt.handle(), listener, state, server_config, metrics.clone())?;
+        let worker_plan = WorkerPlan {
+            worker_base: me.worker_base,
+            local_workers: me.workers as usize,
+            total_workers: plan.total_workers as usize,
+            map: map.clone(),
+            addrs,
+        };
+        let client = ClientConfig {
+            secret: args.secret.clone().into_bytes(),
+            node,
+            max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: wait_timeout,
+        };
+        let config = JobConfig {
+            clocks: plan.clocks,
+            staleness: plan.staleness,
+            workers: me.workers as usize,
+            partitions: map.num_partitions(),
+            optimizer: args.optimizer,
+            wait_timeout,
+            keep_params: false,
+        };
+        let outcome = ebbflow_runtime::node::run_workers(
+            &app,
+            &specs,
+            &worker_plan,
+            &client,
+            &config,
+            &metrics,
+            Instant::now(),
+        );
+        if me.workers == 0 {
+            // A server-only node reports once training is over, so its peak memory covers it.
+            loop {
+                let status: StatusResponse =
+                    rt.block_on(get_json(&http, &format!("{base}/status")))?;
+                let training_over = status
+                    .nodes
+                    .iter()
+                    .filter(|n| n.workers > 0)
+                    .all(|n| n.finished);
+                if training_over
+                    || matches!(
+                        status.phase,
+                        JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+                    )
+                {
+                    break;
+                }
+                rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+            }
+        }
+        let report = match &outcome {
+            Ok(reports) => ReportRequest {
+                node,
+                secret: args.secret.clone(),
+                workers: reports
+                    .iter()
+                    .map(|r| {
+                        r.stats
+                            .iter()
+                            .zip(&r.clock_end)
+                            .map(|(s, end)| ClockRecord {
+                                updates: s.updates,
+                                loss_sum: s.loss_sum,
+                                loss_count: s.loss_count,
+                                end_seconds: *end,
+                            })
+                            .collect()
+                    })
+                    .collect(),
+                wait_seconds: reports.iter().map(|r| r.wait_seconds).collect(),
+                error: None,
+                peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
+                parameter_bytes: server.state.parameter_bytes() as u64,
+            },
+            Err(error) => ReportRequest {
+                node,
+                secret: args.secret.clone(),
+                workers: vec![],
+                wait_seconds: vec![],
+                error: Some(error.to_string()),
+                peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
+                parameter_bytes: 0,
+            },
+        };
+        let _: ebbflow_runtime_api::Ack =
+            rt.block_on(post_json(&http, &format!("{base}/report"), &report))?;
+        // Keep serving partitions until the coordinator has copied them and says the job is over.
+        let status: StatusResponse = loop {
+            let status: StatusResponse =
+                rt.block_on(get_json(&http, &format!("{base}/status?node={node}")))?;
+            if matches!(
+                status.phase,
+                JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+            ) {
+                break status;
             }
             rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        };
+        server.stop(rt.handle());
+        outcome?;
+        match status.phase {
+            JobPhase::Done => {
+                tracing::info!(node, "job done");
+                Ok(())
+            }
+            phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
         }
-    }
-    let report = match &outcome {
-        Ok(reports) => ReportRequest {
-            node,
-            secret: args.secret.clone(),
-            workers: reports
-                .iter()
-                .map(|r| {
-                    r.stats
-                        .iter()
-                        .zip(&r.clock_end)
-                        .map(|(s, end)| ClockRecord {
-                            updates: s.updates,
-                            loss_sum: s.loss_sum,
-                            loss_count: s.loss_count,
-                            end_seconds: *end,
-                        })
-                        .collect()
-                })
-                .collect(),
-            wait_seconds: reports.iter().map(|r| r.wait_seconds).collect(),
-            error: None,
-            peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
-            parameter_bytes: server.state.parameter_bytes() as u64,
-        },
-        Err(error) => ReportRequest {
-            node,
-            secret: args.secret.clone(),
-            workers: vec![],
-            wait_seconds: vec![],
-            error: Some(error.to_string()),
-            peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
-            parameter_bytes: 0,
-        },
-    };
-    let _: ebbflow_runtime_api::Ack =
-        rt.block_on(post_json(&http, &format!("{base}/report"), &report))?;
-    // Keep serving partitions until the coordinator has copied them and says the job is over.
-    let status: StatusResponse = loop {
-        let status: StatusResponse =
-            rt.block_on(get_json(&http, &format!("{base}/status?node={node}")))?;
-        if matches!(
-            status.phase,
-            JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
-        ) {
-            break status;
-        }
-        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
-    };
-    server.stop(rt.handle());
-    outcome?;
-    match status.phase {
-        JobPhase::Done => {
-            tracing::info!(node, "job done");
-            Ok(())
-        }
-        phase => bail!("job ended {phase:?}: {}", status.error.unwrap_or_default()),
     }
 }
