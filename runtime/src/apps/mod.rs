@@ -9,6 +9,7 @@
 pub mod lda;
 pub mod mf;
 pub mod mlr;
+pub mod named;
 
 use thiserror::Error;
 
@@ -17,6 +18,7 @@ use crate::app::{App, AppWorker, ClockStats, RowCache, TableId, TableReader, Tab
 pub use lda::{LdaApp, LdaConfig};
 pub use mf::{MfApp, MfConfig};
 pub use mlr::{MlrApp, MlrConfig};
+pub use named::{NamedApp, NamedAppError, build_named_app};
 
 /// Errors building an app from its data and configuration.
 #[derive(Debug, Error, Clone, PartialEq)]

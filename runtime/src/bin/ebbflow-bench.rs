@@ -93,8 +93,9 @@ where
 {
     let mut bare = BareLoop::new(app);
     let mut seconds = 0.0;
-    let mut quality = target.value(&app.evaluate(bare.tables()));
-    while bare.clocks() < max_clocks && !target.reached(quality) {
+    // At least one clock: untrained parameters can score trivially (LDA with no counts yet).
+    let mut quality = f64::NAN;
+    while bare.clocks() == 0 || (bare.clocks() < max_clocks && !target.reached(quality)) {
         let start = Instant::now();
         bare.clock();
         seconds += start.elapsed().as_secs_f64();
@@ -233,8 +234,8 @@ where
                 name,
                 "parameter bytes; this process's RSS (server + worker + data + bench)",
                 format!(
-                    "{:.2} MiB; {:.1} MiB (bound 1.5x params + 64 MiB = {:.1} MiB)",
-                    last.parameter_bytes as f64 / MIB,
+                    "{:.1} KiB; {:.1} MiB (bound 1.5x params + 64 MiB = {:.1} MiB)",
+                    last.parameter_bytes as f64 / 1024.0,
                     rss as f64 / MIB,
                     1.5 * last.parameter_bytes as f64 / MIB + 64.0
                 ),
