@@ -11,6 +11,7 @@ use ebbflow_runtime::apps::{
 use ebbflow_runtime::data;
 use ebbflow_runtime::local::{RunReport, run_single_process};
 use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::run_loopback;
 use ebbflow_runtime::worker::JobConfig;
 
 fn data_dir_or_skip(test: &str) -> Option<PathBuf> {
@@ -205,5 +206,56 @@ fn reuters_on_ps_with_two_workers_is_within_2_percent_of_the_lda_package() {
         (ours - theirs).abs() / theirs.abs() <= 0.02,
         "{:?}",
         report.eval
+    );
+}
+
+fn bsp_job(workers: usize, clocks: u64) -> JobConfig {
+    JobConfig {
+        clocks,
+        staleness: 0,
+        workers,
+        partitions: 5,
+        ..JobConfig::default()
+    }
+}
+
+/// BSP over the TCP data plane (two servers, real client code) gives what the in-process server
+/// gives: bit for bit for LDA's integer counts, within float tolerance for MF.
+#[test]
+fn bsp_over_tcp_loopback_matches_single_process() {
+    let metrics = RuntimeMetrics::unregistered();
+    let corpus = data::synthetic_corpus(60, 100, 4, 40, 0.1, 0.05, 8)
+        .unwrap()
+        .corpus;
+    let lda = LdaApp::new(
+        corpus,
+        LdaConfig {
+            num_topics: 4,
+            ..LdaConfig::default()
+        },
+    )
+    .unwrap();
+    let single = run_single_process(&lda, &bsp_job(2, 15), &metrics).unwrap();
+    let tcp = run_loopback(&lda, &bsp_job(2, 15), 2, &metrics).unwrap();
+    assert_eq!(single.eval, tcp.eval);
+
+    let ratings = data::synthetic_ratings(120, 80, 3, 6000, 0.2, 3).unwrap();
+    let (train, test) = ratings.ratings.split(0.2, 1).unwrap();
+    let mf = MfApp::new(
+        train,
+        test,
+        MfConfig {
+            rank: 4,
+            ..MfConfig::default()
+        },
+    )
+    .unwrap();
+    let single = run_single_process(&mf, &bsp_job(2, 10), &metrics).unwrap();
+    let tcp = run_loopback(&mf, &bsp_job(2, 10), 2, &metrics).unwrap();
+    assert!(
+        (single.eval.loss - tcp.eval.loss).abs() < 1e-4,
+        "single {:?} vs tcp {:?}",
+        single.eval,
+        tcp.eval
     );
 }
