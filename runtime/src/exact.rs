@@ -7,7 +7,8 @@
 //! The workers also check SSP while they run. Worker `w` at clock `t` reads every shared row
 //! (touched by all workers) and verifies it holds at least every worker's updates from clocks
 //! `<= t - s - 1` plus its own from clocks `<= t - 1`, and at most every worker's updates from
-//! clocks `<= t - 1` (the runtime never exposes a clock before every worker finished it). Each
+//! clocks `<= t + s` (no worker starts a clock more than `s` ahead of the slowest; under BSP it
+//! is exactly clocks `<= t - 1`: a read never sees any of the current clock). Each
 //! failed check counts as one unit of "loss" in [`ClockStats`], so the runtime aggregates it across
 //! threads and processes like any training loss: a correct run reports `loss_sum == 0`.
 
@@ -216,7 +217,19 @@ impl ExactWorker {
                                 key,
                                 column,
                             );
-                    let upper = ExactApp::sum(everyone.clone(), 0..clock, table, key, column);
+                    // Another worker may have finished clocks up to `t + s` (it starts clock `t + s` as
+                    // soon as this worker finished `t - 1`); under BSP nothing of clock `t`.
+                    let upper = ExactApp::sum(
+                        everyone.clone(),
+                        0..if staleness == 0 {
+                            clock
+                        } else {
+                            clock + staleness + 1
+                        },
+                        table,
+                        key,
+                        column,
+                    );
                     let value = f64::from(*value);
                     checks += 1;
                     if value < lower as f64 || value > upper as f64 {

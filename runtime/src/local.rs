@@ -249,13 +249,13 @@ impl Transport for LocalTransport {
         views: &[PartitionView],
     ) -> Result<(), WorkerError> {
         for view in views {
-            self.state.push_with(
+            self.state.push_blocking(
                 view.partition,
                 LOCAL_EPOCH,
                 worker,
                 clock,
-                view.len,
-                |out| out.copy_from_slice(&view.delta),
+                &view.delta,
+                self.config.wait_timeout,
             )?;
         }
         Ok(())
@@ -275,7 +275,7 @@ impl Transport for LocalTransport {
                 .state
                 .with_partition(view.partition, LOCAL_EPOCH, |store| {
                     let mut offset = 0;
-                    store.read_rows(worker, |row| {
+                    store.pull_rows(worker, min_clock, |row| {
                         incoming[offset..offset + row.len()].copy_from_slice(row);
                         offset += row.len();
                     })?;
@@ -323,6 +323,7 @@ pub fn run_single_process<A: App>(
         &specs,
         config.workers as u32,
         config.optimizer,
+        config.staleness == 0,
     ));
     let app_workers: Vec<A::Worker> = (0..config.workers)
         .map(|shard| app.worker(shard, config.workers))

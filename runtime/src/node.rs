@@ -198,6 +198,7 @@ pub fn run_loopback<A: App>(
             &specs,
             config.workers as u32,
             config.optimizer,
+            config.staleness == 0,
         ));
         let server_config = ServerConfig {
             wait_timeout: config.wait_timeout,

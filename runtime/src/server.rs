@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::frame::{FrameError, HEADER_BYTES, body_len, check, get_f32s, put_f32s};
+use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
 use crate::message::{Message, Values, secrets_match};
 use crate::metrics::RuntimeMetrics;
 use crate::store::{PushOutcome, ServerState, StoreError};
@@ -216,18 +216,32 @@ async fn serve_connection(
                 partition,
                 min_clock,
                 ..
-            } => Some((partition, min_clock)),
-            Message::Register { .. } | Message::Push { .. } | Message::Dump { .. } => None,
+            } => Some((partition, None, min_clock)),
+            Message::Push {
+                partition,
+                worker,
+                clock,
+                ..
+            } => Some((partition, Some(worker), clock)),
+            Message::Register { .. } | Message::Dump { .. } => None,
             other => return Err(ConnectionError::Unexpected(other.kind())),
         };
         out.clear();
-        let mut waited = Ok(());
-        if let Some((partition, min_clock)) = wait {
-            waited = state
-                .wait_clock(partition, min_clock, config.wait_timeout)
-                .await
-                .map(|_| ());
-        }
+        // Reads wait for their clock; BSP pushes wait for their gate (the frame stays unread
+        // behind this one in the socket meanwhile, so waiting costs no server memory).
+        let waited = match wait {
+            Some((partition, None, min_clock)) => {
+                state
+                    .wait_clock(partition, min_clock, config.wait_timeout)
+                    .await
+            }
+            Some((partition, Some(worker), clock)) => {
+                state
+                    .wait_push_gate(partition, worker, clock, config.wait_timeout)
+                    .await
+            }
+            None => Ok(()),
+        };
         out = match waited {
             Err(error) => {
                 encode_error(&error, &mut out);
@@ -287,10 +301,10 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
         } => {
             let Values::Le(bytes) = values else { return };
             state
-                .push_with(partition, epoch, worker, clock, values.len(), |slot| {
-                    get_f32s(bytes, slot)
+                .with_partition(partition, epoch, |store| {
+                    store.push_le(worker, clock, bytes)
                 })
-                .map(|outcome| {
+                .map(|(outcome, _)| {
                     Message::Pushed {
                         partition,
                         duplicate: outcome == PushOutcome::Duplicate,
@@ -302,7 +316,7 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
             worker,
             partition,
             epoch,
-            ..
+            min_clock,
         } => state.with_partition(partition, epoch, |store| {
             let len = store.batch_len(worker)?;
             let visible = store.visible_clock();
@@ -312,7 +326,7 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
             out.extend_from_slice(&partition.to_le_bytes());
             out.extend_from_slice(&visible.to_le_bytes());
             out.extend_from_slice(&(len as u32).to_le_bytes());
-            store.read_rows(worker, |row| put_f32s(out, row))?;
+            store.pull_rows(worker, min_clock, |row| put_f32s(out, row))?;
             crate::frame::end_frame(out, start);
             Ok(())
         }),

@@ -6,12 +6,14 @@
 //! (no per-row hashing per clock).
 //!
 //! **Clocks and visibility.** The store expects a push from every worker of the job for every clock
-//! (an empty one if the worker has no keys here). `completed[w]` is the number of clocks of worker
-//! `w` received. A push for clock `c` is held pending until every worker has pushed clock `c`; then
-//! the pending pushes of that clock are applied in worker order. So the visible state is always
-//! exactly "every update of clocks `< visible_clock`" with `visible_clock = min_w completed[w]`,
-//! which makes BSP runs deterministic and bit-identical between single- and multi-process modes,
-//! and makes `visible_clock` a consistent point (what a BackupPS needs, issue 4).
+//! (an empty one if the worker has no keys here), applied on arrival straight into the rows (no
+//! per-push buffering, so a server holds little beyond its parameters). `completed[w]` is the number
+//! of clocks of worker `w` received and `visible_clock = min_w completed[w]`: every update of clocks
+//! below it is applied, which is SSP's guarantee (a read needing clock `t - s` waits for it). Under
+//! BSP (`strict`) a read at clock `t` must also see *nothing* of clock `t`, so a push for clock `c`
+//! is held back (by the caller, before reading it off the connection) until every worker that reads
+//! this partition has been served its read for clock `c`. Summation order within a clock follows
+//! arrival, so BSP runs agree across modes up to float rounding (exactly, for integer apps).
 //!
 //! **Exactly once.** A push is identified by (worker, clock, partition). Workers push their clocks
 //! in order, so `completed[w]` is the whole dedup state: a push with `clock < completed[w]` is a
@@ -19,7 +21,6 @@
 //! part of the partition, so it moves with it on migration and is reset with it on rollback.
 
 use std::collections::HashMap;
-use std::collections::VecDeque;
 
 use parking_lot::{Condvar, Mutex};
 use thiserror::Error;
@@ -103,6 +104,18 @@ pub enum StoreError {
         /// The clock pushed.
         clock: u64,
     },
+    /// A BSP push arrived before every reader read its clock (the caller must wait first).
+    #[error(
+        "worker {worker} pushed clock {clock} to partition {partition} before every reader read it"
+    )]
+    PushEarly {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+        /// The clock pushed.
+        clock: u64,
+    },
     /// Waiting for a clock timed out (a worker is stuck or gone).
     #[error("partition {partition} did not reach clock {clock} in time (visible clock {visible})")]
     WaitClock {
@@ -127,6 +140,7 @@ impl StoreError {
             StoreError::LookupBatch { .. } => "lookup_batch",
             StoreError::PushLength { .. } => "push_length",
             StoreError::PushClockGap { .. } => "push_clock_gap",
+            StoreError::PushEarly { .. } => "push_early",
             StoreError::WaitClock { .. } => "wait_clock",
         }
     }
@@ -192,10 +206,21 @@ pub struct PartitionStore {
     batches: Vec<Option<Batch>>,
     completed: Vec<u64>,
     visible_clock: u64,
-    /// `pending[i][w]`: worker `w`'s values for clock `visible_clock + i`.
-    pending: VecDeque<Vec<Option<Vec<f32>>>>,
-    /// Recycled value buffers (keeps the steady state allocation-free).
-    pool: Vec<Vec<f32>>,
+    /// BSP: hold pushes of clock `c` until every reader was served its clock-`c` read.
+    strict: bool,
+    /// Per worker: the latest clock it was served a read for.
+    read_clock: Vec<Option<u64>>,
+}
+
+/// Whether a push may be applied now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushGate {
+    /// Apply it.
+    Open,
+    /// Already received: acknowledge without applying.
+    Duplicate,
+    /// BSP: some reader has not read this clock yet; wait for a change and ask again.
+    Wait,
 }
 
 impl PartitionStore {
@@ -207,6 +232,7 @@ impl PartitionStore {
         specs: &[TableSpec],
         num_workers: u32,
         optimizer: Optimizer,
+        strict: bool,
     ) -> Self {
         let tables = specs
             .iter()
@@ -227,8 +253,8 @@ impl PartitionStore {
             batches: (0..num_workers).map(|_| None).collect(),
             completed: vec![0; num_workers as usize],
             visible_clock: 0,
-            pending: VecDeque::new(),
-            pool: Vec::new(),
+            strict,
+            read_clock: vec![None; num_workers as usize],
         }
     }
 
@@ -318,17 +344,73 @@ impl PartitionStore {
             })
     }
 
-    /// Receives `worker`'s deltas for `clock`: `fill` writes exactly `batch_len` values.
+    /// Whether `worker`'s push for `clock` may be applied now (see the module docs).
+    pub fn push_gate(&self, worker: u32, clock: u64) -> Result<PushGate, StoreError> {
+        let w = self.check_worker(worker)?;
+        let expected = self.completed[w];
+        if clock < expected {
+            return Ok(PushGate::Duplicate);
+        }
+        if clock > expected {
+            return Err(StoreError::PushClockGap {
+                worker,
+                partition: self.partition,
+                expected,
+                clock,
+            });
+        }
+        if !self.strict {
+            return Ok(PushGate::Open);
+        }
+        // Every worker must have registered (so its readership is known) and read clock `clock`.
+        let all_read = self
+            .batches
+            .iter()
+            .zip(&self.read_clock)
+            .all(|(batch, read)| match batch {
+                None => false,
+                Some(batch) => batch.len == 0 || read.is_some_and(|r| r >= clock),
+            });
+        Ok(if all_read {
+            PushGate::Open
+        } else {
+            PushGate::Wait
+        })
+    }
+
+    /// Applies `worker`'s deltas for `clock` (`values` in registered order) if its gate is open.
     ///
     /// Returns whether this was a first delivery, and whether the visible clock advanced.
-    pub fn push_with(
+    pub fn push(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        values: &[f32],
+    ) -> Result<(PushOutcome, bool), StoreError> {
+        self.push_le_or_f32(worker, clock, values.len(), |store, w| {
+            store.apply(w, values)
+        })
+    }
+
+    /// As [`PartitionStore::push`] with little-endian encoded values (straight from a frame).
+    pub fn push_le(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        bytes: &[u8],
+    ) -> Result<(PushOutcome, bool), StoreError> {
+        self.push_le_or_f32(worker, clock, bytes.len() / 4, |store, w| {
+            store.apply_le(w, bytes)
+        })
+    }
+
+    fn push_le_or_f32(
         &mut self,
         worker: u32,
         clock: u64,
         len: usize,
-        fill: impl FnOnce(&mut [f32]),
+        apply: impl FnOnce(&mut Self, usize),
     ) -> Result<(PushOutcome, bool), StoreError> {
-        let w = self.check_worker(worker)?;
         let expected_len = self.batch_len(worker)?;
         if len != expected_len {
             return Err(StoreError::PushLength {
@@ -338,52 +420,56 @@ impl PartitionStore {
                 got: len,
             });
         }
-        let expected_clock = self.completed[w];
-        if clock < expected_clock {
-            return Ok((PushOutcome::Duplicate, false));
+        match self.push_gate(worker, clock)? {
+            PushGate::Duplicate => return Ok((PushOutcome::Duplicate, false)),
+            PushGate::Wait => {
+                return Err(StoreError::PushEarly {
+                    worker,
+                    partition: self.partition,
+                    clock,
+                });
+            }
+            PushGate::Open => {}
         }
-        if clock > expected_clock {
-            return Err(StoreError::PushClockGap {
-                worker,
-                partition: self.partition,
-                expected: expected_clock,
-                clock,
-            });
-        }
-        let mut values = self.pool.pop().unwrap_or_default();
-        values.clear();
-        values.resize(len, 0.0);
-        fill(&mut values);
-        let slot = (clock - self.visible_clock) as usize;
-        while self.pending.len() <= slot {
-            let workers = self.completed.len();
-            self.pending.push_back((0..workers).map(|_| None).collect());
-        }
-        self.pending[slot][w] = Some(values);
+        let w = worker as usize;
+        apply(self, w);
         self.completed[w] += 1;
-        let advanced = self.advance();
+        let min = self.completed.iter().copied().min().unwrap_or(0);
+        let advanced = min > self.visible_clock;
+        self.visible_clock = min;
         Ok((PushOutcome::Accepted, advanced))
     }
 
-    /// Applies every clock all workers have completed, in clock then worker order.
-    fn advance(&mut self) -> bool {
-        let min = self.completed.iter().copied().min().unwrap_or(0);
-        let mut advanced = false;
-        while self.visible_clock < min {
-            let Some(mut clock_values) = self.pending.pop_front() else {
-                break;
-            };
-            for (w, values) in clock_values.iter_mut().enumerate() {
-                let Some(values) = values.take() else {
-                    continue;
-                };
-                self.apply(w, &values);
-                self.pool.push(values);
+    fn apply_le(&mut self, w: usize, bytes: &[u8]) {
+        let Some(batch) = self.batches[w].as_ref() else {
+            return;
+        };
+        let optimizer = self.optimizer;
+        let mut delta = [0f32; 64];
+        let mut offset = 0;
+        for (position, rows) in &batch.segments {
+            let table = &mut self.tables[*position];
+            let width = table.spec.width;
+            for &row in rows {
+                let start = row as usize * width;
+                // Decode in small stack chunks: no per-push allocation.
+                let mut column = 0;
+                while column < width {
+                    let n = (width - column).min(delta.len());
+                    let from = (offset + column) * 4;
+                    crate::frame::get_f32s(&bytes[from..from + n * 4], &mut delta[..n]);
+                    let values = &mut table.data[start + column..start + column + n];
+                    let state = if table.state.is_empty() {
+                        &mut [][..]
+                    } else {
+                        &mut table.state[start + column..start + column + n]
+                    };
+                    optimizer.apply(values, state, &delta[..n]);
+                    column += n;
+                }
+                offset += width;
             }
-            self.visible_clock += 1;
-            advanced = true;
         }
-        advanced
     }
 
     fn apply(&mut self, w: usize, values: &[f32]) {
@@ -407,6 +493,20 @@ impl PartitionStore {
                 optimizer.apply(&mut table.data[start..start + width], state, delta);
             }
         }
+    }
+
+    /// Serves `worker`'s read for clock `clock`: its rows in batch order, to `sink` (one call per
+    /// row), and records the read (it may open BSP push gates).
+    pub fn pull_rows(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        sink: impl FnMut(&[f32]),
+    ) -> Result<(), StoreError> {
+        self.read_rows(worker, sink)?;
+        let read = &mut self.read_clock[worker as usize];
+        *read = Some(read.map_or(clock, |r| r.max(clock)));
+        Ok(())
     }
 
     /// Feeds `worker`'s registered rows, in batch order, to `sink` (one call per row).
@@ -444,14 +544,22 @@ impl PartitionStore {
     }
 }
 
-/// One hosted partition with its wake-ups for clock waiters.
+/// One hosted partition with its wake-ups for waiters.
 #[derive(Debug)]
 struct Slot {
     store: Mutex<PartitionStore>,
-    /// Wakes blocking (worker-thread) waiters when the visible clock advances.
-    advanced: Condvar,
-    /// Wakes async (connection-handler) waiters when the visible clock advances.
+    /// Wakes blocking (worker-thread) waiters on every change of the partition.
+    changed: Condvar,
+    /// Wakes async (connection-handler) waiters on every change (a change counter).
     watch: tokio::sync::watch::Sender<u64>,
+}
+
+impl Slot {
+    fn notify(&self) {
+        self.changed.notify_all();
+        self.watch
+            .send_modify(|version| *version = version.wrapping_add(1));
+    }
 }
 
 /// The partitions a server process hosts, shared by its connection handlers and local workers.
@@ -461,13 +569,15 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// Hosts `partitions` (each at `epoch`) of a job with `num_partitions`, `specs` and `num_workers`.
+    /// Hosts `partitions` (each at `epoch`) of a job with `num_partitions`, `specs` and
+    /// `num_workers`; `strict` holds pushes for BSP (staleness 0).
     pub fn new(
         hosted: &[(PartitionId, u64)],
         num_partitions: u32,
         specs: &[TableSpec],
         num_workers: u32,
         optimizer: Optimizer,
+        strict: bool,
     ) -> Self {
         let mut slots: Vec<Option<Slot>> = (0..num_partitions).map(|_| None).collect();
         for &(partition, epoch) in hosted {
@@ -480,8 +590,9 @@ impl ServerState {
                         specs,
                         num_workers,
                         optimizer,
+                        strict,
                     )),
-                    advanced: Condvar::new(),
+                    changed: Condvar::new(),
                     watch: tokio::sync::watch::channel(0).0,
                 });
             }
@@ -496,7 +607,7 @@ impl ServerState {
             .ok_or(StoreError::LookupPartition { partition })
     }
 
-    /// Runs `f` on the locked partition after checking `epoch`.
+    /// Runs `f` on the locked partition after checking `epoch`, then wakes waiters.
     pub fn with_partition<R>(
         &self,
         partition: PartitionId,
@@ -506,30 +617,59 @@ impl ServerState {
         let slot = self.slot(partition)?;
         let mut store = slot.store.lock();
         store.check_epoch(epoch)?;
-        f(&mut store)
+        let result = f(&mut store);
+        drop(store);
+        slot.notify();
+        result
     }
 
-    /// Pushes deltas (see [`PartitionStore::push_with`]) and wakes clock waiters if needed.
-    pub fn push_with(
+    /// Blocks until `ready` holds for the partition (re-checked on every change).
+    fn wait_blocking(
         &self,
         partition: PartitionId,
-        epoch: u64,
-        worker: u32,
-        clock: u64,
-        len: usize,
-        fill: impl FnOnce(&mut [f32]),
-    ) -> Result<PushOutcome, StoreError> {
+        timeout: std::time::Duration,
+        ready: impl Fn(&PartitionStore) -> Result<bool, StoreError>,
+        timed_out: impl Fn(&PartitionStore) -> StoreError,
+    ) -> Result<(), StoreError> {
         let slot = self.slot(partition)?;
+        let deadline = std::time::Instant::now() + timeout;
         let mut store = slot.store.lock();
-        store.check_epoch(epoch)?;
-        let (outcome, advanced) = store.push_with(worker, clock, len, fill)?;
-        if advanced {
-            let visible = store.visible_clock();
-            drop(store);
-            slot.advanced.notify_all();
-            slot.watch.send_replace(visible);
+        while !ready(&store)? {
+            if slot.changed.wait_until(&mut store, deadline).timed_out() && !ready(&store)? {
+                return Err(timed_out(&store));
+            }
         }
-        Ok(outcome)
+        Ok(())
+    }
+
+    /// Waits (async) until `ready` holds for the partition (re-checked on every change).
+    async fn wait_async(
+        &self,
+        partition: PartitionId,
+        timeout: std::time::Duration,
+        ready: impl Fn(&PartitionStore) -> Result<bool, StoreError>,
+        timed_out: impl Fn(&PartitionStore) -> StoreError,
+    ) -> Result<(), StoreError> {
+        let slot = self.slot(partition)?;
+        // Subscribed before checking, so no change between the check and the wait is missed.
+        let mut receiver = slot.watch.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if ready(&slot.store.lock())? {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, receiver.changed())
+                .await
+                .is_err()
+            {
+                let store = slot.store.lock();
+                return if ready(&store)? {
+                    Ok(())
+                } else {
+                    Err(timed_out(&store))
+                };
+            }
+        }
     }
 
     /// Blocks the calling thread until `partition`'s visible clock is at least `clock`.
@@ -538,22 +678,17 @@ impl ServerState {
         partition: PartitionId,
         clock: u64,
         timeout: std::time::Duration,
-    ) -> Result<u64, StoreError> {
-        let slot = self.slot(partition)?;
-        let deadline = std::time::Instant::now() + timeout;
-        let mut store = slot.store.lock();
-        while store.visible_clock() < clock {
-            if slot.advanced.wait_until(&mut store, deadline).timed_out()
-                && store.visible_clock() < clock
-            {
-                return Err(StoreError::WaitClock {
-                    partition,
-                    clock,
-                    visible: store.visible_clock(),
-                });
-            }
-        }
-        Ok(store.visible_clock())
+    ) -> Result<(), StoreError> {
+        self.wait_blocking(
+            partition,
+            timeout,
+            |store| Ok(store.visible_clock() >= clock),
+            |store| StoreError::WaitClock {
+                partition,
+                clock,
+                visible: store.visible_clock(),
+            },
+        )
     }
 
     /// Waits (async) until `partition`'s visible clock is at least `clock`.
@@ -562,21 +697,66 @@ impl ServerState {
         partition: PartitionId,
         clock: u64,
         timeout: std::time::Duration,
-    ) -> Result<u64, StoreError> {
-        let slot = self.slot(partition)?;
-        let mut receiver = slot.watch.subscribe();
-        let waited =
-            tokio::time::timeout(timeout, receiver.wait_for(|&visible| visible >= clock)).await;
-        let visible = slot.store.lock().visible_clock();
-        match waited {
-            Ok(Ok(_)) => Ok(visible),
-            _ if visible >= clock => Ok(visible),
-            _ => Err(StoreError::WaitClock {
+    ) -> Result<(), StoreError> {
+        self.wait_async(
+            partition,
+            timeout,
+            |store| Ok(store.visible_clock() >= clock),
+            |store| StoreError::WaitClock {
                 partition,
                 clock,
-                visible,
-            }),
-        }
+                visible: store.visible_clock(),
+            },
+        )
+        .await
+    }
+
+    /// Waits (async) until `worker`'s push for `clock` may be applied (BSP gate; see module docs).
+    pub async fn wait_push_gate(
+        &self,
+        partition: PartitionId,
+        worker: u32,
+        clock: u64,
+        timeout: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.wait_async(
+            partition,
+            timeout,
+            |store| Ok(store.push_gate(worker, clock)? != PushGate::Wait),
+            |store| StoreError::WaitClock {
+                partition,
+                clock,
+                visible: store.visible_clock(),
+            },
+        )
+        .await
+    }
+
+    /// Applies `worker`'s push for `clock`, first blocking while the BSP gate is closed.
+    pub fn push_blocking(
+        &self,
+        partition: PartitionId,
+        epoch: u64,
+        worker: u32,
+        clock: u64,
+        values: &[f32],
+        timeout: std::time::Duration,
+    ) -> Result<PushOutcome, StoreError> {
+        self.wait_blocking(
+            partition,
+            timeout,
+            |store| Ok(store.push_gate(worker, clock)? != PushGate::Wait),
+            |store| StoreError::WaitClock {
+                partition,
+                clock,
+                visible: store.visible_clock(),
+            },
+        )?;
+        self.with_partition(partition, epoch, |store| {
+            store
+                .push(worker, clock, values)
+                .map(|(outcome, _)| outcome)
+        })
     }
 
     /// Partitions hosted here, ascending.
@@ -626,28 +806,40 @@ mod tests {
         out
     }
 
-    #[test]
-    fn clocks_become_visible_only_when_every_worker_pushed_them() {
+    fn two_workers(strict: bool) -> PartitionStore {
         let keys = keys_of(0, 2, 2);
-        let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, Optimizer::Add);
+        let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, Optimizer::Add, strict);
         for worker in 0..2 {
             store.register(worker, &[(0, keys.clone())]).unwrap();
         }
-        let push = |store: &mut PartitionStore, worker, clock, v: f32| {
-            store
-                .push_with(worker, clock, 4, |out| out.fill(v))
-                .unwrap()
-        };
-        assert_eq!(push(&mut store, 0, 0, 1.0), (PushOutcome::Accepted, false));
-        assert_eq!(push(&mut store, 0, 1, 10.0), (PushOutcome::Accepted, false));
-        assert_eq!(read(&store, 1), vec![0.0; 4]);
-        assert_eq!(push(&mut store, 1, 0, 2.0), (PushOutcome::Accepted, true));
+        store
+    }
+
+    #[test]
+    fn pushes_apply_once_and_the_visible_clock_is_the_slowest_worker() {
+        let mut store = two_workers(false);
+        assert_eq!(
+            store.push(0, 0, &[1.0; 4]).unwrap(),
+            (PushOutcome::Accepted, false)
+        );
+        assert_eq!(
+            store.push(0, 1, &[10.0; 4]).unwrap(),
+            (PushOutcome::Accepted, false)
+        );
+        assert_eq!(store.visible_clock(), 0);
+        assert_eq!(
+            store.push(1, 0, &[2.0; 4]).unwrap(),
+            (PushOutcome::Accepted, true)
+        );
         assert_eq!(store.visible_clock(), 1);
-        assert_eq!(read(&store, 1), vec![3.0; 4]);
-        // Duplicate (a retry of clock 0) is ignored; a gap is refused.
-        assert_eq!(push(&mut store, 1, 0, 2.0), (PushOutcome::Duplicate, false));
+        assert_eq!(read(&store, 1), vec![13.0; 4]);
+        // A retry of clock 0 is acknowledged and ignored; a gap or a wrong length is refused.
+        assert_eq!(
+            store.push(1, 0, &[2.0; 4]).unwrap(),
+            (PushOutcome::Duplicate, false)
+        );
         assert!(matches!(
-            store.push_with(1, 5, 4, |_| ()),
+            store.push(1, 5, &[0.0; 4]),
             Err(StoreError::PushClockGap {
                 expected: 1,
                 clock: 5,
@@ -655,21 +847,62 @@ mod tests {
             })
         ));
         assert!(matches!(
-            store.push_with(1, 1, 3, |_| ()),
+            store.push(1, 1, &[0.0; 3]),
             Err(StoreError::PushLength {
                 expected: 4,
                 got: 3,
                 ..
             })
         ));
-        assert_eq!(push(&mut store, 1, 1, 20.0), (PushOutcome::Accepted, true));
+        let mut bytes = Vec::new();
+        crate::frame::put_f32s(&mut bytes, &[20.0; 4]);
+        assert_eq!(
+            store.push_le(1, 1, &bytes).unwrap(),
+            (PushOutcome::Accepted, true)
+        );
         assert_eq!(read(&store, 0), vec![33.0; 4]);
         assert_eq!(store.visible_clock(), 2);
     }
 
     #[test]
+    fn bsp_holds_a_push_until_every_reader_read_its_clock() {
+        let mut store = two_workers(true);
+        assert_eq!(
+            store.push_gate(0, 0).unwrap(),
+            PushGate::Wait,
+            "nobody read clock 0 yet"
+        );
+        store.pull_rows(0, 0, |_| ()).unwrap();
+        assert_eq!(
+            store.push_gate(0, 0).unwrap(),
+            PushGate::Wait,
+            "worker 1 has not read clock 0"
+        );
+        assert!(matches!(
+            store.push(0, 0, &[1.0; 4]),
+            Err(StoreError::PushEarly { .. })
+        ));
+        store.pull_rows(1, 0, |_| ()).unwrap();
+        assert_eq!(store.push_gate(0, 0).unwrap(), PushGate::Open);
+        store.push(0, 0, &[1.0; 4]).unwrap();
+        // Worker 0 is a clock ahead; its clock-1 push waits for worker 1's clock-1 read, which
+        // itself needs worker 1's clock-0 push: the read then sees exactly clock 0.
+        assert_eq!(store.push_gate(0, 1).unwrap(), PushGate::Wait);
+        store.push(1, 0, &[2.0; 4]).unwrap();
+        assert_eq!(store.visible_clock(), 1);
+        let mut seen = Vec::new();
+        store
+            .pull_rows(1, 1, |row| seen.extend_from_slice(row))
+            .unwrap();
+        assert_eq!(seen, vec![3.0; 4]);
+        store.pull_rows(0, 1, |_| ()).unwrap();
+        assert_eq!(store.push_gate(0, 1).unwrap(), PushGate::Open);
+        assert_eq!(store.push_gate(0, 0).unwrap(), PushGate::Duplicate);
+    }
+
+    #[test]
     fn registration_is_validated() {
-        let mut store = PartitionStore::new(1, 2, 1, &spec(), 1, Optimizer::Add);
+        let mut store = PartitionStore::new(1, 2, 1, &spec(), 1, Optimizer::Add, false);
         let foreign = keys_of(0, 2, 1);
         assert!(matches!(
             store.register(0, &[(0, foreign)]),
@@ -684,7 +917,7 @@ mod tests {
             Err(StoreError::LookupWorker { worker: 4, .. })
         ));
         assert!(matches!(
-            store.push_with(0, 0, 0, |_| ()),
+            store.push(0, 0, &[]),
             Err(StoreError::LookupBatch { .. })
         ));
         assert!(matches!(
@@ -700,7 +933,14 @@ mod tests {
     #[test]
     fn server_state_wakes_waiters() {
         let keys = keys_of(1, 2, 1);
-        let state = std::sync::Arc::new(ServerState::new(&[(1, 3)], 2, &spec(), 1, Optimizer::Add));
+        let state = std::sync::Arc::new(ServerState::new(
+            &[(1, 3)],
+            2,
+            &spec(),
+            1,
+            Optimizer::Add,
+            true,
+        ));
         state
             .with_partition(1, 3, |s| s.register(0, &[(0, keys.clone())]))
             .unwrap();
@@ -708,14 +948,21 @@ mod tests {
             state.with_partition(0, 1, |_| Ok(())),
             Err(StoreError::LookupPartition { partition: 0 })
         ));
+        let long = std::time::Duration::from_secs(60);
+        let pusher = {
+            let state = state.clone();
+            // Blocks until the read of clock 0 below opens the BSP gate.
+            std::thread::spawn(move || state.push_blocking(1, 3, 0, 0, &[1.5, 1.5], long))
+        };
         let waiter = {
             let state = state.clone();
-            std::thread::spawn(move || {
-                state.wait_clock_blocking(1, 1, std::time::Duration::from_secs(60))
-            })
+            std::thread::spawn(move || state.wait_clock_blocking(1, 1, long))
         };
-        state.push_with(1, 3, 0, 0, 2, |v| v.fill(1.5)).unwrap();
-        assert_eq!(waiter.join().unwrap(), Ok(1));
+        state
+            .with_partition(1, 3, |s| s.pull_rows(0, 0, |_| ()))
+            .unwrap();
+        assert_eq!(pusher.join().unwrap(), Ok(PushOutcome::Accepted));
+        assert_eq!(waiter.join().unwrap(), Ok(()));
         let timeout = state.wait_clock_blocking(1, 5, std::time::Duration::from_millis(1));
         assert!(matches!(
             timeout,

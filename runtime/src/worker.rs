@@ -10,13 +10,12 @@
 //!    (worker, clock, partition) so servers apply each exactly once;
 //! 4. for the next clock `t + 1`, SSP with staleness `s` needs every update of clocks `<= t - s`:
 //!    partitions whose cached copy is older are pulled (waiting until the server's visible clock
-//!    reaches `t + 1 - s`); fresher ones are kept. A pulled copy lacks this worker's own deltas
-//!    of clocks the server has not made visible yet, so those (kept in a short log, at most `s`
-//!    clocks) are re-added: the worker always reads its own writes.
+//!    reaches `t + 1 - s`); fresher ones are kept. A worker's pushes reach a server before its next
+//!    pull of that partition (same connection, or same thread in process), so a pulled copy always
+//!    holds this worker's own writes, and a kept copy holds them because the app wrote them there.
 //!
 //! Nothing here allocates per clock: every buffer is sized once from the working set.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -112,9 +111,6 @@ pub(crate) struct PartitionView {
     pub(crate) visible: u64,
     /// Set before a pull: whether this partition must be refreshed.
     pub(crate) needs_pull: bool,
-    /// Own deltas by clock that the server may not have made visible yet (SSP `s > 0` only).
-    own_log: VecDeque<(u64, Vec<f32>)>,
-    spare: Vec<Vec<f32>>,
 }
 
 /// Moves values between a worker and the servers of its partitions.
@@ -161,8 +157,6 @@ fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
             incoming: Vec::new(),
             visible: 0,
             needs_pull: false,
-            own_log: VecDeque::new(),
-            spare: Vec::new(),
         })
         .collect();
     for (position, table) in cache.tables.iter().enumerate() {
@@ -218,22 +212,8 @@ fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
     }
 }
 
-/// Installs a pulled copy: `data = snapshot = incoming + own deltas not yet visible`.
+/// Installs a pulled copy: `data = snapshot = incoming`.
 fn install(cache: &mut RowCache, view: &mut PartitionView) {
-    while view
-        .own_log
-        .front()
-        .is_some_and(|(clock, _)| *clock < view.visible)
-    {
-        if let Some((_, buffer)) = view.own_log.pop_front() {
-            view.spare.push(buffer);
-        }
-    }
-    for (_, own) in &view.own_log {
-        for (value, d) in view.incoming.iter_mut().zip(own) {
-            *value += d;
-        }
-    }
     let mut offset = 0;
     for &(position, start, end) in &view.ranges {
         let table = &mut cache.tables[position];
@@ -327,12 +307,6 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
         let stats = app_worker.clock(&mut cache, clock);
         for view in &mut views {
             collect_delta(&mut cache, view);
-            if config.staleness > 0 && view.len > 0 {
-                let mut own = view.spare.pop().unwrap_or_default();
-                own.clear();
-                own.extend_from_slice(&view.delta);
-                view.own_log.push_back((clock, own));
-            }
         }
         transport.push(worker_id, clock, &views)?;
         metrics
@@ -421,17 +395,12 @@ mod tests {
                 .enumerate()
                 .all(|(p, v)| p == owner || v.delta.iter().all(|d| *d == 0.0))
         );
-        // A pulled copy that lacks the own delta of a not-yet-visible clock gets it re-added.
+        // A pulled copy replaces both the values and the delta baseline.
         let view = &mut views[owner];
-        view.own_log.push_back((4, view.delta.clone()));
-        view.incoming.fill(1.0);
-        view.visible = 4;
-        install(&mut cache, view);
-        assert_eq!(cache.row(0, slot), &[1.0, 3.5]);
-        view.visible = 5;
         view.incoming.fill(1.0);
         install(&mut cache, view);
         assert_eq!(cache.row(0, slot), &[1.0, 1.0]);
-        assert!(view.own_log.is_empty());
+        collect_delta(&mut cache, view);
+        assert!(view.delta.iter().all(|d| *d == 0.0));
     }
 }

@@ -562,6 +562,7 @@ impl AppTask for NodeTask {
             &specs,
             plan.total_workers,
             args.optimizer,
+            plan.staleness == 0,
         ));
         let wait_timeout = Duration::from_secs(600);
         let server_config = ServerConfig {
