@@ -51,29 +51,24 @@ impl AppsError {
     }
 }
 
+/// All rows of one table as a slice, and the row width.
+pub type RowsMut<'a> = (&'a mut [f32], usize);
+
 /// Dense rows addressed by slot, as the kernels see them: a [`RowCache`] on the PS, or
 /// [`DenseTables`] in the bare loop.
 pub trait RowStore {
     /// All rows of `table` as one slice, and the row width.
-    fn rows_mut(&mut self, table: TableId) -> (&mut [f32], usize);
+    fn rows_mut(&mut self, table: TableId) -> RowsMut<'_>;
     /// All rows of two distinct tables at once.
-    fn two_rows_mut(
-        &mut self,
-        a: TableId,
-        b: TableId,
-    ) -> ((&mut [f32], usize), (&mut [f32], usize));
+    fn two_rows_mut(&mut self, a: TableId, b: TableId) -> (RowsMut<'_>, RowsMut<'_>);
 }
 
 impl RowStore for RowCache {
-    fn rows_mut(&mut self, table: TableId) -> (&mut [f32], usize) {
+    fn rows_mut(&mut self, table: TableId) -> RowsMut<'_> {
         self.table_mut(table)
     }
 
-    fn two_rows_mut(
-        &mut self,
-        a: TableId,
-        b: TableId,
-    ) -> ((&mut [f32], usize), (&mut [f32], usize)) {
+    fn two_rows_mut(&mut self, a: TableId, b: TableId) -> (RowsMut<'_>, RowsMut<'_>) {
         self.two_tables_mut(a, b)
     }
 }
@@ -126,16 +121,12 @@ impl DenseTables {
 }
 
 impl RowStore for DenseTables {
-    fn rows_mut(&mut self, table: TableId) -> (&mut [f32], usize) {
+    fn rows_mut(&mut self, table: TableId) -> RowsMut<'_> {
         let index = self.index(table);
         (&mut self.data[index], self.specs[index].width)
     }
 
-    fn two_rows_mut(
-        &mut self,
-        a: TableId,
-        b: TableId,
-    ) -> ((&mut [f32], usize), (&mut [f32], usize)) {
+    fn two_rows_mut(&mut self, a: TableId, b: TableId) -> (RowsMut<'_>, RowsMut<'_>) {
         let (ia, ib) = (self.index(a), self.index(b));
         assert!(ia != ib, "two_rows_mut needs two distinct tables");
         let (wa, wb) = (self.specs[ia].width, self.specs[ib].width);

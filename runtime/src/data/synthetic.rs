@@ -22,7 +22,7 @@ pub fn synthetic_ratings(
     noise_std: f64,
     seed: u64,
 ) -> Result<SyntheticRatings, DataError> {
-    if num_users == 0 || num_items == 0 || rank == 0 || !(noise_std >= 0.0) {
+    if num_users == 0 || num_items == 0 || rank == 0 || noise_std.is_nan() || noise_std < 0.0 {
         return Err(DataError::Parameters {
             what: format!(
                 "synthetic ratings need users, items and rank > 0 and noise >= 0 \
