@@ -138,3 +138,44 @@ fn a_node_with_the_wrong_secret_fails_clearly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/join"), "{stderr}");
 }
+
+/// Matrix factorization (the synthetic variant, no download) over two node processes ends where a
+/// single-process BSP run ends, up to float summation order.
+#[test]
+fn mf_over_node_processes_agrees_with_single_process_under_bsp() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = JobConfig {
+        clocks: 4,
+        staleness: 0,
+        workers: 2,
+        partitions: 4,
+        ..JobConfig::default()
+    };
+    let spec = ClusterSpec {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_ebbflow-runtime")),
+        nodes: NodeSpec::uniform(2, 1),
+        app_args: ["--app", "mf-synthetic"].map(String::from).to_vec(),
+        work_dir: dir.path().to_path_buf(),
+        timeout: Duration::from_secs(300),
+    };
+    let cluster = run_cluster(&spec, &config).unwrap();
+    let app = match ebbflow_runtime::apps::build_named_app("mf-synthetic", None).unwrap() {
+        ebbflow_runtime::apps::NamedApp::Mf(app) => app,
+        _ => panic!("mf-synthetic is not MF"),
+    };
+    let local = run_single_process(&app, &config, &RuntimeMetrics::unregistered()).unwrap();
+    assert!(
+        (cluster.eval.loss - local.eval.loss).abs() <= 1e-4,
+        "rmse {} vs {}",
+        cluster.eval.loss,
+        local.eval.loss
+    );
+    let relative = (cluster.param_sum - local.param_sum).abs() / local.param_abs_sum;
+    assert!(
+        relative <= 1e-5,
+        "parameter sums {} vs {}",
+        cluster.param_sum,
+        local.param_sum
+    );
+    assert_eq!(cluster.updates, local.updates);
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use ebbflow_runtime::app::App;
+use ebbflow_runtime::apps::NamedApp;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
@@ -117,7 +118,8 @@ struct JobArgs {
 
 #[derive(Debug, Clone, Args)]
 struct AppArgs {
-    /// Application: `exact` (the integer-exact test app).
+    /// Application: `exact` (the integer-exact test app), or `mf`, `mlr`, `lda` (real data from
+    /// `EBBFLOW_DATA_DIR`) and `mf-synthetic`, `mlr-synthetic`, `lda-synthetic`.
     #[arg(long, default_value = "exact")]
     app: String,
     /// exact: rows per table.
@@ -184,11 +186,15 @@ fn with_app<T: AppTask>(
     staleness: u64,
     task: T,
 ) -> anyhow::Result<()> {
-    match args.app.as_str() {
-        "exact" => task.run(exact_app(args, clocks, staleness)?),
-        other => bail!(
-            "unknown app {other:?}: this build runs `exact`; MF, MLR and LDA run through the library API"
-        ),
+    if args.app == "exact" {
+        return task.run(exact_app(args, clocks, staleness)?);
+    }
+    // MF, MLR and LDA with their standard data (EBBFLOW_DATA_DIR) or synthetic variants.
+    let data_dir = ebbflow_runtime::data::data_dir();
+    match ebbflow_runtime::apps::build_named_app(&args.app, data_dir.as_deref())? {
+        NamedApp::Mf(app) => task.run(app),
+        NamedApp::Mlr(app) => task.run(app),
+        NamedApp::Lda(app) => task.run(app),
     }
 }
 
