@@ -481,7 +481,9 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         if Instant::now() > deadline {
             bail!("the job did not start within 600 s");
         }
-        rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        // Short: a node serves its partitions only once it has the plan, and peers may already be
+        // connecting (their connections wait in the listen backlog meanwhile).
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
     };
     let entries = plan
         .partitions

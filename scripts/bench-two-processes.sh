@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# MF on MovieLens 100K: one server process + one worker process (1 thread) of `ebbflow-runtime`
+# over loopback vs the bare single-thread loop (measured by `ebbflow-bench` in the same run).
+# Needs the data of scripts/fetch-data.sh in EBBFLOW_DATA_DIR (default ~/.cache/ebbflow/data).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}
+export EBBFLOW_DATA_DIR=${EBBFLOW_DATA_DIR:-$HOME/.cache/ebbflow/data}
+cargo build --release -q -p ebbflow-runtime --bin ebbflow-runtime --bin ebbflow-bench
+BIN=$TARGET/release/ebbflow-runtime
+CLOCKS=20
+bare=$("$TARGET/release/ebbflow-bench" --data "$EBBFLOW_DATA_DIR" --apps mf 2>/dev/null \
+  | awk -F'|' '/^\| mf \| bare loop: updates\/s/ { gsub(/[^0-9.]/, "", $4); print $4 }')
+export EBBFLOW_JOB_SECRET="bench-$RANDOM$RANDOM" RUST_LOG=warn
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+exec 3< <("$BIN" coordinator --nodes 2 --clocks "$CLOCKS" --partitions 2 --report-out "$OUT/report.json" --app mf)
+read -r _ _ ADDR <&3
+"$BIN" node --coordinator "http://$ADDR" --name server --workers 0 --app mf &
+until curl -fs "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
+"$BIN" node --coordinator "http://$ADDR" --name worker --workers 1 --no-serve --app mf &
+wait
+python3 - "$OUT/report.json" "$bare" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+bare = float(sys.argv[2]) * 1e6
+steady = r["clock_seconds"][1:]
+updates = r["updates"] / r["clocks"]
+print(f"bare loop {bare / 1e6:.2f} M updates/s")
+print(f"2 processes, all {r['clocks']} clocks: {r['updates_per_second'] / 1e6:.2f} M updates/s = {r['updates_per_second'] / bare:.2f}x bare "
+      f"(first clock includes connecting and registering: {r['clock_seconds'][0] * 1e3:.1f} ms)")
+print(f"2 processes, clocks 2..{r['clocks']}: {updates * len(steady) / sum(steady) / 1e6:.2f} M updates/s = "
+      f"{updates * len(steady) / sum(steady) / bare:.2f}x bare; test rmse {r['eval']['loss']:.4f}")
+PY
