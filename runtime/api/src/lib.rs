@@ -214,10 +214,17 @@ mod tests {
 
     #[test]
     fn join_defaults_to_reliable_and_round_trips() {
-        let join: JoinRequest = serde_json::from_str(r#"{"name":"a","data_addr":"127.0.0.1:1","workers":2,"secret":"s"}"#).unwrap();
+        let join: JoinRequest = serde_json::from_str(
+            r#"{"name":"a","data_addr":"127.0.0.1:1","workers":2,"secret":"s"}"#,
+        )
+        .unwrap();
         assert!(join.reliable && join.serves);
-        let back: JoinRequest = serde_json::from_str(&serde_json::to_string(&join).unwrap()).unwrap();
+        let back: JoinRequest =
+            serde_json::from_str(&serde_json::to_string(&join).unwrap()).unwrap();
         assert_eq!(back, join);
-        assert_eq!(serde_json::to_string(&JobPhase::Evaluating).unwrap(), "\"evaluating\"");
+        assert_eq!(
+            serde_json::to_string(&JobPhase::Evaluating).unwrap(),
+            "\"evaluating\""
+        );
     }
 }
