@@ -435,6 +435,7 @@ struct NodeQuery {
     node: Option<u32>,
 }
 
+#[tracing::instrument(skip_all)]
 async fn status_handler(
     State(c): State<Arc<Coordinator>>,
     Query(q): Query<NodeQuery>,
@@ -442,6 +443,7 @@ async fn status_handler(
     Json(c.status(q.node))
 }
 
+#[tracing::instrument(skip_all)]
 async fn join_handler(
     State(c): State<Arc<Coordinator>>,
     Json(request): Json<JoinRequest>,
@@ -451,6 +453,7 @@ async fn join_handler(
     response
 }
 
+#[tracing::instrument(skip_all)]
 async fn plan_handler(
     State(c): State<Arc<Coordinator>>,
     Query(q): Query<NodeQuery>,
@@ -461,6 +464,7 @@ async fn plan_handler(
     c.plan(node).map(Json)
 }
 
+#[tracing::instrument(skip_all)]
 async fn report_handler(
     State(c): State<Arc<Coordinator>>,
     Json(request): Json<ReportRequest>,
@@ -468,6 +472,7 @@ async fn report_handler(
     c.report(request).map(Json)
 }
 
+#[tracing::instrument(skip_all)]
 async fn notice_handler(
     State(c): State<Arc<Coordinator>>,
     Json(request): Json<NoticeRequest>,
@@ -475,6 +480,7 @@ async fn notice_handler(
     c.notice(request).map(Json)
 }
 
+#[tracing::instrument(skip_all)]
 async fn stop_handler(State(c): State<Arc<Coordinator>>) -> Json<Ack> {
     Json(c.stop())
 }
