@@ -2,8 +2,10 @@
 //!
 //! Module map: [`app`] is the interface apps implement; [`partition`], [`store`] and
 //! [`optimizer`] are the server side; [`worker`] the clock loop; [`local`] single-process mode;
-//! [`frame`], [`message`], [`server`] and [`client`] the TCP data plane; [`exact`] the
-//! integer-exact test app; [`metrics`] the Prometheus metrics.
+//! [`frame`], [`message`], [`server`] and [`client`] the TCP data plane; [`node`] (node-side
+//! building blocks and the in-process loopback mode), [`coordinator`] (static membership and the
+//! admin HTTP API) and [`cluster`] (launching coordinator + node processes) multi-process mode;
+//! [`exact`] the integer-exact test app; [`metrics`] the Prometheus metrics.
 
 pub mod app;
 pub mod apps;
