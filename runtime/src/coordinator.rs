@@ -295,6 +295,7 @@ impl Coordinator {
                     .iter()
                     .zip(&r.wait_seconds)
                     .map(|(clocks, wait)| WorkerReport {
+                        first_clock: 0,
                         stats: clocks
                             .iter()
                             .map(|c| crate::app::ClockStats {

@@ -5,7 +5,8 @@
 //! [`frame`], [`message`], [`server`] and [`client`] the TCP data plane; [`node`] (node-side
 //! building blocks and the in-process loopback mode), [`coordinator`] (static membership and the
 //! admin HTTP API) and [`cluster`] (launching coordinator + node processes) multi-process mode;
-//! [`exact`] the integer-exact test app; [`metrics`] the Prometheus metrics.
+//! [`elastic`] elastic training (tiers, stages, migration, backups,
+//! rollback) in segments; [`exact`] the integer-exact test app; [`metrics`] the Prometheus metrics.
 
 pub mod app;
 pub mod apps;
@@ -13,6 +14,7 @@ pub mod client;
 pub mod cluster;
 pub mod coordinator;
 pub mod data;
+pub mod elastic;
 pub mod exact;
 pub mod frame;
 pub mod local;

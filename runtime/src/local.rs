@@ -12,7 +12,9 @@ use crate::metrics::RuntimeMetrics;
 use crate::partition::PartitionId;
 use crate::snapshot::ParamSnapshot;
 use crate::store::ServerState;
-use crate::worker::{JobConfig, PartitionView, Transport, WorkerError, WorkerReport, run_worker};
+use crate::worker::{
+    ClockGate, JobConfig, PartitionView, Transport, WorkerError, WorkerReport, run_worker,
+};
 
 /// Errors of a whole run.
 #[derive(Debug, Error)]
@@ -336,6 +338,7 @@ pub fn run_single_process<A: App>(
         "single-process run starting"
     );
     let run_start = Instant::now();
+    let gate = &ClockGate::range(0, config.clocks);
     let results: Vec<Result<WorkerReport, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = app_workers
             .into_iter()
@@ -355,6 +358,7 @@ pub fn run_single_process<A: App>(
                             specs,
                             &mut transport,
                             config,
+                            gate,
                             metrics,
                             run_start,
                         )

@@ -23,6 +23,17 @@ pub struct RuntimeMetrics {
     pub connections_open: IntGauge,
     /// Data-plane connections closed for a bad frame or peer, by reason.
     pub connections_refused: IntCounterVec,
+    /// Current AgileML stage (1, 2 or 3) of an elastic run.
+    pub stage: IntGauge,
+    /// Membership events of an elastic run, by kind (`join`, `notice`, `late_notice`, `fail`,
+    /// `rejected`).
+    pub elastic_events: IntCounterVec,
+    /// Partitions that changed owner (migrations, end-of-life flushes, rollback restores).
+    pub partitions_migrated: IntCounter,
+    /// Rollbacks to the BackupPS copy after a failure.
+    pub rollbacks: IntCounter,
+    /// Clocks redone after rollbacks (summed over rollbacks).
+    pub clocks_redone: IntCounter,
 }
 
 impl RuntimeMetrics {
@@ -77,8 +88,33 @@ impl RuntimeMetrics {
                 ),
                 &["reason"],
             )?,
+            stage: IntGauge::new("ebbflow_runtime_stage", "current AgileML stage (1, 2 or 3)")?,
+            elastic_events: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_elastic_events_total",
+                    "membership events of an elastic run",
+                ),
+                &["kind"],
+            )?,
+            partitions_migrated: IntCounter::new(
+                "ebbflow_runtime_partitions_migrated_total",
+                "partitions that changed owner",
+            )?,
+            rollbacks: IntCounter::new(
+                "ebbflow_runtime_rollbacks_total",
+                "rollbacks to the BackupPS copy after a failure",
+            )?,
+            clocks_redone: IntCounter::new(
+                "ebbflow_runtime_clocks_redone_total",
+                "clocks redone after rollbacks",
+            )?,
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
+        registry.register(Box::new(metrics.stage.clone()))?;
+        registry.register(Box::new(metrics.elastic_events.clone()))?;
+        registry.register(Box::new(metrics.partitions_migrated.clone()))?;
+        registry.register(Box::new(metrics.rollbacks.clone()))?;
+        registry.register(Box::new(metrics.clocks_redone.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;

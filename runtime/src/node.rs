@@ -14,7 +14,7 @@ use crate::metrics::RuntimeMetrics;
 use crate::partition::{NodeId, PartitionMap};
 use crate::server::{ServerConfig, run};
 use crate::store::ServerState;
-use crate::worker::{JobConfig, WorkerReport, run_worker};
+use crate::worker::{ClockGate, JobConfig, WorkerReport, run_worker};
 
 /// Which workers a node runs and where every partition lives.
 #[derive(Debug, Clone)]
@@ -54,6 +54,22 @@ pub fn run_workers<A: App>(
     metrics: &RuntimeMetrics,
     run_start: Instant,
 ) -> Result<Vec<WorkerReport>, RunError> {
+    let gate = ClockGate::range(0, config.clocks);
+    run_workers_gated(app, specs, plan, client, config, &gate, metrics, run_start)
+}
+
+/// As [`run_workers`] for the clocks `gate` lets the workers run (a segment of an elastic run).
+#[allow(clippy::too_many_arguments)]
+pub fn run_workers_gated<A: App>(
+    app: &A,
+    specs: &[TableSpec],
+    plan: &WorkerPlan,
+    client: &ClientConfig,
+    config: &JobConfig,
+    gate: &ClockGate,
+    metrics: &RuntimeMetrics,
+    run_start: Instant,
+) -> Result<Vec<WorkerReport>, RunError> {
     let config = JobConfig {
         partitions: plan.map.num_partitions(),
         ..config.clone()
@@ -85,6 +101,7 @@ pub fn run_workers<A: App>(
                             specs,
                             &mut transport,
                             config,
+                            gate,
                             metrics,
                             run_start,
                         )
@@ -124,6 +141,27 @@ impl ServerHandle {
     ) -> std::io::Result<Self> {
         let (listener, _) = runtime.block_on(crate::server::bind(addr))?;
         Self::serve(runtime, listener, state, config, metrics)
+    }
+
+    /// Serves `state` on a fresh port of 127.0.0.1 with the job `secret`.
+    pub fn loopback(
+        runtime: &tokio::runtime::Handle,
+        state: Arc<ServerState>,
+        secret: &[u8],
+        wait_timeout: std::time::Duration,
+        metrics: &RuntimeMetrics,
+    ) -> std::io::Result<Self> {
+        let config = ServerConfig {
+            wait_timeout,
+            ..ServerConfig::with_secret(secret.to_vec())
+        };
+        Self::start(
+            runtime,
+            ([127, 0, 0, 1], 0).into(),
+            state,
+            config,
+            metrics.clone(),
+        )
     }
 
     /// Serves `state` on an already-bound listener.
@@ -200,16 +238,12 @@ pub fn run_loopback<A: App>(
             config.optimizer,
             config.staleness == 0,
         ));
-        let server_config = ServerConfig {
-            wait_timeout: config.wait_timeout,
-            ..ServerConfig::with_secret(secret.clone())
-        };
-        let handle = ServerHandle::start(
+        let handle = ServerHandle::loopback(
             runtime.handle(),
-            ([127, 0, 0, 1], 0).into(),
             state,
-            server_config,
-            metrics.clone(),
+            &secret,
+            config.wait_timeout,
+            metrics,
         )
         .map_err(|e| cluster(format!("binding a loopback server failed: {e}")))?;
         addrs.insert(node, handle.addr);

@@ -116,6 +116,14 @@ pub enum StoreError {
         /// The clock pushed.
         clock: u64,
     },
+    /// A partition image does not fit the job (migration or rollback input).
+    #[error("partition image {partition} does not fit the job: {reason}")]
+    RestoreImage {
+        /// The partition of the image.
+        partition: PartitionId,
+        /// What does not fit.
+        reason: String,
+    },
     /// Waiting for a clock timed out (a worker is stuck or gone).
     #[error("partition {partition} did not reach clock {clock} in time (visible clock {visible})")]
     WaitClock {
@@ -141,6 +149,7 @@ impl StoreError {
             StoreError::PushLength { .. } => "push_length",
             StoreError::PushClockGap { .. } => "push_clock_gap",
             StoreError::PushEarly { .. } => "push_early",
+            StoreError::RestoreImage { .. } => "restore_image",
             StoreError::WaitClock { .. } => "wait_clock",
         }
     }
@@ -153,6 +162,44 @@ pub enum PushOutcome {
     Accepted,
     /// Already received earlier (a retry, redirect or replay): ignored.
     Duplicate,
+}
+
+/// One table's materialised rows in a [`PartitionImage`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableImage {
+    /// The table.
+    pub table: TableId,
+    /// Keys in storage order.
+    pub keys: Vec<u64>,
+    /// `keys.len() * width` values.
+    pub data: Vec<f32>,
+    /// Optimizer state, same layout as `data` (empty if the optimizer has none).
+    pub state: Vec<f32>,
+}
+
+/// A partition's whole state at a clock boundary: what a new owner copies on migration and what
+/// a BackupPS holds for rollback. The per-worker clocks travel with the rows, so exactly-once
+/// apply holds across owners: a replayed push of a clock the image already counts is a duplicate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionImage {
+    /// The partition.
+    pub partition: PartitionId,
+    /// Its tables, in declaration order.
+    pub tables: Vec<TableImage>,
+    /// Per worker: clocks received.
+    pub completed: Vec<u64>,
+}
+
+impl PartitionImage {
+    /// Every update of clocks below this is in the image, and no other.
+    pub fn visible_clock(&self) -> u64 {
+        self.completed.iter().copied().min().unwrap_or(0)
+    }
+
+    /// Bytes of parameter values (rows only).
+    pub fn parameter_bytes(&self) -> usize {
+        self.tables.iter().map(|t| t.data.len() * 4).sum()
+    }
 }
 
 /// One table's rows within a partition.
@@ -542,6 +589,109 @@ impl PartitionStore {
     pub fn parameter_bytes(&self) -> usize {
         self.tables.iter().map(|t| t.data.len() * 4).sum()
     }
+
+    /// A copy of the partition's rows, optimizer state and per-worker clocks.
+    pub fn image(&self) -> PartitionImage {
+        PartitionImage {
+            partition: self.partition,
+            tables: self
+                .tables
+                .iter()
+                .map(|t| TableImage {
+                    table: t.spec.id,
+                    keys: t.keys.clone(),
+                    data: t.data.clone(),
+                    state: t.state.clone(),
+                })
+                .collect(),
+            completed: self.completed.clone(),
+        }
+    }
+
+    /// A partition restored from `image` at `epoch`. Workers register their batches again (their
+    /// row order is per connection); reads restart from the image's clocks.
+    pub fn from_image(
+        image: PartitionImage,
+        num_partitions: u32,
+        epoch: u64,
+        specs: &[TableSpec],
+        optimizer: Optimizer,
+        strict: bool,
+    ) -> Result<Self, StoreError> {
+        let partition = image.partition;
+        let misfit = |reason: String| StoreError::RestoreImage { partition, reason };
+        if partition >= num_partitions {
+            return Err(misfit(format!("the job has {num_partitions} partitions")));
+        }
+        if image.tables.len() != specs.len() {
+            return Err(misfit(format!(
+                "{} tables, the job declares {}",
+                image.tables.len(),
+                specs.len()
+            )));
+        }
+        let with_state = optimizer.has_state();
+        let mut tables = Vec::with_capacity(specs.len());
+        for (spec, table) in specs.iter().zip(image.tables) {
+            if table.table != spec.id {
+                return Err(misfit(format!(
+                    "table {} where the job declares table {}",
+                    table.table, spec.id
+                )));
+            }
+            let values = table.keys.len() * spec.width;
+            if table.data.len() != values {
+                return Err(misfit(format!(
+                    "table {} has {} values for {} rows of width {}",
+                    spec.id,
+                    table.data.len(),
+                    table.keys.len(),
+                    spec.width
+                )));
+            }
+            let state_len = if with_state { values } else { 0 };
+            if table.state.len() != state_len {
+                return Err(misfit(format!(
+                    "table {} has {} optimizer state values, expected {state_len}",
+                    spec.id,
+                    table.state.len()
+                )));
+            }
+            let mut index = HashMap::with_capacity(table.keys.len());
+            for (row, &key) in table.keys.iter().enumerate() {
+                if crate::partition::partition_of(key, num_partitions) != partition {
+                    return Err(misfit(format!("key {key} belongs to another partition")));
+                }
+                if index.insert(key, row as u32).is_some() {
+                    return Err(misfit(format!(
+                        "key {key} appears twice in table {}",
+                        spec.id
+                    )));
+                }
+            }
+            tables.push(TableRows {
+                spec: spec.clone(),
+                index,
+                keys: table.keys,
+                data: table.data,
+                state: table.state,
+            });
+        }
+        let num_workers = image.completed.len();
+        let visible_clock = image.completed.iter().copied().min().unwrap_or(0);
+        Ok(Self {
+            partition,
+            num_partitions,
+            epoch,
+            optimizer,
+            tables,
+            batches: (0..num_workers).map(|_| None).collect(),
+            completed: image.completed,
+            visible_clock,
+            strict,
+            read_clock: vec![None; num_workers],
+        })
+    }
 }
 
 /// One hosted partition with its wake-ups for waiters.
@@ -598,6 +748,38 @@ impl ServerState {
             }
         }
         Self { slots }
+    }
+
+    /// Hosts partitions restored from images, each at its epoch (a migration's new owner, or a
+    /// rollback to the BackupPS copy).
+    pub fn from_images(
+        images: Vec<(PartitionImage, u64)>,
+        num_partitions: u32,
+        specs: &[TableSpec],
+        optimizer: Optimizer,
+        strict: bool,
+    ) -> Result<Self, StoreError> {
+        let mut slots: Vec<Option<Slot>> = (0..num_partitions).map(|_| None).collect();
+        for (image, epoch) in images {
+            let partition = image.partition;
+            let store =
+                PartitionStore::from_image(image, num_partitions, epoch, specs, optimizer, strict)?;
+            slots[partition as usize] = Some(Slot {
+                store: Mutex::new(store),
+                changed: Condvar::new(),
+                watch: tokio::sync::watch::channel(0).0,
+            });
+        }
+        Ok(Self { slots })
+    }
+
+    /// Images of every hosted partition (call at a clock boundary, when no push is in flight).
+    pub fn images(&self) -> Vec<PartitionImage> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|slot| slot.store.lock().image())
+            .collect()
     }
 
     fn slot(&self, partition: PartitionId) -> Result<&Slot, StoreError> {

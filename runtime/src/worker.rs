@@ -135,9 +135,64 @@ pub(crate) trait Transport {
     ) -> Result<(), WorkerError>;
 }
 
+/// Which clocks a worker thread runs: from `first` up to an end that a controller may pull in
+/// while the workers run (an elasticity event ends the segment at the next clock boundary).
+///
+/// Every worker asks before starting a clock; [`ClockGate::end_soon`] picks the end as one past
+/// the highest clock any worker started, so all workers stop after the same clock and the servers
+/// are left at a consistent clock boundary.
+#[derive(Debug)]
+pub struct ClockGate {
+    first: u64,
+    /// (end, highest clock started).
+    inner: parking_lot::Mutex<(u64, Option<u64>)>,
+}
+
+impl ClockGate {
+    /// Clocks `first..end`.
+    pub fn range(first: u64, end: u64) -> Self {
+        Self {
+            first,
+            inner: parking_lot::Mutex::new((end.max(first), None)),
+        }
+    }
+
+    /// The first clock.
+    pub fn first(&self) -> u64 {
+        self.first
+    }
+
+    /// The current end (exclusive).
+    pub fn end(&self) -> u64 {
+        self.inner.lock().0
+    }
+
+    /// Whether a worker may start `clock` (records that it did).
+    pub fn try_start(&self, clock: u64) -> bool {
+        let mut inner = self.inner.lock();
+        if clock >= inner.0 {
+            return false;
+        }
+        inner.1 = Some(inner.1.map_or(clock, |started| started.max(clock)));
+        true
+    }
+
+    /// Ends the range after the highest clock started so far (or before `first` if none started);
+    /// returns the new end.
+    pub fn end_soon(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        let soonest = inner.1.map_or(self.first, |started| started + 1);
+        inner.0 = inner.0.min(soonest);
+        inner.0
+    }
+}
+
 /// What one worker thread did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct WorkerReport {
+    /// The clock of `stats[0]` (non-zero for a segment of an elastic run).
+    #[serde(default)]
+    pub first_clock: u64,
     /// Per clock: the app's stats.
     pub stats: Vec<ClockStats>,
     /// Per clock: seconds since the run's start when the clock ended.
@@ -226,12 +281,14 @@ fn install(cache: &mut RowCache, view: &mut PartitionView) {
 }
 
 /// Runs one worker thread's whole job: register, then `config.clocks` clocks.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     worker_id: u32,
     mut app_worker: W,
     specs: &[TableSpec],
     transport: &mut T,
     config: &JobConfig,
+    gate: &ClockGate,
     metrics: &RuntimeMetrics,
     run_start: Instant,
 ) -> Result<WorkerReport, WorkerError> {
@@ -264,6 +321,7 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
 
     let mut report = WorkerReport {
+        first_clock: gate.first(),
         stats: Vec::with_capacity(config.clocks as usize),
         clock_end: Vec::with_capacity(config.clocks as usize),
         wait_seconds: 0.0,
@@ -300,9 +358,14 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
             .inc_by(pulled.1);
         Ok::<(), WorkerError>(())
     };
-    refresh(transport, &mut views, &mut cache, 0, true, &mut report)?;
+    // A segment starts at a clock boundary where every update of earlier clocks is applied.
+    let first = gate.first();
+    refresh(transport, &mut views, &mut cache, first, true, &mut report)?;
 
-    for clock in 0..config.clocks {
+    for clock in first..config.clocks {
+        if !gate.try_start(clock) {
+            break;
+        }
         let started = Instant::now();
         let stats = app_worker.clock(&mut cache, clock);
         for view in &mut views {
@@ -317,7 +380,7 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
             .bytes_moved
             .with_label_values(&["push"])
             .inc_by(pushed_bytes);
-        if clock + 1 < config.clocks {
+        if clock + 1 < config.clocks.min(gate.end()) {
             let min_clock = (clock + 1).saturating_sub(config.staleness);
             refresh(
                 transport,

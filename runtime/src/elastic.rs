@@ -1,0 +1,859 @@
+//! Elastic training (AgileML, seed 003 §4.2): reliable and transient tiers, stages, partition
+//! migration, BackupPS copies, evictions with notice and rollback on failure, with no lost and no
+//! doubled updates.
+//!
+//! An elastic run is a sequence of **segments**. Within a segment membership is fixed: the server
+//! nodes of the current stage host the partitions (each at its epoch) behind real TCP data-plane
+//! servers, and every logical worker (one per data shard, fixed for the job) runs its clocks
+//! against them. A segment ends at a clock boundary ([`ClockGate`]): when an event is due, when the
+//! ActivePSs owe their BackupPSs a copy, or at the end of the job. At the boundary every partition
+//! is consistent at the same clock and its [`PartitionImage`] (rows, optimizer state and the
+//! per-worker clocks that make apply exactly-once) is taken; the controller then applies the
+//! events and lays out the next segment:
+//!
+//! - **join** (bulk add): the nodes are switched in at the boundary; the stage may change.
+//! - **notice** with time left: the leaving nodes' partitions move to surviving ActivePSs (partial
+//!   eviction) or, when no transient node is left, to the BackupPSs on the reliable tier, which
+//!   then serve as ParamServs (end-of-life flush). The new owner's epoch is one higher.
+//! - **failure**, or a notice whose deadline passed before the boundary: the node's state is gone.
+//!   If it hosted partitions (an ActivePS), every partition rolls back to the last consistent
+//!   clock the BackupPSs hold — surviving ActivePSs drop their unflushed updates — and the
+//!   workers redo from there. A worker-only node loses nothing: its shards move to survivors.
+//!
+//! Exactly-once holds because each push is identified by (worker, clock, partition) and the
+//! per-worker clocks move with the partition: a migrated partition never re-applies a clock, and a
+//! restored one re-applies exactly the clocks after its copy.
+//!
+//! Stages (seed 003 table 4.1): stage 1 serves from ParamServs on the reliable tier; stage 2 puts
+//! ActivePSs on about half of the transient nodes (longest-lived first) with BackupPSs on the
+//! reliable tier; stage 3 is stage 2 without workers on the reliable tier. The stage follows the
+//! transient:reliable ratio ([`StageThresholds`]).
+//!
+//! What this module does not model yet: copies stream between segments (not in the background
+//! while training, as the paper's ActivePSs do), and all processes are threads of this one (the
+//! coordinator's multi-process version is issue 4's next step).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::app::{App, TableSpec, validate_tables};
+use crate::client::{ClientConfig, NodeAddrs};
+use crate::local::{RunError, RunReport, validate_config};
+use crate::metrics::RuntimeMetrics;
+use crate::node::{ServerHandle, WorkerPlan, random_secret, run_workers_gated};
+use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
+use crate::snapshot::ParamSnapshot;
+use crate::store::{PartitionImage, PartitionStore, ServerState, StoreError};
+use crate::worker::{ClockGate, JobConfig, WorkerReport};
+
+/// Transient:reliable ratios above which the next stage is used (seed 003: 1 and 15).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageThresholds {
+    /// Above this ratio: stage 2.
+    pub stage2_above: f64,
+    /// Above this ratio: stage 3.
+    pub stage3_above: f64,
+}
+
+impl Default for StageThresholds {
+    fn default() -> Self {
+        Self {
+            stage2_above: 1.0,
+            stage3_above: 15.0,
+        }
+    }
+}
+
+/// The stage for `transient` transient and `reliable` reliable nodes.
+pub fn choose_stage(transient: usize, reliable: usize, thresholds: &StageThresholds) -> u8 {
+    if transient == 0 {
+        return 1;
+    }
+    let ratio = transient as f64 / reliable.max(1) as f64;
+    if ratio > thresholds.stage3_above {
+        3
+    } else if ratio > thresholds.stage2_above {
+        2
+    } else {
+        1
+    }
+}
+
+/// A membership event of an elastic run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ElasticEvent {
+    /// Transient nodes join (a bulk add).
+    Join {
+        /// Node names (unique within the job).
+        names: Vec<String>,
+    },
+    /// Transient nodes will be taken away `lead` after the notice arrives.
+    Notice {
+        /// Node names.
+        names: Vec<String>,
+        /// Time between the notice and the deadline; zero means the notice came too late.
+        lead: Duration,
+    },
+    /// Transient nodes are gone without notice.
+    Fail {
+        /// Node names.
+        names: Vec<String>,
+    },
+}
+
+impl ElasticEvent {
+    fn names(&self) -> &[String] {
+        match self {
+            ElasticEvent::Join { names }
+            | ElasticEvent::Notice { names, .. }
+            | ElasticEvent::Fail { names } => names,
+        }
+    }
+}
+
+/// An event due at a clock boundary (applied after clock `at_clock - 1` completed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledEvent {
+    /// The boundary: the event applies once `at_clock` clocks are done.
+    pub at_clock: u64,
+    /// What happens.
+    pub event: ElasticEvent,
+}
+
+/// Settings of an elastic run.
+#[derive(Debug, Clone)]
+pub struct ElasticConfig {
+    /// The job; `workers` is the number of logical workers (data shards), fixed for the job.
+    pub job: JobConfig,
+    /// Stage thresholds.
+    pub thresholds: StageThresholds,
+    /// Clocks between ActivePS → BackupPS copies (the most a failure can cost).
+    pub backup_every: u64,
+    /// Reliable (on-demand) nodes; they stay for the whole job.
+    pub reliable: Vec<String>,
+    /// Transient (spot) nodes present at the start.
+    pub transient: Vec<String>,
+}
+
+/// Errors of an elastic run.
+#[derive(Debug, Error)]
+pub enum ElasticError {
+    /// The job or its tables are invalid, or a segment failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The settings are invalid.
+    #[error("invalid elastic run: {0}")]
+    Validate(String),
+    /// A partition image did not fit (a bug: images come from this run's own servers).
+    #[error("restoring partitions failed: {0}")]
+    Restore(#[from] StoreError),
+    /// A segment ended with partitions at different clocks.
+    #[error(
+        "segment ended inconsistently: partition {partition} at clock {clock}, expected {expected}"
+    )]
+    CheckBoundary {
+        /// The partition.
+        partition: PartitionId,
+        /// Its visible clock.
+        clock: u64,
+        /// The segment's end.
+        expected: u64,
+    },
+}
+
+impl ElasticError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ElasticError::Run(e) => e.category(),
+            ElasticError::Validate(_) => "validate",
+            ElasticError::Restore(e) => e.category(),
+            ElasticError::CheckBoundary { .. } => "check_boundary",
+        }
+    }
+}
+
+/// A member node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Member {
+    id: NodeId,
+    name: String,
+    reliable: bool,
+}
+
+/// Where one segment runs: which nodes serve, which hold backups, which run workers, and the
+/// owner and epoch of every partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// AgileML stage.
+    pub stage: u8,
+    /// Nodes serving partitions (ParamServs in stage 1, ActivePSs otherwise).
+    pub servers: Vec<NodeId>,
+    /// Reliable nodes holding BackupPS copies (stages 2 and 3).
+    pub backups: Vec<NodeId>,
+    /// Nodes running worker threads.
+    pub worker_nodes: Vec<NodeId>,
+    /// Owner and epoch per partition.
+    pub partitions: Vec<PartitionEntry>,
+}
+
+/// Lays out a segment. `members` are (id, reliable) in join order (longest-lived first);
+/// `previous` is the last layout's partition table. A partition keeps its owner while that node
+/// still serves; otherwise it goes to the serving node with the fewest partitions and its epoch
+/// grows by one.
+pub fn plan_layout(
+    members: &[(NodeId, bool)],
+    num_partitions: u32,
+    previous: Option<&[PartitionEntry]>,
+    thresholds: &StageThresholds,
+) -> Result<Layout, String> {
+    let reliable: Vec<NodeId> = members.iter().filter(|m| m.1).map(|m| m.0).collect();
+    let transient: Vec<NodeId> = members.iter().filter(|m| !m.1).map(|m| m.0).collect();
+    if reliable.is_empty() {
+        return Err("an elastic run needs at least one reliable node".into());
+    }
+    if num_partitions == 0 {
+        return Err("an elastic run needs at least one partition".into());
+    }
+    let stage = choose_stage(transient.len(), reliable.len(), thresholds);
+    let (servers, backups) = if stage == 1 {
+        (reliable.clone(), Vec::new())
+    } else {
+        // About half of the transient nodes, longest-lived first (members are in join order).
+        let active = transient.len().div_ceil(2);
+        (transient[..active].to_vec(), reliable.clone())
+    };
+    let worker_nodes = if stage == 3 {
+        transient.clone()
+    } else {
+        members.iter().map(|m| m.0).collect()
+    };
+    let serving: BTreeSet<NodeId> = servers.iter().copied().collect();
+    let mut load: BTreeMap<NodeId, usize> = servers.iter().map(|&s| (s, 0)).collect();
+    let mut partitions: Vec<Option<PartitionEntry>> = vec![None; num_partitions as usize];
+    if let Some(previous) = previous {
+        for (p, entry) in previous.iter().enumerate().take(num_partitions as usize) {
+            if serving.contains(&entry.owner) {
+                partitions[p] = Some(*entry);
+                *load.entry(entry.owner).or_default() += 1;
+            }
+        }
+    }
+    for (p, slot) in partitions.iter_mut().enumerate() {
+        if slot.is_some() {
+            continue;
+        }
+        let (&owner, _) = load
+            .iter()
+            .min_by_key(|&(&node, &count)| (count, node))
+            .expect("at least one server");
+        *load.entry(owner).or_default() += 1;
+        let epoch = previous
+            .and_then(|prev| prev.get(p))
+            .map_or(1, |entry| entry.epoch + 1);
+        *slot = Some(PartitionEntry { owner, epoch });
+    }
+    Ok(Layout {
+        stage,
+        servers,
+        backups,
+        worker_nodes,
+        partitions: partitions.into_iter().flatten().collect(),
+    })
+}
+
+/// One segment of an elastic run, for the report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SegmentRecord {
+    /// First clock run.
+    pub first_clock: u64,
+    /// One past the last clock run.
+    pub end_clock: u64,
+    /// Stage.
+    pub stage: u8,
+    /// Reliable nodes.
+    pub reliable_nodes: usize,
+    /// Transient nodes.
+    pub transient_nodes: usize,
+    /// Nodes serving partitions.
+    pub servers: usize,
+    /// Nodes running workers.
+    pub worker_nodes: usize,
+    /// Partitions whose owner changed when this segment was laid out.
+    pub partitions_moved: u32,
+    /// Wall seconds of the segment's training (servers up to boundary).
+    pub seconds: f64,
+}
+
+/// What an elastic run did.
+#[derive(Debug, Clone)]
+pub struct ElasticReport {
+    /// Training report over the final clocks (redone clocks count once, their last run).
+    pub run: RunReport,
+    /// Segments in order.
+    pub segments: Vec<SegmentRecord>,
+    /// Partitions that changed owner (migrations, flushes and restores).
+    pub partitions_migrated: u64,
+    /// Rollbacks to the BackupPS copy.
+    pub rollbacks: u64,
+    /// Clocks redone after rollbacks.
+    pub clocks_redone: u64,
+    /// Events applied, by kind (`join`, `notice`, `late_notice`, `fail`).
+    pub events: BTreeMap<&'static str, u64>,
+    /// Events (or names within them) refused, with the reason (unknown or reliable node,
+    /// duplicate join): the run goes on.
+    pub rejected: Vec<String>,
+    /// Per graceful notice: seconds from the boundary it was acted on until every affected
+    /// partition was safe on its new owner.
+    pub notice_to_safe_seconds: Vec<f64>,
+    /// The final parameters.
+    pub snapshot: ParamSnapshot,
+}
+
+/// The controller's state between segments.
+struct Controller<'a> {
+    members: Vec<Member>,
+    next_id: NodeId,
+    /// Left or failed nodes (a later notice for them is a harmless duplicate).
+    departed: BTreeSet<String>,
+    /// Authoritative partition images at `clock`.
+    images: Vec<PartitionImage>,
+    clock: u64,
+    /// The BackupPS copy and its clock.
+    backup: Vec<PartitionImage>,
+    backup_clock: u64,
+    layout: Option<Layout>,
+    report: ElasticReport,
+    metrics: &'a RuntimeMetrics,
+}
+
+fn empty_image(
+    partition: PartitionId,
+    num_partitions: u32,
+    specs: &[TableSpec],
+    workers: u32,
+) -> PartitionImage {
+    PartitionStore::new(
+        partition,
+        num_partitions,
+        1,
+        specs,
+        workers,
+        crate::optimizer::Optimizer::Add,
+        false,
+    )
+    .image()
+}
+
+fn empty_images(num_partitions: u32, specs: &[TableSpec], workers: u32) -> Vec<PartitionImage> {
+    (0..num_partitions)
+        .map(|p| empty_image(p, num_partitions, specs, workers))
+        .collect()
+}
+
+impl<'a> Controller<'a> {
+    fn member_list(&self) -> Vec<(NodeId, bool)> {
+        self.members.iter().map(|m| (m.id, m.reliable)).collect()
+    }
+
+    fn add_member(&mut self, name: &str, reliable: bool) -> Result<(), String> {
+        if self.members.iter().any(|m| m.name == name) {
+            return Err(format!("node {name} already joined"));
+        }
+        if self.departed.contains(name) {
+            return Err(format!(
+                "node {name} already left the job; join under a new name"
+            ));
+        }
+        self.members.push(Member {
+            id: self.next_id,
+            name: name.to_owned(),
+            reliable,
+        });
+        self.next_id += 1;
+        Ok(())
+    }
+
+    /// Removes transient node `name`: `None` if it already left, else whether it served
+    /// partitions in the last segment.
+    fn remove_member(&mut self, name: &str) -> Result<Option<(NodeId, bool)>, String> {
+        if self.departed.contains(name) {
+            return Ok(None);
+        }
+        let Some(position) = self.members.iter().position(|m| m.name == name) else {
+            return Err(format!("unknown node {name}"));
+        };
+        if self.members[position].reliable {
+            return Err(format!(
+                "node {name} is on the reliable tier; only transient nodes are evicted"
+            ));
+        }
+        let member = self.members.remove(position);
+        self.departed.insert(member.name);
+        let served = self
+            .layout
+            .as_ref()
+            .is_some_and(|l| l.servers.contains(&member.id));
+        Ok(Some((member.id, served)))
+    }
+
+    fn count_event(&mut self, kind: &'static str) {
+        *self.report.events.entry(kind).or_default() += 1;
+        self.metrics.elastic_events.with_label_values(&[kind]).inc();
+    }
+
+    fn reject(&mut self, reason: String) {
+        tracing::warn!(%reason, "elastic event refused");
+        self.report.rejected.push(reason);
+        self.metrics
+            .elastic_events
+            .with_label_values(&["rejected"])
+            .inc();
+    }
+
+    /// Applies one event at the current boundary; returns the serving nodes whose state is lost
+    /// (a rollback is due if any).
+    fn apply(&mut self, event: &ElasticEvent, received: Instant) -> Vec<NodeId> {
+        let mut lost = Vec::new();
+        match event {
+            ElasticEvent::Join { names } => {
+                for name in names {
+                    match self.add_member(name, false) {
+                        Ok(()) => self.count_event("join"),
+                        Err(reason) => self.reject(reason),
+                    }
+                }
+            }
+            ElasticEvent::Notice { names, lead } => {
+                // The migration happens now, at the boundary; a deadline already past means the
+                // nodes are gone before their state could move.
+                let late = received + *lead <= Instant::now();
+                for name in names {
+                    match self.remove_member(name) {
+                        Ok(Some((id, served))) => {
+                            self.count_event(if late { "late_notice" } else { "notice" });
+                            if late && served {
+                                lost.push(id);
+                            }
+                        }
+                        Ok(None) => tracing::info!(node = %name, "duplicate notice ignored"),
+                        Err(reason) => self.reject(reason),
+                    }
+                }
+            }
+            ElasticEvent::Fail { names } => {
+                for name in names {
+                    match self.remove_member(name) {
+                        Ok(Some((id, served))) => {
+                            self.count_event("fail");
+                            if served {
+                                lost.push(id);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(reason) => self.reject(reason),
+                    }
+                }
+            }
+        }
+        lost
+    }
+
+    /// Copies the ActivePSs' state to the BackupPSs (or, in stage 1, records the ParamServs'
+    /// state as the consistent point: they are on the reliable tier).
+    fn sync_backup(&mut self) {
+        self.backup = self.images.clone();
+        self.backup_clock = self.clock;
+    }
+
+    /// The state `lost` nodes hosted is gone: their partitions are empty until restored.
+    fn lose(&mut self, lost: &[NodeId], specs: &[TableSpec], workers: u32) {
+        let Some(layout) = &self.layout else {
+            return;
+        };
+        let num_partitions = layout.partitions.len() as u32;
+        for (image, entry) in self.images.iter_mut().zip(&layout.partitions) {
+            if lost.contains(&entry.owner) {
+                *image = empty_image(image.partition, num_partitions, specs, workers);
+            }
+        }
+    }
+
+    fn roll_back(&mut self) {
+        let redone = self.clock - self.backup_clock;
+        tracing::warn!(
+            from = self.clock,
+            to = self.backup_clock,
+            "server state lost: rolling back to the BackupPS copy"
+        );
+        self.images = self.backup.clone();
+        self.clock = self.backup_clock;
+        self.report.rollbacks += 1;
+        self.report.clocks_redone += redone;
+        self.metrics.rollbacks.inc();
+        self.metrics.clocks_redone.inc_by(redone);
+        // Every partition is restored from the backups: a new epoch even where the owner stays,
+        // so a request of the abandoned timeline cannot reach it.
+        if let Some(layout) = &mut self.layout {
+            for entry in &mut layout.partitions {
+                entry.epoch += 1;
+            }
+            let restored = layout.partitions.len() as u64;
+            self.report.partitions_migrated += restored;
+            self.metrics.partitions_migrated.inc_by(restored);
+        }
+    }
+}
+
+/// Trains `app` elastically through `events` (see the module docs). Every worker and server is a
+/// thread of this process talking real TCP on 127.0.0.1.
+pub fn run_elastic<A: App>(
+    app: &A,
+    config: &ElasticConfig,
+    events: &[ScheduledEvent],
+    metrics: &RuntimeMetrics,
+) -> Result<ElasticReport, ElasticError> {
+    validate_config(&config.job)?;
+    let specs = app.tables();
+    validate_tables(&specs).map_err(RunError::from)?;
+    let job = &config.job;
+    if config.backup_every == 0 {
+        return Err(ElasticError::Validate(
+            "backup_every must be at least 1".into(),
+        ));
+    }
+    if config.reliable.is_empty() {
+        return Err(ElasticError::Validate(
+            "an elastic run needs at least one reliable node".into(),
+        ));
+    }
+    if let Some(event) = events
+        .iter()
+        .find(|e| e.at_clock == 0 || e.at_clock >= job.clocks)
+    {
+        return Err(ElasticError::Validate(format!(
+            "event at clock {} is outside the job's boundaries 1..{}",
+            event.at_clock, job.clocks
+        )));
+    }
+    if let Some(event) = events.iter().find(|e| e.event.names().is_empty()) {
+        return Err(ElasticError::Validate(format!(
+            "event at clock {} names no node",
+            event.at_clock
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| RunError::RunCluster {
+            reason: format!("starting the tokio runtime failed: {e}"),
+        })?;
+    let workers = job.workers as u32;
+    let images = empty_images(job.partitions, &specs, workers);
+    let mut controller = Controller {
+        members: Vec::new(),
+        next_id: 0,
+        departed: BTreeSet::new(),
+        backup: images.clone(),
+        images,
+        clock: 0,
+        backup_clock: 0,
+        layout: None,
+        report: ElasticReport {
+            run: RunReport::default(),
+            segments: Vec::new(),
+            partitions_migrated: 0,
+            rollbacks: 0,
+            clocks_redone: 0,
+            events: BTreeMap::new(),
+            rejected: Vec::new(),
+            notice_to_safe_seconds: Vec::new(),
+            snapshot: ParamSnapshot::new(specs.clone()),
+        },
+        metrics,
+    };
+    for name in &config.reliable {
+        controller
+            .add_member(name, true)
+            .map_err(ElasticError::Validate)?;
+    }
+    for name in &config.transient {
+        controller
+            .add_member(name, false)
+            .map_err(ElasticError::Validate)?;
+    }
+    let secret = random_secret().into_bytes();
+    let client = ClientConfig {
+        secret: secret.clone(),
+        node: 0,
+        max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+        timeout: job.wait_timeout,
+    };
+    let mut done = vec![false; events.len()];
+    // Per logical worker, per clock: the last run's stats and end time.
+    let mut merged: Vec<WorkerReport> = (0..workers)
+        .map(|_| WorkerReport {
+            stats: vec![Default::default(); job.clocks as usize],
+            clock_end: vec![0.0; job.clocks as usize],
+            ..WorkerReport::default()
+        })
+        .collect();
+    let run_start = Instant::now();
+    let mut pending_notice: Option<Instant> = None;
+
+    while controller.clock < job.clocks {
+        let clock = controller.clock;
+        let next_event = events
+            .iter()
+            .zip(&done)
+            .filter(|(e, done)| !**done && e.at_clock > clock)
+            .map(|(e, _)| e.at_clock)
+            .min()
+            .unwrap_or(job.clocks);
+        let layout = plan_layout(
+            &controller.member_list(),
+            job.partitions,
+            controller.layout.as_ref().map(|l| l.partitions.as_slice()),
+            &config.thresholds,
+        )
+        .map_err(ElasticError::Validate)?;
+        let next_backup = if layout.stage == 1 {
+            job.clocks
+        } else {
+            controller.backup_clock + config.backup_every
+        };
+        let end = next_event.min(next_backup.max(clock + 1)).min(job.clocks);
+        let moved = moved_partitions(controller.layout.as_ref(), &layout);
+        controller.report.partitions_migrated += u64::from(moved);
+        metrics.partitions_migrated.inc_by(u64::from(moved));
+        metrics.stage.set(i64::from(layout.stage));
+
+        // Lay the partitions out on the segment's servers (the copy a migration makes).
+        let segment_start = Instant::now();
+        let mut hosted: BTreeMap<NodeId, Vec<(PartitionImage, u64)>> = BTreeMap::new();
+        for image in &controller.images {
+            let entry = layout.partitions[image.partition as usize];
+            hosted
+                .entry(entry.owner)
+                .or_default()
+                .push((image.clone(), entry.epoch));
+        }
+        let mut handles = Vec::new();
+        let mut addrs: NodeAddrs = BTreeMap::new();
+        for (node, images) in hosted {
+            let state = Arc::new(ServerState::from_images(
+                images,
+                job.partitions,
+                &specs,
+                job.optimizer,
+                job.staleness == 0,
+            )?);
+            let handle =
+                ServerHandle::loopback(runtime.handle(), state, &secret, job.wait_timeout, metrics)
+                    .map_err(|e| RunError::RunCluster {
+                        reason: format!("binding a segment server failed: {e}"),
+                    })?;
+            addrs.insert(node, handle.addr);
+            handles.push(handle);
+        }
+        if let Some(received) = pending_notice.take() {
+            controller
+                .report
+                .notice_to_safe_seconds
+                .push(received.elapsed().as_secs_f64());
+        }
+        let map = PartitionMap::from_entries(layout.partitions.clone()).map_err(|e| {
+            RunError::RunCluster {
+                reason: e.to_string(),
+            }
+        })?;
+        tracing::info!(
+            first = clock,
+            end,
+            stage = layout.stage,
+            servers = layout.servers.len(),
+            moved,
+            "segment starting"
+        );
+        let plan = WorkerPlan {
+            worker_base: 0,
+            local_workers: job.workers,
+            total_workers: job.workers,
+            map,
+            addrs,
+        };
+        let gate = ClockGate::range(clock, end);
+        let outcome =
+            run_workers_gated(app, &specs, &plan, &client, job, &gate, metrics, run_start);
+        let mut images = Vec::with_capacity(job.partitions as usize);
+        for handle in handles {
+            images.extend(handle.state.images());
+            handle.stop(runtime.handle());
+        }
+        let reports = outcome?;
+        images.sort_by_key(|image| image.partition);
+        if let Some(image) = images.iter().find(|image| image.visible_clock() != end) {
+            return Err(ElasticError::CheckBoundary {
+                partition: image.partition,
+                clock: image.visible_clock(),
+                expected: end,
+            });
+        }
+        for (worker, report) in reports.into_iter().enumerate() {
+            let target = &mut merged[worker];
+            for (offset, stats) in report.stats.iter().enumerate() {
+                let at = report.first_clock as usize + offset;
+                target.stats[at] = *stats;
+                target.clock_end[at] = report.clock_end[offset];
+            }
+            target.wait_seconds += report.wait_seconds;
+        }
+        let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
+        controller.report.segments.push(SegmentRecord {
+            first_clock: clock,
+            end_clock: end,
+            stage: layout.stage,
+            reliable_nodes,
+            transient_nodes: controller.members.len() - reliable_nodes,
+            servers: layout.servers.len(),
+            worker_nodes: layout.worker_nodes.len(),
+            partitions_moved: moved,
+            seconds: segment_start.elapsed().as_secs_f64(),
+        });
+        controller.images = images;
+        controller.clock = end;
+        let stage = layout.stage;
+        controller.layout = Some(layout);
+        if stage == 1 || end - controller.backup_clock >= config.backup_every {
+            controller.sync_backup();
+        }
+
+        // Events due at this boundary, in schedule order.
+        let received = Instant::now();
+        let mut lost = Vec::new();
+        let mut graceful = false;
+        for (index, scheduled) in events.iter().enumerate() {
+            if done[index] || scheduled.at_clock != end {
+                continue;
+            }
+            done[index] = true;
+            lost.extend(controller.apply(&scheduled.event, received));
+            graceful |= matches!(scheduled.event, ElasticEvent::Notice { .. });
+        }
+        if !lost.is_empty() {
+            controller.lose(&lost, &specs, workers);
+            controller.roll_back();
+        } else if graceful {
+            pending_notice = Some(received);
+        }
+    }
+
+    let mut report = controller.report;
+    let mut run = RunReport::from_workers(job.clocks, &merged);
+    let mut snapshot = ParamSnapshot::new(specs.clone());
+    for image in &controller.images {
+        for table in &image.tables {
+            snapshot.add_rows(table.table, &table.keys, &table.data);
+        }
+    }
+    snapshot.finish();
+    run.parameter_bytes = controller
+        .images
+        .iter()
+        .map(|i| i.parameter_bytes() as u64)
+        .sum();
+    run.finish(app, snapshot.clone(), job.keep_params);
+    report.run = run;
+    report.snapshot = snapshot;
+    Ok(report)
+}
+
+/// Partitions whose owner differs between two layouts (all of them for the first layout: they
+/// are created, not moved, so zero then).
+fn moved_partitions(previous: Option<&Layout>, next: &Layout) -> u32 {
+    let Some(previous) = previous else {
+        return 0;
+    };
+    previous
+        .partitions
+        .iter()
+        .zip(&next.partitions)
+        .filter(|(a, b)| a.owner != b.owner || a.epoch != b.epoch)
+        .count() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_follows_the_ratio() {
+        let t = StageThresholds::default();
+        assert_eq!(choose_stage(0, 1, &t), 1);
+        assert_eq!(choose_stage(1, 1, &t), 1);
+        assert_eq!(choose_stage(2, 1, &t), 2);
+        assert_eq!(choose_stage(15, 1, &t), 2);
+        assert_eq!(choose_stage(16, 1, &t), 3);
+        assert_eq!(choose_stage(30, 2, &t), 2);
+        assert_eq!(choose_stage(32, 2, &t), 3);
+    }
+
+    #[test]
+    fn layout_keeps_owners_and_moves_only_what_must_move() {
+        let t = StageThresholds::default();
+        // 1 reliable (0), 4 transient (1..=4): stage 2, ActivePSs on the two oldest.
+        let members = [(0, true), (1, false), (2, false), (3, false), (4, false)];
+        let first = plan_layout(&members, 8, None, &t).unwrap();
+        assert_eq!(first.stage, 2);
+        assert_eq!(first.servers, vec![1, 2]);
+        assert_eq!(first.backups, vec![0]);
+        assert!(first.partitions.iter().all(|e| e.epoch == 1));
+        assert_eq!(
+            first.partitions.iter().filter(|e| e.owner == 1).count(),
+            4,
+            "balanced"
+        );
+        // Node 1 leaves: its partitions go to node 2 (the remaining ActivePS of 3 transient
+        // nodes is 2 and 3), epoch 2; node 2's stay at epoch 1.
+        let members = [(0, true), (2, false), (3, false), (4, false)];
+        let second = plan_layout(&members, 8, Some(&first.partitions), &t).unwrap();
+        assert_eq!(second.servers, vec![2, 3]);
+        for (before, after) in first.partitions.iter().zip(&second.partitions) {
+            if before.owner == 2 {
+                assert_eq!(after, before);
+            } else {
+                assert_eq!((after.owner, after.epoch), (3, 2));
+            }
+        }
+        // Every transient node gone: end-of-life flush to the reliable tier, stage 1.
+        let third = plan_layout(&[(0, true)], 8, Some(&second.partitions), &t).unwrap();
+        assert_eq!(third.stage, 1);
+        assert!(third.partitions.iter().all(|e| e.owner == 0));
+        assert_eq!(third.worker_nodes, vec![0]);
+        // Stage 3: no workers on the reliable tier.
+        let many: Vec<(NodeId, bool)> = std::iter::once((0, true))
+            .chain((1..=16).map(|n| (n, false)))
+            .collect();
+        let fourth = plan_layout(&many, 8, None, &t).unwrap();
+        assert_eq!(fourth.stage, 3);
+        assert!(!fourth.worker_nodes.contains(&0));
+        assert_eq!(fourth.servers.len(), 8);
+        assert!(plan_layout(&[(1, false)], 8, None, &t).is_err());
+    }
+
+    #[test]
+    fn clock_gate_stops_every_worker_after_the_same_clock() {
+        let gate = ClockGate::range(3, 10);
+        assert!(gate.try_start(3));
+        assert!(gate.try_start(4));
+        assert_eq!(gate.end_soon(), 5);
+        assert!(!gate.try_start(5));
+        assert!(gate.try_start(4), "a slower worker still finishes clock 4");
+        let idle = ClockGate::range(2, 9);
+        assert_eq!(idle.end_soon(), 2);
+    }
+}

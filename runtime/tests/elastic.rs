@@ -1,0 +1,389 @@
+//! Elastic runs (issue 4): no lost and no doubled updates through bulk adds, partial and full
+//! evictions with notice, failures without notice, notices that come too late and a seeded random
+//! schedule of mixed events; MF on MovieLens keeps its quality through such a schedule.
+//!
+//! The integer-exact app ends with a table known in closed form: a lost update leaves a value too
+//! small, a doubled one too large, and the run's evaluation counts wrong values. Its workers also
+//! check the SSP read bounds every clock (`loss_sum` counts violations).
+
+use std::time::Duration;
+
+use ebbflow_runtime::apps::{MfApp, MfConfig};
+use ebbflow_runtime::data;
+use ebbflow_runtime::elastic::{
+    ElasticConfig, ElasticError, ElasticEvent, ElasticReport, ScheduledEvent, StageThresholds,
+    run_elastic,
+};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
+use rand::{RngExt, SeedableRng};
+
+const CLOCKS: u64 = 24;
+
+fn exact(staleness: u64, clocks: u64) -> ExactApp {
+    ExactApp::new(ExactConfig {
+        rows: 97,
+        width: 3,
+        tables: 2,
+        shared_rows: 5,
+        clocks,
+        staleness,
+    })
+}
+
+fn config(staleness: u64, clocks: u64, transient: &[&str]) -> ElasticConfig {
+    ElasticConfig {
+        job: JobConfig {
+            clocks,
+            staleness,
+            workers: 4,
+            partitions: 8,
+            wait_timeout: Duration::from_secs(20),
+            ..JobConfig::default()
+        },
+        thresholds: StageThresholds::default(),
+        backup_every: 3,
+        reliable: vec!["od-0".into()],
+        transient: transient.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+fn at(at_clock: u64, event: ElasticEvent) -> ScheduledEvent {
+    ScheduledEvent { at_clock, event }
+}
+
+fn notice(list: &[&str]) -> ElasticEvent {
+    ElasticEvent::Notice {
+        names: names(list),
+        lead: Duration::from_secs(120),
+    }
+}
+
+/// Runs the exact app through `events` under BSP and SSP and checks the table is exact.
+fn run_exact(transient: &[&str], events: &[ScheduledEvent]) -> Vec<ElasticReport> {
+    [0, 2]
+        .into_iter()
+        .map(|staleness| {
+            let app = exact(staleness, CLOCKS);
+            let metrics = RuntimeMetrics::unregistered();
+            let report = run_elastic(
+                &app,
+                &config(staleness, CLOCKS, transient),
+                events,
+                &metrics,
+            )
+            .unwrap();
+            assert_exact(&report, staleness);
+            assert_eq!(metrics.rollbacks.get(), report.rollbacks);
+            report
+        })
+        .collect()
+}
+
+fn assert_exact(report: &ElasticReport, staleness: u64) {
+    assert_eq!(
+        report.run.eval.metric("wrong_values"),
+        Some(0.0),
+        "staleness {staleness}: lost or doubled updates: {:?}; segments {:?}",
+        report.run.eval,
+        report.segments
+    );
+    assert_eq!(
+        report.run.total_stats().loss_sum,
+        0.0,
+        "staleness {staleness}: a read broke the SSP bound"
+    );
+    let last = report.segments.last().unwrap();
+    assert_eq!(last.end_clock, CLOCKS.min(last.end_clock));
+}
+
+#[test]
+fn bulk_add_switches_in_at_a_boundary_and_changes_stage() {
+    let transient = ["s-0"];
+    let events = [at(
+        5,
+        ElasticEvent::Join {
+            names: names(&["s-1", "s-2", "s-3", "s-4", "s-5", "s-6"]),
+        },
+    )];
+    for report in run_exact(&transient, &events) {
+        assert_eq!(report.segments[0].stage, 1, "1:1 is stage 1");
+        let after = report.segments.iter().find(|s| s.first_clock == 5).unwrap();
+        assert_eq!((after.stage, after.transient_nodes), (2, 7));
+        assert!(after.partitions_moved > 0, "partitions moved to ActivePSs");
+        assert_eq!(report.events["join"], 6);
+        assert_eq!(report.rollbacks, 0);
+    }
+}
+
+#[test]
+fn partial_eviction_with_notice_moves_partitions_to_survivors() {
+    let transient = ["s-0", "s-1", "s-2", "s-3"];
+    // Stage 2: ActivePSs on s-0 and s-1; s-0 leaves with notice.
+    let events = [at(7, notice(&["s-0"]))];
+    for report in run_exact(&transient, &events) {
+        let after = report.segments.iter().find(|s| s.first_clock == 7).unwrap();
+        assert_eq!(after.stage, 2);
+        assert!(after.partitions_moved > 0);
+        assert_eq!(report.rollbacks, 0, "a notice in time loses nothing");
+        assert_eq!(report.notice_to_safe_seconds.len(), 1);
+    }
+}
+
+#[test]
+fn full_eviction_with_notice_flushes_to_backups() {
+    let transient = ["s-0", "s-1", "s-2", "s-3"];
+    let events = [at(8, notice(&["s-0", "s-1", "s-2", "s-3"]))];
+    for report in run_exact(&transient, &events) {
+        let after = report.segments.iter().find(|s| s.first_clock == 8).unwrap();
+        assert_eq!((after.stage, after.transient_nodes), (1, 0));
+        assert_eq!(
+            after.partitions_moved, 8,
+            "every partition flushed to a ParamServ"
+        );
+        assert_eq!(report.rollbacks, 0);
+    }
+}
+
+#[test]
+fn failure_without_notice_rolls_back_to_the_backups() {
+    let transient = ["s-0", "s-1", "s-2", "s-3"];
+    // Backups every 3 clocks: the copy at clock 9 is the rollback point for a failure at 10.
+    let events = [at(
+        10,
+        ElasticEvent::Fail {
+            names: names(&["s-0"]),
+        },
+    )];
+    for report in run_exact(&transient, &events) {
+        assert_eq!(report.rollbacks, 1);
+        assert_eq!(report.clocks_redone, 1);
+        assert!(report.segments.iter().any(|s| s.first_clock == 9));
+    }
+}
+
+#[test]
+fn failure_of_a_worker_only_node_loses_nothing() {
+    let transient = ["s-0", "s-1", "s-2", "s-3"];
+    // s-3 is not an ActivePS (those are the two longest-lived transient nodes).
+    let events = [at(
+        10,
+        ElasticEvent::Fail {
+            names: names(&["s-3"]),
+        },
+    )];
+    for report in run_exact(&transient, &events) {
+        assert_eq!(report.rollbacks, 0);
+        assert_eq!(report.events["fail"], 1);
+    }
+}
+
+#[test]
+fn a_notice_too_late_is_a_failure() {
+    let transient = ["s-0", "s-1", "s-2", "s-3"];
+    let events = [at(
+        11,
+        ElasticEvent::Notice {
+            names: names(&["s-1"]),
+            lead: Duration::ZERO,
+        },
+    )];
+    for report in run_exact(&transient, &events) {
+        assert_eq!(report.rollbacks, 1);
+        assert_eq!(report.events["late_notice"], 1);
+        assert_eq!(report.clocks_redone, 2, "the last copy was at clock 9");
+    }
+}
+
+#[test]
+fn bad_events_are_refused_and_the_run_goes_on() {
+    let transient = ["s-0", "s-1"];
+    let events = [
+        at(3, notice(&["ghost"])),
+        at(4, notice(&["od-0"])),
+        at(
+            5,
+            ElasticEvent::Join {
+                names: names(&["s-0"]),
+            },
+        ),
+        at(6, notice(&["s-1"])),
+        at(7, notice(&["s-1"])),
+    ];
+    for report in run_exact(&transient, &events) {
+        assert_eq!(report.rejected.len(), 3, "{:?}", report.rejected);
+        assert!(report.rejected[0].contains("unknown node ghost"));
+        assert!(report.rejected[1].contains("reliable tier"));
+        assert!(report.rejected[2].contains("already joined"));
+        assert_eq!(
+            report.events["notice"], 1,
+            "the duplicate notice is ignored"
+        );
+    }
+    let app = exact(0, CLOCKS);
+    let metrics = RuntimeMetrics::unregistered();
+    let outside = run_elastic(
+        &app,
+        &config(0, CLOCKS, &transient),
+        &[at(CLOCKS, notice(&["s-0"]))],
+        &metrics,
+    )
+    .unwrap_err();
+    assert!(matches!(outside, ElasticError::Validate(_)), "{outside}");
+    assert!(outside.to_string().contains("outside the job's boundaries"));
+    let mut no_reliable = config(0, CLOCKS, &transient);
+    no_reliable.reliable.clear();
+    let error = run_elastic(&app, &no_reliable, &[], &metrics).unwrap_err();
+    assert!(error.to_string().contains("reliable node"), "{error}");
+}
+
+/// A seeded schedule of `count` mixed events over `clocks` clocks: bulk adds, partial and full
+/// evictions with notice, failures and late notices.
+fn random_schedule(seed: u64, count: usize, clocks: u64, initial: &[&str]) -> Vec<ScheduledEvent> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut alive: Vec<String> = initial.iter().map(|s| s.to_string()).collect();
+    let mut next_name = 0;
+    let mut events = Vec::new();
+    for i in 0..count {
+        let at_clock = 1 + (i as u64 * (clocks - 1)) / count as u64;
+        let kind = if alive.is_empty() {
+            0
+        } else {
+            rng.random_range(0..5)
+        };
+        let event = match kind {
+            0 => {
+                let n = rng.random_range(1..=4);
+                let joined: Vec<String> = (0..n)
+                    .map(|_| {
+                        next_name += 1;
+                        format!("r-{next_name}")
+                    })
+                    .collect();
+                alive.extend(joined.iter().cloned());
+                ElasticEvent::Join { names: joined }
+            }
+            kind => {
+                let n = if kind == 4 {
+                    alive.len()
+                } else {
+                    rng.random_range(1..=alive.len())
+                };
+                let mut leaving = Vec::new();
+                for _ in 0..n {
+                    let index = rng.random_range(0..alive.len());
+                    leaving.push(alive.swap_remove(index));
+                }
+                match kind {
+                    1 | 4 => ElasticEvent::Notice {
+                        names: leaving,
+                        lead: Duration::from_secs(60),
+                    },
+                    2 => ElasticEvent::Fail { names: leaving },
+                    _ => ElasticEvent::Notice {
+                        names: leaving,
+                        lead: Duration::ZERO,
+                    },
+                }
+            }
+        };
+        events.push(at(at_clock, event));
+    }
+    events
+}
+
+#[test]
+fn a_seeded_random_schedule_of_mixed_events_is_exact() {
+    let clocks = 40;
+    let initial = ["s-0", "s-1", "s-2"];
+    let events = random_schedule(7, 60, clocks, &initial);
+    assert!(events.len() >= 50);
+    for staleness in [0, 1] {
+        let app = exact(staleness, clocks);
+        let report = run_elastic(
+            &app,
+            &config(staleness, clocks, &initial),
+            &events,
+            &RuntimeMetrics::unregistered(),
+        )
+        .unwrap();
+        assert_eq!(
+            report.run.eval.metric("wrong_values"),
+            Some(0.0),
+            "staleness {staleness}: {:?}",
+            report.run.eval
+        );
+        assert_eq!(report.run.total_stats().loss_sum, 0.0);
+        let applied: u64 = report.events.values().sum();
+        assert!(applied >= 50, "events applied: {:?}", report.events);
+        assert!(report.rollbacks > 0 && report.partitions_migrated > 0);
+        let stages: std::collections::BTreeSet<u8> =
+            report.segments.iter().map(|s| s.stage).collect();
+        assert!(stages.len() >= 2, "stages seen: {stages:?}");
+    }
+}
+
+#[test]
+fn mf_on_movielens_keeps_its_quality_through_evictions() {
+    let Some(dir) = data::data_dir() else {
+        println!(
+            "mf_on_movielens_keeps_its_quality_through_evictions: skipped: set EBBFLOW_DATA_DIR (scripts/fetch-data.sh)"
+        );
+        return;
+    };
+    let ratings = data::load_movielens_inter(&dir.join("ml-100k.inter")).unwrap();
+    let (train, test) = ratings.split(0.2, 42).unwrap();
+    let app = MfApp::new(train, test, MfConfig::default()).unwrap();
+    let clocks = 30;
+    let mut config = config(0, clocks, &["s-0", "s-1"]);
+    config.job.workers = 2;
+    config.job.partitions = 4;
+    // Bulk add (stage 2), partial eviction with notice, failure of an ActivePS, a late notice,
+    // then every transient node leaves with notice (end-of-life flush to the reliable tier).
+    let events = [
+        at(
+            4,
+            ElasticEvent::Join {
+                names: names(&["s-2", "s-3", "s-4", "s-5"]),
+            },
+        ),
+        at(9, notice(&["s-5"])),
+        at(
+            14,
+            ElasticEvent::Fail {
+                names: names(&["s-0"]),
+            },
+        ),
+        at(
+            19,
+            ElasticEvent::Notice {
+                names: names(&["s-1"]),
+                lead: Duration::ZERO,
+            },
+        ),
+        at(24, notice(&["s-2", "s-3", "s-4"])),
+    ];
+    let report = run_elastic(&app, &config, &events, &RuntimeMetrics::unregistered()).unwrap();
+    let rmse = report.run.eval.metric("rmse").unwrap();
+    println!(
+        "mf elastic: rmse {rmse:.4}, rollbacks {}, redone {}, migrated {}, segments {}",
+        report.rollbacks,
+        report.clocks_redone,
+        report.partitions_migrated,
+        report.segments.len()
+    );
+    assert!(report.rollbacks > 0, "the schedule includes a failure");
+    assert!(rmse <= 0.95, "test RMSE {rmse}");
+    let calm = run_elastic(&app, &config, &[], &RuntimeMetrics::unregistered()).unwrap();
+    let calm_rmse = calm.run.eval.metric("rmse").unwrap();
+    println!("mf without events: rmse {calm_rmse:.4}");
+    assert!(
+        (rmse - calm_rmse).abs() <= 0.01,
+        "evictions cost quality: {rmse} vs {calm_rmse} without"
+    );
+}
