@@ -81,6 +81,9 @@ pub enum CrdError {
     /// The CRD could not be serialized to YAML.
     #[error("serialize crd to yaml: {0}")]
     Serialize(#[from] serde_yaml::Error),
+    /// The CRD could not be turned into a JSON value.
+    #[error("serialize crd to json: {0}")]
+    SerializeJson(#[from] serde_json::Error),
 }
 
 /// The TrainingJob CustomResourceDefinition, with every rule of [`RULES`] attached as a CEL
@@ -180,8 +183,31 @@ fn schema_node<'a>(root: &'a mut JSONSchemaProps, path: &str) -> Option<&'a mut 
 
 /// The TrainingJob CRD as a YAML document (what `ebbflow crd` prints).
 pub fn crd_yaml() -> Result<String, CrdError> {
-    let body = serde_yaml::to_string(&crd())?;
+    // Keys sorted at every level: the output must not depend on whether some other crate in the
+    // build turned on serde_json's `preserve_order` (a workspace build does, a package build not).
+    let value = sort_keys(serde_json::to_value(crd())?);
+    let body = serde_yaml::to_string(&value)?;
     Ok(format!(
         "# Generated from the ebbflow-crds types; do not edit. Regenerate with:\n#   {REGENERATE_COMMAND}\n{body}"
     ))
+}
+
+/// `value` with every object's keys in sorted order.
+fn sort_keys(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(key, value)| (key, sort_keys(value)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sort_keys).collect())
+        }
+        other => other,
+    }
 }
