@@ -37,6 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::app::{App, TableSpec, validate_tables};
@@ -102,6 +103,8 @@ pub enum ElasticEvent {
         /// Node names.
         names: Vec<String>,
     },
+    /// Stop training at the next clock boundary and report what was done (Ctrl-C, a deadline).
+    Stop,
 }
 
 impl ElasticEvent {
@@ -110,6 +113,7 @@ impl ElasticEvent {
             ElasticEvent::Join { names }
             | ElasticEvent::Notice { names, .. }
             | ElasticEvent::Fail { names } => names,
+            ElasticEvent::Stop => &[],
         }
     }
 }
@@ -306,9 +310,11 @@ pub struct ElasticReport {
     /// Events (or names within them) refused, with the reason (unknown or reliable node,
     /// duplicate join): the run goes on.
     pub rejected: Vec<String>,
-    /// Per graceful notice: seconds from the boundary it was acted on until every affected
-    /// partition was safe on its new owner.
+    /// Per graceful notice: seconds from its arrival until every affected partition was safe
+    /// on its new owner.
     pub notice_to_safe_seconds: Vec<f64>,
+    /// Clocks completed when a stop event ended the run early (`None`: it ran every clock).
+    pub stopped_at: Option<u64>,
     /// The final parameters.
     pub snapshot: ParamSnapshot,
 }
@@ -328,6 +334,8 @@ struct Controller<'a> {
     layout: Option<Layout>,
     report: ElasticReport,
     metrics: &'a RuntimeMetrics,
+    /// A stop event was applied.
+    stopped: bool,
 }
 
 fn empty_image(
@@ -444,6 +452,7 @@ impl<'a> Controller<'a> {
                     }
                 }
             }
+            ElasticEvent::Stop => self.stopped = true,
             ElasticEvent::Fail { names } => {
                 for name in names {
                     match self.remove_member(name) {
@@ -508,12 +517,69 @@ impl<'a> Controller<'a> {
     }
 }
 
+/// Events that arrive while training runs (a market replay, an operator, Ctrl-C). Each one ends
+/// the running segment at its next clock boundary, where it is applied.
+#[derive(Debug)]
+pub struct LiveFeed {
+    events: Mutex<std::sync::mpsc::Receiver<ElasticEvent>>,
+}
+
+impl LiveFeed {
+    /// A feed and the sender that fills it.
+    pub fn new() -> (std::sync::mpsc::Sender<ElasticEvent>, Self) {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        (
+            sender,
+            Self {
+                events: Mutex::new(receiver),
+            },
+        )
+    }
+
+    /// Events waiting now, with their arrival.
+    fn drain(&self, into: &mut Vec<(ElasticEvent, Instant)>) {
+        let receiver = self.events.lock();
+        while let Ok(event) = receiver.try_recv() {
+            into.push((event, Instant::now()));
+        }
+    }
+
+    /// Waits up to `timeout` for one event; `Err(())` once the sender is gone.
+    fn wait(&self, timeout: Duration) -> Result<Option<ElasticEvent>, ()> {
+        match self.events.lock().recv_timeout(timeout) {
+            Ok(event) => Ok(Some(event)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(()),
+        }
+    }
+}
+
 /// Trains `app` elastically through `events` (see the module docs). Every worker and server is a
 /// thread of this process talking real TCP on 127.0.0.1.
 pub fn run_elastic<A: App>(
     app: &A,
     config: &ElasticConfig,
     events: &[ScheduledEvent],
+    metrics: &RuntimeMetrics,
+) -> Result<ElasticReport, ElasticError> {
+    run_elastic_with(app, config, events, None, metrics)
+}
+
+/// As [`run_elastic`] with events arriving on `feed` while training runs.
+pub fn run_elastic_live<A: App>(
+    app: &A,
+    config: &ElasticConfig,
+    feed: &LiveFeed,
+    metrics: &RuntimeMetrics,
+) -> Result<ElasticReport, ElasticError> {
+    run_elastic_with(app, config, &[], Some(feed), metrics)
+}
+
+fn run_elastic_with<A: App>(
+    app: &A,
+    config: &ElasticConfig,
+    events: &[ScheduledEvent],
+    feed: Option<&LiveFeed>,
     metrics: &RuntimeMetrics,
 ) -> Result<ElasticReport, ElasticError> {
     validate_config(&config.job)?;
@@ -539,7 +605,10 @@ pub fn run_elastic<A: App>(
             event.at_clock, job.clocks
         )));
     }
-    if let Some(event) = events.iter().find(|e| e.event.names().is_empty()) {
+    if let Some(event) = events
+        .iter()
+        .find(|e| e.event.names().is_empty() && e.event != ElasticEvent::Stop)
+    {
         return Err(ElasticError::Validate(format!(
             "event at clock {} names no node",
             event.at_clock
@@ -563,6 +632,7 @@ pub fn run_elastic<A: App>(
         clock: 0,
         backup_clock: 0,
         layout: None,
+        stopped: false,
         report: ElasticReport {
             run: RunReport::default(),
             segments: Vec::new(),
@@ -572,6 +642,7 @@ pub fn run_elastic<A: App>(
             events: BTreeMap::new(),
             rejected: Vec::new(),
             notice_to_safe_seconds: Vec::new(),
+            stopped_at: None,
             snapshot: ParamSnapshot::new(specs.clone()),
         },
         metrics,
@@ -605,7 +676,37 @@ pub fn run_elastic<A: App>(
     let run_start = Instant::now();
     let mut pending_notice: Option<Instant> = None;
 
+    let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     while controller.clock < job.clocks {
+        // Events due at this boundary: scheduled ones in schedule order, then live arrivals.
+        let clock = controller.clock;
+        let mut due: Vec<(ElasticEvent, Instant)> = Vec::new();
+        for (index, scheduled) in events.iter().enumerate() {
+            if !done[index] && scheduled.at_clock == clock {
+                done[index] = true;
+                due.push((scheduled.event.clone(), Instant::now()));
+            }
+        }
+        due.append(&mut arrived);
+        if let Some(feed) = feed {
+            feed.drain(&mut due);
+        }
+        let mut lost = Vec::new();
+        for (event, received) in &due {
+            lost.extend(controller.apply(event, *received));
+            if matches!(event, ElasticEvent::Notice { .. }) && pending_notice.is_none() {
+                pending_notice = Some(*received);
+            }
+        }
+        if controller.stopped {
+            controller.report.stopped_at = Some(clock);
+            break;
+        }
+        if !lost.is_empty() {
+            controller.lose(&lost, &specs, workers);
+            controller.roll_back();
+            pending_notice = None;
+        }
         let clock = controller.clock;
         let next_event = events
             .iter()
@@ -631,6 +732,15 @@ pub fn run_elastic<A: App>(
         controller.report.partitions_migrated += u64::from(moved);
         metrics.partitions_migrated.inc_by(u64::from(moved));
         metrics.stage.set(i64::from(layout.stage));
+        let reliable_now = controller.members.iter().filter(|m| m.reliable).count();
+        metrics
+            .nodes
+            .with_label_values(&["reliable"])
+            .set(reliable_now as i64);
+        metrics
+            .nodes
+            .with_label_values(&["transient"])
+            .set((controller.members.len() - reliable_now) as i64);
 
         // Lay the partitions out on the segment's servers (the copy a migration makes).
         let segment_start = Instant::now();
@@ -687,8 +797,29 @@ pub fn run_elastic<A: App>(
             addrs,
         };
         let gate = ClockGate::range(clock, end);
-        let outcome =
-            run_workers_gated(app, &specs, &plan, &client, job, &gate, metrics, run_start);
+        let segment_over = std::sync::atomic::AtomicBool::new(false);
+        let outcome = std::thread::scope(|scope| {
+            if let Some(feed) = feed {
+                // An arrival ends the segment at the next clock boundary.
+                scope.spawn(|| {
+                    while !segment_over.load(std::sync::atomic::Ordering::Acquire) {
+                        match feed.wait(Duration::from_millis(5)) {
+                            Ok(Some(event)) => {
+                                arrived.push((event, Instant::now()));
+                                gate.end_soon();
+                            }
+                            Ok(None) => {}
+                            Err(()) => break,
+                        }
+                    }
+                });
+            }
+            let outcome =
+                run_workers_gated(app, &specs, &plan, &client, job, &gate, metrics, run_start);
+            segment_over.store(true, std::sync::atomic::Ordering::Release);
+            outcome
+        });
+        let end = gate.end();
         let mut images = Vec::with_capacity(job.partitions as usize);
         for handle in handles {
             images.extend(handle.state.images());
@@ -730,25 +861,6 @@ pub fn run_elastic<A: App>(
         controller.layout = Some(layout);
         if stage == 1 || end - controller.backup_clock >= config.backup_every {
             controller.sync_backup();
-        }
-
-        // Events due at this boundary, in schedule order.
-        let received = Instant::now();
-        let mut lost = Vec::new();
-        let mut graceful = false;
-        for (index, scheduled) in events.iter().enumerate() {
-            if done[index] || scheduled.at_clock != end {
-                continue;
-            }
-            done[index] = true;
-            lost.extend(controller.apply(&scheduled.event, received));
-            graceful |= matches!(scheduled.event, ElasticEvent::Notice { .. });
-        }
-        if !lost.is_empty() {
-            controller.lose(&lost, &specs, workers);
-            controller.roll_back();
-        } else if graceful {
-            pending_notice = Some(received);
         }
     }
 

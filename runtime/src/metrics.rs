@@ -1,7 +1,8 @@
 //! Prometheus metrics of the runtime, registered on a registry passed in (never the global one).
 
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// The runtime's metrics. Cheap to clone (handles are shared).
@@ -25,6 +26,8 @@ pub struct RuntimeMetrics {
     pub connections_refused: IntCounterVec,
     /// Current AgileML stage (1, 2 or 3) of an elastic run.
     pub stage: IntGauge,
+    /// Member nodes of an elastic run, by tier (`reliable`, `transient`).
+    pub nodes: IntGaugeVec,
     /// Membership events of an elastic run, by kind (`join`, `notice`, `late_notice`, `fail`,
     /// `rejected`).
     pub elastic_events: IntCounterVec,
@@ -89,6 +92,13 @@ impl RuntimeMetrics {
                 &["reason"],
             )?,
             stage: IntGauge::new("ebbflow_runtime_stage", "current AgileML stage (1, 2 or 3)")?,
+            nodes: IntGaugeVec::new(
+                Opts::new(
+                    "ebbflow_runtime_nodes",
+                    "member nodes of an elastic run by tier",
+                ),
+                &["tier"],
+            )?,
             elastic_events: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_elastic_events_total",
@@ -111,6 +121,7 @@ impl RuntimeMetrics {
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
         registry.register(Box::new(metrics.stage.clone()))?;
+        registry.register(Box::new(metrics.nodes.clone()))?;
         registry.register(Box::new(metrics.elastic_events.clone()))?;
         registry.register(Box::new(metrics.partitions_migrated.clone()))?;
         registry.register(Box::new(metrics.rollbacks.clone()))?;

@@ -387,3 +387,93 @@ fn mf_on_movielens_keeps_its_quality_through_evictions() {
         "evictions cost quality: {rmse} vs {calm_rmse} without"
     );
 }
+
+/// Waits until the workers completed `clocks` clocks in all (a condition, polled).
+fn wait_for_iterations(metrics: &RuntimeMetrics, iterations: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metrics.iterations.get() < iterations {
+        assert!(std::time::Instant::now() < deadline, "training stalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn live_events_end_the_segment_at_the_next_boundary_and_stay_exact() {
+    let clocks = 40;
+    let app = exact(0, clocks);
+    let config = config(0, clocks, &["s-0"]);
+    let workers = config.job.workers as u64;
+    let metrics = RuntimeMetrics::unregistered();
+    let (sender, feed) = ebbflow_runtime::elastic::LiveFeed::new();
+    let report = std::thread::scope(|scope| {
+        let run = scope
+            .spawn(|| ebbflow_runtime::elastic::run_elastic_live(&app, &config, &feed, &metrics));
+        let script = [
+            (
+                4,
+                ElasticEvent::Join {
+                    names: names(&["s-1", "s-2", "s-3"]),
+                },
+            ),
+            (12, notice(&["s-3"])),
+            (
+                20,
+                ElasticEvent::Fail {
+                    names: names(&["s-0"]),
+                },
+            ),
+            (
+                28,
+                ElasticEvent::Notice {
+                    names: names(&["s-1"]),
+                    lead: Duration::ZERO,
+                },
+            ),
+        ];
+        for (after_clocks, event) in script {
+            wait_for_iterations(&metrics, after_clocks * workers);
+            sender.send(event).unwrap();
+        }
+        run.join().unwrap()
+    })
+    .unwrap();
+    assert_eq!(
+        report.run.eval.metric("wrong_values"),
+        Some(0.0),
+        "{:?}",
+        report.run.eval
+    );
+    assert_eq!(report.run.total_stats().loss_sum, 0.0);
+    assert_eq!(report.stopped_at, None);
+    assert_eq!(
+        (
+            report.events["join"],
+            report.events["notice"],
+            report.events["fail"]
+        ),
+        (3, 1, 1),
+        "{:?}",
+        report.events
+    );
+    assert!(report.segments.len() >= 5, "{:?}", report.segments);
+}
+
+#[test]
+fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
+    let clocks = 400;
+    let app = exact(0, clocks);
+    let config = config(0, clocks, &["s-0", "s-1"]);
+    let metrics = RuntimeMetrics::unregistered();
+    let (sender, feed) = ebbflow_runtime::elastic::LiveFeed::new();
+    let report = std::thread::scope(|scope| {
+        let run = scope
+            .spawn(|| ebbflow_runtime::elastic::run_elastic_live(&app, &config, &feed, &metrics));
+        wait_for_iterations(&metrics, 5 * config.job.workers as u64);
+        sender.send(ElasticEvent::Stop).unwrap();
+        run.join().unwrap()
+    })
+    .unwrap();
+    let stopped = report.stopped_at.expect("stopped early");
+    assert!((5..clocks).contains(&stopped), "stopped at {stopped}");
+    assert_eq!(report.segments.last().unwrap().end_clock, stopped);
+}
