@@ -1,29 +1,24 @@
 #!/usr/bin/env bash
-# The README's main job on a fresh machine. Until `ebbflow run` (issue 9) lands, the best honest
-# equivalent: the replayed-market cost study, `ebbflow simulate`, over the real spot traces in
-# ../shared/data/spot (or EBBFLOW_SPOT_DATA): on-demand only, standard bidding with
-# checkpoint/restart, standard + AgileML, BidBrain + AgileML and the hindsight bound, over many
-# random start times. Builds the release CLI once (cached under $HOME/.cache/ebbflow/target) and
-# writes report.txt, summary.csv, runs.csv and cost.svg per trace under OUT (default ./ebbflow-out).
+# The README's main job on a fresh machine: `ebbflow run examples/quickstart.yaml`. Trains the
+# quickstart TrainingJob (matrix factorization on seeded synthetic ratings, nothing to download)
+# with the elastic runtime on 127.0.0.1 while BidBrain buys spot nodes on a replayed real
+# p3.2xlarge trace (../shared/data/spot) at one trace hour per ten seconds; spot nodes join, leave
+# on notice and fail; the bill accrues next to the on-demand equivalent. Builds the release CLI
+# once (cached under $HOME/.cache/ebbflow/target), shows a live progress line, and writes
+# summary.json, timeseries.csv and chart.svg to OUT (default ./ebbflow-run-quickstart).
 #
-# Usage: scripts/run.sh [OUT]
+# Usage: scripts/run.sh [OUT] [extra `ebbflow run` flags, e.g. --speed 720]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
-out="${1:-ebbflow-out}"
-spot="${EBBFLOW_SPOT_DATA:-$repo/../shared/data/spot}"
-[[ -d "$spot" ]] || { echo "run: error: spot traces not found at $spot (set EBBFLOW_SPOT_DATA)" >&2; exit 1; }
+out="${1:-ebbflow-run-quickstart}"
+shift || true
+trace=../shared/data/spot/aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv
+[[ -f "$trace" ]] || { echo "run: error: the quickstart's spot trace is missing: $repo/$trace" >&2; exit 1; }
 
 echo "==> cargo build --release -p ebbflow-operator --bin ebbflow" >&2
 cargo build --release --locked -p ebbflow-operator --bin ebbflow >&2
-ebbflow="$CARGO_TARGET_DIR/release/ebbflow"
-
-for trace in aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09 \
-  aws_spotlake_hourly_2024-01_5regions gcp_spot_on_demand_price_history_2022-2026; do
-  echo "==> ebbflow simulate --trace $spot/$trace.csv --out $out/$trace" >&2
-  "$ebbflow" simulate --trace "$spot/$trace.csv" --out "$out/$trace"
-  echo "--- $out/$trace/report.txt"
-  cat "$out/$trace/report.txt"
-done
+echo "==> ebbflow run examples/quickstart.yaml --out $out $*" >&2
+exec "$CARGO_TARGET_DIR/release/ebbflow" run examples/quickstart.yaml --out "$out" "$@"

@@ -10,4 +10,5 @@ pub mod leader;
 pub mod market;
 pub mod metrics;
 pub mod notices;
+pub mod run;
 pub mod sim;

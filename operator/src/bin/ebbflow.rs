@@ -16,6 +16,8 @@ enum Command {
     Crd,
     /// Replay a spot trace from many random start times and compare bidding strategies.
     Simulate(Box<ebbflow_operator::sim::cli::SimulateArgs>),
+    /// Train a TrainingJob on this machine against a replayed spot market.
+    Run(Box<ebbflow_operator::run::RunArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -26,6 +28,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Simulate(args) => {
             print!("{}", ebbflow_operator::sim::cli::run(&args)?);
+        }
+        Command::Run(args) => {
+            let summary = ebbflow_operator::run::run(&args)?;
+            print!("{}", summary.text());
         }
     }
     Ok(())

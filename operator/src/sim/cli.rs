@@ -115,14 +115,18 @@ fn first_line(path: &Path) -> Option<String> {
     Some(line)
 }
 
-/// Run `ebbflow simulate`: the report on stdout, files in `--out`, progress on stderr.
-pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
-    let options = ReadOptions {
-        instance_type: args.instance_type.clone(),
-    };
-    let file = args.trace.display().to_string();
-    let format = first_line(&args.trace).and_then(|l| detect_format(&l));
-    let mut market = match read_trace(&args.trace, &options)? {
+/// Loads a price trace and completes it with the on-demand price and instance spec tables (given,
+/// or found beside the trace by content). Also returns the trace's detected format.
+pub fn load_market(
+    trace: &Path,
+    instance_type: Option<String>,
+    on_demand: Option<PathBuf>,
+    specs: Option<PathBuf>,
+) -> Result<(crate::market::Market, Option<TraceFormat>), SimulateError> {
+    let options = ReadOptions { instance_type };
+    let file = trace.display().to_string();
+    let format = first_line(trace).and_then(|l| detect_format(&l));
+    let mut market = match read_trace(trace, &options)? {
         TraceFile::Market(market) => market,
         TraceFile::OnDemand(_) => {
             return Err(SimulateError::ReplayTable {
@@ -143,15 +147,15 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             });
         }
     };
-    let (found_on_demand, found_specs) = sibling_tables(&args.trace);
-    let on_demand: Option<OnDemandTable> = match args.on_demand.clone().or(found_on_demand) {
+    let (found_on_demand, found_specs) = sibling_tables(trace);
+    let on_demand: Option<OnDemandTable> = match on_demand.or(found_on_demand) {
         Some(path) => match read_trace(&path, &ReadOptions::default())? {
             TraceFile::OnDemand(table) => Some(table),
             _ => None,
         },
         None => None,
     };
-    let specs: Option<SpecTable> = match args.specs.clone().or(found_specs) {
+    let specs: Option<SpecTable> = match specs.or(found_specs) {
         Some(path) => match read_trace(&path, &ReadOptions::default())? {
             TraceFile::Specs(table) => Some(table),
             _ => None,
@@ -159,6 +163,17 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         None => None,
     };
     market.complete(on_demand.as_ref(), specs.as_ref())?;
+    Ok((market, format))
+}
+
+/// Run `ebbflow simulate`: the report on stdout, files in `--out`, progress on stderr.
+pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let (market, format) = load_market(
+        &args.trace,
+        args.instance_type.clone(),
+        args.on_demand.clone(),
+        args.specs.clone(),
+    )?;
     let billing = match &args.billing {
         Some(name) => name.parse::<BillingModel>()?,
         None if format == Some(TraceFormat::GcpPriceHistory) => BillingModel::Gcp,

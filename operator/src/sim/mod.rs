@@ -212,6 +212,19 @@ impl Context<'_> {
     }
 }
 
+/// The pool with the cheapest on-demand price per vCPU (the reliable tier's and the on-demand
+/// baseline's instance type), if any pool has an on-demand price.
+pub fn reference_pool(grid: &MarketGrid) -> Option<usize> {
+    (0..grid.pools.len())
+        .filter(|&p| grid.pools[p].on_demand_usd_hr.is_some())
+        .min_by(|&a, &b| {
+            let per_vcpu = |p: usize| {
+                grid.pools[p].on_demand_usd_hr.unwrap_or(f64::INFINITY) / grid.pools[p].vcpus
+            };
+            per_vcpu(a).total_cmp(&per_vcpu(b))
+        })
+}
+
 /// Run a study over `market` (on-demand prices and vCPUs must be complete). `progress` is
 /// called once per finished run.
 pub fn run_study(
@@ -229,18 +242,10 @@ pub fn run_study(
 
     let step = MarketGrid::step_for(market);
     let grid = MarketGrid::new(market, step)?;
-    let reference = (0..grid.pools.len())
-        .filter(|&p| grid.pools[p].on_demand_usd_hr.is_some())
-        .min_by(|&a, &b| {
-            let per_vcpu = |p: usize| {
-                grid.pools[p].on_demand_usd_hr.unwrap_or(f64::INFINITY) / grid.pools[p].vcpus
-            };
-            per_vcpu(a).total_cmp(&per_vcpu(b))
-        })
-        .ok_or_else(|| SimError::Plan {
-            source_name: market.source.clone(),
-            reason: "no pool has an on-demand price".into(),
-        })?;
+    let reference = reference_pool(&grid).ok_or_else(|| SimError::Plan {
+        source_name: market.source.clone(),
+        reason: "no pool has an on-demand price".into(),
+    })?;
     let reference_info = &grid.pools[reference];
     let reliable = ReliableTier {
         count: config.reliable_count,

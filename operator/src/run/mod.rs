@@ -1,0 +1,755 @@
+//! `ebbflow run`: the whole loop on one machine.
+//!
+//! Reads the same `TrainingJob` manifest a cluster would (same validation, same messages), trains
+//! it for real with the elastic runtime (`ebbflow_runtime::elastic`: every node a set of threads
+//! with its own TCP data-plane server on 127.0.0.1), and replays the manifest's spot trace on an
+//! accelerated clock (`--speed`): the BidBrain bidder buys and releases transient nodes, which
+//! join the job; trace evictions arrive as notices with the scaled notice window, and nodes still
+//! there at their deadline fail. The bill accrues under the job's billing model next to the
+//! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
+
+pub mod replay;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ebbflow_crds::{AppKind, DatasetFormat, TrainingJob};
+use ebbflow_runtime::app::App;
+use ebbflow_runtime::apps::{LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig};
+use ebbflow_runtime::data;
+use ebbflow_runtime::elastic::{
+    ElasticConfig, ElasticEvent, ElasticReport, LiveFeed, StageThresholds, run_elastic_live,
+};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
+use indicatif::{ProgressBar, ProgressStyle};
+use prometheus::Registry;
+
+use crate::bidder::{AppModel, BidderConfig, JobState, ReliableTier};
+use crate::billing::BillingModel;
+use crate::eviction::{EvictionConfig, EvictionModel};
+use crate::sim::grid::MarketGrid;
+use replay::{Bill, MarketReplay, ReplayEvent};
+pub use report::{RunSummary, TimePoint};
+
+/// Arguments of `ebbflow run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// The TrainingJob manifest (the same YAML `kubectl apply` takes).
+    pub manifest: PathBuf,
+    /// Trace seconds per wall-clock second (360: one trace hour in ten seconds).
+    #[arg(long, default_value_t = 360.0)]
+    pub speed: f64,
+    /// Output directory (default: a fresh `ebbflow-run-<job>-<unix time>`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Address of the run's Prometheus `/metrics` (port 0: any free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Directory holding relative dataset paths (default: EBBFLOW_DATA_DIR, else the manifest's
+    /// directory).
+    #[arg(long, env = "EBBFLOW_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// No live progress bar (for logs and tests).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Errors of `ebbflow run`, each one line that names what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The manifest could not be read.
+    #[error("read manifest {path}: {source}")]
+    ReadManifest {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The manifest is not a valid TrainingJob (the API server's messages).
+    #[error("{0}")]
+    ParseManifest(#[from] ebbflow_crds::ManifestError),
+    /// The job asks for something `ebbflow run` cannot do.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The dataset could not be loaded or the app built.
+    #[error("dataset: {0}")]
+    LoadData(String),
+    /// The market trace could not be loaded.
+    #[error("market trace {path}: {reason}")]
+    LoadTrace {
+        /// The trace.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The metrics address could not be bound.
+    #[error("bind metrics address {addr}: {source}")]
+    BindMetrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Training failed.
+    #[error("training failed: {0}")]
+    Train(#[from] ebbflow_runtime::elastic::ElasticError),
+    /// Writing results failed.
+    #[error("write {path}: {source}")]
+    WriteOutputs {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A job's app, built from its spec.
+enum JobApp {
+    Mf(MfApp),
+    Mlr(MlrApp),
+    Lda(LdaApp),
+}
+
+/// Per-clock learning-rate decay that anneals the rate to 5% of its start over the job (the spec
+/// names no decay; a fixed one would stop long jobs from learning and leave short ones hot).
+fn annealing_decay(clocks: u64) -> f32 {
+    0.05f64.powf(1.0 / clocks.max(1) as f64) as f32
+}
+
+fn u(value: Option<u64>, default: u64) -> usize {
+    value.unwrap_or(default) as usize
+}
+
+/// Builds the app the spec describes: seeded synthetic data or a file in a supported format.
+fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
+    let app = &job.spec.app;
+    let hyper = app.hyperparameters.clone().unwrap_or_default();
+    let load = |e: &dyn std::fmt::Display| RunError::LoadData(e.to_string());
+    let file = |path: &str| {
+        let path = Path::new(path);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            data_dir.join(path)
+        };
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(RunError::LoadData(format!(
+                "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR; scripts/fetch-data.sh downloads the real sets)",
+                path.display()
+            )))
+        }
+    };
+    let f32_or = |value: Option<f64>, default: f32| value.map_or(default, |v| v as f32);
+    let dataset = &app.dataset;
+    let decay = annealing_decay(job.spec.stop.iterations.unwrap_or(100));
+    let seed = dataset.synthetic.as_ref().map_or(42, |s| u64::from(s.seed));
+    Ok(match app.kind {
+        AppKind::MatrixFactorization => {
+            let ratings = if let Some(s) = &dataset.synthetic {
+                data::synthetic_ratings(
+                    s.users.unwrap_or(400) as u32,
+                    s.items.unwrap_or(200) as u32,
+                    s.true_rank.unwrap_or(4) as usize,
+                    u(s.ratings, 12_000),
+                    s.noise.unwrap_or(0.1),
+                    seed,
+                )
+                .map_err(|e| load(&e))?
+                .ratings
+            } else {
+                match (&dataset.path, dataset.format) {
+                    (Some(path), Some(DatasetFormat::MovielensInter) | None) => {
+                        data::load_movielens_inter(&file(path)?).map_err(|e| load(&e))?
+                    }
+                    (_, format) => {
+                        return Err(RunError::Unsupported(format!(
+                            "spec.app.dataset: ebbflow run reads MatrixFactorization data as synthetic or a movielens-inter path, not {format:?}"
+                        )));
+                    }
+                }
+            };
+            let (train, test) = ratings.split(0.2, seed).map_err(|e| load(&e))?;
+            let defaults = MfConfig::default();
+            let config = MfConfig {
+                rank: hyper.rank.map_or(defaults.rank, |r| r as usize),
+                learning_rate: f32_or(hyper.learning_rate, defaults.learning_rate),
+                regularization: f32_or(hyper.regularization, defaults.regularization),
+                decay,
+                seed,
+                ..defaults
+            };
+            JobApp::Mf(MfApp::new(train, test, config).map_err(|e| load(&e))?)
+        }
+        AppKind::LogisticRegression => {
+            let examples = if let Some(s) = &dataset.synthetic {
+                data::synthetic_classification(
+                    u(s.samples, 2000),
+                    u(s.features, 20),
+                    s.classes.unwrap_or(5) as usize,
+                    1.0,
+                    seed,
+                )
+                .map_err(|e| load(&e))?
+                .examples
+            } else {
+                match (&dataset.path, dataset.format) {
+                    (Some(path), Some(DatasetFormat::Libsvm)) => {
+                        data::load_libsvm(&file(path)?).map_err(|e| load(&e))?
+                    }
+                    (Some(path), _) => {
+                        // scikit-learn's digits layout (CSV, label last), scaled to [0, 1].
+                        let mut digits = data::load_digits(&file(path)?).map_err(|e| load(&e))?;
+                        digits.scale(1.0 / 16.0);
+                        digits
+                    }
+                    (None, _) => {
+                        return Err(RunError::Unsupported(
+                            "spec.app.dataset: needs synthetic or a path".into(),
+                        ));
+                    }
+                }
+            };
+            let (train, test) = examples.split(0.2, seed).map_err(|e| load(&e))?;
+            let defaults = MlrConfig::default();
+            let config = MlrConfig {
+                learning_rate: f32_or(hyper.learning_rate, defaults.learning_rate),
+                regularization: f32_or(hyper.regularization, defaults.regularization),
+                batch_size: hyper.batch_size.map_or(defaults.batch_size, |v| v as usize),
+                decay,
+                seed,
+            };
+            JobApp::Mlr(MlrApp::new(train, test, config).map_err(|e| load(&e))?)
+        }
+        AppKind::Lda => {
+            let corpus = if let Some(s) = &dataset.synthetic {
+                data::synthetic_corpus(
+                    u(s.documents, 200),
+                    u(s.vocabulary, 500),
+                    s.true_topics.unwrap_or(10) as usize,
+                    s.words_per_document.unwrap_or(80) as usize,
+                    0.1,
+                    0.05,
+                    seed,
+                )
+                .map_err(|e| load(&e))?
+                .corpus
+            } else {
+                let path = dataset.path.as_deref().ok_or_else(|| {
+                    RunError::Unsupported("spec.app.dataset: needs synthetic or a path".into())
+                })?;
+                data::load_ldac(&file(path)?).map_err(|e| load(&e))?
+            };
+            let defaults = LdaConfig::default();
+            let config = LdaConfig {
+                num_topics: hyper.topics.map_or(defaults.num_topics, |v| v as usize),
+                alpha: hyper.alpha.unwrap_or(defaults.alpha),
+                eta: hyper.beta.unwrap_or(defaults.eta),
+                seed,
+            };
+            JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)
+        }
+    })
+}
+
+/// The market side of a run: the grid, the fitted eviction model and where the replay starts.
+struct MarketSetup {
+    grid: MarketGrid,
+    model: EvictionModel,
+    start_slot: usize,
+    reliable: ReliableTier,
+    billing: BillingModel,
+}
+
+fn setup_market(job: &TrainingJob, manifest_dir: &Path) -> Result<MarketSetup, RunError> {
+    let bidding = &job.spec.bidding;
+    let market_spec = &bidding.market;
+    let trace = market_spec.trace.as_deref().ok_or_else(|| {
+        RunError::Unsupported(format!(
+            "spec.bidding.market: ebbflow run replays a trace; set market.kind: trace and market.trace (got kind {:?} without a trace)",
+            market_spec.kind
+        ))
+    })?;
+    let mut path = PathBuf::from(trace);
+    if path.is_relative() && !path.exists() {
+        path = manifest_dir.join(trace);
+    }
+    let trace_error = |reason: String| RunError::LoadTrace {
+        path: path.display().to_string(),
+        reason,
+    };
+    if !path.is_file() {
+        return Err(trace_error(
+            "no such file (relative paths resolve against the working directory, then the manifest's)".into(),
+        ));
+    }
+    let (mut market, _) = crate::sim::cli::load_market(&path, None, None, None)
+        .map_err(|e| trace_error(e.to_string()))?;
+    let transient = &job.spec.transient;
+    market.pools.retain(|pool| {
+        (transient.instance_types.is_empty()
+            || transient
+                .instance_types
+                .contains(&pool.info.id.instance_type))
+            && (transient.zones.is_empty() || transient.zones.contains(&pool.info.id.zone))
+    });
+    if market.pools.is_empty() {
+        return Err(trace_error(
+            "no pool of the trace matches spec.transient.instanceTypes and zones".into(),
+        ));
+    }
+    let (first, last) = market.span().map_err(|e| trace_error(e.to_string()))?;
+    let start = market_spec
+        .trace_start
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .unwrap_or(first + (last - first) * 3 / 10);
+    if start < first || start >= last {
+        return Err(trace_error(format!(
+            "spec.bidding.market.traceStart is outside the trace ({first}..{last} unix seconds)"
+        )));
+    }
+    // The eviction model learns from the trace before the job starts (never from its future).
+    let training = market.slice(first, start.max(first + 1));
+    let model = EvictionModel::fit(&training, EvictionConfig::default())
+        .map_err(|e| trace_error(format!("fitting the eviction model: {e}")))?;
+    let step = MarketGrid::step_for(&market);
+    let grid = MarketGrid::new(&market, step).map_err(|e| trace_error(e.to_string()))?;
+    let start_slot = ((start - grid.t0) / grid.step).max(0) as usize;
+    let billing: BillingModel = bidding
+        .billing_model
+        .as_str()
+        .parse()
+        .map_err(|e: crate::billing::BillingError| RunError::Unsupported(e.to_string()))?;
+    // The reliable tier: the cheapest on-demand price per vCPU (or the manifest's price).
+    let reference = crate::sim::reference_pool(&grid)
+        .ok_or_else(|| trace_error("no pool has an on-demand price".into()))?;
+    let reliable = ReliableTier {
+        count: job.spec.reliable.count,
+        vcpus: grid.pools[reference].vcpus,
+        usd_hr: market_spec
+            .on_demand_price
+            .or(grid.pools[reference].on_demand_usd_hr)
+            .unwrap_or(0.0),
+    };
+    Ok(MarketSetup {
+        grid,
+        model,
+        start_slot,
+        reliable,
+        billing,
+    })
+}
+
+fn app_model(job: &TrainingJob) -> AppModel {
+    let defaults = AppModel::default();
+    let overrides = job.spec.bidding.overrides.clone().unwrap_or_default();
+    AppModel {
+        nu_per_vcpu_second: overrides.nu.unwrap_or(defaults.nu_per_vcpu_second),
+        phi: overrides.phi.unwrap_or(defaults.phi),
+        sigma_seconds: overrides.sigma.unwrap_or(defaults.sigma_seconds),
+        lambda_seconds: overrides.lambda.unwrap_or(defaults.lambda_seconds),
+        stage3_ratio: job.spec.elasticity.stage3_ratio,
+    }
+}
+
+/// Runs `ebbflow run`; returns the summary (also written to the output directory).
+pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
+    let text =
+        std::fs::read_to_string(&args.manifest).map_err(|source| RunError::ReadManifest {
+            path: args.manifest.display().to_string(),
+            source,
+        })?;
+    let job = ebbflow_crds::parse_manifest(&text)?;
+    let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        return Err(RunError::Unsupported(format!(
+            "--speed must be a positive number of trace seconds per second, got {}",
+            args.speed
+        )));
+    }
+    let manifest_dir = args
+        .manifest
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| manifest_dir.clone());
+    let app = build_app(&job, &data_dir)?;
+    let market = setup_market(&job, &manifest_dir)?;
+
+    // Metrics: bound before training, so a port in use fails fast.
+    let registry = Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)
+        .map_err(|e| RunError::Unsupported(format!("registering metrics failed: {e}")))?;
+    let listener =
+        std::net::TcpListener::bind(args.metrics_addr).map_err(|source| RunError::BindMetrics {
+            addr: args.metrics_addr,
+            source,
+        })?;
+    let metrics_addr = listener
+        .local_addr()
+        .map_err(|source| RunError::BindMetrics {
+            addr: args.metrics_addr,
+            source,
+        })?;
+    let serving = serve_metrics(listener, registry.clone());
+
+    let out = args.out.clone().unwrap_or_else(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        PathBuf::from(format!("ebbflow-run-{name}-{now}"))
+    });
+    std::fs::create_dir_all(&out).map_err(|source| RunError::WriteOutputs {
+        path: out.display().to_string(),
+        source,
+    })?;
+
+    let spec = &job.spec;
+    let threads = spec.runtime.worker_threads.unwrap_or(1).max(1) as usize;
+    let max_nodes = (spec.reliable.count + spec.transient.max_nodes).max(1) as usize;
+    let clocks = spec.stop.iterations.unwrap_or(100).max(1);
+    let partitions = spec
+        .elasticity
+        .partitions
+        .unwrap_or((max_nodes as u32).div_ceil(2))
+        .max(1);
+    let config = ElasticConfig {
+        job: JobConfig {
+            clocks,
+            staleness: u64::from(spec.consistency.effective_staleness()),
+            workers: threads * max_nodes,
+            partitions,
+            wait_timeout: Duration::from_secs(120),
+            ..JobConfig::default()
+        },
+        thresholds: StageThresholds {
+            stage2_above: spec.elasticity.stage2_ratio,
+            stage3_above: spec.elasticity.stage3_ratio,
+        },
+        backup_every: 5,
+        reliable: (0..spec.reliable.count)
+            .map(|i| format!("od-{i}"))
+            .collect(),
+        transient: Vec::new(),
+    };
+    let wall_limit = spec
+        .stop
+        .wall_clock_limit
+        .as_ref()
+        .and_then(|d| d.to_duration());
+    let bidder = BidderConfig {
+        interval_seconds: spec
+            .bidding
+            .decision_interval
+            .to_duration()
+            .map_or(120, |d| d.as_secs().max(1) as i64),
+        max_transient: spec.transient.max_nodes,
+        max_price_cap: spec.bidding.max_price,
+        ..BidderConfig::default()
+    };
+    let replay = MarketReplay::new(
+        &market.grid,
+        &market.model,
+        bidder,
+        market.billing,
+        app_model(&job),
+        market.reliable,
+        market.start_slot,
+    );
+
+    if !args.quiet {
+        eprintln!(
+            "ebbflow run {name}: {} clocks, {} logical workers, metrics on http://{metrics_addr}/metrics, writing {}",
+            clocks,
+            config.job.workers,
+            out.display()
+        );
+    }
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let (sender, feed) = LiveFeed::new();
+    watch_ctrl_c(sender.clone(), interrupted.clone());
+    let started = Instant::now();
+    let outcome = std::thread::scope(|scope| {
+        let training = scope.spawn(|| match &app {
+            JobApp::Mf(app) => run_elastic_live(app, &config, &feed, &metrics),
+            JobApp::Mlr(app) => run_elastic_live(app, &config, &feed, &metrics),
+            JobApp::Lda(app) => run_elastic_live(app, &config, &feed, &metrics),
+        });
+        let drive = Drive {
+            grid: &market.grid,
+            start_slot: market.start_slot,
+            speed: args.speed,
+            workers: config.job.workers as u64,
+            clocks,
+            wall_limit,
+            budget_total: spec.bidding.budget_total,
+            budget_per_hour: spec.bidding.budget_per_hour,
+            quiet: args.quiet,
+        };
+        let driven = drive.run(replay, &sender, &metrics, || training.is_finished());
+        let report = training.join().unwrap_or_else(|_| {
+            Err(ebbflow_runtime::elastic::ElasticError::Validate(
+                "the training thread panicked".into(),
+            ))
+        });
+        (driven, report)
+    });
+    drop(serving);
+    let ((series, bill, trace_seconds), report) = outcome;
+    let report: ElasticReport = report?;
+    let evaluate_kind = match &app {
+        JobApp::Mf(app) => app.tables().len(),
+        JobApp::Mlr(app) => app.tables().len(),
+        JobApp::Lda(app) => app.tables().len(),
+    };
+    debug_assert!(evaluate_kind > 0);
+    let summary = RunSummary::new(
+        &name,
+        &report,
+        bill,
+        trace_seconds,
+        started.elapsed().as_secs_f64(),
+        interrupted.load(Ordering::Relaxed),
+        &out,
+    );
+    report::write(&out, &summary, &series)
+        .map_err(|(path, source)| RunError::WriteOutputs { path, source })?;
+    Ok(summary)
+}
+
+/// Serves `/metrics` from `registry` on a thread of its own until the returned guard drops.
+fn serve_metrics(listener: std::net::TcpListener, registry: Registry) -> Option<ShutdownGuard> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    listener.set_nonblocking(true).ok()?;
+    let thread = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let router = ebbflow_runtime::coordinator::metrics_router(registry);
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        })
+        .ok()?;
+    Some(ShutdownGuard {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+/// Stops the metrics server on drop.
+struct ShutdownGuard {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ShutdownGuard {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// On Ctrl-C: stop training at the next clock boundary (results are still written).
+fn watch_ctrl_c(sender: std::sync::mpsc::Sender<ElasticEvent>, interrupted: Arc<AtomicBool>) {
+    let _ = std::thread::Builder::new()
+        .name("ctrl-c".into())
+        .spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            if runtime.block_on(tokio::signal::ctrl_c()).is_ok() {
+                interrupted.store(true, Ordering::Relaxed);
+                let _ = sender.send(ElasticEvent::Stop);
+            }
+        });
+}
+
+/// The market side of a run, paced on the accelerated clock.
+struct Drive<'a> {
+    grid: &'a MarketGrid,
+    start_slot: usize,
+    speed: f64,
+    workers: u64,
+    clocks: u64,
+    wall_limit: Option<Duration>,
+    budget_total: Option<f64>,
+    budget_per_hour: Option<f64>,
+    quiet: bool,
+}
+
+impl Drive<'_> {
+    /// Steps the replay until `finished()`; returns the time series, the final bill and the trace
+    /// seconds replayed.
+    fn run(
+        &self,
+        mut replay: MarketReplay<'_>,
+        sender: &std::sync::mpsc::Sender<ElasticEvent>,
+        metrics: &RuntimeMetrics,
+        finished: impl Fn() -> bool,
+    ) -> (Vec<TimePoint>, Bill, f64) {
+        let bar = if self.quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(self.clocks)
+        };
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} clock {pos}/{len} {msg}",
+        ) {
+            bar.set_style(style);
+        }
+        let started = Instant::now();
+        let start = self.grid.time(self.start_slot);
+        // Instance names per allocation.
+        let mut names: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        let mut evictions = 0u64;
+        let mut series = Vec::new();
+        let mut slot = self.start_slot;
+        let mut stop_sent = false;
+        let mut last_bill = Bill::default();
+        loop {
+            let t = self.grid.time(slot.min(self.grid.slots.saturating_sub(1)));
+            let trace_seconds = (t - start) as f64;
+            let clock = metrics.iterations.get() / self.workers.max(1);
+            if finished() {
+                let bill = replay.finish(t);
+                series.push(self.point(trace_seconds, started, clock, metrics, bill, evictions));
+                bar.finish_and_clear();
+                return (series, bill, trace_seconds);
+            }
+            if slot < self.grid.slots {
+                let budget_spent = last_bill.spent_usd;
+                let job = JobState {
+                    remaining_work: (self.clocks.saturating_sub(clock)) as f64,
+                    deadline: None,
+                    budget_remaining_usd: self.budget_total.map(|b| (b - budget_spent).max(0.0)),
+                    budget_per_hour_usd: self.budget_per_hour,
+                };
+                for event in replay.step(slot, &job) {
+                    let send = match event {
+                        ReplayEvent::Acquired {
+                            allocation,
+                            pool,
+                            count,
+                        } => {
+                            let id = &self.grid.pools[pool].id;
+                            let new: Vec<String> = (0..count)
+                                .map(|k| {
+                                    format!("{}-{}-{allocation}-{k}", id.instance_type, id.zone)
+                                })
+                                .collect();
+                            names.insert(allocation, new.clone());
+                            Some(ElasticEvent::Join { names: new })
+                        }
+                        ReplayEvent::Released { allocation } => {
+                            names.remove(&allocation).map(|names| ElasticEvent::Notice {
+                                names,
+                                // We terminate it ourselves, after the data moved.
+                                lead: Duration::from_secs(3600),
+                            })
+                        }
+                        ReplayEvent::Notice {
+                            allocation,
+                            lead_seconds,
+                        } => names.get(&allocation).map(|names| ElasticEvent::Notice {
+                            names: names.clone(),
+                            lead: Duration::from_secs_f64(lead_seconds / self.speed),
+                        }),
+                        ReplayEvent::Evicted { allocation } => {
+                            evictions += 1;
+                            names
+                                .remove(&allocation)
+                                .map(|names| ElasticEvent::Fail { names })
+                        }
+                    };
+                    if let Some(event) = send {
+                        let _ = sender.send(event);
+                    }
+                }
+            }
+            last_bill = replay.bill(t);
+            let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
+            bar.set_position(clock.min(self.clocks));
+            bar.set_message(format!(
+                "loss {:.4} | nodes {}+{} | ${:.2} spent vs ${:.2} on-demand | evictions {evictions} | migrated {}",
+                point.loss,
+                point.reliable_nodes,
+                point.transient_nodes,
+                point.spent_usd,
+                point.on_demand_equivalent_usd,
+                metrics.partitions_migrated.get(),
+            ));
+            series.push(point);
+            if !stop_sent
+                && self
+                    .wall_limit
+                    .is_some_and(|limit| started.elapsed() >= limit)
+            {
+                let _ = sender.send(ElasticEvent::Stop);
+                stop_sent = true;
+            }
+            slot += 1;
+            // Pace: slot k of the replay is due at (k · step) / speed wall seconds.
+            let due = Duration::from_secs_f64(
+                (slot - self.start_slot) as f64 * self.grid.step as f64 / self.speed,
+            );
+            while started.elapsed() < due && !finished() {
+                std::thread::sleep((due - started.elapsed()).min(Duration::from_millis(20)));
+            }
+        }
+    }
+
+    fn point(
+        &self,
+        trace_seconds: f64,
+        started: Instant,
+        clock: u64,
+        metrics: &RuntimeMetrics,
+        bill: Bill,
+        evictions: u64,
+    ) -> TimePoint {
+        TimePoint {
+            wall_seconds: started.elapsed().as_secs_f64(),
+            trace_seconds,
+            clock,
+            loss: metrics.loss.get(),
+            stage: metrics.stage.get(),
+            reliable_nodes: metrics.nodes.with_label_values(&["reliable"]).get(),
+            transient_nodes: metrics.nodes.with_label_values(&["transient"]).get(),
+            spent_usd: bill.spent_usd,
+            on_demand_equivalent_usd: bill.on_demand_equivalent_usd,
+            evictions,
+            partitions_migrated: metrics.partitions_migrated.get(),
+            rollbacks: metrics.rollbacks.get(),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `ebbflow run` end to end in this process: the real p3.2xlarge trace replayed on an accelerated
+//! clock, real training through joins and evictions, the bill and the output files; and bad input
+//! (invalid manifest, missing dataset, unknown trace, port in use) as one clear error.
+
+use std::path::{Path, PathBuf};
+
+use ebbflow_operator::run::{RunArgs, RunError, run};
+
+/// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
+/// repository.
+fn spot_data() -> PathBuf {
+    std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+        PathBuf::from,
+    )
+}
+
+fn p3_trace() -> PathBuf {
+    let path = spot_data().join("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv");
+    assert!(
+        path.is_file(),
+        "{} is missing (set EBBFLOW_SPOT_DATA to the shared spot data directory)",
+        path.display()
+    );
+    path
+}
+
+/// The quickstart with its trace made absolute and the job sized by the caller.
+fn manifest(dir: &Path, iterations: u64, ratings: u64, trace: &Path) -> PathBuf {
+    let quickstart = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.yaml"),
+    )
+    .unwrap();
+    let text = quickstart
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            if trimmed.starts_with("trace: ") {
+                format!("{indent}trace: {}", trace.display())
+            } else if trimmed.starts_with("iterations: ") {
+                format!("{indent}iterations: {iterations}")
+            } else if trimmed.starts_with("ratings: ") {
+                format!("{indent}ratings: {ratings}")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
+    RunArgs {
+        manifest,
+        speed,
+        out: Some(out),
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: None,
+        quiet: true,
+    }
+}
+
+#[test]
+fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = p3_trace();
+    let out = dir.path().join("out");
+    // A fast clock (one trace hour in a second) so a short job sees several trace hours.
+    let summary = run(&args(
+        manifest(dir.path(), 800, 200_000, &trace),
+        out.clone(),
+        3600.0,
+    ))
+    .unwrap();
+    let rmse = summary.quality["rmse"];
+    assert!(rmse < 0.25, "quality target missed: rmse {rmse}");
+    assert_eq!(summary.clocks, 800);
+    assert!(!summary.stopped_early);
+    assert!(
+        summary.events.get("join").copied().unwrap_or(0) > 0,
+        "{summary:?}"
+    );
+    assert!(
+        summary.cost_usd > 0.0 && summary.cost_usd < summary.on_demand_equivalent_usd,
+        "{summary:?}"
+    );
+    assert!(summary.trace_seconds > 0.0);
+    for file in ["summary.json", "timeseries.csv", "chart.svg"] {
+        let text = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(text.len() > 100, "{file} is nearly empty");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["clocks"], 800);
+    let csv = std::fs::read_to_string(out.join("timeseries.csv")).unwrap();
+    assert!(csv.lines().count() > 2, "{csv}");
+    assert!(csv.starts_with("wall_seconds,trace_seconds,clock,loss"));
+}
+
+#[test]
+fn bad_input_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = p3_trace();
+    let good = manifest(dir.path(), 10, 2000, &trace);
+
+    // An invalid manifest: the API server's message naming the field.
+    let text = std::fs::read_to_string(&good)
+        .unwrap()
+        .replace("maxNodes: 3", "maxNodes: -3");
+    let invalid = dir.path().join("invalid.yaml");
+    std::fs::write(&invalid, text).unwrap();
+    let error = run(&args(invalid, dir.path().join("o1"), 360.0)).unwrap_err();
+    assert!(matches!(error, RunError::ParseManifest(_)), "{error}");
+    assert!(error.to_string().contains("maxNodes"), "{error}");
+
+    // A missing manifest.
+    let error = run(&args(
+        dir.path().join("nope.yaml"),
+        dir.path().join("o2"),
+        360.0,
+    ))
+    .unwrap_err();
+    assert!(error.to_string().contains("nope.yaml"), "{error}");
+
+    // An unknown trace.
+    let text = std::fs::read_to_string(&good)
+        .unwrap()
+        .replace(&trace.display().to_string(), "/nowhere/trace.csv");
+    let unknown = dir.path().join("unknown-trace.yaml");
+    std::fs::write(&unknown, text).unwrap();
+    let error = run(&args(unknown, dir.path().join("o3"), 360.0)).unwrap_err();
+    assert!(error.to_string().contains("/nowhere/trace.csv"), "{error}");
+
+    // A missing dataset file.
+    let text = std::fs::read_to_string(&good).unwrap().replace(
+        "      synthetic:\n        seed: 42\n        users: 2000\n        items: 1000\n        ratings: 2000\n        trueRank: 4\n        noise: 0.1\n",
+        "      path: missing.inter\n      format: movielens-inter\n",
+    );
+    assert!(text.contains("missing.inter"), "{text}");
+    let missing = dir.path().join("missing-data.yaml");
+    std::fs::write(&missing, text).unwrap();
+    let error = run(&args(missing, dir.path().join("o4"), 360.0)).unwrap_err();
+    assert!(error.to_string().contains("missing.inter"), "{error}");
+
+    // The metrics port in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut in_use = args(good.clone(), dir.path().join("o5"), 360.0);
+    in_use.metrics_addr = taken.local_addr().unwrap();
+    let error = run(&in_use).unwrap_err();
+    assert!(matches!(error, RunError::BindMetrics { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&taken.local_addr().unwrap().to_string()),
+        "{error}"
+    );
+
+    // A nonsense speed.
+    let error = run(&args(good, dir.path().join("o6"), 0.0)).unwrap_err();
+    assert!(error.to_string().contains("--speed"), "{error}");
+}
