@@ -420,8 +420,10 @@ pub struct StopSpec {
     #[schemars(range(min = 1, max = 100_000_000))]
     pub iterations: Option<u64>,
 
-    /// Stop once the training loss reported by the coordinator is at or below this value.
+    /// Stop once the training loss reported by the coordinator is at or below this value (every
+    /// app reports a non-negative loss: RMSE, cross-entropy, negative log-likelihood per token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0e9))]
     pub target_loss: Option<f64>,
 
     /// Stop after this much wall-clock time since the job started (e.g. 90s, 30m, 6h).

@@ -235,6 +235,12 @@ fn invalid_cases() -> Vec<Case> {
             "must be of type string",
         ),
         case(
+            "target loss is negative",
+            vec![Set("/spec/stop/targetLoss", json!(-0.5))],
+            "spec.stop.targetLoss",
+            "greater than or equal to 0",
+        ),
+        case(
             "stop is a list",
             vec![Set("/spec/stop", json!([10]))],
             "spec.stop",
