@@ -288,8 +288,12 @@ pub struct SegmentRecord {
     pub worker_nodes: usize,
     /// Partitions whose owner changed when this segment was laid out.
     pub partitions_moved: u32,
-    /// Wall seconds of the segment's training (servers up to boundary).
+    /// Wall seconds of the segment, from laying out its partitions to its boundary image.
     pub seconds: f64,
+    /// Of which: restoring partitions into the segment's servers and starting them.
+    pub setup_seconds: f64,
+    /// Of which: taking the boundary images and stopping the servers.
+    pub teardown_seconds: f64,
 }
 
 /// What an elastic run did.
@@ -796,6 +800,7 @@ fn run_elastic_with<A: App>(
             map,
             addrs,
         };
+        let setup_seconds = segment_start.elapsed().as_secs_f64();
         let gate = ClockGate::range(clock, end);
         let segment_over = std::sync::atomic::AtomicBool::new(false);
         let outcome = std::thread::scope(|scope| {
@@ -820,6 +825,7 @@ fn run_elastic_with<A: App>(
             outcome
         });
         let end = gate.end();
+        let teardown_start = Instant::now();
         let mut images = Vec::with_capacity(job.partitions as usize);
         for handle in handles {
             images.extend(handle.state.images());
@@ -854,6 +860,8 @@ fn run_elastic_with<A: App>(
             worker_nodes: layout.worker_nodes.len(),
             partitions_moved: moved,
             seconds: segment_start.elapsed().as_secs_f64(),
+            setup_seconds,
+            teardown_seconds: teardown_start.elapsed().as_secs_f64(),
         });
         controller.images = images;
         controller.clock = end;

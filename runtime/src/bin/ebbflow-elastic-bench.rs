@@ -162,6 +162,15 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         report.partitions_migrated,
         report.rollbacks
     );
+    let segments = report.segments.len().max(1) as f64;
+    let mean = |f: fn(&ebbflow_runtime::elastic::SegmentRecord) -> f64| {
+        report.segments.iter().map(f).sum::<f64>() / segments
+    };
+    println!(
+        "| mean segment setup / teardown seconds | {:.4} / {:.4} |",
+        mean(|s| s.setup_seconds),
+        mean(|s| s.teardown_seconds)
+    );
     println!("| per-iteration CSV | {} |", args.csv.display());
     println!();
     Ok(())
