@@ -14,6 +14,8 @@ mkdir -p "$EBBFLOW_CACHE"
 source tests/cluster/versions.env
 bin_dir="$(scripts/setup-cluster-tools.sh)"
 export EBBFLOW_HELM="$bin_dir/helm-$helm_version"
+# A real Prometheus (Debian's package; the service is never started) for tests/tests/prometheus.rs.
+export EBBFLOW_PROMETHEUS="${EBBFLOW_PROMETHEUS:-$(scripts/setup-prometheus.sh)}"
 
 # One run per cluster name on this machine at a time (a second run would delete the first's
 # cluster when it replaces a leftover).

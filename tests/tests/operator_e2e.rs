@@ -10,19 +10,14 @@
 //! object lifecycle.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
-use ebbflow_operator::controller::capacity::SpecCapacityPlanner;
-use ebbflow_operator::controller::{self, Config, Context};
-use ebbflow_operator::coordinator::CoordinatorClient;
-use ebbflow_operator::metrics::Metrics;
+use ebbflow_operator::controller;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 
 const JOB: &str = "e2e-placement";
 
@@ -37,33 +32,6 @@ fn job_manifest(namespace: &str) -> Result<TrainingJob, BoxError> {
     job.spec.transient.min_nodes = 2;
     job.spec.transient.max_nodes = 2;
     Ok(job)
-}
-
-async fn start_controller(client: &Client) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
-    let registry = prometheus::Registry::new();
-    let metrics = Metrics::register(&registry)?;
-    let mut config = Config::new("ghcr.io/ebbflow/ebbflow-runtime:e2e");
-    // Nothing listens here: the job's coordinator is unreachable by design.
-    config.coordinator_url_override = Some("http://127.0.0.1:9".into());
-    config.provisioning_requeue = Duration::from_secs(1);
-    config.status_interval = Duration::from_secs(2);
-    let reporter = Reporter {
-        controller: controller::MANAGER.to_owned(),
-        instance: Some("e2e".into()),
-    };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(client.clone(), reporter),
-        metrics,
-        config,
-        CoordinatorClient::new(Duration::from_millis(300))?,
-        Arc::new(SpecCapacityPlanner),
-    ));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(controller::run(ctx, async move {
-        let _ = stopped.await;
-    }));
-    Ok(stop)
 }
 
 fn capacity_of(node: &Node) -> Option<String> {
@@ -86,7 +54,7 @@ async fn jobs_land_on_their_tiers_and_clean_up() -> Result<(), BoxError> {
     let mut ns = Namespace::default();
     ns.metadata.name = Some(namespace.clone());
     namespaces.create(&PostParams::default(), &ns).await?;
-    let stop = start_controller(&client).await?;
+    let stop = ebbflow_tests::operator::start(&client, &prometheus::Registry::new()).await?;
 
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
     let job = job_manifest(&namespace)?;
