@@ -6,6 +6,7 @@ pub mod controller;
 pub mod coordinator;
 pub mod eviction;
 pub mod http;
+pub mod job_metrics;
 pub mod leader;
 pub mod market;
 pub mod metrics;

@@ -1,7 +1,8 @@
 //! Prometheus metrics of `ebbflow-operator`, registered into a registry the caller passes in.
 //!
 //! Names follow `ebbflow_operator_<what>_<unit>`; every label is a small closed set (error
-//! categories, notice sources, tiers, phases), never an object name.
+//! categories, notice sources, tiers, phases), never an object name. The per-job gauges of
+//! [`crate::job_metrics`] are the documented exception.
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -36,6 +37,11 @@ pub struct Metrics {
     pub coordinator_requests: IntCounterVec,
     /// `ebbflow_operator_leader`: 1 while this replica holds the leader lease.
     pub leader: IntGauge,
+    /// `ebbflow_operator_reconciles_in_flight`: reconcile runs under way (the controller's work
+    /// queue being drained; it stays above zero while the operator falls behind).
+    pub reconciles_in_flight: IntGauge,
+    /// Per-job gauges for the jobs dashboard (the one place object names are labels).
+    pub job: std::sync::Arc<crate::job_metrics::JobMetrics>,
 }
 
 /// Error categories used as the `category` label (see each step's `category()`).
@@ -147,6 +153,11 @@ impl Metrics {
                 "ebbflow_operator_leader",
                 "1 while this replica holds the leader lease",
             )?,
+            reconciles_in_flight: IntGauge::new(
+                "ebbflow_operator_reconciles_in_flight",
+                "Reconcile runs under way",
+            )?,
+            job: std::sync::Arc::new(crate::job_metrics::JobMetrics::register(registry)?),
         };
         registry.register(Box::new(metrics.reconciliations.clone()))?;
         registry.register(Box::new(metrics.reconcile_errors.clone()))?;
@@ -159,6 +170,7 @@ impl Metrics {
         registry.register(Box::new(metrics.jobs.clone()))?;
         registry.register(Box::new(metrics.coordinator_requests.clone()))?;
         registry.register(Box::new(metrics.leader.clone()))?;
+        registry.register(Box::new(metrics.reconciles_in_flight.clone()))?;
         // Pre-create every series of the closed label sets so dashboards see zeros, not gaps.
         for category in ERROR_CATEGORIES {
             metrics.reconcile_errors.with_label_values(&[category]);
@@ -198,7 +210,7 @@ mod tests {
             .observe(0.0);
         let families = registry.gather();
         let names: Vec<&str> = families.iter().map(|family| family.name()).collect();
-        assert_eq!(names.len(), 11, "{names:?}");
+        assert_eq!(names.len(), 12, "{names:?}");
         for name in names {
             assert!(name.starts_with("ebbflow_operator_"), "{name}");
         }

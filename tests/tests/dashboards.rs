@@ -82,7 +82,7 @@ fn the_expected_dashboards_exist() {
         .iter()
         .map(|(path, _)| path.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    for wanted in ["operator.json", "runtime.json"] {
+    for wanted in ["operator.json", "jobs.json", "runtime.json"] {
         assert!(
             names.iter().any(|n| n == wanted),
             "dashboards/{wanted} is missing"

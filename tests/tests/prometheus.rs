@@ -3,8 +3,9 @@
 //! must parse, and each whose metrics have samples must return data.
 //!
 //! The sources are real: the operator's controller reconciles a TrainingJob on the end-to-end
-//! cluster, and an elastic runtime run trains the exact app through a join, a notice and a
-//! failure, with a bad peer refused by its data plane. Skipped (with a line saying so) unless both
+//! cluster; an elastic runtime run trains the exact app through a join, a notice and a failure,
+//! with a bad peer refused by its data plane; and `ebbflow run` trains a small quickstart against
+//! the replayed p3 trace (runtime and per-job metrics). Skipped (with a line saying so) unless both
 //! `EBBFLOW_PROMETHEUS` (the binary) and `EBBFLOW_KUBECONFIG` are set; `scripts/e2e.sh` sets them.
 
 use std::collections::BTreeSet;
@@ -187,14 +188,17 @@ fn percent_encode(text: &str) -> String {
 
 fn dashboard_expressions() -> Result<Vec<(String, String)>, BoxError> {
     let mut expressions = Vec::new();
-    for name in ["operator.json", "runtime.json"] {
+    for name in ["operator.json", "jobs.json", "runtime.json"] {
         let text = std::fs::read_to_string(repo_root().join("dashboards").join(name))?;
         let dashboard: serde_json::Value = serde_json::from_str(&text)?;
         for panel in dashboard["panels"].as_array().into_iter().flatten() {
             for target in panel["targets"].as_array().into_iter().flatten() {
                 if let Some(expr) = target["expr"].as_str() {
                     let title = format!("{name}: {}", panel["title"].as_str().unwrap_or("?"));
-                    expressions.push((title, expr.replace("$instance", ".*")));
+                    let expr = ["$instance", "$namespace", "$trainingjob"]
+                        .iter()
+                        .fold(expr.to_owned(), |expr, var| expr.replace(var, ".*"));
+                    expressions.push((title, expr));
                 }
             }
         }
@@ -267,13 +271,33 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         .await??;
     let runtime_addr = serve_metrics(runtime_registry).await?;
 
-    // Prometheus scraping both every second.
+    // `ebbflow run` of a small quickstart on the real p3 trace: runtime and per-job metrics.
+    let run_registry = Registry::new();
     let dir = tempfile_dir(test)?;
+    let manifest = local_run_manifest(&dir)?;
+    let run_args = ebbflow_operator::run::RunArgs {
+        manifest,
+        speed: 3600.0,
+        out: Some(dir.join("run")),
+        metrics_addr: "127.0.0.1:0".parse()?,
+        data_dir: None,
+        quiet: true,
+    };
+    let registry = run_registry.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        ebbflow_operator::run::run_on(&run_args, &registry).map_err(|e| e.to_string())
+    })
+    .await??;
+    assert!(summary.clocks > 0);
+    let run_addr = serve_metrics(run_registry).await?;
+
+    // Prometheus scraping all three every second.
     let port = free_port()?;
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
          - job_name: ebbflow-operator\n    static_configs:\n      - targets: ['{operator_addr}']\n  \
-         - job_name: ebbflow-runtime\n    static_configs:\n      - targets: ['{runtime_addr}']\n"
+         - job_name: ebbflow-runtime\n    static_configs:\n      - targets: ['{runtime_addr}']\n  \
+         - job_name: ebbflow-run\n    static_configs:\n      - targets: ['{run_addr}']\n"
     );
     std::fs::write(dir.join("prometheus.yml"), config)?;
     let log = std::fs::File::create(dir.join("prometheus.log"))?;
@@ -297,9 +321,9 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         .timeout(Duration::from_secs(5))
         .build()?;
 
-    // Both targets up, with at least three scrapes each (rate() needs two samples).
+    // Every target up, with at least three scrapes each (rate() needs two samples).
     poll_until(
-        "both targets scraped three times",
+        "all targets scraped three times",
         Duration::from_secs(60),
         || {
             let http = http.clone();
@@ -311,7 +335,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
                     return Ok(None);
                 };
                 let up = body["data"]["result"].as_array().map_or(0, Vec::len);
-                Ok((up == 2).then_some(()))
+                Ok((up == 3).then_some(()))
             }
         },
     )
@@ -360,6 +384,42 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         .await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The quickstart sized for a few seconds, with the shared p3 trace's absolute path.
+fn local_run_manifest(dir: &Path) -> Result<std::path::PathBuf, BoxError> {
+    let spot = std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || repo_root().join("../shared/data/spot"),
+        std::path::PathBuf::from,
+    );
+    let trace = spot.join("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv");
+    if !trace.is_file() {
+        return Err(format!(
+            "{} is missing (set EBBFLOW_SPOT_DATA to the shared spot data directory)",
+            trace.display()
+        )
+        .into());
+    }
+    let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart.yaml"))?;
+    let text: Vec<String> = quickstart
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            if trimmed.starts_with("trace: ") {
+                format!("{indent}trace: {}", trace.display())
+            } else if trimmed.starts_with("iterations: ") {
+                format!("{indent}iterations: 300")
+            } else if trimmed.starts_with("ratings: ") {
+                format!("{indent}ratings: 20000")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    let path = dir.join("quickstart.yaml");
+    std::fs::write(&path, text.join("\n"))?;
+    Ok(path)
 }
 
 /// A fresh directory for Prometheus' config and data under the system temp dir.

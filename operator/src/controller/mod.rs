@@ -284,6 +284,7 @@ impl Error {
 #[instrument(skip(job, ctx), fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciliations.inc();
+    ctx.metrics.reconciles_in_flight.inc();
     let started = Instant::now();
     let namespace = job
         .namespace()
@@ -300,6 +301,7 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.reconciles_in_flight.dec();
     result
 }
 
@@ -515,7 +517,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         ctx.with_memory(&job_ref, |memory| memory.ledger.count_new(&current_notices));
     if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
         for notice in &undelivered {
-            if deliver_notice(&ctx, &coordinator_base, notice, now).await {
+            if deliver_notice(&ctx, (&namespace, &name), &coordinator_base, notice, now).await {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
                 publish(
                     &ctx,
@@ -656,7 +658,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                 source: NoticeSource::ScaleDown,
             };
             if !matches!(coordinator, CoordinatorObservation::NotQueried)
-                && deliver_notice(&ctx, &coordinator_base, &notice, now).await
+                && deliver_notice(&ctx, (&namespace, &name), &coordinator_base, &notice, now).await
             {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(&notice));
             }
@@ -759,7 +761,13 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 }
 
 /// Sends one notice; true if the coordinator accepted it.
-async fn deliver_notice(ctx: &Context, base: &str, notice: &Notice, now: Timestamp) -> bool {
+async fn deliver_notice(
+    ctx: &Context,
+    job: (&str, &str),
+    base: &str,
+    notice: &Notice,
+    now: Timestamp,
+) -> bool {
     let request = notice_request(&notice.pod, notice.leaves_at);
     match ctx.coordinator.notice(base, &request).await {
         Ok(()) => {
@@ -770,6 +778,7 @@ async fn deliver_notice(ctx: &Context, base: &str, notice: &Notice, now: Timesta
                 .notice_lead
                 .with_label_values(&[source])
                 .observe(lead);
+            ctx.metrics.job.notice_delivered(job.0, job.1, lead);
             info!(pod = %notice.pod, source, lead_seconds = lead, "eviction notice delivered");
             true
         }
@@ -868,6 +877,7 @@ async fn write_status(
     status: TrainingJobStatus,
 ) -> Result<(), StatusError> {
     let phase = status::phase_name(status.phase);
+    ctx.metrics.job.observe(namespace, &job.name_any(), &status);
     ctx.with_memory(job_ref, |memory| {
         if let Some(old) = memory.phase.replace(phase) {
             ctx.metrics.jobs.with_label_values(&[old]).dec();
@@ -914,6 +924,7 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         .namespace()
         .ok_or(Error::InvalidObject("namespace missing"))?;
     let name = job.name_any();
+    ctx.metrics.job.forget(&namespace, &name);
     let job_ref = ObjectRef::from_obj(job.as_ref());
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let pods = pods_api

@@ -31,6 +31,7 @@ use prometheus::Registry;
 use crate::bidder::{AppModel, BidderConfig, JobState, ReliableTier};
 use crate::billing::BillingModel;
 use crate::eviction::{EvictionConfig, EvictionModel};
+use crate::job_metrics::JobMetrics;
 use crate::sim::grid::MarketGrid;
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{RunSummary, TimePoint};
@@ -358,8 +359,33 @@ fn app_model(job: &TrainingJob) -> AppModel {
     }
 }
 
-/// Runs `ebbflow run`; returns the summary (also written to the output directory).
+/// Runs `ebbflow run`: metrics on `--metrics-addr`; returns the summary (also written to the
+/// output directory).
 pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
+    let registry = Registry::new();
+    // Bound before anything else, so a port in use fails fast.
+    let listener =
+        std::net::TcpListener::bind(args.metrics_addr).map_err(|source| RunError::BindMetrics {
+            addr: args.metrics_addr,
+            source,
+        })?;
+    let metrics_addr = listener
+        .local_addr()
+        .map_err(|source| RunError::BindMetrics {
+            addr: args.metrics_addr,
+            source,
+        })?;
+    let serving = serve_metrics(listener, registry.clone());
+    if !args.quiet {
+        eprintln!("ebbflow run: metrics on http://{metrics_addr}/metrics");
+    }
+    let summary = run_on(args, &registry);
+    drop(serving);
+    summary
+}
+
+/// As [`run`] with the metrics registered on `registry` (served by the caller).
+pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunError> {
     let text =
         std::fs::read_to_string(&args.manifest).map_err(|source| RunError::ReadManifest {
             path: args.manifest.display().to_string(),
@@ -386,22 +412,10 @@ pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
     let app = build_app(&job, &data_dir)?;
     let market = setup_market(&job, &manifest_dir)?;
 
-    // Metrics: bound before training, so a port in use fails fast.
-    let registry = Registry::new();
-    let metrics = RuntimeMetrics::register(&registry)
-        .map_err(|e| RunError::Unsupported(format!("registering metrics failed: {e}")))?;
-    let listener =
-        std::net::TcpListener::bind(args.metrics_addr).map_err(|source| RunError::BindMetrics {
-            addr: args.metrics_addr,
-            source,
-        })?;
-    let metrics_addr = listener
-        .local_addr()
-        .map_err(|source| RunError::BindMetrics {
-            addr: args.metrics_addr,
-            source,
-        })?;
-    let serving = serve_metrics(listener, registry.clone());
+    let register_error =
+        |e: prometheus::Error| RunError::Unsupported(format!("registering metrics failed: {e}"));
+    let metrics = RuntimeMetrics::register(registry).map_err(register_error)?;
+    let job_metrics = JobMetrics::register(registry).map_err(register_error)?;
 
     let out = args.out.clone().unwrap_or_else(|| {
         let now = std::time::SystemTime::now()
@@ -469,7 +483,7 @@ pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
 
     if !args.quiet {
         eprintln!(
-            "ebbflow run {name}: {} clocks, {} logical workers, metrics on http://{metrics_addr}/metrics, writing {}",
+            "ebbflow run {name}: {} clocks, {} logical workers, writing {}",
             clocks,
             config.job.workers,
             out.display()
@@ -495,6 +509,9 @@ pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
             budget_total: spec.bidding.budget_total,
             budget_per_hour: spec.bidding.budget_per_hour,
             quiet: args.quiet,
+            job_metrics: &job_metrics,
+            namespace: job.metadata.namespace.as_deref().unwrap_or("local"),
+            name: &name,
         };
         let driven = drive.run(replay, &sender, &metrics, || training.is_finished());
         let report = training.join().unwrap_or_else(|_| {
@@ -504,7 +521,6 @@ pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
         });
         (driven, report)
     });
-    drop(serving);
     let ((series, bill, trace_seconds), report) = outcome;
     let report: ElasticReport = report?;
     let evaluate_kind = match &app {
@@ -605,6 +621,9 @@ struct Drive<'a> {
     budget_total: Option<f64>,
     budget_per_hour: Option<f64>,
     quiet: bool,
+    job_metrics: &'a JobMetrics,
+    namespace: &'a str,
+    name: &'a str,
 }
 
 impl Drive<'_> {
@@ -698,6 +717,7 @@ impl Drive<'_> {
             }
             last_bill = replay.bill(t);
             let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
+            self.publish(&point, &replay, last_bill);
             bar.set_position(clock.min(self.clocks));
             bar.set_message(format!(
                 "loss {:.4} | nodes {}+{} | ${:.2} spent vs ${:.2} on-demand | evictions {evictions} | migrated {}",
@@ -726,6 +746,48 @@ impl Drive<'_> {
                 std::thread::sleep((due - started.elapsed()).min(Duration::from_millis(20)));
             }
         }
+    }
+
+    /// Sets the per-job gauges (the jobs dashboard) from a sample.
+    fn publish(&self, point: &TimePoint, replay: &MarketReplay<'_>, bill: Bill) {
+        let mut pools: std::collections::BTreeMap<(String, String), u32> = Default::default();
+        for (pool, count) in replay.held() {
+            let id = &self.grid.pools[pool].id;
+            *pools
+                .entry((id.instance_type.clone(), id.zone.clone()))
+                .or_default() += count;
+        }
+        let status = ebbflow_crds::TrainingJobStatus {
+            iteration: Some(point.clock),
+            loss: Some(point.loss),
+            stage: u8::try_from(point.stage).ok().filter(|s| *s > 0),
+            nodes: Some(ebbflow_crds::NodeCounts {
+                reliable: point.reliable_nodes.max(0) as u32,
+                transient: point.transient_nodes.max(0) as u32,
+                total: (point.reliable_nodes + point.transient_nodes).max(0) as u32,
+                pools: pools
+                    .into_iter()
+                    .map(|((instance_type, zone), count)| ebbflow_crds::PoolNodes {
+                        pool: ebbflow_crds::Pool {
+                            instance_type,
+                            zone,
+                            ..ebbflow_crds::Pool::default()
+                        },
+                        count,
+                    })
+                    .collect(),
+            }),
+            cost: Some(ebbflow_crds::CostStatus {
+                spent: bill.spent_usd,
+                free_compute: bill.free_usd,
+                on_demand_equivalent: bill.on_demand_equivalent_usd,
+            }),
+            evictions: point.evictions,
+            migrations: point.partitions_migrated,
+            rollbacks: point.rollbacks,
+            ..Default::default()
+        };
+        self.job_metrics.observe(self.namespace, self.name, &status);
     }
 
     fn point(

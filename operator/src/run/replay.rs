@@ -58,6 +58,8 @@ pub struct Bill {
     pub on_demand_equivalent_usd: f64,
     /// Spot instance-hours that were free (refunded or evicted in the first hour).
     pub free_hours: f64,
+    /// What those free hours would have cost at the spot price when they ended.
+    pub free_usd: f64,
 }
 
 /// The replay of one job (see the module docs).
@@ -71,6 +73,7 @@ pub struct MarketReplay<'a> {
     reliable_meter: Meter,
     closed_usd: f64,
     free_hours: f64,
+    free_usd: f64,
     on_demand_equivalent_usd: f64,
     next_decision: Timestamp,
     next_id: u64,
@@ -106,6 +109,7 @@ impl<'a> MarketReplay<'a> {
             reliable_meter: Meter::new(billing, start),
             closed_usd: 0.0,
             free_hours: 0.0,
+            free_usd: 0.0,
             on_demand_equivalent_usd: 0.0,
             next_decision: start,
             next_id: 0,
@@ -156,7 +160,13 @@ impl<'a> MarketReplay<'a> {
         let live = self.live.swap_remove(index);
         let charge = live.meter.clone().finish(reason);
         self.closed_usd += f64::from(live.allocation.count) * charge.usd;
-        self.free_hours += f64::from(live.allocation.count) * charge.free_seconds / 3600.0;
+        let free_hours = f64::from(live.allocation.count) * charge.free_seconds / 3600.0;
+        let price = self
+            .spot_price(live.allocation.pool, self.price_slot)
+            .or(self.grid.pools[live.allocation.pool].on_demand_usd_hr)
+            .unwrap_or(0.0);
+        self.free_hours += free_hours;
+        self.free_usd += free_hours * price;
         live
     }
 
@@ -260,6 +270,7 @@ impl<'a> MarketReplay<'a> {
                 + f64::from(self.reliable.count) * self.reliable_meter.accrued_usd(),
             on_demand_equivalent_usd: self.on_demand_equivalent_usd,
             free_hours: self.free_hours,
+            free_usd: self.free_usd,
         }
     }
 
@@ -274,6 +285,7 @@ impl<'a> MarketReplay<'a> {
             spent_usd: self.closed_usd + f64::from(self.reliable.count) * reliable.usd,
             on_demand_equivalent_usd: self.on_demand_equivalent_usd,
             free_hours: self.free_hours,
+            free_usd: self.free_usd,
         }
     }
 
