@@ -208,6 +208,7 @@ pub(crate) struct RemoteTransport {
     connections: Vec<Connection>,
     /// Per partition: (connection index, epoch).
     routes: Vec<(usize, u64)>,
+    config: ClientConfig,
 }
 
 impl RemoteTransport {
@@ -217,21 +218,53 @@ impl RemoteTransport {
         addrs: &NodeAddrs,
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
+        let mut transport = Self {
+            connections: Vec::new(),
+            routes: Vec::new(),
+            config: config.clone(),
+        };
+        transport.retarget(map, addrs)?;
+        Ok(transport)
+    }
+
+    /// Re-routes to `map`: keeps the connections to servers still in use, opens the new ones,
+    /// closes the rest. Returns the partitions whose server address or epoch changed.
+    pub(crate) fn retarget(
+        &mut self,
+        map: &PartitionMap,
+        addrs: &NodeAddrs,
+    ) -> Result<Vec<PartitionId>, ClientError> {
+        let before: Vec<(SocketAddr, u64)> = self
+            .routes
+            .iter()
+            .map(|&(index, epoch)| (self.connections[index].addr(), epoch))
+            .collect();
+        let mut old: Vec<Option<Connection>> = std::mem::take(&mut self.connections)
+            .into_iter()
+            .map(Some)
+            .collect();
         let owners = map.owners();
         let mut connections = Vec::with_capacity(owners.len());
         for owner in &owners {
             let addr = *addrs
                 .get(owner)
                 .ok_or(ClientError::LookupNode { node: *owner })?;
-            connections.push(Connection::connect(
-                addr,
-                &config.secret,
-                config.node,
-                config.max_frame_bytes,
-                config.timeout,
-            )?);
+            let kept = old
+                .iter_mut()
+                .find(|c| c.as_ref().is_some_and(|c| c.addr() == addr))
+                .and_then(Option::take);
+            connections.push(match kept {
+                Some(connection) => connection,
+                None => Connection::connect(
+                    addr,
+                    &self.config.secret,
+                    self.config.node,
+                    self.config.max_frame_bytes,
+                    self.config.timeout,
+                )?,
+            });
         }
-        let routes = map
+        self.routes = map
             .entries()
             .iter()
             .map(|entry| {
@@ -241,10 +274,16 @@ impl RemoteTransport {
                 )
             })
             .collect();
-        Ok(Self {
-            connections,
-            routes,
-        })
+        self.connections = connections;
+        Ok(self
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|&(p, &(index, epoch))| {
+                before.get(p) != Some(&(self.connections[index].addr(), epoch))
+            })
+            .map(|(p, _)| p as PartitionId)
+            .collect())
     }
 }
 

@@ -41,10 +41,10 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::app::{App, TableSpec, validate_tables};
-use crate::client::{ClientConfig, NodeAddrs};
+use crate::client::ClientConfig;
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
-use crate::node::{ServerHandle, WorkerPlan, random_secret, run_workers_gated};
+use crate::node::{SegmentPlan, ServerHandle, WorkerPool, random_secret};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
 use crate::store::{PartitionImage, PartitionStore, ServerState, StoreError};
@@ -679,6 +679,11 @@ fn run_elastic_with<A: App>(
         .collect();
     let run_start = Instant::now();
     let mut pending_notice: Option<Instant> = None;
+    let pool = WorkerPool::start(app, &specs, &client, job, metrics, run_start)?;
+    // Each node's data-plane server, alive across segments; where each partition is hosted
+    // (`None`: its state is the controller's copy, to be installed).
+    let mut servers: BTreeMap<NodeId, ServerHandle> = BTreeMap::new();
+    let mut location: Vec<Option<(NodeId, u64)>> = vec![None; job.partitions as usize];
 
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     while controller.clock < job.clocks {
@@ -710,6 +715,11 @@ fn run_elastic_with<A: App>(
             controller.lose(&lost, &specs, workers);
             controller.roll_back();
             pending_notice = None;
+            // Every partition restarts from the BackupPS copy: no server keeps a live one.
+            for (_, handle) in std::mem::take(&mut servers) {
+                handle.stop(runtime.handle());
+            }
+            location.iter_mut().for_each(|l| *l = None);
         }
         let clock = controller.clock;
         let next_event = events
@@ -746,33 +756,58 @@ fn run_elastic_with<A: App>(
             .with_label_values(&["transient"])
             .set((controller.members.len() - reliable_now) as i64);
 
-        // Lay the partitions out on the segment's servers (the copy a migration makes).
+        // Lay the partitions out: a partition whose owner or epoch changed is copied to its new
+        // owner (from its old one, or from the controller's copy after a rollback).
         let segment_start = Instant::now();
-        let mut hosted: BTreeMap<NodeId, Vec<(PartitionImage, u64)>> = BTreeMap::new();
-        for image in &controller.images {
-            let entry = layout.partitions[image.partition as usize];
-            hosted
-                .entry(entry.owner)
-                .or_default()
-                .push((image.clone(), entry.epoch));
-        }
-        let mut handles = Vec::new();
-        let mut addrs: NodeAddrs = BTreeMap::new();
-        for (node, images) in hosted {
-            let state = Arc::new(ServerState::from_images(
-                images,
-                job.partitions,
-                &specs,
-                job.optimizer,
-                job.staleness == 0,
-            )?);
-            let handle =
-                ServerHandle::loopback(runtime.handle(), state, &secret, job.wait_timeout, metrics)
+        let strict = job.staleness == 0;
+        for (p, target) in layout.partitions.iter().enumerate() {
+            if location[p] == Some((target.owner, target.epoch)) {
+                continue;
+            }
+            let image = location[p]
+                .and_then(|(node, _)| servers.get(&node))
+                .and_then(|server| server.state.take(p as PartitionId))
+                .unwrap_or_else(|| controller.images[p].clone());
+            let server = match servers.entry(target.owner) {
+                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    let state = Arc::new(ServerState::new(
+                        &[],
+                        job.partitions,
+                        &specs,
+                        workers,
+                        job.optimizer,
+                        strict,
+                    ));
+                    let handle = ServerHandle::loopback(
+                        runtime.handle(),
+                        state,
+                        &secret,
+                        job.wait_timeout,
+                        metrics,
+                    )
                     .map_err(|e| RunError::RunCluster {
-                        reason: format!("binding a segment server failed: {e}"),
+                        reason: format!("binding a node's data-plane server failed: {e}"),
                     })?;
-            addrs.insert(node, handle.addr);
-            handles.push(handle);
+                    entry.insert(handle)
+                }
+            };
+            server
+                .state
+                .install(image, target.epoch, &specs, job.optimizer, strict)?;
+            location[p] = Some((target.owner, target.epoch));
+        }
+        // Nodes that serve nothing now stop their servers.
+        let owners: BTreeSet<NodeId> = layout.partitions.iter().map(|e| e.owner).collect();
+        let idle: Vec<NodeId> = servers
+            .keys()
+            .copied()
+            .filter(|node| !owners.contains(node))
+            .collect();
+        for node in idle {
+            if let Some(handle) = servers.remove(&node) {
+                handle.stop(runtime.handle());
+            }
         }
         if let Some(received) = pending_notice.take() {
             controller
@@ -793,15 +828,16 @@ fn run_elastic_with<A: App>(
             moved,
             "segment starting"
         );
-        let plan = WorkerPlan {
-            worker_base: 0,
-            local_workers: job.workers,
-            total_workers: job.workers,
-            map,
-            addrs,
-        };
         let setup_seconds = segment_start.elapsed().as_secs_f64();
-        let gate = ClockGate::range(clock, end);
+        let plan = SegmentPlan {
+            gate: Arc::new(ClockGate::range(clock, end)),
+            map,
+            addrs: servers
+                .iter()
+                .map(|(node, handle)| (*node, handle.addr))
+                .collect(),
+        };
+        let gate = plan.gate.clone();
         let segment_over = std::sync::atomic::AtomicBool::new(false);
         let outcome = std::thread::scope(|scope| {
             if let Some(feed) = feed {
@@ -819,26 +855,26 @@ fn run_elastic_with<A: App>(
                     }
                 });
             }
-            let outcome =
-                run_workers_gated(app, &specs, &plan, &client, job, &gate, metrics, run_start);
+            let outcome = pool.run_segment(&plan);
             segment_over.store(true, std::sync::atomic::Ordering::Release);
             outcome
         });
         let end = gate.end();
         let teardown_start = Instant::now();
-        let mut images = Vec::with_capacity(job.partitions as usize);
-        for handle in handles {
-            images.extend(handle.state.images());
-            handle.stop(runtime.handle());
-        }
         let reports = outcome?;
-        images.sort_by_key(|image| image.partition);
-        if let Some(image) = images.iter().find(|image| image.visible_clock() != end) {
-            return Err(ElasticError::CheckBoundary {
-                partition: image.partition,
-                clock: image.visible_clock(),
-                expected: end,
-            });
+        for server in servers.values() {
+            if let Some(&(partition, clock)) = server
+                .state
+                .visible_clocks()
+                .iter()
+                .find(|(_, clock)| *clock != end)
+            {
+                return Err(ElasticError::CheckBoundary {
+                    partition,
+                    clock,
+                    expected: end,
+                });
+            }
         }
         for (worker, report) in reports.into_iter().enumerate() {
             let target = &mut merged[worker];
@@ -848,6 +884,14 @@ fn run_elastic_with<A: App>(
                 target.clock_end[at] = report.clock_end[offset];
             }
             target.wait_seconds += report.wait_seconds;
+        }
+        controller.clock = end;
+        let stage = layout.stage;
+        let backup_due = stage == 1 || end - controller.backup_clock >= config.backup_every;
+        if backup_due {
+            // ActivePS → BackupPS: the consistent copy at this boundary.
+            controller.images = gather_images(&servers, job.partitions)?;
+            controller.sync_backup();
         }
         let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
         controller.report.segments.push(SegmentRecord {
@@ -863,13 +907,14 @@ fn run_elastic_with<A: App>(
             setup_seconds,
             teardown_seconds: teardown_start.elapsed().as_secs_f64(),
         });
-        controller.images = images;
-        controller.clock = end;
-        let stage = layout.stage;
         controller.layout = Some(layout);
-        if stage == 1 || end - controller.backup_clock >= config.backup_every {
-            controller.sync_backup();
-        }
+    }
+    pool.stop();
+    if location.iter().any(Option::is_some) {
+        controller.images = gather_images(&servers, job.partitions)?;
+    }
+    for (_, handle) in std::mem::take(&mut servers) {
+        handle.stop(runtime.handle());
     }
 
     let mut report = controller.report;
@@ -890,6 +935,25 @@ fn run_elastic_with<A: App>(
     report.run = run;
     report.snapshot = snapshot;
     Ok(report)
+}
+
+/// Images of every partition from the servers hosting them, in partition order.
+fn gather_images(
+    servers: &BTreeMap<NodeId, ServerHandle>,
+    num_partitions: u32,
+) -> Result<Vec<PartitionImage>, ElasticError> {
+    let mut images: Vec<PartitionImage> = servers
+        .values()
+        .flat_map(|server| server.state.images())
+        .collect();
+    images.sort_by_key(|image| image.partition);
+    if images.len() != num_partitions as usize {
+        return Err(ElasticError::Validate(format!(
+            "{} of {num_partitions} partitions are hosted",
+            images.len()
+        )));
+    }
+    Ok(images)
 }
 
 /// Partitions whose owner differs between two layouts (all of them for the first layout: they

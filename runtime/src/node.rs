@@ -14,7 +14,7 @@ use crate::metrics::RuntimeMetrics;
 use crate::partition::{NodeId, PartitionMap};
 use crate::server::{ServerConfig, run};
 use crate::store::ServerState;
-use crate::worker::{ClockGate, JobConfig, WorkerReport, run_worker};
+use crate::worker::{ClockGate, JobConfig, WorkerError, WorkerReport, run_worker};
 
 /// Which workers a node runs and where every partition lives.
 #[derive(Debug, Clone)]
@@ -276,4 +276,151 @@ pub fn run_loopback<A: App>(
         handle.stop(runtime.handle());
     }
     Ok(report)
+}
+
+/// One segment for a [`WorkerPool`]: the clocks to run and where every partition lives.
+#[derive(Debug, Clone)]
+pub struct SegmentPlan {
+    /// The clocks (shared by every worker of the segment).
+    pub gate: Arc<ClockGate>,
+    /// Partition owners and epochs.
+    pub map: PartitionMap,
+    /// Data-plane address of every owner.
+    pub addrs: NodeAddrs,
+}
+
+/// Worker threads that live across the segments of an elastic run: each keeps its data shard,
+/// row cache and connections, registers only with servers that changed and pulls only what is
+/// stale, so a segment boundary costs what actually moved.
+pub struct WorkerPool {
+    commands: Vec<std::sync::mpsc::Sender<SegmentPlan>>,
+    results: std::sync::mpsc::Receiver<(u32, Result<WorkerReport, RunError>)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerPool {
+    /// Starts `config.workers` worker threads (global ids `0..`), idle until the first segment.
+    pub fn start<A: App>(
+        app: &A,
+        specs: &[TableSpec],
+        client: &ClientConfig,
+        config: &JobConfig,
+        metrics: &RuntimeMetrics,
+        run_start: Instant,
+    ) -> Result<Self, RunError> {
+        let (report, results) = std::sync::mpsc::channel();
+        let mut commands = Vec::with_capacity(config.workers);
+        let mut threads = Vec::with_capacity(config.workers);
+        for index in 0..config.workers {
+            let worker = index as u32;
+            let app_worker = app.worker(index, config.workers);
+            let (command, segments) = std::sync::mpsc::channel::<SegmentPlan>();
+            let (specs, client, config, metrics, report) = (
+                specs.to_vec(),
+                client.clone(),
+                config.clone(),
+                metrics.clone(),
+                report.clone(),
+            );
+            let thread = std::thread::Builder::new()
+                .name(format!("worker-{worker}"))
+                .spawn(move || {
+                    let fail = |source: WorkerError| RunError::RunWorker { worker, source };
+                    let mut state = match crate::worker::WorkerLoop::new(
+                        worker,
+                        app_worker,
+                        &specs,
+                        config.partitions,
+                    ) {
+                        Ok(state) => Some(state),
+                        Err(error) => {
+                            let _ = report.send((worker, Err(fail(error))));
+                            None
+                        }
+                    };
+                    let mut transport: Option<RemoteTransport> = None;
+                    while let Ok(plan) = segments.recv() {
+                        let Some(worker_loop) = state.as_mut() else {
+                            let _ = report.send((worker, Err(RunError::JoinWorker { worker })));
+                            continue;
+                        };
+                        let outcome = (|| {
+                            let changed = match transport.as_mut() {
+                                Some(transport) => Some(
+                                    transport
+                                        .retarget(&plan.map, &plan.addrs)
+                                        .map_err(|e| fail(e.into()))?,
+                                ),
+                                None => {
+                                    transport = Some(
+                                        RemoteTransport::connect(&plan.map, &plan.addrs, &client)
+                                            .map_err(|e| fail(e.into()))?,
+                                    );
+                                    None
+                                }
+                            };
+                            let transport = transport.as_mut().expect("connected above");
+                            worker_loop
+                                .register(transport, changed.as_deref())
+                                .map_err(fail)?;
+                            worker_loop
+                                .run(transport, &config, &plan.gate, false, &metrics, run_start)
+                                .map_err(fail)
+                        })();
+                        if outcome.is_err() {
+                            // Its connections may be mid-exchange: start clean next time.
+                            transport = None;
+                        }
+                        if report.send((worker, outcome)).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|_| RunError::JoinWorker { worker })?;
+            commands.push(command);
+            threads.push(thread);
+        }
+        Ok(Self {
+            commands,
+            results,
+            threads,
+        })
+    }
+
+    /// Runs one segment on every worker; returns their reports in worker order.
+    pub fn run_segment(&self, plan: &SegmentPlan) -> Result<Vec<WorkerReport>, RunError> {
+        for (worker, command) in self.commands.iter().enumerate() {
+            command
+                .send(plan.clone())
+                .map_err(|_| RunError::JoinWorker {
+                    worker: worker as u32,
+                })?;
+        }
+        let mut reports: Vec<Option<WorkerReport>> = vec![None; self.commands.len()];
+        let mut first_error = None;
+        for _ in 0..self.commands.len() {
+            let (worker, outcome) = self
+                .results
+                .recv()
+                .map_err(|_| RunError::JoinWorker { worker: u32::MAX })?;
+            match outcome {
+                Ok(report) => reports[worker as usize] = Some(report),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        Ok(reports.into_iter().flatten().collect())
+    }
+
+    /// Stops the threads and waits for them.
+    pub fn stop(self) {
+        drop(self.commands);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
 }

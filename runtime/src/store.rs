@@ -22,7 +22,9 @@
 
 use std::collections::HashMap;
 
-use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
 use thiserror::Error;
 
 use crate::app::{TableId, TableSpec};
@@ -705,6 +707,14 @@ struct Slot {
 }
 
 impl Slot {
+    fn holding(store: PartitionStore) -> Arc<Self> {
+        Arc::new(Self {
+            store: Mutex::new(store),
+            changed: Condvar::new(),
+            watch: tokio::sync::watch::channel(0).0,
+        })
+    }
+
     fn notify(&self) {
         self.changed.notify_all();
         self.watch
@@ -713,9 +723,12 @@ impl Slot {
 }
 
 /// The partitions a server process hosts, shared by its connection handlers and local workers.
+///
+/// Partitions can be installed and taken out at clock boundaries (migrations, rollbacks): the
+/// slot table is behind a read-write lock that requests only read.
 #[derive(Debug)]
 pub struct ServerState {
-    slots: Vec<Option<Slot>>,
+    slots: RwLock<Vec<Option<Arc<Slot>>>>,
 }
 
 impl ServerState {
@@ -729,25 +742,23 @@ impl ServerState {
         optimizer: Optimizer,
         strict: bool,
     ) -> Self {
-        let mut slots: Vec<Option<Slot>> = (0..num_partitions).map(|_| None).collect();
+        let mut slots: Vec<Option<Arc<Slot>>> = (0..num_partitions).map(|_| None).collect();
         for &(partition, epoch) in hosted {
             if let Some(entry) = slots.get_mut(partition as usize) {
-                *entry = Some(Slot {
-                    store: Mutex::new(PartitionStore::new(
-                        partition,
-                        num_partitions,
-                        epoch,
-                        specs,
-                        num_workers,
-                        optimizer,
-                        strict,
-                    )),
-                    changed: Condvar::new(),
-                    watch: tokio::sync::watch::channel(0).0,
-                });
+                *entry = Some(Slot::holding(PartitionStore::new(
+                    partition,
+                    num_partitions,
+                    epoch,
+                    specs,
+                    num_workers,
+                    optimizer,
+                    strict,
+                )));
             }
         }
-        Self { slots }
+        Self {
+            slots: RwLock::new(slots),
+        }
     }
 
     /// Hosts partitions restored from images, each at its epoch (a migration's new owner, or a
@@ -759,33 +770,77 @@ impl ServerState {
         optimizer: Optimizer,
         strict: bool,
     ) -> Result<Self, StoreError> {
-        let mut slots: Vec<Option<Slot>> = (0..num_partitions).map(|_| None).collect();
+        let state = Self {
+            slots: RwLock::new((0..num_partitions).map(|_| None).collect()),
+        };
         for (image, epoch) in images {
-            let partition = image.partition;
-            let store =
-                PartitionStore::from_image(image, num_partitions, epoch, specs, optimizer, strict)?;
-            slots[partition as usize] = Some(Slot {
-                store: Mutex::new(store),
-                changed: Condvar::new(),
-                watch: tokio::sync::watch::channel(0).0,
-            });
+            state.install(image, epoch, specs, optimizer, strict)?;
         }
-        Ok(Self { slots })
+        Ok(state)
+    }
+
+    /// Hosts the partition of `image` at `epoch`, replacing any copy held (call at a clock
+    /// boundary: a waiter on the replaced copy would never wake).
+    pub fn install(
+        &self,
+        image: PartitionImage,
+        epoch: u64,
+        specs: &[TableSpec],
+        optimizer: Optimizer,
+        strict: bool,
+    ) -> Result<(), StoreError> {
+        let partition = image.partition;
+        let mut slots = self.slots.write();
+        let num_partitions = slots.len() as u32;
+        let store =
+            PartitionStore::from_image(image, num_partitions, epoch, specs, optimizer, strict)?;
+        slots[partition as usize] = Some(Slot::holding(store));
+        Ok(())
+    }
+
+    /// Stops hosting `partition`; returns its image (call at a clock boundary).
+    pub fn take(&self, partition: PartitionId) -> Option<PartitionImage> {
+        let slot = self.slots.write().get_mut(partition as usize)?.take()?;
+        let image = slot.store.lock().image();
+        slot.notify();
+        Some(image)
     }
 
     /// Images of every hosted partition (call at a clock boundary, when no push is in flight).
     pub fn images(&self) -> Vec<PartitionImage> {
         self.slots
+            .read()
             .iter()
             .flatten()
             .map(|slot| slot.store.lock().image())
             .collect()
     }
 
-    fn slot(&self, partition: PartitionId) -> Result<&Slot, StoreError> {
+    /// The image of one hosted partition.
+    pub fn image(&self, partition: PartitionId) -> Option<PartitionImage> {
+        self.slot(partition)
+            .ok()
+            .map(|slot| slot.store.lock().image())
+    }
+
+    /// (partition, visible clock) of every hosted partition.
+    pub fn visible_clocks(&self) -> Vec<(PartitionId, u64)> {
         self.slots
+            .read()
+            .iter()
+            .flatten()
+            .map(|slot| {
+                let store = slot.store.lock();
+                (store.partition(), store.visible_clock())
+            })
+            .collect()
+    }
+
+    fn slot(&self, partition: PartitionId) -> Result<Arc<Slot>, StoreError> {
+        self.slots
+            .read()
             .get(partition as usize)
-            .and_then(Option::as_ref)
+            .and_then(Option::clone)
             .ok_or(StoreError::LookupPartition { partition })
     }
 
@@ -943,14 +998,16 @@ impl ServerState {
 
     /// Partitions hosted here, ascending.
     pub fn hosted(&self) -> Vec<PartitionId> {
-        (0..self.slots.len() as u32)
-            .filter(|&p| self.slots[p as usize].is_some())
+        let slots = self.slots.read();
+        (0..slots.len() as u32)
+            .filter(|&p| slots[p as usize].is_some())
             .collect()
     }
 
     /// Bytes of parameter values held over all hosted partitions.
     pub fn parameter_bytes(&self) -> usize {
         self.slots
+            .read()
             .iter()
             .flatten()
             .map(|slot| slot.store.lock().parameter_bytes())

@@ -111,6 +111,9 @@ pub(crate) struct PartitionView {
     pub(crate) visible: u64,
     /// Set before a pull: whether this partition must be refreshed.
     pub(crate) needs_pull: bool,
+    /// The server's copy changed (a new registration): pull before the next clock whatever
+    /// `visible` says.
+    pub(crate) stale: bool,
 }
 
 /// Moves values between a worker and the servers of its partitions.
@@ -212,6 +215,7 @@ fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
             incoming: Vec::new(),
             visible: 0,
             needs_pull: false,
+            stale: false,
         })
         .collect();
     for (position, table) in cache.tables.iter().enumerate() {
@@ -280,73 +284,104 @@ fn install(cache: &mut RowCache, view: &mut PartitionView) {
     }
 }
 
-/// Runs one worker thread's whole job: register, then `config.clocks` clocks.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run_worker<W: AppWorker, T: Transport>(
+/// One worker thread's state across the segments of a run: its app worker (data shard), row
+/// cache and per-partition views. Built once; each segment registers only with servers that
+/// changed and pulls only what is stale.
+pub(crate) struct WorkerLoop<W: AppWorker> {
     worker_id: u32,
-    mut app_worker: W,
-    specs: &[TableSpec],
-    transport: &mut T,
-    config: &JobConfig,
-    gate: &ClockGate,
-    metrics: &RuntimeMetrics,
-    run_start: Instant,
-) -> Result<WorkerReport, WorkerError> {
-    let working_set = app_worker.working_set();
-    let num_partitions = config.partitions;
-    let mut cache = RowCache::build(specs, &working_set, |key| partition_of(key, num_partitions))?;
-    let mut views = build_views(&cache, num_partitions);
-    for view in &views {
-        let keys = view_keys(&cache, view);
-        let server = transport.register(worker_id, view.partition, &keys)?;
-        if server != view.len {
-            return Err(WorkerError::RegisterLength {
-                partition: view.partition,
-                server,
-                worker: view.len,
-            });
-        }
-    }
-    app_worker.bind(&cache);
-    let rows_per_pull: Vec<u64> = views
-        .iter()
-        .map(|view| {
-            view.ranges
-                .iter()
-                .map(|&(_, start, end)| (end - start) as u64)
-                .sum()
-        })
-        .collect();
-    let pushed_rows: u64 = rows_per_pull.iter().sum();
-    let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
+    app_worker: W,
+    cache: RowCache,
+    views: Vec<PartitionView>,
+    rows_per_pull: Vec<u64>,
+    pushed_rows: u64,
+    pushed_bytes: u64,
+}
 
-    let mut report = WorkerReport {
-        first_clock: gate.first(),
-        stats: Vec::with_capacity(config.clocks as usize),
-        clock_end: Vec::with_capacity(config.clocks as usize),
-        wait_seconds: 0.0,
-    };
-    let refresh = |transport: &mut T,
-                   views: &mut [PartitionView],
-                   cache: &mut RowCache,
-                   min_clock: u64,
-                   force: bool,
-                   report: &mut WorkerReport| {
+impl<W: AppWorker> WorkerLoop<W> {
+    /// Builds the worker's cache for `num_partitions` partitions.
+    pub(crate) fn new(
+        worker_id: u32,
+        mut app_worker: W,
+        specs: &[TableSpec],
+        num_partitions: u32,
+    ) -> Result<Self, WorkerError> {
+        let working_set = app_worker.working_set();
+        let cache = RowCache::build(specs, &working_set, |key| partition_of(key, num_partitions))?;
+        let views = build_views(&cache, num_partitions);
+        app_worker.bind(&cache);
+        let rows_per_pull: Vec<u64> = views
+            .iter()
+            .map(|view| {
+                view.ranges
+                    .iter()
+                    .map(|&(_, start, end)| (end - start) as u64)
+                    .sum()
+            })
+            .collect();
+        let pushed_rows: u64 = rows_per_pull.iter().sum();
+        let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
+        Ok(Self {
+            worker_id,
+            app_worker,
+            cache,
+            views,
+            rows_per_pull,
+            pushed_rows,
+            pushed_bytes,
+        })
+    }
+
+    /// Registers the worker's batch with the servers of `partitions` (every partition when
+    /// `None`); their cached copies are marked stale so the next segment pulls them (which also
+    /// records the read a BSP server waits for before it takes this worker's next push).
+    pub(crate) fn register<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        partitions: Option<&[PartitionId]>,
+    ) -> Result<(), WorkerError> {
+        for view in &mut self.views {
+            if partitions.is_some_and(|wanted| !wanted.contains(&view.partition)) {
+                continue;
+            }
+            let keys = view_keys(&self.cache, view);
+            let server = transport.register(self.worker_id, view.partition, &keys)?;
+            if server != view.len {
+                return Err(WorkerError::RegisterLength {
+                    partition: view.partition,
+                    server,
+                    worker: view.len,
+                });
+            }
+            view.stale = true;
+        }
+        Ok(())
+    }
+
+    /// Pulls every view older than `min_clock` (or every view, with `force`).
+    fn refresh<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        min_clock: u64,
+        force: bool,
+        report: &mut WorkerReport,
+        metrics: &RuntimeMetrics,
+    ) -> Result<(), WorkerError> {
         let mut pulled = (0u64, 0u64);
-        for (view, rows) in views.iter_mut().zip(&rows_per_pull) {
-            view.needs_pull = view.len > 0 && (force || view.visible < min_clock);
+        for (view, rows) in self.views.iter_mut().zip(&self.rows_per_pull) {
+            view.needs_pull = view.len > 0 && (force || view.stale || view.visible < min_clock);
             if view.needs_pull {
                 pulled.0 += rows;
                 pulled.1 += view.len as u64 * 4;
             }
         }
         let waited = Instant::now();
-        transport.pull(worker_id, min_clock, views)?;
+        transport.pull(self.worker_id, min_clock, &mut self.views)?;
         let waited = waited.elapsed().as_secs_f64();
         report.wait_seconds += waited;
         metrics.ssp_wait_seconds.observe(waited);
-        for view in views.iter_mut().filter(|v| v.needs_pull) {
-            install(cache, view);
+        for view in self.views.iter_mut().filter(|v| v.needs_pull) {
+            install(&mut self.cache, view);
+            view.stale = false;
         }
         metrics
             .rows_moved
@@ -356,58 +391,94 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
             .bytes_moved
             .with_label_values(&["pull"])
             .inc_by(pulled.1);
-        Ok::<(), WorkerError>(())
-    };
-    // A segment starts at a clock boundary where every update of earlier clocks is applied.
-    let first = gate.first();
-    refresh(transport, &mut views, &mut cache, first, true, &mut report)?;
-
-    for clock in first..config.clocks {
-        if !gate.try_start(clock) {
-            break;
-        }
-        let started = Instant::now();
-        let stats = app_worker.clock(&mut cache, clock);
-        for view in &mut views {
-            collect_delta(&mut cache, view);
-        }
-        transport.push(worker_id, clock, &views)?;
-        metrics
-            .rows_moved
-            .with_label_values(&["push"])
-            .inc_by(pushed_rows);
-        metrics
-            .bytes_moved
-            .with_label_values(&["push"])
-            .inc_by(pushed_bytes);
-        if clock + 1 < config.clocks.min(gate.end()) {
-            let min_clock = (clock + 1).saturating_sub(config.staleness);
-            refresh(
-                transport,
-                &mut views,
-                &mut cache,
-                min_clock,
-                false,
-                &mut report,
-            )?;
-        }
-        metrics.iterations.inc();
-        metrics
-            .iteration_seconds
-            .observe(started.elapsed().as_secs_f64());
-        if let Some(loss) = stats.mean_loss() {
-            metrics.loss.set(loss);
-        }
-        report.stats.push(stats);
-        report.clock_end.push(run_start.elapsed().as_secs_f64());
-        tracing::debug!(
-            worker = worker_id,
-            clock,
-            updates = stats.updates,
-            "clock done"
-        );
+        Ok(())
     }
-    Ok(report)
+
+    /// Runs the clocks `gate` lets this worker run. The first pull refreshes what is stale for
+    /// the first clock (everything, with `force`); after each clock but the job's last, the
+    /// copies the next clock needs are pulled, so a following segment starts warm.
+    pub(crate) fn run<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        config: &JobConfig,
+        gate: &ClockGate,
+        force: bool,
+        metrics: &RuntimeMetrics,
+        run_start: Instant,
+    ) -> Result<WorkerReport, WorkerError> {
+        let first = gate.first();
+        let mut report = WorkerReport {
+            first_clock: first,
+            stats: Vec::new(),
+            clock_end: Vec::new(),
+            wait_seconds: 0.0,
+        };
+        // A segment starts at a clock boundary where every update of earlier clocks is applied.
+        let first_bound = if force {
+            first
+        } else {
+            first.saturating_sub(config.staleness)
+        };
+        self.refresh(transport, first_bound, force, &mut report, metrics)?;
+
+        for clock in first..config.clocks {
+            if !gate.try_start(clock) {
+                break;
+            }
+            let started = Instant::now();
+            let stats = self.app_worker.clock(&mut self.cache, clock);
+            for view in &mut self.views {
+                collect_delta(&mut self.cache, view);
+            }
+            transport.push(self.worker_id, clock, &self.views)?;
+            metrics
+                .rows_moved
+                .with_label_values(&["push"])
+                .inc_by(self.pushed_rows);
+            metrics
+                .bytes_moved
+                .with_label_values(&["push"])
+                .inc_by(self.pushed_bytes);
+            if clock + 1 < config.clocks {
+                let min_clock = (clock + 1).saturating_sub(config.staleness);
+                self.refresh(transport, min_clock, false, &mut report, metrics)?;
+            }
+            metrics.iterations.inc();
+            metrics
+                .iteration_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if let Some(loss) = stats.mean_loss() {
+                metrics.loss.set(loss);
+            }
+            report.stats.push(stats);
+            report.clock_end.push(run_start.elapsed().as_secs_f64());
+            tracing::debug!(
+                worker = self.worker_id,
+                clock,
+                updates = stats.updates,
+                "clock done"
+            );
+        }
+        Ok(report)
+    }
+}
+
+/// Runs one worker thread's whole job (or one segment of it): register, then the clocks `gate`
+/// allows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_worker<W: AppWorker, T: Transport>(
+    worker_id: u32,
+    app_worker: W,
+    specs: &[TableSpec],
+    transport: &mut T,
+    config: &JobConfig,
+    gate: &ClockGate,
+    metrics: &RuntimeMetrics,
+    run_start: Instant,
+) -> Result<WorkerReport, WorkerError> {
+    let mut worker = WorkerLoop::new(worker_id, app_worker, specs, config.partitions)?;
+    worker.register(transport, None)?;
+    worker.run(transport, config, gate, true, metrics, run_start)
 }
 
 #[cfg(test)]

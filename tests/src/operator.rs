@@ -19,9 +19,19 @@ pub async fn start(
     client: &Client,
     registry: &prometheus::Registry,
 ) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
+    start_with_coordinator(client, registry, "http://127.0.0.1:9").await
+}
+
+/// As [`start`] with every job's coordinator at `coordinator_url` (a real coordinator the test
+/// runs on 127.0.0.1).
+pub async fn start_with_coordinator(
+    client: &Client,
+    registry: &prometheus::Registry,
+    coordinator_url: &str,
+) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
     let metrics = Metrics::register(registry)?;
     let mut config = Config::new("ghcr.io/ebbflow/ebbflow-runtime:e2e");
-    config.coordinator_url_override = Some("http://127.0.0.1:9".into());
+    config.coordinator_url_override = Some(coordinator_url.to_owned());
     config.provisioning_requeue = Duration::from_secs(1);
     config.status_interval = Duration::from_secs(2);
     let reporter = Reporter {

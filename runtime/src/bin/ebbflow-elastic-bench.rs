@@ -145,8 +145,8 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         stall_ratio(seconds, 35)
     );
     println!(
-        "| backup-copy iteration (20) ÷ median of neighbours | {:.3} |",
-        stall_ratio(seconds, 20)
+        "| first iteration after a BackupPS copy (21) ÷ median of neighbours | {:.3} |",
+        stall_ratio(seconds, 21)
     );
     println!(
         "| median seconds per iteration | {:.4} |",

@@ -1,0 +1,371 @@
+//! Operator scenarios on the real control plane (issue 7), each asserting on object state:
+//!
+//! - a spot interruption signalled the AWS Node Termination Handler way and the Karpenter way (node
+//!   taints) reaches a real coordinator on 127.0.0.1 before its deadline;
+//! - suspend deletes the job's pods and says so in a condition; resume brings them back;
+//! - an operator restart mid-job creates no duplicate pods;
+//! - two operator replicas contend for the Lease and exactly one leads until it stops renewing.
+//!
+//! Skipped (with a line saying so) unless `EBBFLOW_KUBECONFIG` is set (`scripts/e2e.sh`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ebbflow_crds::TrainingJob;
+use ebbflow_operator::controller;
+use ebbflow_operator::leader::{LeaderElector, LeaseConfig};
+use ebbflow_operator::notices::{KARPENTER_DISRUPTED_TAINT, NTH_SPOT_ITN_TAINT};
+use ebbflow_runtime::app::EvalReport;
+use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, router};
+use ebbflow_runtime_api::JoinRequest;
+use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+fn unique(prefix: &str) -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{prefix}-{millis}")
+}
+
+async fn namespace(client: &Client, prefix: &str) -> Result<String, BoxError> {
+    let name = unique(prefix);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.clone());
+    namespaces.create(&PostParams::default(), &ns).await?;
+    Ok(name)
+}
+
+async fn drop_namespace(client: &Client, name: &str) -> Result<(), BoxError> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(name, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// The quickstart as job `name` in `namespace` with `spot` transient pods from the start.
+async fn apply_job(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    spot: u32,
+    suspend: bool,
+) -> Result<(), BoxError> {
+    let quickstart = std::fs::read_to_string(
+        ebbflow_tests::cluster::repo_root().join("examples/quickstart.yaml"),
+    )?;
+    let mut job: TrainingJob = serde_yaml::from_str(&quickstart)?;
+    job.metadata.name = Some(name.into());
+    job.metadata.namespace = Some(namespace.into());
+    job.spec.transient.min_nodes = spot;
+    job.spec.transient.max_nodes = spot.max(1);
+    job.spec.suspend = suspend;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), namespace);
+    jobs.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&job),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Live (not terminating) pods of job `name`.
+async fn live_pods(pods: &Api<Pod>, name: &str) -> Result<Vec<Pod>, BoxError> {
+    let selector = ListParams::default().labels(&format!("{}={name}", controller::plan::JOB_LABEL));
+    Ok(pods
+        .list(&selector)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// Waits for `count` scheduled live pods of job `name`.
+async fn scheduled_pods(pods: &Api<Pod>, name: &str, count: usize) -> Result<Vec<Pod>, BoxError> {
+    poll_until(
+        &format!("{count} scheduled pods of {name}"),
+        Duration::from_secs(60),
+        || async {
+            let live = live_pods(pods, name).await?;
+            let scheduled = live
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count();
+            Ok((scheduled == count && live.len() == count).then_some(live))
+        },
+    )
+    .await
+}
+
+fn tier(pod: &Pod) -> &str {
+    pod.labels()
+        .get(controller::plan::TIER_LABEL)
+        .map_or("", String::as_str)
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+async fn set_taint(nodes: &Api<Node>, node: &str, taint: Option<&str>) -> Result<(), BoxError> {
+    let mut current = nodes.get(node).await?;
+    let spec = current.spec.get_or_insert_with(Default::default);
+    let mut taints = spec.taints.clone().unwrap_or_default();
+    taints.retain(|t| t.key != NTH_SPOT_ITN_TAINT && t.key != KARPENTER_DISRUPTED_TAINT);
+    if let Some(key) = taint {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: key.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            value: None,
+            time_added: None,
+        });
+    }
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "taints": taints } })),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
+-> Result<(), BoxError> {
+    let test = "interruptions_reach_a_coordinator_on_loopback_before_their_deadline";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let ns = namespace(&client, "e2e-notice").await?;
+
+    // A real coordinator (the runtime's admin API) on 127.0.0.1, waiting for nodes to join.
+    let secret = "e2e-secret".to_owned();
+    let coordinator = Coordinator::new(
+        CoordinatorConfig {
+            expected_nodes: 100,
+            partitions: 4,
+            clocks: 10,
+            staleness: 0,
+            secret: secret.clone(),
+            specs: Vec::new(),
+            evaluator: Arc::new(|_, _| EvalReport::default()),
+        },
+        prometheus::Registry::new(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let serving = coordinator.clone();
+    tokio::spawn(async move { axum::serve(listener, router(serving)).await });
+    let stop = ebbflow_tests::operator::start_with_coordinator(
+        &client,
+        &prometheus::Registry::new(),
+        &url,
+    )
+    .await?;
+
+    let job = "interrupted";
+    apply_job(&client, &ns, job, 2, false).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let placed = scheduled_pods(&pods, job, 3).await?;
+    let spot: Vec<&Pod> = placed.iter().filter(|p| tier(p) == "transient").collect();
+    assert_eq!(spot.len(), 2);
+    // The spot pods are the coordinator's nodes, joined under their pod names.
+    let mut ids = Vec::new();
+    for pod in &spot {
+        let joined = coordinator
+            .join(JoinRequest {
+                name: pod.name_any(),
+                data_addr: "127.0.0.1:1".into(),
+                workers: 1,
+                secret: secret.clone(),
+                reliable: false,
+                serves: true,
+            })
+            .map_err(|e| e.to_string())?;
+        ids.push(joined.node);
+    }
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cases = [
+        (NTH_SPOT_ITN_TAINT, spot[0], ids[0]),
+        (KARPENTER_DISRUPTED_TAINT, spot[1], ids[1]),
+    ];
+    let mut tainted = BTreeSet::new();
+    for (taint, pod, id) in cases {
+        let node = node_of(pod);
+        tainted.insert(node.clone());
+        let signalled = Instant::now();
+        let signalled_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        set_taint(&nodes, &node, Some(taint)).await?;
+        let deadline = poll_until(
+            &format!(
+                "the {taint} notice for pod {} at the coordinator",
+                pod.name_any()
+            ),
+            Duration::from_secs(60),
+            || {
+                let coordinator = coordinator.clone();
+                async move {
+                    Ok(coordinator
+                        .status(None)
+                        .notices
+                        .iter()
+                        .find(|(node, _)| *node == id)
+                        .map(|(_, deadline)| *deadline))
+                }
+            },
+        )
+        .await?;
+        let arrived = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        assert!(
+            deadline > arrived,
+            "{taint}: the notice arrived at {arrived}, after its deadline {deadline}"
+        );
+        assert!(
+            deadline >= signalled_unix,
+            "{taint}: deadline {deadline} before the signal at {signalled_unix}"
+        );
+        println!(
+            "{taint}: notice at the coordinator {:.2} s after the taint, {} s before its deadline",
+            signalled.elapsed().as_secs_f64(),
+            deadline - arrived
+        );
+    }
+
+    for node in tainted {
+        set_taint(&nodes, &node, None).await?;
+    }
+    let _ = stop.send(());
+    drop_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_resume_and_an_operator_restart_keep_pods_right() -> Result<(), BoxError> {
+    let test = "suspend_resume_and_an_operator_restart_keep_pods_right";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let ns = namespace(&client, "e2e-suspend").await?;
+    let stop = ebbflow_tests::operator::start(&client, &prometheus::Registry::new()).await?;
+    let job = "pausable";
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+
+    apply_job(&client, &ns, job, 1, false).await?;
+    let before: BTreeSet<String> = scheduled_pods(&pods, job, 2)
+        .await?
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+
+    // An operator restart mid-job: the new one adopts the pods, creates no duplicates.
+    let _ = stop.send(());
+    let registry = prometheus::Registry::new();
+    let stop = ebbflow_tests::operator::start(&client, &registry).await?;
+    poll_until(
+        "the restarted operator reconciled the job twice",
+        Duration::from_secs(30),
+        || async {
+            let text = ebbflow_runtime::metrics::render(&registry);
+            let reconciles = text
+                .lines()
+                .find_map(|l| l.strip_prefix("ebbflow_operator_reconciliations_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            Ok((reconciles >= 2.0).then_some(()))
+        },
+    )
+    .await?;
+    let after: BTreeSet<String> = live_pods(&pods, job)
+        .await?
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    assert_eq!(before, after, "the restart changed the job's pods");
+
+    // Suspend: every pod goes and the Suspended condition says so.
+    apply_job(&client, &ns, job, 1, true).await?;
+    poll_until(
+        "the suspended job without pods",
+        Duration::from_secs(60),
+        || async {
+            let live = live_pods(&pods, job).await?;
+            let status = jobs.get(job).await?.status.unwrap_or_default();
+            let suspended = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Suspended" && c.status == "True");
+            Ok((live.is_empty() && suspended).then_some(()))
+        },
+    )
+    .await?;
+
+    // Resume: the pods come back.
+    apply_job(&client, &ns, job, 1, false).await?;
+    scheduled_pods(&pods, job, 2).await?;
+
+    jobs.delete(job, &DeleteParams::default()).await?;
+    poll_until("the job gone", Duration::from_secs(60), || async {
+        Ok(jobs.get_opt(job).await?.is_none().then_some(()))
+    })
+    .await?;
+    let _ = stop.send(());
+    drop_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_leader() -> Result<(), BoxError> {
+    let Some(client) = client_or_skip("two_replicas_elect_one_leader").await? else {
+        return Ok(());
+    };
+    let ns = namespace(&client, "e2e-lease").await?;
+    let config = |identity: &str| LeaseConfig {
+        name: "ebbflow-operator".into(),
+        namespace: ns.clone(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(200),
+    };
+    let first = LeaderElector::new(client.clone(), config("replica-a"));
+    let second = LeaderElector::new(client.clone(), config("replica-b"));
+    assert!(
+        first.try_acquire_or_renew().await,
+        "the first replica leads"
+    );
+    assert!(
+        !second.try_acquire_or_renew().await,
+        "a second replica must not lead while the lease is held"
+    );
+    assert!(first.try_acquire_or_renew().await, "the leader renews");
+    assert!(!second.try_acquire_or_renew().await);
+    // The leader stops renewing (it crashed): the other takes over once the lease expires.
+    let took_over = Instant::now();
+    poll_until(
+        "the standby to take over",
+        Duration::from_secs(20),
+        || async { Ok(second.try_acquire_or_renew().await.then_some(())) },
+    )
+    .await?;
+    assert!(
+        took_over.elapsed() >= Duration::from_secs(1),
+        "the standby took over before the lease could expire"
+    );
+    assert!(
+        !first.try_acquire_or_renew().await,
+        "the old leader must not take the lease back"
+    );
+    drop_namespace(&client, &ns).await
+}
