@@ -102,6 +102,36 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
 }
 
 #[test]
+fn a_run_through_evictions_reaches_the_quality_of_a_calm_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = p3_trace();
+    let job = manifest(dir.path(), 600, 100_000, &trace);
+    // Ten trace hours a second: joins, notices (mostly too late at this pace) and failures.
+    let stormy = run(&args(job.clone(), dir.path().join("stormy"), 36_000.0)).unwrap();
+    // One trace second a second: the first decision's joins and nothing else.
+    let calm = run(&args(job, dir.path().join("calm"), 1.0)).unwrap();
+    let leaves: u64 = ["notice", "late_notice", "fail"]
+        .iter()
+        .filter_map(|kind| stormy.events.get(*kind))
+        .sum();
+    assert!(
+        leaves > 0,
+        "no node left during the stormy run: {:?}",
+        stormy.events
+    );
+    assert_eq!(calm.events.get("fail"), None, "{:?}", calm.events);
+    let (a, b) = (stormy.quality["rmse"], calm.quality["rmse"]);
+    println!(
+        "stormy: rmse {a:.4}, events {:?}, rollbacks {}; calm: rmse {b:.4}, events {:?}",
+        stormy.events, stormy.rollbacks, calm.events
+    );
+    assert!(
+        (a - b).abs() <= 0.01,
+        "rmse {a} through evictions vs {b} without"
+    );
+}
+
+#[test]
 fn bad_input_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let trace = p3_trace();
