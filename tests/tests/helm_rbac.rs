@@ -1,0 +1,210 @@
+//! `helm install` of `charts/ebbflow` on the real control plane, then the operator running with a
+//! token of the chart's ServiceAccount, so the chart's RBAC is what is tested (issue 7): with it
+//! the controller reconciles a TrainingJob end to end (pods, status, events, cleanup) and holds
+//! its Lease; without cluster-admin it cannot, for instance, delete a node or read another
+//! namespace's ConfigMaps.
+//!
+//! Skipped (with a line saying so) unless `EBBFLOW_KUBECONFIG` and `EBBFLOW_HELM` are set
+//! (`scripts/e2e.sh` sets both).
+
+use std::io::Write as _;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ebbflow_crds::TrainingJob;
+use ebbflow_operator::controller;
+use ebbflow_operator::leader::{LeaderElector, LeaseConfig};
+use ebbflow_tests::cluster::{
+    BoxError, FIELD_MANAGER, KUBECONFIG_ENV, client_or_skip, install_crd, poll_until, repo_root,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+const RELEASE: &str = "ebbflow";
+
+fn helm(args: &[&str]) -> Result<String, BoxError> {
+    let helm = std::env::var("EBBFLOW_HELM")?;
+    let kubeconfig = std::env::var(KUBECONFIG_ENV)?;
+    let output = Command::new(&helm)
+        .args(args)
+        .args(["--kubeconfig", &kubeconfig])
+        .output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "helm {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// A client for the same API server that authenticates as `namespace/service_account` with a
+/// short-lived token from the TokenRequest API.
+async fn service_account_client(
+    admin: &Client,
+    namespace: &str,
+    service_account: &str,
+) -> Result<Client, BoxError> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued: TokenRequest = accounts
+        .create_subresource("token", service_account, &PostParams::default(), &request)
+        .await?;
+    let token = issued
+        .status
+        .ok_or("token request returned no status")?
+        .token;
+    let path = std::env::var(KUBECONFIG_ENV)?;
+    let kubeconfig = Kubeconfig::read_from(&path)?;
+    let mut config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.auth_info = AuthInfo {
+        token: Some(token.into()),
+        ..AuthInfo::default()
+    };
+    Ok(Client::try_from(config)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), BoxError> {
+    let test = "the_chart_installs_and_its_rbac_is_enough_and_no_more";
+    if std::env::var_os("EBBFLOW_HELM").is_none() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped {test}: EBBFLOW_HELM is unset (scripts/e2e.sh sets it)"
+        );
+        return Ok(());
+    }
+    let Some(admin) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&admin).await?;
+    let millis = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+    let release_ns = format!("e2e-helm-{millis}");
+    let jobs_ns = format!("e2e-helm-jobs-{millis}");
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    for name in [&release_ns, &jobs_ns] {
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(name.clone());
+        namespaces.create(&PostParams::default(), &ns).await?;
+    }
+
+    let chart = repo_root().join("charts/ebbflow");
+    helm(&[
+        "install",
+        RELEASE,
+        &chart.display().to_string(),
+        "--namespace",
+        &release_ns,
+    ])?;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &release_ns);
+    let deployment = deployments.get(RELEASE).await?;
+    let pod_spec = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .ok_or("the chart's Deployment has no pod spec")?;
+    assert_eq!(pod_spec.service_account_name.as_deref(), Some(RELEASE));
+
+    // The operator as the chart's ServiceAccount.
+    let operator = service_account_client(&admin, &release_ns, RELEASE).await?;
+    controller::check_crd(&operator)
+        .await
+        .map_err(|e| format!("the CRD check as the ServiceAccount failed: {e}"))?;
+    let lease = LeaderElector::new(
+        operator.clone(),
+        LeaseConfig {
+            name: RELEASE.into(),
+            namespace: release_ns.clone(),
+            identity: "e2e".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(1),
+        },
+    );
+    assert!(
+        lease.try_acquire_or_renew().await,
+        "the ServiceAccount cannot take its Lease"
+    );
+    let stop = ebbflow_tests::operator::start(&operator, &prometheus::Registry::new()).await?;
+
+    // A job reconciled end to end by the ServiceAccount-authenticated operator.
+    let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart.yaml"))?;
+    let mut job: TrainingJob = serde_yaml::from_str(&quickstart)?;
+    job.metadata.namespace = Some(jobs_ns.clone());
+    job.spec.transient.min_nodes = 1;
+    let jobs: Api<TrainingJob> = Api::namespaced(admin.clone(), &jobs_ns);
+    jobs.patch(
+        "quickstart",
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&job),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &jobs_ns);
+    let selector =
+        ListParams::default().labels(&format!("{}=quickstart", controller::plan::JOB_LABEL));
+    poll_until(
+        "pods and a status written under the chart's RBAC",
+        Duration::from_secs(60),
+        || {
+            let (pods, jobs, selector) = (pods.clone(), jobs.clone(), selector.clone());
+            async move {
+                let count = pods.list(&selector).await?.items.len();
+                let status = jobs.get("quickstart").await?.status.unwrap_or_default();
+                Ok((count >= 2 && !status.conditions.is_empty()).then_some(()))
+            }
+        },
+    )
+    .await?;
+    jobs.delete("quickstart", &DeleteParams::default()).await?;
+    poll_until(
+        "the job cleaned up under the chart's RBAC",
+        Duration::from_secs(60),
+        || {
+            let jobs = jobs.clone();
+            async move { Ok(jobs.get_opt("quickstart").await?.is_none().then_some(())) }
+        },
+    )
+    .await?;
+
+    // No more than it needs.
+    let nodes: Api<Node> = Api::all(operator.clone());
+    let node = nodes
+        .list(&ListParams::default().limit(1))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or("no node")?;
+    let name = node.metadata.name.unwrap_or_default();
+    let refused = nodes.delete(&name, &DeleteParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 403),
+        "the ServiceAccount could delete node {name}: {refused:?}"
+    );
+    let config_maps: Api<ConfigMap> = Api::namespaced(operator.clone(), "kube-system");
+    let refused = config_maps.list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 403),
+        "the ServiceAccount could list ConfigMaps in kube-system: {refused:?}"
+    );
+
+    let _ = stop.send(());
+    helm(&["uninstall", RELEASE, "--namespace", &release_ns])?;
+    for name in [&release_ns, &jobs_ns] {
+        namespaces.delete(name, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
