@@ -15,6 +15,14 @@ echo "==> real data sets (scripts/fetch-data.sh) and the Python test venv (scrip
 export EBBFLOW_DATA_DIR="${EBBFLOW_DATA_DIR:-$(scripts/fetch-data.sh)}"
 export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
 
+echo "==> amazon-ec2-metadata-mock for the node notice tests (scripts/setup-cluster-tools.sh, cached)"
+# shellcheck source=../tests/cluster/versions.env
+source tests/cluster/versions.env
+if [[ -z "${EBBFLOW_EC2_METADATA_MOCK:-}" ]]; then
+  mock_bin_dir="$(scripts/setup-cluster-tools.sh amazon-ec2-metadata-mock)"
+  export EBBFLOW_EC2_METADATA_MOCK="$mock_bin_dir/amazon-ec2-metadata-mock-$ec2_metadata_mock_version"
+fi
+
 echo "==> cargo test (unit + integration, no cluster needed)"
 cargo test --workspace --locked
 

@@ -6,7 +6,8 @@
 //! building blocks and the in-process loopback mode), [`coordinator`] (static membership and the
 //! admin HTTP API) and [`cluster`] (launching coordinator + node processes) multi-process mode;
 //! [`elastic`] elastic training (tiers, stages, migration, backups,
-//! rollback) in segments; [`exact`] the integer-exact test app; [`metrics`] the Prometheus metrics.
+//! rollback) in segments; [`exact`] the integer-exact test app; [`notices`] eviction notices raised inside a node
+//! (instance metadata, SIGTERM); [`metrics`] the Prometheus metrics.
 
 pub mod app;
 pub mod apps;
@@ -21,6 +22,7 @@ pub mod local;
 pub mod message;
 pub mod metrics;
 pub mod node;
+pub mod notices;
 pub mod optimizer;
 pub mod partition;
 pub mod server;

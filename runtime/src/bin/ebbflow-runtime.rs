@@ -95,6 +95,17 @@ enum Command {
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
+        /// Seconds between SIGTERM and the node's end (the pod's termination grace period): on
+        /// SIGTERM the coordinator is told the node leaves then, and the process exits then.
+        #[arg(long, default_value_t = 30)]
+        grace_seconds: u64,
+        /// EC2 instance metadata endpoint to watch for spot interruptions and rebalance
+        /// recommendations (e.g. http://169.254.169.254; off when unset).
+        #[arg(long, env = "EBBFLOW_METADATA_ENDPOINT")]
+        metadata_endpoint: Option<String>,
+        /// Milliseconds between metadata polls.
+        #[arg(long, default_value_t = 2000)]
+        metadata_poll_ms: u64,
         #[command(flatten)]
         app: AppArgs,
     },
@@ -261,6 +272,9 @@ fn main() -> anyhow::Result<()> {
             no_serve,
             secret,
             optimizer,
+            grace_seconds,
+            metadata_endpoint,
+            metadata_poll_ms,
             app,
         } => node_main(NodeArgs {
             serves: !no_serve,
@@ -272,6 +286,9 @@ fn main() -> anyhow::Result<()> {
             workers: workers.unwrap_or_else(default_workers),
             secret,
             optimizer,
+            grace: Duration::from_secs(grace_seconds),
+            metadata_endpoint,
+            metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
             app,
         }),
     }
@@ -391,6 +408,9 @@ struct NodeArgs {
     workers: usize,
     secret: String,
     optimizer: Optimizer,
+    grace: Duration,
+    metadata_endpoint: Option<String>,
+    metadata_poll: Duration,
     app: AppArgs,
 }
 
@@ -471,6 +491,7 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
     let joined: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
     let node = joined.node;
     tracing::info!(node, name = %args.name, %advertise, "joined");
+    watch_for_notices(&rt, &args, &http)?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let plan: PlanResponse = loop {
         let plan: PlanResponse =
@@ -524,6 +545,60 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         args,
     };
     with_app(&app_args, clocks, staleness, task)
+}
+
+/// Starts the node's notice sources: SIGTERM (leave after the grace period) and, when configured,
+/// the instance metadata service.
+fn watch_for_notices(
+    rt: &tokio::runtime::Runtime,
+    args: &NodeArgs,
+    http: &reqwest::Client,
+) -> anyhow::Result<()> {
+    let mut terminate = {
+        let _guard = rt.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?
+    };
+    let (base, name, grace, client) = (
+        args.coordinator.clone(),
+        args.name.clone(),
+        args.grace,
+        http.clone(),
+    );
+    rt.spawn(async move {
+        if terminate.recv().await.is_none() {
+            return;
+        }
+        let deadline = std::time::SystemTime::now() + grace;
+        let deadline_unix = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        match ebbflow_runtime::notices::send_notice(&client, &base, &name, deadline_unix).await {
+            Ok(_) => tracing::info!(
+                deadline_unix,
+                "SIGTERM: the coordinator knows this node leaves"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "SIGTERM: the notice did not reach the coordinator")
+            }
+        }
+        tokio::time::sleep(grace).await;
+        tracing::info!("grace period over, exiting");
+        std::process::exit(143);
+    });
+    if let Some(endpoint) = &args.metadata_endpoint {
+        let metadata = ebbflow_runtime::notices::MetadataClient::new(endpoint)
+            .context("building the metadata client")?;
+        rt.spawn(ebbflow_runtime::notices::watch_metadata(
+            metadata,
+            http.clone(),
+            args.coordinator.clone(),
+            args.name.clone(),
+            args.metadata_poll,
+        ));
+        tracing::info!(%endpoint, "watching the instance metadata service for interruptions");
+    }
+    Ok(())
 }
 
 /// The part of a node's life that needs the app: host partitions, train, report, serve until done.
