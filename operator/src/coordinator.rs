@@ -135,24 +135,37 @@ impl CoordinatorClient {
             .map_err(|source| CoordinatorError::Decode { url, source })
     }
 
-    /// `POST {base}/notice`.
-    pub async fn notice(&self, base: &str, notice: &NoticeRequest) -> Result<(), CoordinatorError> {
-        self.post(base, "/notice", Some(notice)).await
+    /// `POST {base}/notice`, authenticated with the job's token.
+    pub async fn notice(
+        &self,
+        base: &str,
+        token: Option<&str>,
+        notice: &NoticeRequest,
+    ) -> Result<(), CoordinatorError> {
+        self.post(base, "/notice", token, Some(notice)).await
     }
 
-    /// `POST {base}/stop`.
-    pub async fn stop(&self, base: &str) -> Result<(), CoordinatorError> {
-        self.post::<()>(base, "/stop", None).await
+    /// `POST {base}/stop`, authenticated with the job's token.
+    pub async fn stop(&self, base: &str, token: Option<&str>) -> Result<(), CoordinatorError> {
+        self.post::<()>(base, "/stop", token, None).await
     }
 
     async fn post<T: Serialize>(
         &self,
         base: &str,
         path: &str,
+        token: Option<&str>,
         body: Option<&T>,
     ) -> Result<(), CoordinatorError> {
         let url = format!("{}{path}", base.trim_end_matches('/'));
         let mut request = self.http.post(&url);
+        // The job's data-plane token is also its admin secret.
+        if let Some(token) = token {
+            request = request.header(
+                reqwest::header::AUTHORIZATION,
+                ebbflow_runtime_api::bearer(token),
+            );
+        }
         if let Some(body) = body {
             request = request.json(body);
         }

@@ -6,6 +6,8 @@
 //! the plan (`GET /plan`), train, and report (`POST /report`). When every node reported, the
 //! coordinator copies the final parameters over the data plane, evaluates them and publishes the
 //! result in `GET /status`. Notices are validated and recorded (acting on them is issue 4).
+//! Calls that change the job carry the job secret: `join` and `report` in their bodies, `notice`
+//! and `stop` as `Authorization: Bearer <secret>`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -150,6 +152,18 @@ impl Coordinator {
         } else {
             Err(AdminError::CheckSecret)
         }
+    }
+
+    /// Checks the `Authorization: Bearer <job secret>` of a call that changes the job.
+    pub fn authorize(&self, headers: &axum::http::HeaderMap, call: &str) -> Result<(), AdminError> {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or("");
+        self.check_secret(token).inspect_err(|_| {
+            tracing::warn!(call, "admin call without the job secret refused");
+        })
     }
 
     /// Handles a join.
@@ -476,14 +490,20 @@ async fn report_handler(
 #[tracing::instrument(skip_all)]
 async fn notice_handler(
     State(c): State<Arc<Coordinator>>,
+    headers: axum::http::HeaderMap,
     Json(request): Json<NoticeRequest>,
 ) -> Result<Json<NoticeResponse>, AdminError> {
+    c.authorize(&headers, "notice")?;
     c.notice(request).map(Json)
 }
 
 #[tracing::instrument(skip_all)]
-async fn stop_handler(State(c): State<Arc<Coordinator>>) -> Json<Ack> {
-    Json(c.stop())
+async fn stop_handler(
+    State(c): State<Arc<Coordinator>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<Ack>, AdminError> {
+    c.authorize(&headers, "stop")?;
+    Ok(Json(c.stop()))
 }
 
 async fn metrics_handler(State(c): State<Arc<Coordinator>>) -> String {
@@ -680,12 +700,21 @@ mod http_tests {
         assert!(plan.ready);
         let missing = http.get(format!("{base}/plan")).send().await.unwrap();
         assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+        let ghost = NoticeRequest {
+            name: "ghost".into(),
+            deadline_unix: 1,
+        };
+        let unauthenticated = http
+            .post(format!("{base}/notice"))
+            .json(&ghost)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
         let notice = http
             .post(format!("{base}/notice"))
-            .json(&NoticeRequest {
-                name: "ghost".into(),
-                deadline_unix: 1,
-            })
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
+            .json(&ghost)
             .send()
             .await
             .unwrap();
@@ -702,8 +731,11 @@ mod http_tests {
             text.contains("ebbflow_runtime_iterations_total 3"),
             "{text}"
         );
+        let refused = http.post(format!("{base}/stop")).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
         let stopped: Ack = http
             .post(format!("{base}/stop"))
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
             .send()
             .await
             .unwrap()

@@ -263,18 +263,26 @@ pub fn parse_rebalance(url: &str, body: &str) -> Result<InstanceNotice, NoticeEr
     })
 }
 
-/// Posts "node `name` leaves at `deadline_unix`" to the coordinator at `base`.
+/// Posts "node `name` leaves at `deadline_unix`" to the coordinator at `base`, authenticated
+/// with the job `secret`.
 pub async fn send_notice(
     http: &reqwest::Client,
     base: &str,
+    secret: &str,
     name: &str,
     deadline_unix: u64,
 ) -> Result<NoticeResponse, NoticeError> {
     let url = format!("{}/notice", base.trim_end_matches('/'));
-    let request = http.post(&url).json(&NoticeRequest {
-        name: name.to_owned(),
-        deadline_unix,
-    });
+    let request = http
+        .post(&url)
+        .header(
+            reqwest::header::AUTHORIZATION,
+            ebbflow_runtime_api::bearer(secret),
+        )
+        .json(&NoticeRequest {
+            name: name.to_owned(),
+            deadline_unix,
+        });
     let (status, body) = exchange(&url, request).await?;
     if status != 200 {
         return Err(NoticeError::Status {
@@ -293,6 +301,7 @@ pub async fn watch_metadata(
     metadata: MetadataClient,
     http: reqwest::Client,
     coordinator: String,
+    secret: String,
     name: String,
     interval: Duration,
 ) {
@@ -305,7 +314,8 @@ pub async fn watch_metadata(
                     if !interruption && rebalance_sent {
                         continue;
                     }
-                    match send_notice(&http, &coordinator, &name, notice.deadline_unix()).await {
+                    let deadline = notice.deadline_unix();
+                    match send_notice(&http, &coordinator, &secret, &name, deadline).await {
                         Ok(_) => {
                             tracing::info!(?notice, "instance notice sent to the coordinator");
                             if interruption {

@@ -158,11 +158,13 @@ async fn a_spot_interruption_from_the_metadata_service_reaches_the_coordinator()
         return;
     };
     let (coordinator, url) = coordinator().await;
+    let coordinator_url = url.clone();
     let node = join(&coordinator, "spot-a");
     let watcher = tokio::spawn(watch_metadata(
         MetadataClient::new(&mock.1).unwrap(),
         reqwest::Client::new(),
         url,
+        SECRET.into(),
         "spot-a".into(),
         Duration::from_millis(50),
     ));
@@ -170,6 +172,21 @@ async fn a_spot_interruption_from_the_metadata_service_reaches_the_coordinator()
     assert_eq!(
         deadline, at,
         "the notice carries the instance-action time {time}"
+    );
+    // Without the job secret the coordinator refuses a notice and keeps the one it has.
+    let refused = ebbflow_runtime::notices::send_notice(
+        &reqwest::Client::new(),
+        &coordinator_url,
+        "wrong-secret",
+        "spot-a",
+        at + 1,
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.to_string().contains("401"), "{refused}");
+    assert_eq!(
+        notice_for(&coordinator, node, Duration::from_secs(1)).await,
+        at
     );
     tokio::time::timeout(Duration::from_secs(5), watcher)
         .await
@@ -198,6 +215,7 @@ async fn a_rebalance_recommendation_reaches_the_coordinator_with_its_lead() {
         MetadataClient::new(&mock.1).unwrap(),
         reqwest::Client::new(),
         url,
+        SECRET.into(),
         "spot-b".into(),
         Duration::from_millis(50),
     ));

@@ -20,7 +20,7 @@ use ebbflow_runtime::app::EvalReport;
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, router};
 use ebbflow_runtime_api::JoinRequest;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -149,24 +149,10 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     install_crd(&client).await?;
     let ns = namespace(&client, "e2e-notice").await?;
 
-    // A real coordinator (the runtime's admin API) on 127.0.0.1, waiting for nodes to join.
-    let secret = "e2e-secret".to_owned();
-    let coordinator = Coordinator::new(
-        CoordinatorConfig {
-            expected_nodes: 100,
-            partitions: 4,
-            clocks: 10,
-            staleness: 0,
-            secret: secret.clone(),
-            specs: Vec::new(),
-            evaluator: Arc::new(|_, _| EvalReport::default()),
-        },
-        prometheus::Registry::new(),
-    );
+    // A real coordinator (the runtime's admin API) on 127.0.0.1; it serves once the job's token
+    // (its admin secret) exists, and waits for more nodes than will join.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let serving = coordinator.clone();
-    tokio::spawn(async move { axum::serve(listener, router(serving)).await });
     let stop = ebbflow_tests::operator::start_with_coordinator(
         &client,
         &prometheus::Registry::new(),
@@ -180,6 +166,28 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     let placed = scheduled_pods(&pods, job, 3).await?;
     let spot: Vec<&Pod> = placed.iter().filter(|p| tier(p) == "transient").collect();
     assert_eq!(spot.len(), 2);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret = secrets
+        .get(&controller::plan::secret_name(job))
+        .await?
+        .data
+        .and_then(|data| data.get(controller::plan::TOKEN_KEY).cloned())
+        .map(|bytes| String::from_utf8_lossy(&bytes.0).into_owned())
+        .ok_or("the job's token Secret has no token")?;
+    let coordinator = Coordinator::new(
+        CoordinatorConfig {
+            expected_nodes: 100,
+            partitions: 4,
+            clocks: 10,
+            staleness: 0,
+            secret: secret.clone(),
+            specs: Vec::new(),
+            evaluator: Arc::new(|_, _| EvalReport::default()),
+        },
+        prometheus::Registry::new(),
+    );
+    let serving = coordinator.clone();
+    tokio::spawn(async move { axum::serve(listener, router(serving)).await });
     // The spot pods are the coordinator's nodes, joined under their pod names.
     let mut ids = Vec::new();
     for pod in &spot {

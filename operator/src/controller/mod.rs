@@ -339,19 +339,13 @@ async fn observe(
         .await
         .map_err(ObserveError::ListPods)?
         .items;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let secret_name = plan::secret_name(&name);
-    let token = secrets
-        .get_opt(&secret_name)
-        .await
-        .map_err(|source| ObserveError::GetSecret {
-            name: secret_name,
-            source,
-        })?
-        .and_then(|secret| secret.data)
-        .and_then(|data| data.get(plan::TOKEN_KEY).cloned())
-        .and_then(|bytes| String::from_utf8(bytes.0).ok())
-        .filter(|token| !token.is_empty());
+    let token =
+        job_token(ctx, namespace, &name)
+            .await
+            .map_err(|source| ObserveError::GetSecret {
+                name: plan::secret_name(&name),
+                source,
+            })?;
     let node_names: BTreeSet<String> = pods
         .iter()
         .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
@@ -373,6 +367,22 @@ async fn observe(
         nodes.insert(node_name, observation);
     }
     Ok(Observed { pods, token, nodes })
+}
+
+/// The job's data-plane token (also its coordinator's admin secret), if its Secret exists.
+async fn job_token(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<String>, kube::Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(secrets
+        .get_opt(&plan::secret_name(name))
+        .await?
+        .and_then(|secret| secret.data)
+        .and_then(|data| data.get(plan::TOKEN_KEY).cloned())
+        .and_then(|bytes| String::from_utf8(bytes.0).ok())
+        .filter(|token| !token.is_empty()))
 }
 
 /// A random 256-bit hex token for the data plane.
@@ -517,7 +527,16 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         ctx.with_memory(&job_ref, |memory| memory.ledger.count_new(&current_notices));
     if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
         for notice in &undelivered {
-            if deliver_notice(&ctx, (&namespace, &name), &coordinator_base, notice, now).await {
+            if deliver_notice(
+                &ctx,
+                (&namespace, &name),
+                &coordinator_base,
+                observed.token.as_deref(),
+                notice,
+                now,
+            )
+            .await
+            {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
                 publish(
                     &ctx,
@@ -639,7 +658,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     }
     if job.spec.suspend && !desired.delete.is_empty() && coordinator_pod_ready {
         // Let the coordinator push state to its backups before its nodes go.
-        if let Err(error) = ctx.coordinator.stop(&coordinator_base).await {
+        if let Err(error) = ctx
+            .coordinator
+            .stop(&coordinator_base, observed.token.as_deref())
+            .await
+        {
             debug!(%error, "stop before suspend not delivered");
         }
     }
@@ -658,7 +681,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                 source: NoticeSource::ScaleDown,
             };
             if !matches!(coordinator, CoordinatorObservation::NotQueried)
-                && deliver_notice(&ctx, (&namespace, &name), &coordinator_base, &notice, now).await
+                && deliver_notice(
+                    &ctx,
+                    (&namespace, &name),
+                    &coordinator_base,
+                    observed.token.as_deref(),
+                    &notice,
+                    now,
+                )
+                .await
             {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(&notice));
             }
@@ -765,11 +796,12 @@ async fn deliver_notice(
     ctx: &Context,
     job: (&str, &str),
     base: &str,
+    token: Option<&str>,
     notice: &Notice,
     now: Timestamp,
 ) -> bool {
     let request = notice_request(&notice.pod, notice.leaves_at);
-    match ctx.coordinator.notice(base, &request).await {
+    match ctx.coordinator.notice(base, token, &request).await {
         Ok(()) => {
             let lead = notice.leaves_at.duration_since(now).as_secs_f64().max(0.0);
             let source = notice.source.as_str();
@@ -945,7 +977,8 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
             &namespace,
             ctx.config.coordinator_url_override.as_deref(),
         );
-        if let Err(error) = ctx.coordinator.stop(&base).await {
+        let token = job_token(&ctx, &namespace, &name).await.ok().flatten();
+        if let Err(error) = ctx.coordinator.stop(&base, token.as_deref()).await {
             // The job is going away either way; a coordinator that cannot be told is deleted.
             debug!(%error, "stop before deletion not delivered");
         }

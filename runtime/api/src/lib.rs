@@ -144,6 +144,12 @@ pub struct ReportRequest {
     pub parameter_bytes: u64,
 }
 
+/// The `Authorization` value that carries the job secret on the admin API's calls without a body
+/// secret (`POST /notice`, `POST /stop`): the coordinator refuses them without it.
+pub fn bearer(secret: &str) -> String {
+    format!("Bearer {secret}")
+}
+
 /// "Instance X goes away at T" (issue 4 acts on it; static membership records it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NoticeRequest {

@@ -559,8 +559,9 @@ fn watch_for_notices(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?
     };
-    let (base, name, grace, client) = (
+    let (base, secret, name, grace, client) = (
         args.coordinator.clone(),
+        args.secret.clone(),
         args.name.clone(),
         args.grace,
         http.clone(),
@@ -573,7 +574,9 @@ fn watch_for_notices(
         let deadline_unix = deadline
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        match ebbflow_runtime::notices::send_notice(&client, &base, &name, deadline_unix).await {
+        let sent =
+            ebbflow_runtime::notices::send_notice(&client, &base, &secret, &name, deadline_unix);
+        match sent.await {
             Ok(_) => tracing::info!(
                 deadline_unix,
                 "SIGTERM: the coordinator knows this node leaves"
@@ -593,6 +596,7 @@ fn watch_for_notices(
             metadata,
             http.clone(),
             args.coordinator.clone(),
+            args.secret.clone(),
             args.name.clone(),
             args.metadata_poll,
         ));
