@@ -149,31 +149,20 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     install_crd(&client).await?;
     let ns = namespace(&client, "e2e-notice").await?;
 
-    // A real coordinator (the runtime's admin API) on 127.0.0.1; it serves once the job's token
-    // (its admin secret) exists, and waits for more nodes than will join.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let stop = ebbflow_tests::operator::start_with_coordinator(
-        &client,
-        &prometheus::Registry::new(),
-        &url,
-    )
-    .await?;
-
+    // A real coordinator (the runtime's admin API) on 127.0.0.1, serving before the operator
+    // starts (so it is never unreachable). Its admin secret is the job's token: the test creates
+    // the job's token Secret itself, and the operator keeps an existing token.
     let job = "interrupted";
-    apply_job(&client, &ns, job, 2, false).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let placed = scheduled_pods(&pods, job, 3).await?;
-    let spot: Vec<&Pod> = placed.iter().filter(|p| tier(p) == "transient").collect();
-    assert_eq!(spot.len(), 2);
+    let secret = "e2e-interruption-token".to_owned();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let secret = secrets
-        .get(&controller::plan::secret_name(job))
-        .await?
-        .data
-        .and_then(|data| data.get(controller::plan::TOKEN_KEY).cloned())
-        .map(|bytes| String::from_utf8_lossy(&bytes.0).into_owned())
-        .ok_or("the job's token Secret has no token")?;
+    let mut token = Secret::default();
+    token.metadata.name = Some(controller::plan::secret_name(job));
+    token.string_data = Some(
+        [(controller::plan::TOKEN_KEY.to_owned(), secret.clone())]
+            .into_iter()
+            .collect(),
+    );
+    secrets.create(&PostParams::default(), &token).await?;
     let coordinator = Coordinator::new(
         CoordinatorConfig {
             expected_nodes: 100,
@@ -186,8 +175,22 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
         },
         prometheus::Registry::new(),
     );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
     let serving = coordinator.clone();
     tokio::spawn(async move { axum::serve(listener, router(serving)).await });
+    let stop = ebbflow_tests::operator::start_with_coordinator(
+        &client,
+        &prometheus::Registry::new(),
+        &url,
+    )
+    .await?;
+
+    apply_job(&client, &ns, job, 2, false).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let placed = scheduled_pods(&pods, job, 3).await?;
+    let spot: Vec<&Pod> = placed.iter().filter(|p| tier(p) == "transient").collect();
+    assert_eq!(spot.len(), 2);
     // The spot pods are the coordinator's nodes, joined under their pod names.
     let mut ids = Vec::new();
     for pod in &spot {
