@@ -743,7 +743,10 @@ impl Drive<'_> {
                 (slot - self.start_slot) as f64 * self.grid.step as f64 / self.speed,
             );
             while started.elapsed() < due && !finished() {
-                std::thread::sleep((due - started.elapsed()).min(Duration::from_millis(20)));
+                std::thread::sleep(
+                    due.saturating_sub(started.elapsed())
+                        .min(Duration::from_millis(20)),
+                );
             }
         }
     }
