@@ -558,6 +558,309 @@ impl LiveFeed {
     }
 }
 
+/// Asks the running segment to end at its next clock boundary (an event arrived).
+#[derive(Debug, Default)]
+pub struct Interrupt {
+    requested: parking_lot::Mutex<bool>,
+    changed: parking_lot::Condvar,
+}
+
+impl Interrupt {
+    /// Requests the end of the segment.
+    pub fn request(&self) {
+        *self.requested.lock() = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `timeout` for a request; true if one was made.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut requested = self.requested.lock();
+        if !*requested {
+            let _ = self.changed.wait_for(&mut requested, timeout);
+        }
+        *requested
+    }
+
+    fn reset(&self) {
+        *self.requested.lock() = false;
+    }
+}
+
+/// What one segment asks of the fleet.
+#[derive(Debug, Clone)]
+pub struct SegmentSpec {
+    /// First clock.
+    pub first: u64,
+    /// One past the last clock, unless interrupted earlier.
+    pub end: u64,
+    /// Owner and epoch of every partition.
+    pub map: PartitionMap,
+    /// Nodes that run workers in this segment.
+    pub worker_nodes: Vec<NodeId>,
+}
+
+/// What a segment did: where it ended and, per logical worker, its report.
+#[derive(Debug)]
+pub struct SegmentOutcome {
+    /// One past the last clock every worker ran.
+    pub end: u64,
+    /// (logical worker, report).
+    pub reports: Vec<(u32, WorkerReport)>,
+}
+
+/// Errors of a fleet operation.
+#[derive(Debug, Error)]
+pub enum FleetError {
+    /// Nodes stopped answering: their state is gone (the run rolls back).
+    #[error("nodes {nodes:?} were lost: {reason}")]
+    Lost {
+        /// The nodes.
+        nodes: Vec<NodeId>,
+        /// What was seen.
+        reason: String,
+    },
+    /// A segment failed for another reason.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// A partition image did not fit.
+    #[error(transparent)]
+    Restore(#[from] StoreError),
+}
+
+impl From<FleetError> for ElasticError {
+    fn from(error: FleetError) -> Self {
+        match error {
+            FleetError::Run(e) => ElasticError::Run(e),
+            FleetError::Restore(e) => ElasticError::Restore(e),
+            lost @ FleetError::Lost { .. } => ElasticError::Run(RunError::RunCluster {
+                reason: lost.to_string(),
+            }),
+        }
+    }
+}
+
+/// Where the nodes of an elastic run live and how the controller acts on them: threads of this
+/// process ([`LocalFleet`]) or node processes driven over the data plane
+/// (`control::ProcessFleet`). The controller's loop is the same for both.
+pub trait Fleet {
+    /// Node `id` (named `name`) became a member.
+    fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError>;
+    /// Node `id` left; it hosts nothing any more.
+    fn release(&mut self, id: NodeId);
+    /// Hosts `partition` on `to` at `epoch`, taking its state from `from` (its current host) or,
+    /// when there is none, from `fallback`.
+    fn place(
+        &mut self,
+        partition: PartitionId,
+        to: NodeId,
+        epoch: u64,
+        from: Option<NodeId>,
+        fallback: &PartitionImage,
+    ) -> Result<(), FleetError>;
+    /// Nodes outside `owners` host no partition now.
+    fn retire_idle(&mut self, owners: &BTreeSet<NodeId>);
+    /// Every node drops its partitions (a rollback restores them from the BackupPS copy).
+    fn abandon_all(&mut self);
+    /// Runs one segment; `interrupt` ends it early at a clock boundary.
+    fn run_segment(
+        &mut self,
+        spec: &SegmentSpec,
+        interrupt: &Interrupt,
+    ) -> Result<SegmentOutcome, FleetError>;
+    /// (partition, visible clock) of every hosted partition.
+    fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError>;
+    /// Images of every hosted partition, in partition order.
+    fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError>;
+    /// The run is over: stop every worker and server.
+    fn finish(&mut self);
+}
+
+/// The fleet of an in-process run: every node's data-plane server is a real TCP server on
+/// 127.0.0.1 in this process, and the job's logical workers are threads of one pool.
+pub struct LocalFleet {
+    runtime: tokio::runtime::Runtime,
+    pool: Option<WorkerPool>,
+    servers: BTreeMap<NodeId, ServerHandle>,
+    secret: Vec<u8>,
+    specs: Vec<TableSpec>,
+    job: JobConfig,
+    metrics: RuntimeMetrics,
+}
+
+impl LocalFleet {
+    /// Starts the job's worker threads (idle until the first segment).
+    pub fn start<A: App>(
+        app: &A,
+        job: &JobConfig,
+        metrics: &RuntimeMetrics,
+        run_start: Instant,
+    ) -> Result<Self, ElasticError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| RunError::RunCluster {
+                reason: format!("starting the tokio runtime failed: {e}"),
+            })?;
+        let specs = app.tables();
+        let secret = random_secret().into_bytes();
+        let client = ClientConfig {
+            secret: secret.clone(),
+            node: 0,
+            max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: job.wait_timeout,
+        };
+        let pool = WorkerPool::start(app, &specs, &client, job, metrics, run_start)?;
+        Ok(Self {
+            runtime,
+            pool: Some(pool),
+            servers: BTreeMap::new(),
+            secret,
+            specs,
+            job: job.clone(),
+            metrics: metrics.clone(),
+        })
+    }
+}
+
+impl Fleet for LocalFleet {
+    fn admit(&mut self, _id: NodeId, _name: &str) -> Result<(), FleetError> {
+        Ok(())
+    }
+
+    fn release(&mut self, id: NodeId) {
+        if let Some(handle) = self.servers.remove(&id) {
+            handle.stop(self.runtime.handle());
+        }
+    }
+
+    fn place(
+        &mut self,
+        partition: PartitionId,
+        to: NodeId,
+        epoch: u64,
+        from: Option<NodeId>,
+        fallback: &PartitionImage,
+    ) -> Result<(), FleetError> {
+        let image = from
+            .and_then(|node| self.servers.get(&node))
+            .and_then(|server| server.state.take(partition))
+            .unwrap_or_else(|| fallback.clone());
+        let strict = self.job.staleness == 0;
+        let server = match self.servers.entry(to) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                let state = Arc::new(ServerState::new(
+                    &[],
+                    self.job.partitions,
+                    &self.specs,
+                    self.job.workers as u32,
+                    self.job.optimizer,
+                    strict,
+                ));
+                let handle = ServerHandle::loopback(
+                    self.runtime.handle(),
+                    state,
+                    &self.secret,
+                    self.job.wait_timeout,
+                    &self.metrics,
+                )
+                .map_err(|e| RunError::RunCluster {
+                    reason: format!("binding a node's data-plane server failed: {e}"),
+                })?;
+                entry.insert(handle)
+            }
+        };
+        server
+            .state
+            .install(image, epoch, &self.specs, self.job.optimizer, strict)?;
+        Ok(())
+    }
+
+    fn retire_idle(&mut self, owners: &BTreeSet<NodeId>) {
+        let idle: Vec<NodeId> = self
+            .servers
+            .keys()
+            .copied()
+            .filter(|node| !owners.contains(node))
+            .collect();
+        for node in idle {
+            self.release(node);
+        }
+    }
+
+    fn abandon_all(&mut self) {
+        for (_, handle) in std::mem::take(&mut self.servers) {
+            handle.state.abandon();
+            handle.stop(self.runtime.handle());
+        }
+    }
+
+    fn run_segment(
+        &mut self,
+        spec: &SegmentSpec,
+        interrupt: &Interrupt,
+    ) -> Result<SegmentOutcome, FleetError> {
+        let Some(pool) = &self.pool else {
+            return Err(RunError::JoinWorker { worker: u32::MAX }.into());
+        };
+        let plan = SegmentPlan {
+            gate: Arc::new(ClockGate::range(spec.first, spec.end)),
+            map: spec.map.clone(),
+            addrs: self
+                .servers
+                .iter()
+                .map(|(node, handle)| (*node, handle.addr))
+                .collect(),
+        };
+        let gate = plan.gate.clone();
+        let over = std::sync::atomic::AtomicBool::new(false);
+        let outcome = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !over.load(std::sync::atomic::Ordering::Acquire) {
+                    if interrupt.wait(Duration::from_millis(5)) {
+                        gate.end_soon();
+                        break;
+                    }
+                }
+            });
+            let outcome = pool.run_segment(&plan);
+            over.store(true, std::sync::atomic::Ordering::Release);
+            outcome
+        });
+        let reports = outcome?;
+        Ok(SegmentOutcome {
+            end: gate.end(),
+            reports: pool.ids().into_iter().zip(reports).collect(),
+        })
+    }
+
+    fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
+        Ok(self
+            .servers
+            .values()
+            .flat_map(|server| server.state.visible_clocks())
+            .collect())
+    }
+
+    fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
+        Ok(self
+            .servers
+            .values()
+            .flat_map(|server| server.state.images())
+            .collect())
+    }
+
+    fn finish(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.stop();
+        }
+        for (_, handle) in std::mem::take(&mut self.servers) {
+            handle.stop(self.runtime.handle());
+        }
+    }
+}
+
 /// Trains `app` elastically through `events` (see the module docs). Every worker and server is a
 /// thread of this process talking real TCP on 127.0.0.1.
 pub fn run_elastic<A: App>(
@@ -566,7 +869,9 @@ pub fn run_elastic<A: App>(
     events: &[ScheduledEvent],
     metrics: &RuntimeMetrics,
 ) -> Result<ElasticReport, ElasticError> {
-    run_elastic_with(app, config, events, None, metrics)
+    validate_elastic(app, config, events)?;
+    let mut fleet = LocalFleet::start(app, &config.job, metrics, Instant::now())?;
+    run_elastic_on(app, config, events, None, &mut fleet, metrics)
 }
 
 /// As [`run_elastic`] with events arriving on `feed` while training runs.
@@ -576,19 +881,19 @@ pub fn run_elastic_live<A: App>(
     feed: &LiveFeed,
     metrics: &RuntimeMetrics,
 ) -> Result<ElasticReport, ElasticError> {
-    run_elastic_with(app, config, &[], Some(feed), metrics)
+    validate_elastic(app, config, &[])?;
+    let mut fleet = LocalFleet::start(app, &config.job, metrics, Instant::now())?;
+    run_elastic_on(app, config, &[], Some(feed), &mut fleet, metrics)
 }
 
-fn run_elastic_with<A: App>(
+/// Checks an elastic run's settings and schedule.
+pub fn validate_elastic<A: App>(
     app: &A,
     config: &ElasticConfig,
     events: &[ScheduledEvent],
-    feed: Option<&LiveFeed>,
-    metrics: &RuntimeMetrics,
-) -> Result<ElasticReport, ElasticError> {
+) -> Result<(), ElasticError> {
     validate_config(&config.job)?;
-    let specs = app.tables();
-    validate_tables(&specs).map_err(RunError::from)?;
+    validate_tables(&app.tables()).map_err(RunError::from)?;
     let job = &config.job;
     if config.backup_every == 0 {
         return Err(ElasticError::Validate(
@@ -618,13 +923,35 @@ fn run_elastic_with<A: App>(
             event.at_clock
         )));
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| RunError::RunCluster {
-            reason: format!("starting the tokio runtime failed: {e}"),
-        })?;
+    Ok(())
+}
+
+/// The controller's loop over any [`Fleet`] (see the module docs): `events` are scheduled at
+/// clock boundaries, `feed` delivers live ones.
+pub fn run_elastic_on<A: App>(
+    app: &A,
+    config: &ElasticConfig,
+    events: &[ScheduledEvent],
+    feed: Option<&LiveFeed>,
+    fleet: &mut dyn Fleet,
+    metrics: &RuntimeMetrics,
+) -> Result<ElasticReport, ElasticError> {
+    validate_elastic(app, config, events)?;
+    let outcome = run_controller(app, config, events, feed, fleet, metrics);
+    fleet.finish();
+    outcome
+}
+
+fn run_controller<A: App>(
+    app: &A,
+    config: &ElasticConfig,
+    events: &[ScheduledEvent],
+    feed: Option<&LiveFeed>,
+    fleet: &mut dyn Fleet,
+    metrics: &RuntimeMetrics,
+) -> Result<ElasticReport, ElasticError> {
+    let specs = app.tables();
+    let job = &config.job;
     let workers = job.workers as u32;
     let images = empty_images(job.partitions, &specs, workers);
     let mut controller = Controller {
@@ -661,13 +988,6 @@ fn run_elastic_with<A: App>(
             .add_member(name, false)
             .map_err(ElasticError::Validate)?;
     }
-    let secret = random_secret().into_bytes();
-    let client = ClientConfig {
-        secret: secret.clone(),
-        node: 0,
-        max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
-        timeout: job.wait_timeout,
-    };
     let mut done = vec![false; events.len()];
     // Per logical worker, per clock: the last run's stats and end time.
     let mut merged: Vec<WorkerReport> = (0..workers)
@@ -677,13 +997,14 @@ fn run_elastic_with<A: App>(
             ..WorkerReport::default()
         })
         .collect();
-    let run_start = Instant::now();
     let mut pending_notice: Option<Instant> = None;
-    let pool = WorkerPool::start(app, &specs, &client, job, metrics, run_start)?;
-    // Each node's data-plane server, alive across segments; where each partition is hosted
-    // (`None`: its state is the controller's copy, to be installed).
-    let mut servers: BTreeMap<NodeId, ServerHandle> = BTreeMap::new();
+    // Where each partition is hosted (`None`: its state is the controller's copy, to be
+    // installed), and which members the fleet knows.
     let mut location: Vec<Option<(NodeId, u64)>> = vec![None; job.partitions as usize];
+    let mut admitted: BTreeMap<NodeId, String> = BTreeMap::new();
+    // A node was lost mid-segment: the survivors' state is abandoned, so the run rolls back.
+    let mut force_rollback = false;
+    let interrupt = Interrupt::default();
 
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     while controller.clock < job.clocks {
@@ -711,210 +1032,45 @@ fn run_elastic_with<A: App>(
             controller.report.stopped_at = Some(clock);
             break;
         }
-        if !lost.is_empty() {
+        if !lost.is_empty() || std::mem::take(&mut force_rollback) {
             controller.lose(&lost, &specs, workers);
             controller.roll_back();
             pending_notice = None;
             // Every partition restarts from the BackupPS copy: no server keeps a live one.
-            for (_, handle) in std::mem::take(&mut servers) {
-                handle.stop(runtime.handle());
-            }
+            fleet.abandon_all();
             location.iter_mut().for_each(|l| *l = None);
         }
-        let clock = controller.clock;
-        let next_event = events
-            .iter()
-            .zip(&done)
-            .filter(|(e, done)| !**done && e.at_clock > clock)
-            .map(|(e, _)| e.at_clock)
-            .min()
-            .unwrap_or(job.clocks);
-        let layout = plan_layout(
-            &controller.member_list(),
-            job.partitions,
-            controller.layout.as_ref().map(|l| l.partitions.as_slice()),
-            &config.thresholds,
-        )
-        .map_err(ElasticError::Validate)?;
-        let next_backup = if layout.stage == 1 {
-            job.clocks
-        } else {
-            controller.backup_clock + config.backup_every
-        };
-        let end = next_event.min(next_backup.max(clock + 1)).min(job.clocks);
-        let moved = moved_partitions(controller.layout.as_ref(), &layout);
-        controller.report.partitions_migrated += u64::from(moved);
-        metrics.partitions_migrated.inc_by(u64::from(moved));
-        metrics.stage.set(i64::from(layout.stage));
-        let reliable_now = controller.members.iter().filter(|m| m.reliable).count();
-        metrics
-            .nodes
-            .with_label_values(&["reliable"])
-            .set(reliable_now as i64);
-        metrics
-            .nodes
-            .with_label_values(&["transient"])
-            .set((controller.members.len() - reliable_now) as i64);
-
-        // Lay the partitions out: a partition whose owner or epoch changed is copied to its new
-        // owner (from its old one, or from the controller's copy after a rollback).
-        let segment_start = Instant::now();
-        let strict = job.staleness == 0;
-        for (p, target) in layout.partitions.iter().enumerate() {
-            if location[p] == Some((target.owner, target.epoch)) {
-                continue;
-            }
-            let image = location[p]
-                .and_then(|(node, _)| servers.get(&node))
-                .and_then(|server| server.state.take(p as PartitionId))
-                .unwrap_or_else(|| controller.images[p].clone());
-            let server = match servers.entry(target.owner) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    let state = Arc::new(ServerState::new(
-                        &[],
-                        job.partitions,
-                        &specs,
-                        workers,
-                        job.optimizer,
-                        strict,
-                    ));
-                    let handle = ServerHandle::loopback(
-                        runtime.handle(),
-                        state,
-                        &secret,
-                        job.wait_timeout,
-                        metrics,
-                    )
-                    .map_err(|e| RunError::RunCluster {
-                        reason: format!("binding a node's data-plane server failed: {e}"),
-                    })?;
-                    entry.insert(handle)
+        match run_boundary(
+            config,
+            &mut controller,
+            fleet,
+            &mut location,
+            &mut admitted,
+            &mut pending_notice,
+            &mut merged,
+            events,
+            &done,
+            feed,
+            &interrupt,
+            &mut arrived,
+        ) {
+            Ok(()) => {}
+            Err(FleetError::Lost { nodes, reason }) => {
+                tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
+                let names: Vec<String> = nodes
+                    .iter()
+                    .filter_map(|id| admitted.get(id).cloned())
+                    .collect();
+                if !names.is_empty() {
+                    arrived.push((ElasticEvent::Fail { names }, Instant::now()));
                 }
-            };
-            server
-                .state
-                .install(image, target.epoch, &specs, job.optimizer, strict)?;
-            location[p] = Some((target.owner, target.epoch));
-        }
-        // Nodes that serve nothing now stop their servers.
-        let owners: BTreeSet<NodeId> = layout.partitions.iter().map(|e| e.owner).collect();
-        let idle: Vec<NodeId> = servers
-            .keys()
-            .copied()
-            .filter(|node| !owners.contains(node))
-            .collect();
-        for node in idle {
-            if let Some(handle) = servers.remove(&node) {
-                handle.stop(runtime.handle());
+                force_rollback = true;
             }
+            Err(other) => return Err(other.into()),
         }
-        if let Some(received) = pending_notice.take() {
-            controller
-                .report
-                .notice_to_safe_seconds
-                .push(received.elapsed().as_secs_f64());
-        }
-        let map = PartitionMap::from_entries(layout.partitions.clone()).map_err(|e| {
-            RunError::RunCluster {
-                reason: e.to_string(),
-            }
-        })?;
-        tracing::info!(
-            first = clock,
-            end,
-            stage = layout.stage,
-            servers = layout.servers.len(),
-            moved,
-            "segment starting"
-        );
-        let setup_seconds = segment_start.elapsed().as_secs_f64();
-        let plan = SegmentPlan {
-            gate: Arc::new(ClockGate::range(clock, end)),
-            map,
-            addrs: servers
-                .iter()
-                .map(|(node, handle)| (*node, handle.addr))
-                .collect(),
-        };
-        let gate = plan.gate.clone();
-        let segment_over = std::sync::atomic::AtomicBool::new(false);
-        let outcome = std::thread::scope(|scope| {
-            if let Some(feed) = feed {
-                // An arrival ends the segment at the next clock boundary.
-                scope.spawn(|| {
-                    while !segment_over.load(std::sync::atomic::Ordering::Acquire) {
-                        match feed.wait(Duration::from_millis(5)) {
-                            Ok(Some(event)) => {
-                                arrived.push((event, Instant::now()));
-                                gate.end_soon();
-                            }
-                            Ok(None) => {}
-                            Err(()) => break,
-                        }
-                    }
-                });
-            }
-            let outcome = pool.run_segment(&plan);
-            segment_over.store(true, std::sync::atomic::Ordering::Release);
-            outcome
-        });
-        let end = gate.end();
-        let teardown_start = Instant::now();
-        let reports = outcome?;
-        for server in servers.values() {
-            if let Some(&(partition, clock)) = server
-                .state
-                .visible_clocks()
-                .iter()
-                .find(|(_, clock)| *clock != end)
-            {
-                return Err(ElasticError::CheckBoundary {
-                    partition,
-                    clock,
-                    expected: end,
-                });
-            }
-        }
-        for (worker, report) in reports.into_iter().enumerate() {
-            let target = &mut merged[worker];
-            for (offset, stats) in report.stats.iter().enumerate() {
-                let at = report.first_clock as usize + offset;
-                target.stats[at] = *stats;
-                target.clock_end[at] = report.clock_end[offset];
-            }
-            target.wait_seconds += report.wait_seconds;
-        }
-        controller.clock = end;
-        let stage = layout.stage;
-        let backup_due = stage == 1 || end - controller.backup_clock >= config.backup_every;
-        if backup_due {
-            // ActivePS → BackupPS: the consistent copy at this boundary.
-            controller.images = gather_images(&servers, job.partitions)?;
-            controller.sync_backup();
-        }
-        let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
-        controller.report.segments.push(SegmentRecord {
-            first_clock: clock,
-            end_clock: end,
-            stage: layout.stage,
-            reliable_nodes,
-            transient_nodes: controller.members.len() - reliable_nodes,
-            servers: layout.servers.len(),
-            worker_nodes: layout.worker_nodes.len(),
-            partitions_moved: moved,
-            seconds: segment_start.elapsed().as_secs_f64(),
-            setup_seconds,
-            teardown_seconds: teardown_start.elapsed().as_secs_f64(),
-        });
-        controller.layout = Some(layout);
     }
-    pool.stop();
     if location.iter().any(Option::is_some) {
-        controller.images = gather_images(&servers, job.partitions)?;
-    }
-    for (_, handle) in std::mem::take(&mut servers) {
-        handle.stop(runtime.handle());
+        controller.images = gather_images(fleet, job.partitions)?;
     }
 
     let mut report = controller.report;
@@ -937,21 +1093,218 @@ fn run_elastic_with<A: App>(
     Ok(report)
 }
 
-/// Images of every partition from the servers hosting them, in partition order.
-fn gather_images(
-    servers: &BTreeMap<NodeId, ServerHandle>,
-    num_partitions: u32,
-) -> Result<Vec<PartitionImage>, ElasticError> {
-    let mut images: Vec<PartitionImage> = servers
-        .values()
-        .flat_map(|server| server.state.images())
+/// Lays out and runs one segment from the current boundary.
+#[allow(clippy::too_many_arguments)]
+fn run_boundary(
+    config: &ElasticConfig,
+    controller: &mut Controller<'_>,
+    fleet: &mut dyn Fleet,
+    location: &mut [Option<(NodeId, u64)>],
+    admitted: &mut BTreeMap<NodeId, String>,
+    pending_notice: &mut Option<Instant>,
+    merged: &mut [WorkerReport],
+    events: &[ScheduledEvent],
+    done: &[bool],
+    feed: Option<&LiveFeed>,
+    interrupt: &Interrupt,
+    arrived: &mut Vec<(ElasticEvent, Instant)>,
+) -> Result<(), FleetError> {
+    let job = &config.job;
+    let metrics = controller.metrics;
+    let clock = controller.clock;
+    for member in &controller.members {
+        if !admitted.contains_key(&member.id) {
+            fleet.admit(member.id, &member.name).map_err(|e| match e {
+                FleetError::Lost { reason, .. } => FleetError::Lost {
+                    nodes: vec![member.id],
+                    reason,
+                },
+                other => other,
+            })?;
+            admitted.insert(member.id, member.name.clone());
+        }
+    }
+    let next_event = events
+        .iter()
+        .zip(done)
+        .filter(|(e, done)| !**done && e.at_clock > clock)
+        .map(|(e, _)| e.at_clock)
+        .min()
+        .unwrap_or(job.clocks);
+    let layout = plan_layout(
+        &controller.member_list(),
+        job.partitions,
+        controller.layout.as_ref().map(|l| l.partitions.as_slice()),
+        &config.thresholds,
+    )
+    .map_err(|reason| RunError::RunCluster { reason })?;
+    let next_backup = if layout.stage == 1 {
+        job.clocks
+    } else {
+        controller.backup_clock + config.backup_every
+    };
+    let end = next_event.min(next_backup.max(clock + 1)).min(job.clocks);
+    let moved = moved_partitions(controller.layout.as_ref(), &layout);
+    metrics.stage.set(i64::from(layout.stage));
+    let reliable_now = controller.members.iter().filter(|m| m.reliable).count();
+    metrics
+        .nodes
+        .with_label_values(&["reliable"])
+        .set(reliable_now as i64);
+    metrics
+        .nodes
+        .with_label_values(&["transient"])
+        .set((controller.members.len() - reliable_now) as i64);
+
+    // Lay the partitions out: a partition whose owner or epoch changed is copied to its new
+    // owner (from its old one, or from the controller's copy after a rollback).
+    let segment_start = Instant::now();
+    for (p, target) in layout.partitions.iter().enumerate() {
+        if location[p] == Some((target.owner, target.epoch)) {
+            continue;
+        }
+        let from = location[p].map(|(node, _)| node);
+        fleet.place(
+            p as PartitionId,
+            target.owner,
+            target.epoch,
+            from,
+            &controller.images[p],
+        )?;
+        location[p] = Some((target.owner, target.epoch));
+    }
+    controller.report.partitions_migrated += u64::from(moved);
+    metrics.partitions_migrated.inc_by(u64::from(moved));
+    // Nodes that serve nothing now host nothing; departed ones are let go.
+    let owners: BTreeSet<NodeId> = layout.partitions.iter().map(|e| e.owner).collect();
+    fleet.retire_idle(&owners);
+    let members: BTreeSet<NodeId> = controller.members.iter().map(|m| m.id).collect();
+    let gone: Vec<NodeId> = admitted
+        .keys()
+        .copied()
+        .filter(|id| !members.contains(id))
         .collect();
+    for id in gone {
+        fleet.release(id);
+        admitted.remove(&id);
+    }
+    if let Some(received) = pending_notice.take() {
+        controller
+            .report
+            .notice_to_safe_seconds
+            .push(received.elapsed().as_secs_f64());
+    }
+    let map = PartitionMap::from_entries(layout.partitions.clone()).map_err(|e| {
+        RunError::RunCluster {
+            reason: e.to_string(),
+        }
+    })?;
+    tracing::info!(
+        first = clock,
+        end,
+        stage = layout.stage,
+        servers = layout.servers.len(),
+        moved,
+        "segment starting"
+    );
+    let setup_seconds = segment_start.elapsed().as_secs_f64();
+    let spec = SegmentSpec {
+        first: clock,
+        end,
+        map,
+        worker_nodes: layout.worker_nodes.clone(),
+    };
+    interrupt.reset();
+    let over = std::sync::atomic::AtomicBool::new(false);
+    let outcome = std::thread::scope(|scope| {
+        if let Some(feed) = feed {
+            // An arrival ends the segment at the next clock boundary.
+            scope.spawn(|| {
+                while !over.load(std::sync::atomic::Ordering::Acquire) {
+                    match feed.wait(Duration::from_millis(5)) {
+                        Ok(Some(event)) => {
+                            arrived.push((event, Instant::now()));
+                            interrupt.request();
+                        }
+                        Ok(None) => {}
+                        Err(()) => break,
+                    }
+                }
+            });
+        }
+        let outcome = fleet.run_segment(&spec, interrupt);
+        over.store(true, std::sync::atomic::Ordering::Release);
+        outcome
+    });
+    let teardown_start = Instant::now();
+    let SegmentOutcome { end, reports } = outcome?;
+    if let Some(&(partition, clock)) = fleet
+        .visible_clocks()?
+        .iter()
+        .find(|(_, clock)| *clock != end)
+    {
+        return Err(RunError::RunCluster {
+            reason: ElasticError::CheckBoundary {
+                partition,
+                clock,
+                expected: end,
+            }
+            .to_string(),
+        }
+        .into());
+    }
+    for (worker, report) in reports {
+        let Some(target) = merged.get_mut(worker as usize) else {
+            continue;
+        };
+        for (offset, stats) in report.stats.iter().enumerate() {
+            let at = report.first_clock as usize + offset;
+            if at < target.stats.len() {
+                target.stats[at] = *stats;
+                target.clock_end[at] = report.clock_end[offset];
+            }
+        }
+        target.wait_seconds += report.wait_seconds;
+    }
+    let backup_due = layout.stage == 1 || end - controller.backup_clock >= config.backup_every;
+    if backup_due {
+        // ActivePS → BackupPS: the consistent copy at this boundary.
+        controller.images = gather_images(fleet, job.partitions)?;
+        controller.clock = end;
+        controller.sync_backup();
+    } else {
+        controller.clock = end;
+    }
+    let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
+    controller.report.segments.push(SegmentRecord {
+        first_clock: clock,
+        end_clock: end,
+        stage: layout.stage,
+        reliable_nodes,
+        transient_nodes: controller.members.len() - reliable_nodes,
+        servers: layout.servers.len(),
+        worker_nodes: layout.worker_nodes.len(),
+        partitions_moved: moved,
+        seconds: segment_start.elapsed().as_secs_f64(),
+        setup_seconds,
+        teardown_seconds: teardown_start.elapsed().as_secs_f64(),
+    });
+    controller.layout = Some(layout);
+    Ok(())
+}
+
+/// Images of every partition from the fleet, in partition order.
+fn gather_images(
+    fleet: &mut dyn Fleet,
+    num_partitions: u32,
+) -> Result<Vec<PartitionImage>, FleetError> {
+    let mut images = fleet.images()?;
     images.sort_by_key(|image| image.partition);
     if images.len() != num_partitions as usize {
-        return Err(ElasticError::Validate(format!(
-            "{} of {num_partitions} partitions are hosted",
-            images.len()
-        )));
+        return Err(RunError::RunCluster {
+            reason: format!("{} of {num_partitions} partitions are hosted", images.len()),
+        }
+        .into());
     }
     Ok(images)
 }

@@ -148,6 +148,21 @@ pub enum Message<'a> {
         /// Per table: id, keys, values (`keys.len() * width`).
         tables: Vec<(TableId, Vec<u64>, Values<'a>)>,
     },
+    /// A control request from the coordinator to a node (elastic runs): a JSON command and an
+    /// optional binary payload (partition images).
+    Control {
+        /// The command (`control::ControlRequest` as JSON).
+        json: &'a str,
+        /// Binary payload.
+        blob: &'a [u8],
+    },
+    /// Reply to `Control`.
+    ControlReply {
+        /// The answer (`control::ControlResponse` as JSON).
+        json: &'a str,
+        /// Binary payload.
+        blob: &'a [u8],
+    },
     /// A request failed; the connection stays usable.
     Error {
         /// Static category of the failure (an error's `category()`).
@@ -169,6 +184,8 @@ pub(crate) const ROWS: u8 = 8;
 const DUMP: u8 = 9;
 const DUMP_ROWS: u8 = 10;
 const ERROR: u8 = 11;
+const CONTROL: u8 = 12;
+const CONTROL_REPLY: u8 = 13;
 
 /// Reads fields from a complete frame body; running out of bytes is `Invalid`.
 struct Cursor<'a> {
@@ -350,6 +367,14 @@ impl<'a> Message<'a> {
                 category: c.str("error category")?,
                 message: c.str("error message")?,
             },
+            CONTROL => Message::Control {
+                json: c.str("control command")?,
+                blob: c.bytes("control payload")?,
+            },
+            CONTROL_REPLY => Message::ControlReply {
+                json: c.str("control answer")?,
+                blob: c.bytes("control answer payload")?,
+            },
             _ => return Err(FrameError::Invalid("unknown message kind")),
         };
         c.finish()?;
@@ -456,6 +481,16 @@ impl<'a> Message<'a> {
                 put_bytes(out, category.as_bytes());
                 put_bytes(out, message.as_bytes());
             }
+            Message::Control { json, blob } => {
+                out.push(CONTROL);
+                put_bytes(out, json.as_bytes());
+                put_bytes(out, blob);
+            }
+            Message::ControlReply { json, blob } => {
+                out.push(CONTROL_REPLY);
+                put_bytes(out, json.as_bytes());
+                put_bytes(out, blob);
+            }
         }
         end_frame(out, start);
     }
@@ -474,6 +509,8 @@ impl<'a> Message<'a> {
             Message::Dump { .. } => "dump",
             Message::DumpRows { .. } => "dump_rows",
             Message::Error { .. } => "error",
+            Message::Control { .. } => "control",
+            Message::ControlReply { .. } => "control_reply",
         }
     }
 }
@@ -556,6 +593,14 @@ mod tests {
         round_trip(&Message::Error {
             category: "check_epoch",
             message: "partition 2 moved",
+        });
+        round_trip(&Message::Control {
+            json: r#"{"take":{"partition":3}}"#,
+            blob: &[],
+        });
+        round_trip(&Message::ControlReply {
+            json: "\"ok\"",
+            blob: &[1, 2, 3],
         });
     }
 

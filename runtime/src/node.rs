@@ -291,11 +291,24 @@ pub struct SegmentPlan {
 
 /// Worker threads that live across the segments of an elastic run: each keeps its data shard,
 /// row cache and connections, registers only with servers that changed and pulls only what is
-/// stale, so a segment boundary costs what actually moved.
+/// stale, so a segment boundary costs what actually moved. A pool may hold any subset of the
+/// job's logical workers (a node process holds the ones assigned to it) and change it between
+/// segments.
 pub struct WorkerPool {
-    commands: Vec<std::sync::mpsc::Sender<SegmentPlan>>,
+    workers: BTreeMap<
+        u32,
+        (
+            std::sync::mpsc::Sender<SegmentPlan>,
+            std::thread::JoinHandle<()>,
+        ),
+    >,
+    report: std::sync::mpsc::Sender<(u32, Result<WorkerReport, RunError>)>,
     results: std::sync::mpsc::Receiver<(u32, Result<WorkerReport, RunError>)>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    specs: Vec<TableSpec>,
+    client: ClientConfig,
+    config: JobConfig,
+    metrics: RuntimeMetrics,
+    run_start: Instant,
 }
 
 impl WorkerPool {
@@ -308,103 +321,164 @@ impl WorkerPool {
         metrics: &RuntimeMetrics,
         run_start: Instant,
     ) -> Result<Self, RunError> {
-        let (report, results) = std::sync::mpsc::channel();
-        let mut commands = Vec::with_capacity(config.workers);
-        let mut threads = Vec::with_capacity(config.workers);
-        for index in 0..config.workers {
-            let worker = index as u32;
-            let app_worker = app.worker(index, config.workers);
-            let (command, segments) = std::sync::mpsc::channel::<SegmentPlan>();
-            let (specs, client, config, metrics, report) = (
-                specs.to_vec(),
-                client.clone(),
-                config.clone(),
-                metrics.clone(),
-                report.clone(),
-            );
-            let thread = std::thread::Builder::new()
-                .name(format!("worker-{worker}"))
-                .spawn(move || {
-                    let fail = |source: WorkerError| RunError::RunWorker { worker, source };
-                    let mut state = match crate::worker::WorkerLoop::new(
-                        worker,
-                        app_worker,
-                        &specs,
-                        config.partitions,
-                    ) {
-                        Ok(state) => Some(state),
-                        Err(error) => {
-                            let _ = report.send((worker, Err(fail(error))));
-                            None
-                        }
-                    };
-                    let mut transport: Option<RemoteTransport> = None;
-                    while let Ok(plan) = segments.recv() {
-                        let Some(worker_loop) = state.as_mut() else {
-                            let _ = report.send((worker, Err(RunError::JoinWorker { worker })));
-                            continue;
-                        };
-                        let outcome = (|| {
-                            let changed = match transport.as_mut() {
-                                Some(transport) => Some(
-                                    transport
-                                        .retarget(&plan.map, &plan.addrs)
-                                        .map_err(|e| fail(e.into()))?,
-                                ),
-                                None => {
-                                    transport = Some(
-                                        RemoteTransport::connect(&plan.map, &plan.addrs, &client)
-                                            .map_err(|e| fail(e.into()))?,
-                                    );
-                                    None
-                                }
-                            };
-                            let transport = transport.as_mut().expect("connected above");
-                            worker_loop
-                                .register(transport, changed.as_deref())
-                                .map_err(fail)?;
-                            worker_loop
-                                .run(transport, &config, &plan.gate, false, &metrics, run_start)
-                                .map_err(fail)
-                        })();
-                        if outcome.is_err() {
-                            // Its connections may be mid-exchange: start clean next time.
-                            transport = None;
-                        }
-                        if report.send((worker, outcome)).is_err() {
-                            return;
-                        }
-                    }
-                })
-                .map_err(|_| RunError::JoinWorker { worker })?;
-            commands.push(command);
-            threads.push(thread);
-        }
-        Ok(Self {
-            commands,
-            results,
-            threads,
-        })
+        let mut pool = Self::empty(specs, client, config, metrics, run_start);
+        let all: Vec<u32> = (0..config.workers as u32).collect();
+        pool.ensure(app, &all)?;
+        Ok(pool)
     }
 
-    /// Runs one segment on every worker; returns their reports in worker order.
+    /// A pool with no worker yet.
+    pub fn empty(
+        specs: &[TableSpec],
+        client: &ClientConfig,
+        config: &JobConfig,
+        metrics: &RuntimeMetrics,
+        run_start: Instant,
+    ) -> Self {
+        let (report, results) = std::sync::mpsc::channel();
+        Self {
+            workers: BTreeMap::new(),
+            report,
+            results,
+            specs: specs.to_vec(),
+            client: client.clone(),
+            config: config.clone(),
+            metrics: metrics.clone(),
+            run_start,
+        }
+    }
+
+    /// The logical workers held, ascending.
+    pub fn ids(&self) -> Vec<u32> {
+        self.workers.keys().copied().collect()
+    }
+
+    /// Holds exactly the workers `ids` (of the job's `config.workers`): starts the missing ones,
+    /// stops the others.
+    pub fn ensure<A: App>(&mut self, app: &A, ids: &[u32]) -> Result<(), RunError> {
+        let wanted: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
+        let gone: Vec<u32> = self
+            .workers
+            .keys()
+            .copied()
+            .filter(|w| !wanted.contains(w))
+            .collect();
+        for worker in gone {
+            if let Some((command, thread)) = self.workers.remove(&worker) {
+                drop(command);
+                let _ = thread.join();
+            }
+        }
+        for &worker in &wanted {
+            if self.workers.contains_key(&worker) {
+                continue;
+            }
+            if worker as usize >= self.config.workers {
+                return Err(RunError::JoinWorker { worker });
+            }
+            let started = self.spawn(app, worker)?;
+            self.workers.insert(worker, started);
+        }
+        Ok(())
+    }
+
+    fn spawn<A: App>(
+        &self,
+        app: &A,
+        worker: u32,
+    ) -> Result<
+        (
+            std::sync::mpsc::Sender<SegmentPlan>,
+            std::thread::JoinHandle<()>,
+        ),
+        RunError,
+    > {
+        let app_worker = app.worker(worker as usize, self.config.workers);
+        let (command, segments) = std::sync::mpsc::channel::<SegmentPlan>();
+        let (specs, client, config, metrics, report, run_start) = (
+            self.specs.clone(),
+            self.client.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+            self.report.clone(),
+            self.run_start,
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("worker-{worker}"))
+            .spawn(move || {
+                let fail = |source: WorkerError| RunError::RunWorker { worker, source };
+                let mut state = match crate::worker::WorkerLoop::new(
+                    worker,
+                    app_worker,
+                    &specs,
+                    config.partitions,
+                ) {
+                    Ok(state) => Some(state),
+                    Err(error) => {
+                        let _ = report.send((worker, Err(fail(error))));
+                        None
+                    }
+                };
+                let mut transport: Option<RemoteTransport> = None;
+                while let Ok(plan) = segments.recv() {
+                    let Some(worker_loop) = state.as_mut() else {
+                        let _ = report.send((worker, Err(RunError::JoinWorker { worker })));
+                        continue;
+                    };
+                    let outcome = (|| {
+                        let changed = match transport.as_mut() {
+                            Some(transport) => Some(
+                                transport
+                                    .retarget(&plan.map, &plan.addrs)
+                                    .map_err(|e| fail(e.into()))?,
+                            ),
+                            None => {
+                                transport = Some(
+                                    RemoteTransport::connect(&plan.map, &plan.addrs, &client)
+                                        .map_err(|e| fail(e.into()))?,
+                                );
+                                None
+                            }
+                        };
+                        let transport = transport.as_mut().expect("connected above");
+                        worker_loop
+                            .register(transport, changed.as_deref())
+                            .map_err(fail)?;
+                        worker_loop
+                            .run(transport, &config, &plan.gate, false, &metrics, run_start)
+                            .map_err(fail)
+                    })();
+                    if outcome.is_err() {
+                        // Its connections may be mid-exchange: start clean next time.
+                        transport = None;
+                    }
+                    if report.send((worker, outcome)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|_| RunError::JoinWorker { worker })?;
+        Ok((command, thread))
+    }
+
+    /// Runs one segment on every worker held; returns their reports in worker order.
     pub fn run_segment(&self, plan: &SegmentPlan) -> Result<Vec<WorkerReport>, RunError> {
-        for (worker, command) in self.commands.iter().enumerate() {
+        for (&worker, (command, _)) in &self.workers {
             command
                 .send(plan.clone())
-                .map_err(|_| RunError::JoinWorker {
-                    worker: worker as u32,
-                })?;
+                .map_err(|_| RunError::JoinWorker { worker })?;
         }
-        let mut reports: Vec<Option<WorkerReport>> = vec![None; self.commands.len()];
+        let mut reports: BTreeMap<u32, WorkerReport> = BTreeMap::new();
         let mut first_error = None;
-        for _ in 0..self.commands.len() {
+        for _ in 0..self.workers.len() {
             let (worker, outcome) = self
                 .results
                 .recv()
                 .map_err(|_| RunError::JoinWorker { worker: u32::MAX })?;
             match outcome {
-                Ok(report) => reports[worker as usize] = Some(report),
+                Ok(report) => {
+                    reports.insert(worker, report);
+                }
                 Err(error) => {
                     first_error.get_or_insert(error);
                 }
@@ -413,13 +487,13 @@ impl WorkerPool {
         if let Some(error) = first_error {
             return Err(error);
         }
-        Ok(reports.into_iter().flatten().collect())
+        Ok(reports.into_values().collect())
     }
 
     /// Stops the threads and waits for them.
     pub fn stop(self) {
-        drop(self.commands);
-        for thread in self.threads {
+        for (_, (command, thread)) in self.workers {
+            drop(command);
             let _ = thread.join();
         }
     }

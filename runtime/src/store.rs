@@ -136,6 +136,12 @@ pub enum StoreError {
         /// The visible clock when giving up.
         visible: u64,
     },
+    /// The partition's state was abandoned while waiting (a peer failed; the job rolls back).
+    #[error("partition {partition} was abandoned for a rollback")]
+    Abandoned {
+        /// The partition.
+        partition: PartitionId,
+    },
 }
 
 impl StoreError {
@@ -153,6 +159,7 @@ impl StoreError {
             StoreError::PushEarly { .. } => "push_early",
             StoreError::RestoreImage { .. } => "restore_image",
             StoreError::WaitClock { .. } => "wait_clock",
+            StoreError::Abandoned { .. } => "abandoned",
         }
     }
 }
@@ -704,6 +711,8 @@ struct Slot {
     changed: Condvar,
     /// Wakes async (connection-handler) waiters on every change (a change counter).
     watch: tokio::sync::watch::Sender<u64>,
+    /// Set when the state is abandoned for a rollback: waiters give up at once.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl Slot {
@@ -712,7 +721,16 @@ impl Slot {
             store: Mutex::new(store),
             changed: Condvar::new(),
             watch: tokio::sync::watch::channel(0).0,
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    fn check_live(&self, partition: PartitionId) -> Result<(), StoreError> {
+        if self.abandoned.load(std::sync::atomic::Ordering::Acquire) {
+            Err(StoreError::Abandoned { partition })
+        } else {
+            Ok(())
+        }
     }
 
     fn notify(&self) {
@@ -806,6 +824,25 @@ impl ServerState {
         Some(image)
     }
 
+    /// Drops every hosted partition: the job rolls back to its BackupPS copy, so this state is
+    /// worthless, and every request waiting on it fails at once instead of timing out.
+    pub fn abandon(&self) -> usize {
+        let slots: Vec<Arc<Slot>> = self
+            .slots
+            .write()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for slot in &slots {
+            slot.abandoned
+                .store(true, std::sync::atomic::Ordering::Release);
+            // Under the lock, so a waiter between its check and its wait cannot miss the wake.
+            let _held = slot.store.lock();
+            slot.notify();
+        }
+        slots.len()
+    }
+
     /// Images of every hosted partition (call at a clock boundary, when no push is in flight).
     pub fn images(&self) -> Vec<PartitionImage> {
         self.slots
@@ -872,6 +909,7 @@ impl ServerState {
         let deadline = std::time::Instant::now() + timeout;
         let mut store = slot.store.lock();
         while !ready(&store)? {
+            slot.check_live(partition)?;
             if slot.changed.wait_until(&mut store, deadline).timed_out() && !ready(&store)? {
                 return Err(timed_out(&store));
             }
@@ -895,6 +933,7 @@ impl ServerState {
             if ready(&slot.store.lock())? {
                 return Ok(());
             }
+            slot.check_live(partition)?;
             if tokio::time::timeout_at(deadline, receiver.changed())
                 .await
                 .is_err()

@@ -144,11 +144,23 @@ pub(crate) trait Transport {
 /// Every worker asks before starting a clock; [`ClockGate::end_soon`] picks the end as one past
 /// the highest clock any worker started, so all workers stop after the same clock and the servers
 /// are left at a consistent clock boundary.
+///
+/// Across processes the end is agreed in two steps: every process's gate is paused
+/// ([`ClockGate::pause`], which reports the highest clock started there and holds back any later
+/// one), the coordinator takes one past the highest over all processes, and every gate is given
+/// that end ([`ClockGate::end_at`]).
 #[derive(Debug)]
 pub struct ClockGate {
     first: u64,
-    /// (end, highest clock started).
-    inner: parking_lot::Mutex<(u64, Option<u64>)>,
+    inner: parking_lot::Mutex<GateState>,
+    resumed: parking_lot::Condvar,
+}
+
+#[derive(Debug)]
+struct GateState {
+    end: u64,
+    started: Option<u64>,
+    paused: bool,
 }
 
 impl ClockGate {
@@ -156,7 +168,12 @@ impl ClockGate {
     pub fn range(first: u64, end: u64) -> Self {
         Self {
             first,
-            inner: parking_lot::Mutex::new((end.max(first), None)),
+            inner: parking_lot::Mutex::new(GateState {
+                end: end.max(first),
+                started: None,
+                paused: false,
+            }),
+            resumed: parking_lot::Condvar::new(),
         }
     }
 
@@ -167,16 +184,20 @@ impl ClockGate {
 
     /// The current end (exclusive).
     pub fn end(&self) -> u64 {
-        self.inner.lock().0
+        self.inner.lock().end
     }
 
-    /// Whether a worker may start `clock` (records that it did).
+    /// Whether a worker may start `clock` (records that it did). While the gate is paused, a
+    /// clock past the highest one started waits for [`ClockGate::end_at`].
     pub fn try_start(&self, clock: u64) -> bool {
         let mut inner = self.inner.lock();
-        if clock >= inner.0 {
+        while inner.paused && inner.started.is_none_or(|started| clock > started) {
+            self.resumed.wait(&mut inner);
+        }
+        if clock >= inner.end {
             return false;
         }
-        inner.1 = Some(inner.1.map_or(clock, |started| started.max(clock)));
+        inner.started = Some(inner.started.map_or(clock, |started| started.max(clock)));
         true
     }
 
@@ -184,9 +205,28 @@ impl ClockGate {
     /// returns the new end.
     pub fn end_soon(&self) -> u64 {
         let mut inner = self.inner.lock();
-        let soonest = inner.1.map_or(self.first, |started| started + 1);
-        inner.0 = inner.0.min(soonest);
-        inner.0
+        let soonest = inner.started.map_or(self.first, |started| started + 1);
+        inner.end = inner.end.min(soonest);
+        inner.end
+    }
+
+    /// Holds back clocks past the highest started and returns one past it (`first` if none
+    /// started): the least end this process can agree to.
+    pub fn pause(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        inner.paused = true;
+        inner
+            .started
+            .map_or(self.first, |started| started + 1)
+            .min(inner.end)
+    }
+
+    /// Ends the range at `end` (never later than it was) and releases paused workers.
+    pub fn end_at(&self, end: u64) {
+        let mut inner = self.inner.lock();
+        inner.end = inner.end.min(end.max(self.first));
+        inner.paused = false;
+        self.resumed.notify_all();
     }
 }
 
