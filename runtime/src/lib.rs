@@ -13,6 +13,7 @@ pub mod app;
 pub mod apps;
 pub mod client;
 pub mod cluster;
+pub mod control;
 pub mod coordinator;
 pub mod data;
 pub mod elastic;

@@ -46,7 +46,7 @@ impl Values<'_> {
         out
     }
 
-    fn put(&self, out: &mut Vec<u8>) {
+    pub(crate) fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.len() as u32).to_le_bytes());
         match self {
             Values::Le(bytes) => out.extend_from_slice(bytes),
@@ -188,12 +188,12 @@ const CONTROL: u8 = 12;
 const CONTROL_REPLY: u8 = 13;
 
 /// Reads fields from a complete frame body; running out of bytes is `Invalid`.
-struct Cursor<'a> {
-    rest: &'a [u8],
+pub(crate) struct Cursor<'a> {
+    pub(crate) rest: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
+    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
         if self.rest.len() < n {
             return Err(FrameError::Invalid(what));
         }
@@ -202,16 +202,16 @@ impl<'a> Cursor<'a> {
         Ok(head)
     }
 
-    fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
         let b = self.take(8, what)?;
         Ok(u64::from_le_bytes([
             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
@@ -219,7 +219,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// A `u32` count of items of `item_bytes` each, checked against the remaining bytes.
-    fn count(&mut self, item_bytes: usize, what: &'static str) -> Result<usize, FrameError> {
+    pub(crate) fn count(&mut self, item_bytes: usize, what: &'static str) -> Result<usize, FrameError> {
         let count = self.u32(what)? as usize;
         if count.saturating_mul(item_bytes) > self.rest.len() {
             return Err(FrameError::Invalid(what));
@@ -227,21 +227,21 @@ impl<'a> Cursor<'a> {
         Ok(count)
     }
 
-    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], FrameError> {
+    pub(crate) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], FrameError> {
         let len = self.count(1, what)?;
         self.take(len, what)
     }
 
-    fn str(&mut self, what: &'static str) -> Result<&'a str, FrameError> {
+    pub(crate) fn str(&mut self, what: &'static str) -> Result<&'a str, FrameError> {
         std::str::from_utf8(self.bytes(what)?).map_err(|_| FrameError::Invalid(what))
     }
 
-    fn values(&mut self, what: &'static str) -> Result<Values<'a>, FrameError> {
+    pub(crate) fn values(&mut self, what: &'static str) -> Result<Values<'a>, FrameError> {
         let count = self.count(4, what)?;
         Ok(Values::Le(self.take(count * 4, what)?))
     }
 
-    fn keys(&mut self, what: &'static str) -> Result<Vec<u64>, FrameError> {
+    pub(crate) fn keys(&mut self, what: &'static str) -> Result<Vec<u64>, FrameError> {
         let count = self.count(8, what)?;
         let bytes = self.take(count * 8, what)?;
         Ok(bytes
@@ -250,7 +250,7 @@ impl<'a> Cursor<'a> {
             .collect())
     }
 
-    fn bool(&mut self, what: &'static str) -> Result<bool, FrameError> {
+    pub(crate) fn bool(&mut self, what: &'static str) -> Result<bool, FrameError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
@@ -258,7 +258,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn finish(self) -> Result<(), FrameError> {
+    pub(crate) fn finish(self) -> Result<(), FrameError> {
         if self.rest.is_empty() {
             Ok(())
         } else {
@@ -267,20 +267,20 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn put_u32(out: &mut Vec<u8>, v: u32) {
+pub(crate) fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     put_u32(out, bytes.len() as u32);
     out.extend_from_slice(bytes);
 }
 
-fn put_keys(out: &mut Vec<u8>, keys: &[u64]) {
+pub(crate) fn put_keys(out: &mut Vec<u8>, keys: &[u64]) {
     put_u32(out, keys.len() as u32);
     for key in keys {
         put_u64(out, *key);

@@ -25,10 +25,11 @@ use tokio::task::JoinSet;
 use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
 use crate::message::{Message, Values, secrets_match};
 use crate::metrics::RuntimeMetrics;
+use crate::control::{ControlRequest, NodeAgent};
 use crate::store::{PushOutcome, ServerState, StoreError};
 
 /// Settings of a data-plane server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerConfig {
     /// The job's shared secret every peer must present.
     pub secret: Vec<u8>,
@@ -40,6 +41,21 @@ pub struct ServerConfig {
     pub wait_timeout: Duration,
     /// How long a new peer has to present its hello.
     pub handshake_timeout: Duration,
+    /// Answers `Control` frames (a node process of an elastic run); without one they are
+    /// refused.
+    pub agent: Option<Arc<dyn NodeAgent>>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("agent", &self.agent.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServerConfig {
@@ -51,6 +67,7 @@ impl ServerConfig {
             max_connections: 1024,
             wait_timeout: Duration::from_secs(600),
             handshake_timeout: Duration::from_secs(10),
+            agent: None,
         }
     }
 }
@@ -224,6 +241,15 @@ async fn serve_connection(
                 ..
             } => Some((partition, Some(worker), clock)),
             Message::Register { .. } | Message::Dump { .. } => None,
+            Message::Control { .. } => {
+                out.clear();
+                out = control(config.agent.clone(), frame, out).await?;
+                stream
+                    .write_all(&out)
+                    .await
+                    .map_err(ConnectionError::Write)?;
+                continue;
+            }
             other => return Err(ConnectionError::Unexpected(other.kind())),
         };
         out.clear();
@@ -262,6 +288,47 @@ async fn serve_connection(
             .await
             .map_err(ConnectionError::Write)?;
     }
+}
+
+/// Answers a `Control` frame through the node's agent (on a blocking thread: agents copy
+/// partitions and wait for segments).
+async fn control(
+    agent: Option<Arc<dyn NodeAgent>>,
+    frame: Bytes,
+    mut out: Vec<u8>,
+) -> Result<Vec<u8>, ConnectionError> {
+    let Some(agent) = agent else {
+        Message::Error {
+            category: "no_agent",
+            message: "this server takes no control requests",
+        }
+        .encode(&mut out);
+        return Ok(out);
+    };
+    tokio::task::spawn_blocking(move || {
+        let Ok(Message::Control { json, blob }) = Message::decode(&frame[HEADER_BYTES..]) else {
+            return out;
+        };
+        match serde_json::from_str::<ControlRequest>(json) {
+            Err(error) => Message::Error {
+                category: "control_decode",
+                message: &format!("undecodable control request: {error}"),
+            }
+            .encode(&mut out),
+            Ok(request) => {
+                let (answer, payload) = agent.control(request, blob);
+                let json = serde_json::to_string(&answer).unwrap_or_default();
+                Message::ControlReply {
+                    json: &json,
+                    blob: &payload,
+                }
+                .encode(&mut out);
+            }
+        }
+        out
+    })
+    .await
+    .map_err(|_| ConnectionError::Unexpected("panicking"))
 }
 
 fn encode_error(error: &StoreError, out: &mut Vec<u8>) {

@@ -1,0 +1,967 @@
+//! Elastic runs across node processes: the coordinator's controller drives every node over the
+//! data plane with `Control` frames ([`ControlRequest`] / [`ControlResponse`] as JSON, partition
+//! images as a binary payload).
+//!
+//! - [`Agent`] is a node process's side: it hosts partitions in its data-plane server, installs
+//!   and hands over partition images, runs the logical workers assigned to it for each segment,
+//!   and agrees on where a segment ends (pause, then end at the highest clock any process
+//!   started).
+//! - [`ProcessFleet`] is the coordinator's side: the [`Fleet`] the controller's loop
+//!   ([`crate::elastic::run_elastic_on`]) acts on. A node whose connection breaks (its process was
+//!   killed, its instance taken) is *lost*: the survivors abandon their state at once and the run
+//!   rolls back to the BackupPS copy, which the coordinator holds on the reliable tier.
+//!
+//! Partition copies go through the coordinator (old owner → coordinator → new owner) rather than
+//! straight between the two nodes; on one machine or within a zone that costs a second copy of
+//! the moving partitions only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::app::{App, TableSpec};
+use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
+use crate::elastic::{Fleet, FleetError, Interrupt, SegmentOutcome, SegmentSpec};
+use crate::frame::FrameError;
+use crate::local::RunError;
+use crate::message::{Cursor, Message, Values, put_keys, put_u32};
+use crate::metrics::RuntimeMetrics;
+use crate::node::{SegmentPlan, WorkerPool};
+use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
+use crate::store::{PartitionImage, ServerState, TableImage};
+use crate::worker::{ClockGate, JobConfig, WorkerReport};
+
+/// What the coordinator asks of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Stop hosting these partitions; their images come back in the payload.
+    Take {
+        /// The partitions.
+        partitions: Vec<PartitionId>,
+    },
+    /// Images of every hosted partition (the BackupPS copy), without releasing them.
+    Copy,
+    /// Host the partitions whose images are in the payload, each at its epoch (in order).
+    Install {
+        /// One epoch per image.
+        epochs: Vec<u64>,
+    },
+    /// Drop every hosted partition and stop the running segment: the job rolls back.
+    Abandon,
+    /// Visible clock of every hosted partition.
+    Clocks,
+    /// Run a segment with these workers.
+    Segment(SegmentOrder),
+    /// Hold back clocks past the highest started; answer one past it.
+    Pause,
+    /// End the running segment at `end` and release paused workers.
+    EndAt {
+        /// One past the last clock.
+        end: u64,
+    },
+    /// Wait up to `wait_ms` for the running segment to finish.
+    Await {
+        /// Milliseconds to wait.
+        wait_ms: u64,
+    },
+    /// The node leaves the job: its process exits.
+    Shutdown,
+}
+
+/// One segment for one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentOrder {
+    /// First clock.
+    pub first: u64,
+    /// One past the last clock, unless ended earlier.
+    pub end: u64,
+    /// The logical workers this node runs (others it held stop).
+    pub workers: Vec<u32>,
+    /// (owner, epoch) of every partition.
+    pub owners: Vec<(NodeId, u64)>,
+    /// Data-plane address of every owner.
+    pub addrs: Vec<(NodeId, SocketAddr)>,
+    /// The run's start (Unix seconds), so per-clock times line up across processes.
+    pub run_start_unix: f64,
+}
+
+/// A node's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlResponse {
+    /// Done.
+    Done,
+    /// `count` partition images are in the payload.
+    Images {
+        /// Images in the payload.
+        count: u32,
+    },
+    /// Visible clocks.
+    Clocks {
+        /// (partition, visible clock).
+        clocks: Vec<(PartitionId, u64)>,
+    },
+    /// The least end this node can agree to.
+    Paused {
+        /// One past the highest clock started here.
+        least_end: u64,
+    },
+    /// The segment is still running.
+    Running,
+    /// The segment finished.
+    Finished {
+        /// Where it ended.
+        end: u64,
+        /// (logical worker, report).
+        reports: Vec<(u32, WorkerReport)>,
+    },
+    /// The request failed.
+    Failed {
+        /// Static category.
+        category: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl ControlResponse {
+    fn failed(category: &str, message: impl std::fmt::Display) -> Self {
+        ControlResponse::Failed {
+            category: category.to_owned(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Appends `images` to `out` in the payload format: a count, then per image its partition,
+/// tables (id, keys, values, optimizer state) and per-worker clocks.
+pub fn encode_images(images: &[PartitionImage], out: &mut Vec<u8>) {
+    put_u32(out, images.len() as u32);
+    for image in images {
+        put_u32(out, image.partition);
+        put_u32(out, image.tables.len() as u32);
+        for table in &image.tables {
+            put_u32(out, table.table);
+            put_keys(out, &table.keys);
+            Values::F32(&table.data).put(out);
+            Values::F32(&table.state).put(out);
+        }
+        put_keys(out, &image.completed);
+    }
+}
+
+/// Decodes a payload written by [`encode_images`]; any inconsistency is an error, never a panic.
+pub fn decode_images(bytes: &[u8]) -> Result<Vec<PartitionImage>, FrameError> {
+    let mut c = Cursor { rest: bytes };
+    let count = c.count(8, "image count")?;
+    let mut images = Vec::with_capacity(count);
+    for _ in 0..count {
+        let partition = c.u32("image partition")?;
+        let tables = c.count(16, "image table count")?;
+        let mut image = PartitionImage {
+            partition,
+            tables: Vec::with_capacity(tables),
+            completed: Vec::new(),
+        };
+        for _ in 0..tables {
+            image.tables.push(TableImage {
+                table: c.u32("image table id")?,
+                keys: c.keys("image keys")?,
+                data: c.values("image values")?.to_vec(),
+                state: c.values("image optimizer state")?.to_vec(),
+            });
+        }
+        image.completed = c.keys("image clocks")?;
+        images.push(image);
+    }
+    c.finish()?;
+    Ok(images)
+}
+
+/// A node's handler of control requests (served by its data-plane server).
+pub trait NodeAgent: Send + Sync {
+    /// Answers one request; the payload of the answer goes in the returned bytes.
+    fn control(&self, request: ControlRequest, payload: &[u8]) -> (ControlResponse, Vec<u8>);
+}
+
+/// The segment a node is running.
+struct Running {
+    gate: Arc<ClockGate>,
+    result: std::sync::mpsc::Receiver<Result<Vec<(u32, WorkerReport)>, RunError>>,
+}
+
+/// A node process's [`NodeAgent`]: its partitions, its workers, its part of each segment.
+pub struct Agent<A: App> {
+    app: A,
+    specs: Vec<TableSpec>,
+    state: Arc<ServerState>,
+    job: JobConfig,
+    client: ClientConfig,
+    metrics: RuntimeMetrics,
+    pool: Arc<Mutex<Option<WorkerPool>>>,
+    running: Mutex<Option<Running>>,
+    shutdown: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+impl<A: App> Agent<A> {
+    /// An agent over `state` (the node's data-plane state); `shutdown` fires when the
+    /// coordinator lets the node go.
+    pub fn new(
+        app: A,
+        state: Arc<ServerState>,
+        job: JobConfig,
+        client: ClientConfig,
+        metrics: RuntimeMetrics,
+        shutdown: std::sync::mpsc::Sender<()>,
+    ) -> Self {
+        let specs = app.tables();
+        Self {
+            app,
+            specs,
+            state,
+            job,
+            client,
+            metrics,
+            pool: Arc::new(Mutex::new(None)),
+            running: Mutex::new(None),
+            shutdown: Mutex::new(Some(shutdown)),
+        }
+    }
+
+    fn start_segment(&self, order: SegmentOrder) -> Result<(), String> {
+        if self.running.lock().is_some() {
+            return Err("a segment is already running".into());
+        }
+        let entries = order
+            .owners
+            .iter()
+            .map(|&(owner, epoch)| PartitionEntry { owner, epoch })
+            .collect();
+        let map = PartitionMap::from_entries(entries).map_err(|e| e.to_string())?;
+        if map.num_partitions() != self.job.partitions {
+            return Err(format!(
+                "the segment has {} partitions, the job {}",
+                map.num_partitions(),
+                self.job.partitions
+            ));
+        }
+        let addrs: NodeAddrs = order.addrs.iter().copied().collect();
+        let gate = Arc::new(ClockGate::range(order.first, order.end));
+        {
+            let mut pool = self.pool.lock();
+            let pool = pool.get_or_insert_with(|| {
+                let now_unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                let since = Duration::from_secs_f64((now_unix - order.run_start_unix).max(0.0));
+                let run_start = Instant::now().checked_sub(since).unwrap_or_else(Instant::now);
+                WorkerPool::empty(
+                    &self.specs,
+                    &self.client,
+                    &self.job,
+                    &self.metrics,
+                    run_start,
+                )
+            });
+            pool.ensure(&self.app, &order.workers)
+                .map_err(|e| e.to_string())?;
+        }
+        let plan = SegmentPlan {
+            gate: gate.clone(),
+            map,
+            addrs,
+        };
+        let (send, result) = std::sync::mpsc::channel();
+        let pool = self.pool.clone();
+        std::thread::Builder::new()
+            .name("segment".into())
+            .spawn(move || {
+                let pool = pool.lock();
+                let outcome = match pool.as_ref() {
+                    Some(pool) => pool
+                        .run_segment(&plan)
+                        .map(|reports| pool.ids().into_iter().zip(reports).collect()),
+                    None => Ok(Vec::new()),
+                };
+                let _ = send.send(outcome);
+            })
+            .map_err(|e| format!("starting the segment thread failed: {e}"))?;
+        *self.running.lock() = Some(Running { gate, result });
+        Ok(())
+    }
+
+    fn await_segment(&self, wait: Duration) -> ControlResponse {
+        let mut running = self.running.lock();
+        let Some(current) = running.as_ref() else {
+            return ControlResponse::failed("no_segment", "no segment is running");
+        };
+        match current.result.recv_timeout(wait) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => ControlResponse::Running,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                *running = None;
+                ControlResponse::failed("segment", "the segment thread ended without a result")
+            }
+            Ok(outcome) => {
+                let end = current.gate.end();
+                *running = None;
+                match outcome {
+                    Ok(reports) => ControlResponse::Finished { end, reports },
+                    Err(error) => ControlResponse::failed(error.category(), error),
+                }
+            }
+        }
+    }
+}
+
+impl<A: App> NodeAgent for Agent<A> {
+    fn control(&self, request: ControlRequest, payload: &[u8]) -> (ControlResponse, Vec<u8>) {
+        let strict = self.job.staleness == 0;
+        let mut out = Vec::new();
+        let answer = match request {
+            ControlRequest::Take { partitions } => {
+                let mut images = Vec::with_capacity(partitions.len());
+                let mut missing = None;
+                for partition in partitions {
+                    match self.state.take(partition) {
+                        Some(image) => images.push(image),
+                        None => missing = Some(partition),
+                    }
+                }
+                encode_images(&images, &mut out);
+                match missing {
+                    Some(partition) => ControlResponse::failed(
+                        "lookup_partition",
+                        format!("partition {partition} is not hosted here"),
+                    ),
+                    None => ControlResponse::Images {
+                        count: images.len() as u32,
+                    },
+                }
+            }
+            ControlRequest::Copy => {
+                let images = self.state.images();
+                encode_images(&images, &mut out);
+                ControlResponse::Images {
+                    count: images.len() as u32,
+                }
+            }
+            ControlRequest::Install { epochs } => match decode_images(payload) {
+                Err(error) => ControlResponse::failed("decode_images", error),
+                Ok(images) if images.len() != epochs.len() => ControlResponse::failed(
+                    "install",
+                    format!("{} images but {} epochs", images.len(), epochs.len()),
+                ),
+                Ok(images) => {
+                    let mut answer = ControlResponse::Done;
+                    for (image, epoch) in images.into_iter().zip(epochs) {
+                        if image.partition >= self.job.partitions {
+                            answer = ControlResponse::failed(
+                                "install",
+                                format!("partition {} is outside the job", image.partition),
+                            );
+                            break;
+                        }
+                        if let Err(error) =
+                            self.state
+                                .install(image, epoch, &self.specs, self.job.optimizer, strict)
+                        {
+                            answer = ControlResponse::failed(error.category(), error);
+                            break;
+                        }
+                    }
+                    answer
+                }
+            },
+            ControlRequest::Abandon => {
+                if let Some(running) = self.running.lock().as_ref() {
+                    running.gate.end_at(0);
+                }
+                let dropped = self.state.abandon();
+                tracing::warn!(dropped, "state abandoned: the job rolls back");
+                ControlResponse::Done
+            }
+            ControlRequest::Clocks => ControlResponse::Clocks {
+                clocks: self.state.visible_clocks(),
+            },
+            ControlRequest::Segment(order) => match self.start_segment(order) {
+                Ok(()) => ControlResponse::Done,
+                Err(message) => ControlResponse::failed("segment", message),
+            },
+            ControlRequest::Pause => match self.running.lock().as_ref() {
+                Some(running) => ControlResponse::Paused {
+                    least_end: running.gate.pause(),
+                },
+                None => ControlResponse::Paused { least_end: 0 },
+            },
+            ControlRequest::EndAt { end } => {
+                if let Some(running) = self.running.lock().as_ref() {
+                    running.gate.end_at(end);
+                }
+                ControlResponse::Done
+            }
+            ControlRequest::Await { wait_ms } => {
+                self.await_segment(Duration::from_millis(wait_ms.min(10_000)))
+            }
+            ControlRequest::Shutdown => {
+                if let Some(shutdown) = self.shutdown.lock().take() {
+                    let _ = shutdown.send(());
+                }
+                ControlResponse::Done
+            }
+        };
+        (answer, out)
+    }
+}
+
+/// One control request/answer over a blocking data-plane connection.
+fn call(
+    connection: &mut Connection,
+    request: &ControlRequest,
+    payload: &[u8],
+) -> Result<(ControlResponse, Vec<u8>), ClientError> {
+    let json = serde_json::to_string(request).unwrap_or_default();
+    connection.send(&Message::Control {
+        json: &json,
+        blob: payload,
+    })?;
+    connection.flush()?;
+    let addr = connection.addr();
+    match connection.recv()? {
+        Message::ControlReply { json, blob } => {
+            let answer = serde_json::from_str(json).map_err(|_| ClientError::Decode {
+                addr,
+                source: FrameError::Invalid("control answer"),
+            })?;
+            Ok((answer, blob.to_vec()))
+        }
+        other => Err(ClientError::Unexpected {
+            addr,
+            got: other.kind(),
+            expected: "control_reply",
+        }),
+    }
+}
+
+/// A member node as the coordinator sees it.
+struct Link {
+    name: String,
+    addr: SocketAddr,
+    connection: Option<Connection>,
+}
+
+/// The coordinator's [`Fleet`] of node processes. Nodes announce their data-plane address when
+/// they join (the admin API fills `directory`); the controller admits them at a boundary.
+pub struct ProcessFleet {
+    directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+    links: BTreeMap<NodeId, Link>,
+    client: ClientConfig,
+    workers: u32,
+    /// Which node runs each logical worker.
+    assignment: BTreeMap<u32, NodeId>,
+    run_start_unix: f64,
+}
+
+impl ProcessFleet {
+    /// A fleet of `workers` logical workers over the nodes `directory` names.
+    pub fn new(
+        directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+        secret: &[u8],
+        workers: u32,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            directory,
+            links: BTreeMap::new(),
+            client: ClientConfig {
+                secret: secret.to_vec(),
+                node: u32::MAX,
+                max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+                timeout,
+            },
+            workers,
+            assignment: BTreeMap::new(),
+            run_start_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        }
+    }
+
+    /// Which node runs each logical worker now.
+    pub fn assignment(&self) -> &BTreeMap<u32, NodeId> {
+        &self.assignment
+    }
+
+    fn connect(&self, addr: SocketAddr) -> Result<Connection, ClientError> {
+        Connection::connect(
+            addr,
+            &self.client.secret,
+            self.client.node,
+            self.client.max_frame_bytes,
+            self.client.timeout,
+        )
+    }
+
+    fn lost(node: NodeId, error: impl std::fmt::Display) -> FleetError {
+        FleetError::Lost {
+            nodes: vec![node],
+            reason: error.to_string(),
+        }
+    }
+
+    /// Sends one request to `node` on its standing connection.
+    fn request(
+        &mut self,
+        node: NodeId,
+        request: &ControlRequest,
+        payload: &[u8],
+    ) -> Result<(ControlResponse, Vec<u8>), FleetError> {
+        let addr = self
+            .links
+            .get(&node)
+            .map(|l| l.addr)
+            .ok_or_else(|| Self::lost(node, "not a member"))?;
+        let mut connection = match self.links.get_mut(&node).and_then(|l| l.connection.take()) {
+            Some(connection) => connection,
+            None => self.connect(addr).map_err(|e| Self::lost(node, e))?,
+        };
+        match call(&mut connection, request, payload) {
+            Ok((ControlResponse::Failed { category, message }, _)) => {
+                if let Some(link) = self.links.get_mut(&node) {
+                    link.connection = Some(connection);
+                }
+                Err(RunError::RunCluster {
+                    reason: format!("node {node} refused ({category}): {message}"),
+                }
+                .into())
+            }
+            Ok(answer) => {
+                if let Some(link) = self.links.get_mut(&node) {
+                    link.connection = Some(connection);
+                }
+                Ok(answer)
+            }
+            Err(ClientError::Refused {
+                category, message, ..
+            }) => Err(RunError::RunCluster {
+                reason: format!("node {node} refused ({category}): {message}"),
+            }
+            .into()),
+            Err(error) => Err(Self::lost(node, error)),
+        }
+    }
+
+    /// Balances logical workers over `nodes`, keeping each where it is while its node still
+    /// runs workers.
+    fn assign(&mut self, nodes: &[NodeId]) {
+        let allowed: BTreeSet<NodeId> = nodes.iter().copied().collect();
+        self.assignment.retain(|_, node| allowed.contains(node));
+        let mut load: BTreeMap<NodeId, usize> = nodes.iter().map(|&n| (n, 0)).collect();
+        for node in self.assignment.values() {
+            *load.entry(*node).or_default() += 1;
+        }
+        // Move workers off overloaded nodes only when a node has two more than another.
+        for worker in 0..self.workers {
+            if self.assignment.contains_key(&worker) {
+                continue;
+            }
+            let Some((&node, _)) = load.iter().min_by_key(|&(&n, &c)| (c, n)) else {
+                return;
+            };
+            *load.entry(node).or_default() += 1;
+            self.assignment.insert(worker, node);
+        }
+        loop {
+            let (Some((&busy, &most)), Some((&idle, &least))) = (
+                load.iter().max_by_key(|&(&n, &c)| (c, std::cmp::Reverse(n))),
+                load.iter().min_by_key(|&(&n, &c)| (c, n)),
+            ) else {
+                return;
+            };
+            if most < least + 2 {
+                return;
+            }
+            let Some(worker) = self
+                .assignment
+                .iter()
+                .rev()
+                .find(|(_, n)| **n == busy)
+                .map(|(w, _)| *w)
+            else {
+                return;
+            };
+            self.assignment.insert(worker, idle);
+            *load.entry(busy).or_default() -= 1;
+            *load.entry(idle).or_default() += 1;
+        }
+    }
+
+    /// Runs `request` on every node in `nodes` over fresh connections, in parallel.
+    fn broadcast(
+        &self,
+        nodes: &[(NodeId, SocketAddr)],
+        request: &ControlRequest,
+    ) -> Vec<(NodeId, Result<ControlResponse, ClientError>)> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = nodes
+                .iter()
+                .map(|&(node, addr)| {
+                    scope.spawn(move || {
+                        let answer = self
+                            .connect(addr)
+                            .and_then(|mut c| call(&mut c, request, &[]))
+                            .map(|(answer, _)| answer);
+                        (node, answer)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .collect()
+        })
+    }
+}
+
+impl Fleet for ProcessFleet {
+    fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError> {
+        let addr = self
+            .directory
+            .lock()
+            .get(name)
+            .copied()
+            .ok_or_else(|| Self::lost(id, format!("node {name} never announced an address")))?;
+        let connection = self.connect(addr).map_err(|e| Self::lost(id, e))?;
+        self.links.insert(
+            id,
+            Link {
+                name: name.to_owned(),
+                addr,
+                connection: Some(connection),
+            },
+        );
+        tracing::info!(node = id, %name, %addr, "node admitted");
+        Ok(())
+    }
+
+    fn release(&mut self, id: NodeId) {
+        if self.links.contains_key(&id) {
+            let _ = self.request(id, &ControlRequest::Shutdown, &[]);
+        }
+        if let Some(link) = self.links.remove(&id) {
+            self.directory.lock().remove(&link.name);
+            tracing::info!(node = id, name = %link.name, "node released");
+        }
+        self.assignment.retain(|_, node| *node != id);
+    }
+
+    fn place(
+        &mut self,
+        partition: PartitionId,
+        to: NodeId,
+        epoch: u64,
+        from: Option<NodeId>,
+        fallback: &PartitionImage,
+    ) -> Result<(), FleetError> {
+        let payload = match from {
+            Some(node) if self.links.contains_key(&node) => {
+                let request = ControlRequest::Take {
+                    partitions: vec![partition],
+                };
+                self.request(node, &request, &[])?.1
+            }
+            _ => {
+                let mut out = Vec::new();
+                encode_images(std::slice::from_ref(fallback), &mut out);
+                out
+            }
+        };
+        self.request(
+            to,
+            &ControlRequest::Install {
+                epochs: vec![epoch],
+            },
+            &payload,
+        )?;
+        Ok(())
+    }
+
+    fn retire_idle(&mut self, _owners: &BTreeSet<NodeId>) {
+        // A node process keeps its data-plane server for its whole life; idle, it hosts nothing.
+    }
+
+    fn abandon_all(&mut self) {
+        let nodes: Vec<(NodeId, SocketAddr)> =
+            self.links.iter().map(|(id, l)| (*id, l.addr)).collect();
+        for (node, answer) in self.broadcast(&nodes, &ControlRequest::Abandon) {
+            if let Err(error) = answer {
+                tracing::warn!(node, %error, "abandon did not reach the node");
+            }
+        }
+    }
+
+    fn run_segment(
+        &mut self,
+        spec: &SegmentSpec,
+        interrupt: &Interrupt,
+    ) -> Result<SegmentOutcome, FleetError> {
+        self.assign(&spec.worker_nodes);
+        let owners: Vec<(NodeId, u64)> = spec
+            .map
+            .entries()
+            .iter()
+            .map(|e| (e.owner, e.epoch))
+            .collect();
+        let addrs: Vec<(NodeId, SocketAddr)> =
+            self.links.iter().map(|(id, l)| (*id, l.addr)).collect();
+        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        for &node in &nodes {
+            let workers: Vec<u32> = self
+                .assignment
+                .iter()
+                .filter(|(_, n)| **n == node)
+                .map(|(w, _)| *w)
+                .collect();
+            let order = SegmentOrder {
+                first: spec.first,
+                end: spec.end,
+                workers,
+                owners: owners.clone(),
+                addrs: addrs.clone(),
+                run_start_unix: self.run_start_unix,
+            };
+            if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
+                // The others may have started: stop them before reporting.
+                self.abandon_all();
+                return Err(error);
+            }
+        }
+        let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
+        let over = std::sync::atomic::AtomicBool::new(false);
+        let agreed: Mutex<Option<u64>> = Mutex::new(None);
+        let this = &*self;
+        let abort = |node: NodeId, reason: String| {
+            let mut lost = lost.lock();
+            let first = lost.is_empty();
+            lost.push((node, reason));
+            drop(lost);
+            if first {
+                // Survivors drop their state at once: their waits fail instead of timing out,
+                // and their workers stop.
+                let others: Vec<(NodeId, SocketAddr)> =
+                    addrs.iter().copied().filter(|(n, _)| *n != node).collect();
+                let _ = this.broadcast(&others, &ControlRequest::Abandon);
+            }
+        };
+        let abort = &abort;
+        let results: Vec<(NodeId, Result<ControlResponse, FleetError>)> =
+            std::thread::scope(|scope| {
+                // An interrupt ends the segment at the highest clock any process started.
+                scope.spawn(|| {
+                    let abort = abort;
+                    while !over.load(std::sync::atomic::Ordering::Acquire) {
+                        if !interrupt.wait(Duration::from_millis(5)) {
+                            continue;
+                        }
+                        let paused = this.broadcast(&addrs, &ControlRequest::Pause);
+                        let mut end = spec.first;
+                        for (node, answer) in paused {
+                            match answer {
+                                Ok(ControlResponse::Paused { least_end }) => {
+                                    end = end.max(least_end);
+                                }
+                                Ok(other) => abort(node, format!("pause answered {other:?}")),
+                                Err(error) => abort(node, error.to_string()),
+                            }
+                        }
+                        let end = end.min(spec.end);
+                        *agreed.lock() = Some(end);
+                        for (node, answer) in
+                            this.broadcast(&addrs, &ControlRequest::EndAt { end })
+                        {
+                            if let Err(error) = answer {
+                                abort(node, error.to_string());
+                            }
+                        }
+                        break;
+                    }
+                });
+                let handles: Vec<_> = addrs
+                    .iter()
+                    .map(|&(node, addr)| {
+                        scope.spawn(move || {
+                            let outcome = (|| {
+                                let mut connection =
+                                    this.connect(addr).map_err(|e| Self::lost(node, e))?;
+                                loop {
+                                    let request = ControlRequest::Await { wait_ms: 200 };
+                                    match call(&mut connection, &request, &[]) {
+                                        Ok((ControlResponse::Running, _)) => continue,
+                                        Ok((answer, _)) => return Ok(answer),
+                                        Err(error) => return Err(Self::lost(node, error)),
+                                    }
+                                }
+                            })();
+                            if let Err(FleetError::Lost { reason, .. }) = &outcome {
+                                abort(node, reason.clone());
+                            }
+                            (node, outcome)
+                        })
+                    })
+                    .collect();
+                let results = handles
+                    .into_iter()
+                    .filter_map(|h| h.join().ok())
+                    .collect();
+                over.store(true, std::sync::atomic::Ordering::Release);
+                results
+            });
+        let lost = lost.into_inner();
+        if !lost.is_empty() {
+            return Err(FleetError::Lost {
+                nodes: lost.iter().map(|(n, _)| *n).collect(),
+                reason: lost
+                    .iter()
+                    .map(|(n, r)| format!("node {n}: {r}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        let mut reports = Vec::new();
+        let mut end = agreed.into_inner().unwrap_or(spec.end);
+        for (node, outcome) in results {
+            match outcome? {
+                ControlResponse::Finished {
+                    end: node_end,
+                    reports: node_reports,
+                } => {
+                    if !node_reports.is_empty() {
+                        end = end.min(node_end);
+                    }
+                    reports.extend(node_reports);
+                }
+                ControlResponse::Failed { category, message } => {
+                    self.abandon_all();
+                    return Err(RunError::RunCluster {
+                        reason: format!("node {node}'s segment failed ({category}): {message}"),
+                    }
+                    .into());
+                }
+                other => {
+                    return Err(RunError::RunCluster {
+                        reason: format!("node {node} answered {other:?} to await"),
+                    }
+                    .into());
+                }
+            }
+        }
+        reports.sort_by_key(|(worker, _)| *worker);
+        Ok(SegmentOutcome { end, reports })
+    }
+
+    fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
+        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        let mut clocks = Vec::new();
+        for node in nodes {
+            if let (ControlResponse::Clocks { clocks: these }, _) =
+                self.request(node, &ControlRequest::Clocks, &[])?
+            {
+                clocks.extend(these);
+            }
+        }
+        Ok(clocks)
+    }
+
+    fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
+        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        let mut images = Vec::new();
+        for node in nodes {
+            let (_, payload) = self.request(node, &ControlRequest::Copy, &[])?;
+            images.extend(decode_images(&payload).map_err(|e| RunError::RunCluster {
+                reason: format!("node {node} sent undecodable images: {e}"),
+            })?);
+        }
+        Ok(images)
+    }
+
+    fn finish(&mut self) {
+        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        for node in nodes {
+            self.release(node);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_round_trip_and_garbage_is_an_error() {
+        let images = vec![
+            PartitionImage {
+                partition: 3,
+                tables: vec![TableImage {
+                    table: 1,
+                    keys: vec![7, 9],
+                    data: vec![1.0, 2.0, 3.0, 4.0],
+                    state: vec![],
+                }],
+                completed: vec![5, 5, 4],
+            },
+            PartitionImage {
+                partition: 0,
+                tables: vec![],
+                completed: vec![],
+            },
+        ];
+        let mut out = Vec::new();
+        encode_images(&images, &mut out);
+        assert_eq!(decode_images(&out).unwrap(), images);
+        for cut in 0..out.len() {
+            assert!(decode_images(&out[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut huge = Vec::new();
+        put_u32(&mut huge, u32::MAX);
+        assert!(decode_images(&huge).is_err());
+    }
+
+    #[test]
+    fn requests_are_json_with_stable_names() {
+        let json = serde_json::to_string(&ControlRequest::Take {
+            partitions: vec![1, 2],
+        })
+        .unwrap();
+        assert_eq!(json, r#"{"take":{"partitions":[1,2]}}"#);
+        assert_eq!(
+            serde_json::from_str::<ControlRequest>(r#""abandon""#).unwrap(),
+            ControlRequest::Abandon
+        );
+    }
+
+    #[test]
+    fn workers_stay_put_and_spread_evenly() {
+        let directory = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut fleet = ProcessFleet::new(directory, b"s", 6, Duration::from_secs(1));
+        fleet.assign(&[0, 1]);
+        let count = |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();
+        assert_eq!((count(&fleet, 0), count(&fleet, 1)), (3, 3));
+        let before = fleet.assignment.clone();
+        fleet.assign(&[0, 1, 2]);
+        assert_eq!(
+            (count(&fleet, 0), count(&fleet, 1), count(&fleet, 2)),
+            (2, 2, 2)
+        );
+        let kept = before
+            .iter()
+            .filter(|(w, n)| fleet.assignment.get(w) == Some(n))
+            .count();
+        assert_eq!(kept, 4, "only the moves needed to balance");
+        fleet.assign(&[2]);
+        assert_eq!(count(&fleet, 2), 6);
+    }
+}
