@@ -205,6 +205,8 @@ pub struct Agent<A: App> {
     metrics: RuntimeMetrics,
     pool: Arc<Mutex<Option<WorkerPool>>>,
     running: Mutex<Option<Running>>,
+    /// Where the last finished segment ended (a pause after it finished answers this).
+    last_end: Mutex<u64>,
     shutdown: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
 
@@ -229,6 +231,7 @@ impl<A: App> Agent<A> {
             metrics,
             pool: Arc::new(Mutex::new(None)),
             running: Mutex::new(None),
+            last_end: Mutex::new(0),
             shutdown: Mutex::new(Some(shutdown)),
         }
     }
@@ -259,7 +262,9 @@ impl<A: App> Agent<A> {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
                 let since = Duration::from_secs_f64((now_unix - order.run_start_unix).max(0.0));
-                let run_start = Instant::now().checked_sub(since).unwrap_or_else(Instant::now);
+                let run_start = Instant::now()
+                    .checked_sub(since)
+                    .unwrap_or_else(Instant::now);
                 WorkerPool::empty(
                     &self.specs,
                     &self.client,
@@ -308,6 +313,7 @@ impl<A: App> Agent<A> {
             }
             Ok(outcome) => {
                 let end = current.gate.end();
+                *self.last_end.lock() = end;
                 *running = None;
                 match outcome {
                     Ok(reports) => ControlResponse::Finished { end, reports },
@@ -366,10 +372,13 @@ impl<A: App> NodeAgent for Agent<A> {
                             );
                             break;
                         }
-                        if let Err(error) =
-                            self.state
-                                .install(image, epoch, &self.specs, self.job.optimizer, strict)
-                        {
+                        if let Err(error) = self.state.install(
+                            image,
+                            epoch,
+                            &self.specs,
+                            self.job.optimizer,
+                            strict,
+                        ) {
                             answer = ControlResponse::failed(error.category(), error);
                             break;
                         }
@@ -396,7 +405,9 @@ impl<A: App> NodeAgent for Agent<A> {
                 Some(running) => ControlResponse::Paused {
                     least_end: running.gate.pause(),
                 },
-                None => ControlResponse::Paused { least_end: 0 },
+                None => ControlResponse::Paused {
+                    least_end: *self.last_end.lock(),
+                },
             },
             ControlRequest::EndAt { end } => {
                 if let Some(running) = self.running.lock().as_ref() {
@@ -577,7 +588,8 @@ impl ProcessFleet {
         }
         loop {
             let (Some((&busy, &most)), Some((&idle, &least))) = (
-                load.iter().max_by_key(|&(&n, &c)| (c, std::cmp::Reverse(n))),
+                load.iter()
+                    .max_by_key(|&(&n, &c)| (c, std::cmp::Reverse(n))),
                 load.iter().min_by_key(|&(&n, &c)| (c, n)),
             ) else {
                 return;
@@ -619,10 +631,7 @@ impl ProcessFleet {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .filter_map(|h| h.join().ok())
-                .collect()
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
         })
     }
 }
@@ -780,8 +789,7 @@ impl Fleet for ProcessFleet {
                         }
                         let end = end.min(spec.end);
                         *agreed.lock() = Some(end);
-                        for (node, answer) in
-                            this.broadcast(&addrs, &ControlRequest::EndAt { end })
+                        for (node, answer) in this.broadcast(&addrs, &ControlRequest::EndAt { end })
                         {
                             if let Err(error) = answer {
                                 abort(node, error.to_string());
@@ -813,10 +821,7 @@ impl Fleet for ProcessFleet {
                         })
                     })
                     .collect();
-                let results = handles
-                    .into_iter()
-                    .filter_map(|h| h.join().ok())
-                    .collect();
+                let results = handles.into_iter().filter_map(|h| h.join().ok()).collect();
                 over.store(true, std::sync::atomic::Ordering::Release);
                 results
             });
@@ -840,7 +845,7 @@ impl Fleet for ProcessFleet {
                     reports: node_reports,
                 } => {
                     if !node_reports.is_empty() {
-                        end = end.min(node_end);
+                        end = node_end;
                     }
                     reports.extend(node_reports);
                 }
@@ -948,7 +953,8 @@ mod tests {
         let directory = Arc::new(Mutex::new(BTreeMap::new()));
         let mut fleet = ProcessFleet::new(directory, b"s", 6, Duration::from_secs(1));
         fleet.assign(&[0, 1]);
-        let count = |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();
+        let count =
+            |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();
         assert_eq!((count(&fleet, 0), count(&fleet, 1)), (3, 3));
         let before = fleet.assignment.clone();
         fleet.assign(&[0, 1, 2]);

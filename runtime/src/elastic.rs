@@ -1087,6 +1087,8 @@ fn run_controller<A: App>(
         .iter()
         .map(|i| i.parameter_bytes() as u64)
         .sum();
+    // The controller may have built no worker of its own (node processes run them).
+    app.set_num_workers(job.workers);
     run.finish(app, snapshot.clone(), job.keep_params);
     report.run = run;
     report.snapshot = snapshot;

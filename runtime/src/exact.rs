@@ -32,6 +32,9 @@ pub struct ExactConfig {
     pub clocks: u64,
     /// SSP staleness the job runs with (needed for the in-run checks).
     pub staleness: u64,
+    /// Simulated compute time per clock (each worker sleeps this long every clock), so tests can
+    /// make membership change while a run is in progress.
+    pub clock_delay: std::time::Duration,
 }
 
 impl Default for ExactConfig {
@@ -43,6 +46,7 @@ impl Default for ExactConfig {
             shared_rows: 4,
             clocks: 10,
             staleness: 0,
+            clock_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -263,6 +267,9 @@ impl AppWorker for ExactWorker {
     }
 
     fn clock(&mut self, cache: &mut RowCache, clock: u64) -> ClockStats {
+        if !self.app.config.clock_delay.is_zero() {
+            std::thread::sleep(self.app.config.clock_delay);
+        }
         let (failed, checks) = self.check_reads(cache, clock);
         let mut updates = 0;
         for table in 0..self.app.config.tables {

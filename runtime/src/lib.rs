@@ -17,6 +17,7 @@ pub mod control;
 pub mod coordinator;
 pub mod data;
 pub mod elastic;
+pub mod elastic_coordinator;
 pub mod exact;
 pub mod frame;
 pub mod local;

@@ -219,7 +219,11 @@ impl<'a> Cursor<'a> {
     }
 
     /// A `u32` count of items of `item_bytes` each, checked against the remaining bytes.
-    pub(crate) fn count(&mut self, item_bytes: usize, what: &'static str) -> Result<usize, FrameError> {
+    pub(crate) fn count(
+        &mut self,
+        item_bytes: usize,
+        what: &'static str,
+    ) -> Result<usize, FrameError> {
         let count = self.u32(what)? as usize;
         if count.saturating_mul(item_bytes) > self.rest.len() {
             return Err(FrameError::Invalid(what));

@@ -22,10 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::control::{ControlRequest, NodeAgent};
 use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
 use crate::message::{Message, Values, secrets_match};
 use crate::metrics::RuntimeMetrics;
-use crate::control::{ControlRequest, NodeAgent};
 use crate::store::{PushOutcome, ServerState, StoreError};
 
 /// Settings of a data-plane server.

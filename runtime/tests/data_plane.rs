@@ -28,6 +28,7 @@ fn exact_job(workers: usize, staleness: u64) -> (ExactApp, JobConfig) {
         shared_rows: 3,
         clocks,
         staleness,
+        clock_delay: std::time::Duration::ZERO,
     });
     let config = JobConfig {
         clocks,

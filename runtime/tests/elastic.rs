@@ -29,6 +29,7 @@ fn exact(staleness: u64, clocks: u64) -> ExactApp {
         shared_rows: 5,
         clocks,
         staleness,
+        clock_delay: std::time::Duration::ZERO,
     })
 }
 

@@ -47,6 +47,7 @@ fn join(coordinator: &Coordinator, name: &str) -> u32 {
             secret: SECRET.into(),
             reliable: false,
             serves: true,
+            job: String::new(),
         })
         .unwrap()
         .node

@@ -15,6 +15,7 @@ fn job(workers: usize, staleness: u64, clocks: u64) -> (ExactApp, JobConfig) {
         shared_rows: 5,
         clocks,
         staleness,
+        clock_delay: std::time::Duration::ZERO,
     });
     let config = JobConfig {
         clocks,

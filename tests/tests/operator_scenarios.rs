@@ -202,6 +202,7 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
                 secret: secret.clone(),
                 reliable: false,
                 serves: true,
+                job: String::new(),
             })
             .map_err(|e| e.to_string())?;
         ids.push(joined.node);

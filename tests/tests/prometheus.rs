@@ -64,6 +64,7 @@ fn drive_runtime(metrics: &RuntimeMetrics) -> Result<(), BoxError> {
         shared_rows: 4,
         clocks,
         staleness: 1,
+        clock_delay: std::time::Duration::ZERO,
     });
     let config = ElasticConfig {
         job: JobConfig {

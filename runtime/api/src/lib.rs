@@ -51,6 +51,10 @@ pub struct JoinRequest {
     /// Whether the node hosts partitions (false: a worker-only node).
     #[serde(default = "default_true")]
     pub serves: bool,
+    /// The job the node was started for (app, clocks, partitions, ...): an elastic coordinator
+    /// refuses a node built for another job. Empty: not checked.
+    #[serde(default)]
+    pub job: String,
 }
 
 fn default_true() -> bool {

@@ -188,6 +188,7 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
         shared_rows: 8,
         clocks,
         staleness: 0,
+        clock_delay: std::time::Duration::ZERO,
     });
     let config = ElasticConfig {
         job: JobConfig {

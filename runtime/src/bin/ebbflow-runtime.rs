@@ -10,7 +10,10 @@ use clap::{Args, Parser, Subcommand};
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::NamedApp;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
+use ebbflow_runtime::control::Agent;
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
+use ebbflow_runtime::elastic::{ElasticConfig, StageThresholds};
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::local::{peak_rss_bytes, run_single_process};
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -109,6 +112,115 @@ enum Command {
         #[command(flatten)]
         app: AppArgs,
     },
+    /// Elastic coordinator: node processes join and leave while the job trains (AgileML stages,
+    /// migrations on notices, rollback on failures).
+    ElasticCoordinator {
+        #[command(flatten)]
+        job: JobArgs,
+        #[command(flatten)]
+        elastic: ElasticArgs,
+        /// Admin HTTP address (port 0 picks one; the bound address is printed).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Reliable (on-demand) nodes to wait for before training starts.
+        #[arg(long, default_value_t = 1)]
+        reliable_nodes: u32,
+        /// Clocks between ActivePS -> BackupPS copies (the most a failure can cost).
+        #[arg(long, default_value_t = 5)]
+        backup_every: u64,
+        /// Transient:reliable ratio above which stage 2 is used.
+        #[arg(long, default_value_t = 1.0)]
+        stage2_above: f64,
+        /// Transient:reliable ratio above which stage 3 is used.
+        #[arg(long, default_value_t = 15.0)]
+        stage3_above: f64,
+        /// Seconds to wait for the reliable nodes.
+        #[arg(long, default_value_t = 600)]
+        join_timeout_seconds: u64,
+        /// The job's shared secret.
+        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Write the final report (JSON) here.
+        #[arg(long)]
+        report_out: Option<PathBuf>,
+        #[command(flatten)]
+        app: AppArgs,
+    },
+    /// Elastic node: hosts what the elastic coordinator places on it and runs the workers it
+    /// assigns, until the coordinator lets it go (exit 0) or its instance is taken.
+    ElasticNode {
+        #[command(flatten)]
+        job: JobArgs,
+        #[command(flatten)]
+        elastic: ElasticArgs,
+        /// Coordinator URL, e.g. `http://127.0.0.1:7000`.
+        #[arg(long)]
+        coordinator: String,
+        /// Stable node name (instance or pod name).
+        #[arg(long)]
+        name: String,
+        /// The node runs on transient (spot) capacity.
+        #[arg(long)]
+        transient: bool,
+        /// Data-plane address (port 0 picks one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Data-plane address other nodes use (default: the bound address).
+        #[arg(long)]
+        advertise: Option<SocketAddr>,
+        /// Serve `/metrics` on this address.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
+        /// The job's shared secret.
+        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Seconds between SIGTERM and the node's end (the pod's termination grace period).
+        #[arg(long, default_value_t = 30)]
+        grace_seconds: u64,
+        /// EC2 instance metadata endpoint to watch for interruptions (off when unset).
+        #[arg(long, env = "EBBFLOW_METADATA_ENDPOINT")]
+        metadata_endpoint: Option<String>,
+        /// Milliseconds between metadata polls.
+        #[arg(long, default_value_t = 2000)]
+        metadata_poll_ms: u64,
+        #[command(flatten)]
+        app: AppArgs,
+    },
+}
+
+/// What every process of an elastic job must agree on.
+#[derive(Debug, Clone, Args)]
+struct ElasticArgs {
+    /// Logical workers (data shards) of the job, spread over the nodes that run workers.
+    #[arg(long, default_value_t = 4)]
+    job_workers: usize,
+}
+
+/// The job description nodes present when they join (a node started for another job is
+/// refused).
+fn job_id(job: &JobArgs, elastic: &ElasticArgs, app: &AppArgs) -> String {
+    let mut id = format!(
+        "{} clocks={} staleness={} partitions={} workers={} optimizer={:?}",
+        app.app, job.clocks, job.staleness, job.partitions, elastic.job_workers, job.optimizer
+    );
+    if app.app == "exact" {
+        id.push_str(&format!(
+            " rows={} width={} tables={} shared={} clock_ms={}",
+            app.exact_rows, app.exact_width, app.exact_tables, app.exact_shared, app.exact_clock_ms
+        ));
+    }
+    id
+}
+
+fn elastic_job_config(job: &JobArgs, elastic: &ElasticArgs) -> JobConfig {
+    JobConfig {
+        clocks: job.clocks,
+        staleness: job.staleness,
+        partitions: job.partitions,
+        optimizer: job.optimizer,
+        workers: elastic.job_workers,
+        ..JobConfig::default()
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -145,6 +257,9 @@ struct AppArgs {
     /// exact: rows every worker touches.
     #[arg(long, default_value_t = 4)]
     exact_shared: u64,
+    /// exact: simulated compute milliseconds per clock.
+    #[arg(long, default_value_t = 0)]
+    exact_clock_ms: u64,
 }
 
 fn parse_optimizer(text: &str) -> Result<Optimizer, String> {
@@ -181,6 +296,7 @@ fn exact_app(args: &AppArgs, clocks: u64, staleness: u64) -> anyhow::Result<Exac
         shared_rows: args.exact_shared,
         clocks,
         staleness,
+        clock_delay: Duration::from_millis(args.exact_clock_ms),
     }))
 }
 
@@ -291,6 +407,229 @@ fn main() -> anyhow::Result<()> {
             metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
             app,
         }),
+        Command::ElasticCoordinator {
+            job,
+            elastic,
+            listen,
+            reliable_nodes,
+            backup_every,
+            stage2_above,
+            stage3_above,
+            join_timeout_seconds,
+            secret,
+            report_out,
+            app,
+        } => {
+            if reliable_nodes == 0 {
+                bail!("--reliable-nodes must be at least 1");
+            }
+            let task = ElasticCoordinatorTask {
+                job: ElasticJob {
+                    config: ElasticConfig {
+                        job: elastic_job_config(&job, &elastic),
+                        thresholds: StageThresholds {
+                            stage2_above,
+                            stage3_above,
+                        },
+                        backup_every,
+                        reliable: Vec::new(),
+                        transient: Vec::new(),
+                    },
+                    secret,
+                    job: job_id(&job, &elastic, &app),
+                    reliable_nodes,
+                    join_timeout: Duration::from_secs(join_timeout_seconds),
+                },
+                listen,
+                report_out,
+            };
+            with_app(&app, job.clocks, job.staleness, task)
+        }
+        Command::ElasticNode {
+            job,
+            elastic,
+            coordinator,
+            name,
+            transient,
+            listen,
+            advertise,
+            metrics_listen,
+            secret,
+            grace_seconds,
+            metadata_endpoint,
+            metadata_poll_ms,
+            app,
+        } => {
+            let task = ElasticNodeTask {
+                config: elastic_job_config(&job, &elastic),
+                job_id: job_id(&job, &elastic, &app),
+                reliable: !transient,
+                listen,
+                advertise,
+                metrics_listen,
+                notice: NoticeArgs {
+                    coordinator: coordinator.trim_end_matches('/').to_owned(),
+                    secret,
+                    name,
+                    grace: Duration::from_secs(grace_seconds),
+                    metadata_endpoint,
+                    metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
+                },
+            };
+            with_app(&app, job.clocks, job.staleness, task)
+        }
+    }
+}
+
+/// The elastic coordinator's life once the app is built.
+struct ElasticCoordinatorTask {
+    job: ElasticJob,
+    listen: SocketAddr,
+    report_out: Option<PathBuf>,
+}
+
+impl AppTask for ElasticCoordinatorTask {
+    fn run<A: App>(self, app: A) -> anyhow::Result<()> {
+        let registry = Registry::new();
+        let metrics = RuntimeMetrics::register(&registry).context("registering metrics")?;
+        let listener = std::net::TcpListener::bind(self.listen)
+            .with_context(|| format!("binding the admin address {}", self.listen))?;
+        let bound = listener.local_addr()?;
+        // The launcher reads this line to learn the port.
+        println!("listening on {bound}");
+        tracing::info!(%bound, reliable = self.job.reliable_nodes, "elastic coordinator listening");
+        let report = run_elastic_job(&app, self.job, listener, registry, &metrics)?;
+        let summary = serde_json::json!({
+            "run": report.run,
+            "segments": report.segments,
+            "partitions_migrated": report.partitions_migrated,
+            "rollbacks": report.rollbacks,
+            "clocks_redone": report.clocks_redone,
+            "events": report.events,
+            "rejected": report.rejected,
+            "notice_to_safe_seconds": report.notice_to_safe_seconds,
+            "stopped_at": report.stopped_at,
+        });
+        if let Some(path) = &self.report_out {
+            std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
+                .with_context(|| format!("writing the report to {}", path.display()))?;
+        }
+        tracing::info!(
+            loss = report.run.eval.loss,
+            rollbacks = report.rollbacks,
+            migrated = report.partitions_migrated,
+            "elastic job done"
+        );
+        Ok(())
+    }
+}
+
+/// An elastic node's life once the app is built.
+struct ElasticNodeTask {
+    config: JobConfig,
+    job_id: String,
+    reliable: bool,
+    listen: SocketAddr,
+    advertise: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
+    notice: NoticeArgs,
+}
+
+impl AppTask for ElasticNodeTask {
+    fn run<A: App>(self, app: A) -> anyhow::Result<()> {
+        let rt = runtime()?;
+        let registry = Registry::new();
+        let metrics = RuntimeMetrics::register(&registry).context("registering metrics")?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(self.listen))
+            .with_context(|| format!("binding the data plane on {}", self.listen))?;
+        let advertise = self.advertise.unwrap_or(listener.local_addr()?);
+        if let Some(addr) = self.metrics_listen {
+            let metrics_listener = rt
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("binding metrics on {addr}"))?;
+            let router = metrics_router(registry.clone());
+            rt.spawn(async move { axum::serve(metrics_listener, router).await });
+        }
+        let config = self.config;
+        let specs = app.tables();
+        let state = Arc::new(ServerState::new(
+            &[],
+            config.partitions,
+            &specs,
+            config.workers as u32,
+            config.optimizer,
+            config.staleness == 0,
+        ));
+        let secret = self.notice.secret.clone();
+        let client = ClientConfig {
+            secret: secret.clone().into_bytes(),
+            node: 0,
+            max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: config.wait_timeout,
+        };
+        let (shutdown, released) = std::sync::mpsc::channel();
+        let agent = Arc::new(Agent::new(
+            app,
+            state.clone(),
+            config.clone(),
+            client,
+            metrics.clone(),
+            shutdown,
+        ));
+        let server_config = ServerConfig {
+            wait_timeout: config.wait_timeout,
+            agent: Some(agent),
+            ..ServerConfig::with_secret(secret.clone().into_bytes())
+        };
+        let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics)?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .context("building the HTTP client")?;
+        let base = self.notice.coordinator.clone();
+        let join = JoinRequest {
+            name: self.notice.name.clone(),
+            data_addr: advertise.to_string(),
+            workers: 0,
+            secret,
+            reliable: self.reliable,
+            serves: true,
+            job: self.job_id,
+        };
+        let _: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
+        tracing::info!(name = %self.notice.name, %advertise, reliable = self.reliable, "joined");
+        watch_for_notices(&rt, &self.notice, &http)?;
+        // Serve until the coordinator lets this node go, or the job is over without it.
+        let mut unreachable_since: Option<Instant> = None;
+        loop {
+            match released.recv_timeout(Duration::from_millis(500)) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            match rt.block_on(get_json::<StatusResponse>(&http, &format!("{base}/status"))) {
+                Ok(status)
+                    if matches!(
+                        status.phase,
+                        JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+                    ) =>
+                {
+                    tracing::info!(phase = ?status.phase, "the job is over");
+                    break;
+                }
+                Ok(_) => unreachable_since = None,
+                Err(error) => {
+                    let since = *unreachable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(30) {
+                        server.stop(rt.handle());
+                        bail!("the coordinator has been unreachable for 30 s: {error:#}");
+                    }
+                }
+            }
+        }
+        server.stop(rt.handle());
+        tracing::info!("released by the coordinator");
+        Ok(())
     }
 }
 
@@ -398,6 +737,29 @@ impl AppTask for CoordinatorTask {
     }
 }
 
+/// What a node's notice sources need.
+struct NoticeArgs {
+    coordinator: String,
+    secret: String,
+    name: String,
+    grace: Duration,
+    metadata_endpoint: Option<String>,
+    metadata_poll: Duration,
+}
+
+impl NodeArgs {
+    fn notice_args(&self) -> NoticeArgs {
+        NoticeArgs {
+            coordinator: self.coordinator.clone(),
+            secret: self.secret.clone(),
+            name: self.name.clone(),
+            grace: self.grace,
+            metadata_endpoint: self.metadata_endpoint.clone(),
+            metadata_poll: self.metadata_poll,
+        }
+    }
+}
+
 struct NodeArgs {
     serves: bool,
     coordinator: String,
@@ -487,11 +849,12 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         secret: args.secret.clone(),
         reliable: true,
         serves: args.serves,
+        job: String::new(),
     };
     let joined: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
     let node = joined.node;
     tracing::info!(node, name = %args.name, %advertise, "joined");
-    watch_for_notices(&rt, &args, &http)?;
+    watch_for_notices(&rt, &args.notice_args(), &http)?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let plan: PlanResponse = loop {
         let plan: PlanResponse =
@@ -551,7 +914,7 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
 /// the instance metadata service.
 fn watch_for_notices(
     rt: &tokio::runtime::Runtime,
-    args: &NodeArgs,
+    args: &NoticeArgs,
     http: &reqwest::Client,
 ) -> anyhow::Result<()> {
     let mut terminate = {

@@ -1,0 +1,554 @@
+//! The admin HTTP API of an elastic job's coordinator (node processes joining and leaving).
+//!
+//! - `POST /join`: a node process announces itself (name, tier, data-plane address, job secret and
+//!   the job it was started for). Reliable nodes are awaited before training starts and fixed
+//!   after; transient nodes may join at any time and are switched in at the next clock boundary.
+//! - `POST /notice` (`Authorization: Bearer <secret>`): "node X leaves at T" — the partitions it
+//!   hosts move at the next boundary if T is still ahead, else the run rolls back.
+//! - `POST /stop` (bearer): stop at the next boundary, keeping what was trained.
+//! - `GET /status`, `GET /metrics`.
+//!
+//! Handlers only validate and turn requests into [`ElasticEvent`]s on the controller's
+//! [`LiveFeed`]; the controller's loop (`elastic::run_elastic_on` over a
+//! [`crate::control::ProcessFleet`]) decides everything at clock boundaries.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use ebbflow_runtime_api::{
+    Ack, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo, NoticeRequest, NoticeResponse,
+    StatusResponse,
+};
+use parking_lot::Mutex;
+use prometheus::Registry;
+
+use crate::coordinator::{AdminError, check_bearer};
+use crate::elastic::ElasticEvent;
+use crate::message::secrets_match;
+
+#[derive(Debug, Default)]
+struct Members {
+    phase: Option<JobPhase>,
+    /// Every node that joined, in join order: (name, reliable, data address).
+    nodes: Vec<(String, bool, SocketAddr)>,
+    /// Names that left or were told to leave (by notice time).
+    notices: BTreeMap<String, u64>,
+    result: Option<JobResult>,
+    error: Option<String>,
+}
+
+/// Shared state of the elastic admin API.
+pub struct ElasticService {
+    secret: String,
+    job: String,
+    reliable_expected: u32,
+    /// Name → data-plane address, read by the fleet when it admits a node.
+    directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+    members: Mutex<Members>,
+    events: Mutex<Option<std::sync::mpsc::Sender<ElasticEvent>>>,
+    started: tokio::sync::Notify,
+    registry: Registry,
+}
+
+impl ElasticService {
+    /// A service for the job described by `job` (nodes must present the same description),
+    /// waiting for `reliable_expected` reliable nodes.
+    pub fn new(
+        secret: String,
+        job: String,
+        reliable_expected: u32,
+        directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+        registry: Registry,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            secret,
+            job,
+            reliable_expected,
+            directory,
+            members: Mutex::new(Members::default()),
+            events: Mutex::new(None),
+            started: tokio::sync::Notify::new(),
+            registry,
+        })
+    }
+
+    /// Handles a join.
+    pub fn join(&self, request: JoinRequest) -> Result<JoinResponse, AdminError> {
+        if !secrets_match(self.secret.as_bytes(), request.secret.as_bytes()) {
+            tracing::warn!(name = %request.name, "join with a wrong job secret refused");
+            return Err(AdminError::CheckSecret);
+        }
+        if !request.job.is_empty() && request.job != self.job {
+            return Err(AdminError::Validate(format!(
+                "node {} was started for another job ({}); this job is {}",
+                request.name, request.job, self.job
+            )));
+        }
+        let addr: SocketAddr = request.data_addr.parse().map_err(|_| {
+            AdminError::Validate(format!(
+                "data_addr {:?} is not host:port",
+                request.data_addr
+            ))
+        })?;
+        if request.name.is_empty() || request.name.len() > 253 {
+            return Err(AdminError::Validate(
+                "a node name must have 1 to 253 characters".into(),
+            ));
+        }
+        let mut m = self.members.lock();
+        if let Some(index) = m.nodes.iter().position(|n| n.0 == request.name) {
+            if m.nodes[index].2 == addr {
+                return Ok(JoinResponse { node: index as u32 });
+            }
+            return Err(AdminError::Validate(format!(
+                "node {} already joined from another address",
+                request.name
+            )));
+        }
+        let training = m.phase.is_some();
+        let reliable_now = m.nodes.iter().filter(|n| n.1).count() as u32;
+        if request.reliable && (training || reliable_now >= self.reliable_expected) {
+            return Err(AdminError::JoinStarted(request.name));
+        }
+        if training && !request.reliable {
+            let sent = self.events.lock().as_ref().is_some_and(|events| {
+                events
+                    .send(ElasticEvent::Join {
+                        names: vec![request.name.clone()],
+                    })
+                    .is_ok()
+            });
+            if !sent {
+                return Err(AdminError::JoinStarted(request.name));
+            }
+        }
+        self.directory.lock().insert(request.name.clone(), addr);
+        m.nodes.push((request.name.clone(), request.reliable, addr));
+        tracing::info!(name = %request.name, reliable = request.reliable, %addr, "node joined");
+        if !training && reliable_now + u32::from(request.reliable) == self.reliable_expected {
+            self.started.notify_waiters();
+            self.started.notify_one();
+        }
+        Ok(JoinResponse {
+            node: (m.nodes.len() - 1) as u32,
+        })
+    }
+
+    /// Waits until the reliable nodes joined; returns (reliable, transient) names.
+    pub async fn wait_for_reliable(&self) -> (Vec<String>, Vec<String>) {
+        loop {
+            let notified = self.started.notified();
+            {
+                let m = self.members.lock();
+                let reliable: Vec<String> = m
+                    .nodes
+                    .iter()
+                    .filter(|n| n.1)
+                    .map(|n| n.0.clone())
+                    .collect();
+                if reliable.len() as u32 >= self.reliable_expected {
+                    let transient = m
+                        .nodes
+                        .iter()
+                        .filter(|n| !n.1)
+                        .map(|n| n.0.clone())
+                        .collect();
+                    return (reliable, transient);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Training starts: later joins and notices go to `events`. Returns the members at the start
+    /// (reliable, transient), atomically with the switch so no join is missed.
+    pub fn start(
+        &self,
+        events: std::sync::mpsc::Sender<ElasticEvent>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut m = self.members.lock();
+        m.phase = Some(JobPhase::Training);
+        *self.events.lock() = Some(events);
+        let reliable = m
+            .nodes
+            .iter()
+            .filter(|n| n.1)
+            .map(|n| n.0.clone())
+            .collect();
+        let transient = m
+            .nodes
+            .iter()
+            .filter(|n| !n.1)
+            .map(|n| n.0.clone())
+            .collect();
+        (reliable, transient)
+    }
+
+    /// Handles a notice.
+    pub fn notice(&self, request: NoticeRequest) -> Result<NoticeResponse, AdminError> {
+        let mut m = self.members.lock();
+        let Some(index) = m.nodes.iter().position(|n| n.0 == request.name) else {
+            return Err(AdminError::LookupNode(request.name));
+        };
+        if m.nodes[index].1 {
+            return Err(AdminError::Validate(format!(
+                "node {} is on the reliable tier; only transient nodes leave",
+                request.name
+            )));
+        }
+        if m.notices.contains_key(&request.name) {
+            return Ok(NoticeResponse {
+                node: index as u32,
+                new: false,
+            });
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let lead = Duration::from_secs(request.deadline_unix.saturating_sub(now));
+        let event = ElasticEvent::Notice {
+            names: vec![request.name.clone()],
+            lead,
+        };
+        if let Some(events) = self.events.lock().as_ref() {
+            let _ = events.send(event);
+        }
+        m.notices
+            .insert(request.name.clone(), request.deadline_unix);
+        tracing::info!(name = %request.name, lead_s = lead.as_secs(), "notice");
+        Ok(NoticeResponse {
+            node: index as u32,
+            new: true,
+        })
+    }
+
+    /// Handles a stop.
+    pub fn stop(&self) -> Ack {
+        if let Some(events) = self.events.lock().as_ref() {
+            let _ = events.send(ElasticEvent::Stop);
+        }
+        Ack { ok: true }
+    }
+
+    /// Records the end of the job.
+    pub fn finish(&self, phase: JobPhase, result: Option<JobResult>, error: Option<String>) {
+        let mut m = self.members.lock();
+        m.phase = Some(phase);
+        m.result = result;
+        m.error = error;
+        *self.events.lock() = None;
+    }
+
+    /// The job's status.
+    pub fn status(&self) -> StatusResponse {
+        let m = self.members.lock();
+        let directory = self.directory.lock();
+        StatusResponse {
+            phase: m.phase.unwrap_or(JobPhase::Joining),
+            expected_nodes: self.reliable_expected,
+            nodes: m
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(index, (name, _, addr))| NodeInfo {
+                    node: index as u32,
+                    name: name.clone(),
+                    data_addr: addr.to_string(),
+                    workers: 0,
+                    worker_base: 0,
+                    finished: !directory.contains_key(name),
+                    serves: true,
+                })
+                .collect(),
+            partitions: Vec::new(),
+            notices: m
+                .notices
+                .iter()
+                .filter_map(|(name, deadline)| {
+                    m.nodes
+                        .iter()
+                        .position(|n| &n.0 == name)
+                        .map(|i| (i as u32, *deadline))
+                })
+                .collect(),
+            result: m.result.clone(),
+            error: m.error.clone(),
+        }
+    }
+}
+
+async fn join_handler(
+    State(s): State<Arc<ElasticService>>,
+    Json(request): Json<JoinRequest>,
+) -> Result<Json<JoinResponse>, AdminError> {
+    s.join(request).map(Json)
+}
+
+async fn notice_handler(
+    State(s): State<Arc<ElasticService>>,
+    headers: HeaderMap,
+    Json(request): Json<NoticeRequest>,
+) -> Result<Json<NoticeResponse>, AdminError> {
+    check_bearer(&headers, &s.secret, "notice")?;
+    s.notice(request).map(Json)
+}
+
+async fn stop_handler(
+    State(s): State<Arc<ElasticService>>,
+    headers: HeaderMap,
+) -> Result<Json<Ack>, AdminError> {
+    check_bearer(&headers, &s.secret, "stop")?;
+    Ok(Json(s.stop()))
+}
+
+async fn status_handler(State(s): State<Arc<ElasticService>>) -> Json<StatusResponse> {
+    Json(s.status())
+}
+
+async fn metrics_handler(State(s): State<Arc<ElasticService>>) -> String {
+    crate::metrics::render(&s.registry)
+}
+
+/// The elastic admin HTTP API router.
+pub fn router(service: Arc<ElasticService>) -> axum::Router {
+    axum::Router::new()
+        .route("/status", get(status_handler))
+        .route("/join", post(join_handler))
+        .route("/notice", post(notice_handler))
+        .route("/stop", post(stop_handler))
+        .route("/metrics", get(metrics_handler))
+        .with_state(service)
+}
+
+/// Errors of an elastic job's coordinator.
+#[derive(Debug, thiserror::Error)]
+pub enum ElasticJobError {
+    /// The admin API could not be served.
+    #[error("serving the admin API failed: {0}")]
+    Serve(std::io::Error),
+    /// Not enough reliable nodes joined in time.
+    #[error("{joined} of {expected} reliable nodes joined within {waited:?}")]
+    JoinTimeout {
+        /// Reliable nodes that joined.
+        joined: usize,
+        /// Reliable nodes awaited.
+        expected: u32,
+        /// How long the coordinator waited.
+        waited: Duration,
+    },
+    /// The run failed.
+    #[error(transparent)]
+    Run(#[from] crate::elastic::ElasticError),
+}
+
+impl ElasticJobError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ElasticJobError::Serve(_) => "serve",
+            ElasticJobError::JoinTimeout { .. } => "join_timeout",
+            ElasticJobError::Run(e) => e.category(),
+        }
+    }
+}
+
+/// Settings of an elastic job's coordinator.
+#[derive(Debug, Clone)]
+pub struct ElasticJob {
+    /// The run (its `reliable` and `transient` lists are filled from the nodes that join).
+    pub config: crate::elastic::ElasticConfig,
+    /// The job secret.
+    pub secret: String,
+    /// What nodes must present as their job.
+    pub job: String,
+    /// Reliable nodes to wait for.
+    pub reliable_nodes: u32,
+    /// How long to wait for them.
+    pub join_timeout: Duration,
+}
+
+/// Serves the admin API on `listener` and runs the job over the node processes that join:
+/// waits for the reliable nodes, then trains elastically, switching transient nodes in and out
+/// as they join and leave. Every node is released (its process exits) at the end.
+pub fn run_elastic_job<A: crate::app::App>(
+    app: &A,
+    job: ElasticJob,
+    listener: std::net::TcpListener,
+    registry: Registry,
+    metrics: &crate::metrics::RuntimeMetrics,
+) -> Result<crate::elastic::ElasticReport, ElasticJobError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ElasticJobError::Serve)?;
+    let directory = Arc::new(Mutex::new(BTreeMap::new()));
+    let service = ElasticService::new(
+        job.secret.clone(),
+        job.job.clone(),
+        job.reliable_nodes,
+        directory.clone(),
+        registry,
+    );
+    listener
+        .set_nonblocking(true)
+        .map_err(ElasticJobError::Serve)?;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener).map_err(ElasticJobError::Serve)?
+    };
+    let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = service.clone();
+    let server = rt.spawn(async move {
+        axum::serve(listener, router(served))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let waited = rt.block_on(async {
+        tokio::time::timeout(job.join_timeout, service.wait_for_reliable()).await
+    });
+    if waited.is_err() {
+        let joined = service.status().nodes.len();
+        let _ = stop_serving.send(());
+        return Err(ElasticJobError::JoinTimeout {
+            joined,
+            expected: job.reliable_nodes,
+            waited: job.join_timeout,
+        });
+    }
+    let (events, feed) = crate::elastic::LiveFeed::new();
+    let (reliable, transient) = service.start(events);
+    let config = crate::elastic::ElasticConfig {
+        reliable,
+        transient,
+        ..job.config
+    };
+    tracing::info!(
+        reliable = config.reliable.len(),
+        transient = config.transient.len(),
+        "training starts"
+    );
+    let mut fleet = crate::control::ProcessFleet::new(
+        directory,
+        job.secret.as_bytes(),
+        config.job.workers as u32,
+        config.job.wait_timeout,
+    );
+    let outcome =
+        crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
+    match &outcome {
+        Ok(report) => {
+            let phase = if report.stopped_at.is_some() {
+                JobPhase::Stopped
+            } else {
+                JobPhase::Done
+            };
+            let result = JobResult {
+                loss: report.run.eval.loss,
+                metrics: report.run.eval.metrics.clone(),
+                updates_per_second: report.run.updates_per_second,
+            };
+            service.finish(phase, Some(result), None);
+        }
+        Err(error) => service.finish(JobPhase::Failed, None, Some(error.to_string())),
+    }
+    let _ = stop_serving.send(());
+    let _ = rt.block_on(server);
+    Ok(outcome?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(name: &str, reliable: bool, port: u16) -> JoinRequest {
+        JoinRequest {
+            name: name.into(),
+            data_addr: format!("127.0.0.1:{port}"),
+            workers: 1,
+            secret: "s".into(),
+            reliable,
+            serves: true,
+            job: "exact/10".into(),
+        }
+    }
+
+    #[test]
+    fn joins_are_checked_and_become_events_once_training() {
+        let directory = Arc::new(Mutex::new(BTreeMap::new()));
+        let service = ElasticService::new(
+            "s".into(),
+            "exact/10".into(),
+            1,
+            directory.clone(),
+            Registry::new(),
+        );
+        let mut wrong = join("a", true, 1);
+        wrong.secret = "x".into();
+        assert_eq!(service.join(wrong), Err(AdminError::CheckSecret));
+        let mut other = join("a", true, 1);
+        other.job = "mf/3".into();
+        assert!(
+            matches!(service.join(other), Err(AdminError::Validate(m)) if m.contains("another job"))
+        );
+        service.join(join("a", true, 1)).unwrap();
+        assert_eq!(
+            service.join(join("a", true, 1)).unwrap().node,
+            0,
+            "idempotent"
+        );
+        assert!(
+            service.join(join("a", true, 2)).is_err(),
+            "same name, other address"
+        );
+        assert!(matches!(
+            service.join(join("b", true, 3)),
+            Err(AdminError::JoinStarted(_))
+        ));
+        service.join(join("t0", false, 4)).unwrap();
+        let (events, feed) = std::sync::mpsc::channel();
+        let (reliable, transient) = service.start(events);
+        assert_eq!(
+            (reliable, transient),
+            (vec!["a".to_owned()], vec!["t0".to_owned()])
+        );
+        service.join(join("t1", false, 5)).unwrap();
+        assert_eq!(
+            feed.try_recv().unwrap(),
+            ElasticEvent::Join {
+                names: vec!["t1".into()]
+            }
+        );
+        assert!(directory.lock().contains_key("t1"));
+        let notice = |name: &str| NoticeRequest {
+            name: name.into(),
+            deadline_unix: u64::MAX,
+        };
+        assert!(matches!(
+            service.notice(notice("zz")),
+            Err(AdminError::LookupNode(_))
+        ));
+        assert!(matches!(
+            service.notice(notice("a")),
+            Err(AdminError::Validate(_))
+        ));
+        assert!(service.notice(notice("t1")).unwrap().new);
+        assert!(
+            !service.notice(notice("t1")).unwrap().new,
+            "duplicates are harmless"
+        );
+        assert!(matches!(
+            feed.try_recv().unwrap(),
+            ElasticEvent::Notice { .. }
+        ));
+        assert!(feed.try_recv().is_err());
+    }
+}
