@@ -240,6 +240,7 @@ mod tests {
         let failed = StatusResponse {
             phase: JobPhase::Failed,
             error: Some("worker 3 diverged".into()),
+            progress: None,
             result: None,
             ..wire
         };

@@ -771,7 +771,6 @@ impl Fleet for ProcessFleet {
             std::thread::scope(|scope| {
                 // An interrupt ends the segment at the highest clock any process started.
                 scope.spawn(|| {
-                    let abort = abort;
                     while !over.load(std::sync::atomic::Ordering::Acquire) {
                         if !interrupt.wait(Duration::from_millis(5)) {
                             continue;

@@ -437,6 +437,7 @@ impl Coordinator {
                 updates_per_second: r.updates_per_second,
             }),
             error: m.error.clone(),
+            progress: None,
         }
     }
 

@@ -508,6 +508,7 @@ impl<'a> Controller<'a> {
         self.report.clocks_redone += redone;
         self.metrics.rollbacks.inc();
         self.metrics.clocks_redone.inc_by(redone);
+        self.metrics.consistent_clock.set(self.clock as i64);
         // Every partition is restored from the backups: a new epoch even where the owner stays,
         // so a request of the abandoned timeline cannot reach it.
         if let Some(layout) = &mut self.layout {
@@ -1115,7 +1116,7 @@ fn run_boundary(
     let metrics = controller.metrics;
     let clock = controller.clock;
     for member in &controller.members {
-        if !admitted.contains_key(&member.id) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = admitted.entry(member.id) {
             fleet.admit(member.id, &member.name).map_err(|e| match e {
                 FleetError::Lost { reason, .. } => FleetError::Lost {
                     nodes: vec![member.id],
@@ -1123,7 +1124,7 @@ fn run_boundary(
                 },
                 other => other,
             })?;
-            admitted.insert(member.id, member.name.clone());
+            slot.insert(member.name.clone());
         }
     }
     let next_event = events
@@ -1277,6 +1278,7 @@ fn run_boundary(
     } else {
         controller.clock = end;
     }
+    metrics.consistent_clock.set(end as i64);
     let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
     controller.report.segments.push(SegmentRecord {
         first_clock: clock,

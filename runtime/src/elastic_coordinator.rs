@@ -22,8 +22,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use ebbflow_runtime_api::{
-    Ack, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo, NoticeRequest, NoticeResponse,
-    StatusResponse,
+    Ack, ElasticProgress, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo, NoticeRequest,
+    NoticeResponse, StatusResponse,
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
@@ -54,6 +54,7 @@ pub struct ElasticService {
     events: Mutex<Option<std::sync::mpsc::Sender<ElasticEvent>>>,
     started: tokio::sync::Notify,
     registry: Registry,
+    metrics: crate::metrics::RuntimeMetrics,
 }
 
 impl ElasticService {
@@ -65,6 +66,7 @@ impl ElasticService {
         reliable_expected: u32,
         directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
         registry: Registry,
+        metrics: crate::metrics::RuntimeMetrics,
     ) -> Arc<Self> {
         Arc::new(Self {
             secret,
@@ -75,6 +77,7 @@ impl ElasticService {
             events: Mutex::new(None),
             started: tokio::sync::Notify::new(),
             registry,
+            metrics,
         })
     }
 
@@ -279,6 +282,24 @@ impl ElasticService {
                 .collect(),
             result: m.result.clone(),
             error: m.error.clone(),
+            progress: m.phase.map(|_| ElasticProgress {
+                clock: self.metrics.consistent_clock.get().max(0) as u64,
+                stage: self.metrics.stage.get().clamp(0, 3) as u8,
+                reliable_nodes: self
+                    .metrics
+                    .nodes
+                    .with_label_values(&["reliable"])
+                    .get()
+                    .max(0) as u32,
+                transient_nodes: self
+                    .metrics
+                    .nodes
+                    .with_label_values(&["transient"])
+                    .get()
+                    .max(0) as u32,
+                partitions_migrated: self.metrics.partitions_migrated.get(),
+                rollbacks: self.metrics.rollbacks.get(),
+            }),
         }
     }
 }
@@ -395,6 +416,7 @@ pub fn run_elastic_job<A: crate::app::App>(
         job.reliable_nodes,
         directory.clone(),
         registry,
+        metrics.clone(),
     );
     listener
         .set_nonblocking(true)
@@ -490,6 +512,7 @@ mod tests {
             1,
             directory.clone(),
             Registry::new(),
+            crate::metrics::RuntimeMetrics::unregistered(),
         );
         let mut wrong = join("a", true, 1);
         wrong.secret = "x".into();

@@ -37,6 +37,8 @@ pub struct RuntimeMetrics {
     pub rollbacks: IntCounter,
     /// Clocks redone after rollbacks (summed over rollbacks).
     pub clocks_redone: IntCounter,
+    /// Clocks every partition holds at the last segment boundary of an elastic run.
+    pub consistent_clock: IntGauge,
 }
 
 impl RuntimeMetrics {
@@ -118,6 +120,10 @@ impl RuntimeMetrics {
                 "ebbflow_runtime_clocks_redone_total",
                 "clocks redone after rollbacks",
             )?,
+            consistent_clock: IntGauge::new(
+                "ebbflow_runtime_consistent_clock",
+                "clocks every partition holds at the last segment boundary",
+            )?,
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
         registry.register(Box::new(metrics.stage.clone()))?;
@@ -126,6 +132,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.partitions_migrated.clone()))?;
         registry.register(Box::new(metrics.rollbacks.clone()))?;
         registry.register(Box::new(metrics.clocks_redone.clone()))?;
+        registry.register(Box::new(metrics.consistent_clock.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;

@@ -286,6 +286,7 @@ impl Default for CoordinatorState {
                 notices: Vec::new(),
                 result: None,
                 error: None,
+                progress: None,
             },
             notices: Vec::new(),
             stops: 0,

@@ -207,6 +207,26 @@ pub struct StatusResponse {
     pub result: Option<JobResult>,
     /// Failure description once failed.
     pub error: Option<String>,
+    /// Progress of an elastic job (absent for a static one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ElasticProgress>,
+}
+
+/// Where an elastic job is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ElasticProgress {
+    /// Clocks every partition holds at the last segment boundary.
+    pub clock: u64,
+    /// AgileML stage (1, 2 or 3).
+    pub stage: u8,
+    /// Reliable member nodes.
+    pub reliable_nodes: u32,
+    /// Transient member nodes.
+    pub transient_nodes: u32,
+    /// Partitions that changed owner so far.
+    pub partitions_migrated: u64,
+    /// Rollbacks to the BackupPS copy so far.
+    pub rollbacks: u64,
 }
 
 /// Error body of a failed request.

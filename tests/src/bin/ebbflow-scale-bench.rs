@@ -58,6 +58,7 @@ async fn recorder(received: Received) -> Result<String, BoxError> {
                     notices: Vec::new(),
                     result: None,
                     error: None,
+                    progress: None,
                 })
             }),
         )

@@ -1,0 +1,348 @@
+//! Elasticity across real node processes (issue 4): `ebbflow-runtime elastic-node` processes join
+//! a coordinator on 127.0.0.1, leave on SIGTERM (a notice with their grace period) and die on
+//! SIGKILL (a failure without notice), while the integer-exact app trains. The final table must
+//! be exactly the expected one: no update lost, none applied twice.
+//!
+//! The coordinator runs in the test process (`run_elastic_job`, the same code the
+//! `elastic-coordinator` subcommand runs) so the test can read its report; every node is a
+//! separate process, so a kill really takes its partitions and workers with it.
+
+use std::io::Read as _;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ebbflow_runtime::elastic::{ElasticConfig, ElasticReport, StageThresholds};
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, ElasticJobError, run_elastic_job};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
+use ebbflow_runtime_api::{JobPhase, StatusResponse};
+
+const SECRET: &str = "elastic-processes-secret";
+const CLOCK_MS: u64 = 15;
+
+struct Job {
+    clocks: u64,
+    staleness: u64,
+    partitions: u32,
+    workers: usize,
+}
+
+impl Job {
+    /// The flags every process of the job shares (they make up its job id).
+    fn flags(&self) -> Vec<String> {
+        [
+            "--app",
+            "exact",
+            "--exact-clock-ms",
+            &CLOCK_MS.to_string(),
+            "--clocks",
+            &self.clocks.to_string(),
+            "--staleness",
+            &self.staleness.to_string(),
+            "--partitions",
+            &self.partitions.to_string(),
+            "--job-workers",
+            &self.workers.to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+
+    /// The id `ebbflow-runtime` derives from [`Job::flags`] (exact app defaults).
+    fn id(&self) -> String {
+        format!(
+            "exact clocks={} staleness={} partitions={} workers={} optimizer=Add rows=64 width=4 tables=2 shared=4 clock_ms={CLOCK_MS}",
+            self.clocks, self.staleness, self.partitions, self.workers
+        )
+    }
+
+    fn app(&self) -> ExactApp {
+        ExactApp::new(ExactConfig {
+            rows: 64,
+            width: 4,
+            tables: 2,
+            shared_rows: 4,
+            clocks: self.clocks,
+            staleness: self.staleness,
+            clock_delay: Duration::from_millis(CLOCK_MS),
+        })
+    }
+}
+
+/// A coordinator running `job` on a thread of this process; returns its URL and the thread.
+fn coordinator(
+    job: &Job,
+    reliable: u32,
+    backup_every: u64,
+) -> (
+    String,
+    std::thread::JoinHandle<Result<ElasticReport, ElasticJobError>>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = job.app();
+    let settings = ElasticJob {
+        config: ElasticConfig {
+            job: JobConfig {
+                clocks: job.clocks,
+                staleness: job.staleness,
+                partitions: job.partitions,
+                workers: job.workers,
+                wait_timeout: Duration::from_secs(60),
+                ..JobConfig::default()
+            },
+            thresholds: StageThresholds::default(),
+            backup_every,
+            reliable: Vec::new(),
+            transient: Vec::new(),
+        },
+        secret: SECRET.into(),
+        job: job.id(),
+        reliable_nodes: reliable,
+        join_timeout: Duration::from_secs(60),
+    };
+    let handle = std::thread::spawn(move || {
+        run_elastic_job(
+            &app,
+            settings,
+            listener,
+            prometheus::Registry::new(),
+            &RuntimeMetrics::unregistered(),
+        )
+    });
+    (url, handle)
+}
+
+fn node(job: &Job, url: &str, name: &str, transient: bool, grace_seconds: u64) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"));
+    command
+        .arg("elastic-node")
+        .args(job.flags())
+        .args(["--coordinator", url, "--name", name])
+        .args(["--grace-seconds", &grace_seconds.to_string()])
+        .env("EBBFLOW_JOB_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if transient {
+        command.arg("--transient");
+    }
+    command.spawn().expect("starting an elastic node")
+}
+
+fn status(url: &str) -> Option<StatusResponse> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reqwest::get(format!("{url}/status"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()
+    })
+}
+
+/// Polls the coordinator until `ready` holds for its status.
+fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> StatusResponse {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(status) = status(url) {
+            if ready(&status) {
+                return status;
+            }
+            assert!(
+                !matches!(status.phase, JobPhase::Done | JobPhase::Failed),
+                "the job ended before {what}: {status:?}"
+            );
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn clock(status: &StatusResponse) -> u64 {
+    status.progress.as_ref().map_or(0, |p| p.clock)
+}
+
+fn transient(status: &StatusResponse) -> u32 {
+    status.progress.as_ref().map_or(0, |p| p.transient_nodes)
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> (ExitStatus, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            return (status, stderr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {} did not exit",
+            child.id()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_exact(report: &ElasticReport) {
+    let wrong = report
+        .run
+        .eval
+        .metrics
+        .iter()
+        .find(|(name, _)| name == "wrong_values")
+        .map(|(_, v)| *v);
+    assert_eq!(
+        wrong,
+        Some(0.0),
+        "the final table differs: {:?}",
+        report.run.eval
+    );
+    assert_eq!(report.run.eval.loss, 0.0);
+}
+
+#[test]
+fn node_processes_join_leave_and_die_and_the_table_is_exact() {
+    let job = Job {
+        clocks: 400,
+        staleness: 1,
+        partitions: 8,
+        workers: 4,
+    };
+    let (url, coordinator) = coordinator(&job, 1, 5);
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let mut t0 = node(&job, &url, "t0", true, 30);
+    let mut t1 = node(&job, &url, "t1", true, 30);
+    wait_for(&url, "training", |s| clock(s) >= 10);
+
+    // Bulk add while training: two more transient nodes switch in at a boundary (stage 2).
+    let mut t2 = node(&job, &url, "t2", true, 30);
+    let mut t3 = node(&job, &url, "t3", true, 30);
+    let before = wait_for(&url, "the bulk add", |s| transient(s) == 4)
+        .progress
+        .unwrap();
+    assert_eq!(before.stage, 2, "4 transient : 1 reliable is stage 2");
+
+    // Partial eviction with notice: SIGTERM gives t0 30 s; its partitions move to survivors and
+    // the coordinator lets it go long before its deadline.
+    signal(&t0, "TERM");
+    let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(20));
+    assert!(exit.success(), "t0 released cleanly: {exit:?} {stderr}");
+    wait_for(&url, "the partial eviction", |s| transient(s) == 3);
+
+    // Failure without notice: t1 dies; the run rolls back to the BackupPS copy.
+    let at = clock(&status(&url).unwrap());
+    wait_for(&url, "another boundary", |s| clock(s) > at + 5);
+    signal(&t1, "KILL");
+    let (exit, _) = wait_exit(&mut t1, Duration::from_secs(5));
+    assert!(!exit.success());
+    wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1) && transient(s) == 2
+    });
+
+    // Full eviction with notice: the last transient nodes leave; partitions flush to the
+    // reliable tier, which then serves them (stage 1).
+    signal(&t2, "TERM");
+    signal(&t3, "TERM");
+    for child in [&mut t2, &mut t3] {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(20));
+        assert!(exit.success(), "released cleanly: {exit:?} {stderr}");
+    }
+    let after = wait_for(&url, "the full eviction", |s| transient(s) == 0)
+        .progress
+        .unwrap();
+    assert_eq!(after.stage, 1);
+
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    // t2 and t3 joined while training; t0 and t1 too if they came after the reliable node.
+    let joins = report.events.get("join").copied().unwrap_or(0);
+    assert!((2..=4).contains(&joins), "{:?}", report.events);
+    assert_eq!(report.events.get("notice"), Some(&3), "{:?}", report.events);
+    assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+    assert!(report.rollbacks >= 1);
+    assert!(report.partitions_migrated >= 8);
+    assert!(
+        !report.notice_to_safe_seconds.is_empty(),
+        "{:?}",
+        report.segments
+    );
+    assert!(
+        report.notice_to_safe_seconds.iter().all(|s| *s < 5.0),
+        "{:?}",
+        report.notice_to_safe_seconds
+    );
+    let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(10));
+    assert!(exit.success(), "r0 released at the end: {exit:?} {stderr}");
+}
+
+#[test]
+fn a_notice_too_late_rolls_back_and_stays_exact() {
+    let job = Job {
+        clocks: 250,
+        staleness: 0,
+        partitions: 6,
+        workers: 3,
+    };
+    let (url, coordinator) = coordinator(&job, 1, 4);
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let mut t0 = node(&job, &url, "t0", true, 0);
+    let mut t1 = node(&job, &url, "t1", true, 30);
+    let mut t2 = node(&job, &url, "t2", true, 30);
+    wait_for(&url, "stage 2", |s| {
+        s.progress.as_ref().is_some_and(|p| p.stage == 2) && clock(s) >= 20
+    });
+    // A zero grace period: the node says it leaves now and exits at once, so nothing it hosted
+    // can move first.
+    signal(&t0, "TERM");
+    let (exit, _) = wait_exit(&mut t0, Duration::from_secs(10));
+    assert_eq!(exit.code(), Some(143));
+    wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1)
+    });
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert!(report.rollbacks >= 1);
+    for child in [&mut r0, &mut t1, &mut t2] {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+#[test]
+fn a_node_started_for_another_job_is_refused() {
+    let job = Job {
+        clocks: 50,
+        staleness: 0,
+        partitions: 2,
+        workers: 1,
+    };
+    let (url, coordinator) = coordinator(&job, 1, 5);
+    let other = Job { clocks: 60, ..job };
+    let mut stranger = node(&other, &url, "x", false, 30);
+    let (exit, stderr) = wait_exit(&mut stranger, Duration::from_secs(20));
+    assert!(!exit.success());
+    assert!(stderr.contains("another job"), "{stderr}");
+    // The job itself still runs with the right node.
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    let (exit, _) = wait_exit(&mut r0, Duration::from_secs(10));
+    assert!(exit.success());
+}
