@@ -67,6 +67,7 @@ pub fn notice_request(instance: &str, leaves_at: Timestamp) -> NoticeRequest {
     NoticeRequest {
         name: instance.to_owned(),
         deadline_unix: u64::try_from(leaves_at.as_second()).unwrap_or(0),
+        deadline_unix_ms: None,
     }
 }
 

@@ -475,6 +475,8 @@ pub struct ProcessFleet {
     /// Which node runs each logical worker.
     assignment: BTreeMap<u32, NodeId>,
     run_start_unix: f64,
+    /// The coordinator's metrics: clocks run and loss, from the workers' reports.
+    metrics: RuntimeMetrics,
 }
 
 impl ProcessFleet {
@@ -484,6 +486,7 @@ impl ProcessFleet {
         secret: &[u8],
         workers: u32,
         timeout: Duration,
+        metrics: RuntimeMetrics,
     ) -> Self {
         Self {
             directory,
@@ -499,6 +502,7 @@ impl ProcessFleet {
             run_start_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
+            metrics,
         }
     }
 
@@ -864,6 +868,19 @@ impl Fleet for ProcessFleet {
             }
         }
         reports.sort_by_key(|(worker, _)| *worker);
+        // The workers ran in other processes: account their clocks and loss here too, so the
+        // coordinator's /metrics shows the job's progress.
+        let clocks_run: usize = reports.iter().map(|(_, r)| r.stats.len()).sum();
+        self.metrics.iterations.inc_by(clocks_run as u64);
+        let (loss_sum, loss_count) = reports
+            .iter()
+            .filter_map(|(_, r)| r.stats.last())
+            .fold((0.0, 0u64), |(sum, count), s| {
+                (sum + s.loss_sum, count + s.loss_count)
+            });
+        if loss_count > 0 {
+            self.metrics.loss.set(loss_sum / loss_count as f64);
+        }
         Ok(SegmentOutcome { end, reports })
     }
 
@@ -950,7 +967,13 @@ mod tests {
     #[test]
     fn workers_stay_put_and_spread_evenly() {
         let directory = Arc::new(Mutex::new(BTreeMap::new()));
-        let mut fleet = ProcessFleet::new(directory, b"s", 6, Duration::from_secs(1));
+        let mut fleet = ProcessFleet::new(
+            directory,
+            b"s",
+            6,
+            Duration::from_secs(1),
+            RuntimeMetrics::unregistered(),
+        );
         fleet.assign(&[0, 1]);
         let count =
             |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();

@@ -606,7 +606,8 @@ mod tests {
         assert_eq!(
             c.notice(NoticeRequest {
                 name: "x".into(),
-                deadline_unix: 5
+                deadline_unix: 5,
+                deadline_unix_ms: None,
             })
             .unwrap_err()
             .category(),
@@ -615,7 +616,8 @@ mod tests {
         assert!(
             c.notice(NoticeRequest {
                 name: "b".into(),
-                deadline_unix: 5
+                deadline_unix: 5,
+                deadline_unix_ms: None,
             })
             .unwrap()
             .new
@@ -623,7 +625,8 @@ mod tests {
         assert!(
             !c.notice(NoticeRequest {
                 name: "b".into(),
-                deadline_unix: 5
+                deadline_unix: 5,
+                deadline_unix_ms: None,
             })
             .unwrap()
             .new
@@ -718,6 +721,7 @@ mod http_tests {
         let ghost = NoticeRequest {
             name: "ghost".into(),
             deadline_unix: 1,
+            deadline_unix_ms: None,
         };
         let unauthenticated = http
             .post(format!("{base}/notice"))

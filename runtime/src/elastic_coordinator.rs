@@ -211,10 +211,13 @@ impl ElasticService {
                 new: false,
             });
         }
-        let now = std::time::SystemTime::now()
+        let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let lead = Duration::from_secs(request.deadline_unix.saturating_sub(now));
+            .map_or(0, |d| d.as_millis() as u64);
+        let deadline_ms = request
+            .deadline_unix_ms
+            .unwrap_or(request.deadline_unix.saturating_mul(1000));
+        let lead = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
         let event = ElasticEvent::Notice {
             names: vec![request.name.clone()],
             lead,
@@ -224,7 +227,7 @@ impl ElasticService {
         }
         m.notices
             .insert(request.name.clone(), request.deadline_unix);
-        tracing::info!(name = %request.name, lead_s = lead.as_secs(), "notice");
+        tracing::info!(name = %request.name, lead_ms = lead.as_millis() as u64, "notice");
         Ok(NoticeResponse {
             node: index as u32,
             new: true,
@@ -396,13 +399,19 @@ pub struct ElasticJob {
 
 /// Serves the admin API on `listener` and runs the job over the node processes that join:
 /// waits for the reliable nodes, then trains elastically, switching transient nodes in and out
-/// as they join and leave. Every node is released (its process exits) at the end.
+/// as they join and leave. Every node is released (its process exits) at the end. Joins and
+/// notices reach the controller through `feed`; the caller may send more events on its sender
+/// (a stop on Ctrl-C or at a wall-clock limit).
 pub fn run_elastic_job<A: crate::app::App>(
     app: &A,
     job: ElasticJob,
     listener: std::net::TcpListener,
     registry: Registry,
     metrics: &crate::metrics::RuntimeMetrics,
+    feed: (
+        std::sync::mpsc::Sender<ElasticEvent>,
+        crate::elastic::LiveFeed,
+    ),
 ) -> Result<crate::elastic::ElasticReport, ElasticJobError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -446,7 +455,7 @@ pub fn run_elastic_job<A: crate::app::App>(
             waited: job.join_timeout,
         });
     }
-    let (events, feed) = crate::elastic::LiveFeed::new();
+    let (events, feed) = feed;
     let (reliable, transient) = service.start(events);
     let config = crate::elastic::ElasticConfig {
         reliable,
@@ -463,6 +472,7 @@ pub fn run_elastic_job<A: crate::app::App>(
         job.secret.as_bytes(),
         config.job.workers as u32,
         config.job.wait_timeout,
+        metrics.clone(),
     );
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
@@ -554,6 +564,7 @@ mod tests {
         let notice = |name: &str| NoticeRequest {
             name: name.into(),
             deadline_unix: u64::MAX,
+            deadline_unix_ms: None,
         };
         assert!(matches!(
             service.notice(notice("zz")),

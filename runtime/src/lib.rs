@@ -18,6 +18,7 @@ pub mod coordinator;
 pub mod data;
 pub mod elastic;
 pub mod elastic_coordinator;
+pub mod elastic_node;
 pub mod exact;
 pub mod frame;
 pub mod local;

@@ -272,6 +272,21 @@ pub async fn send_notice(
     name: &str,
     deadline_unix: u64,
 ) -> Result<NoticeResponse, NoticeError> {
+    let deadline = std::time::UNIX_EPOCH + std::time::Duration::from_secs(deadline_unix);
+    send_notice_at(http, base, secret, name, deadline).await
+}
+
+/// As [`send_notice`] with the deadline to the millisecond (short notice windows).
+pub async fn send_notice_at(
+    http: &reqwest::Client,
+    base: &str,
+    secret: &str,
+    name: &str,
+    deadline: std::time::SystemTime,
+) -> Result<NoticeResponse, NoticeError> {
+    let since_epoch = deadline
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let url = format!("{}/notice", base.trim_end_matches('/'));
     let request = http
         .post(&url)
@@ -281,7 +296,8 @@ pub async fn send_notice(
         )
         .json(&NoticeRequest {
             name: name.to_owned(),
-            deadline_unix,
+            deadline_unix: since_epoch.as_secs(),
+            deadline_unix_ms: Some(since_epoch.as_millis() as u64),
         });
     let (status, body) = exchange(&url, request).await?;
     if status != 200 {

@@ -110,6 +110,7 @@ fn coordinator(
             listener,
             prometheus::Registry::new(),
             &RuntimeMetrics::unregistered(),
+            ebbflow_runtime::elastic::LiveFeed::new(),
         )
     });
     (url, handle)

@@ -161,6 +161,9 @@ pub struct NoticeRequest {
     pub name: String,
     /// Deadline, seconds since the Unix epoch.
     pub deadline_unix: u64,
+    /// The deadline in Unix milliseconds, when known that precisely (wins over `deadline_unix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_unix_ms: Option<u64>,
 }
 
 /// What the coordinator did with a notice.

@@ -10,10 +10,12 @@ use clap::{Args, Parser, Subcommand};
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::NamedApp;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
-use ebbflow_runtime::control::Agent;
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
 use ebbflow_runtime::elastic::{ElasticConfig, StageThresholds};
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_node::{
+    ElasticNodeSettings, NoticeSources, run_elastic_node, watch_for_notices,
+};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::local::{peak_rss_bytes, run_single_process};
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -461,19 +463,21 @@ fn main() -> anyhow::Result<()> {
             app,
         } => {
             let task = ElasticNodeTask {
-                config: elastic_job_config(&job, &elastic),
-                job_id: job_id(&job, &elastic, &app),
-                reliable: !transient,
-                listen,
-                advertise,
-                metrics_listen,
-                notice: NoticeArgs {
-                    coordinator: coordinator.trim_end_matches('/').to_owned(),
-                    secret,
-                    name,
-                    grace: Duration::from_secs(grace_seconds),
-                    metadata_endpoint,
-                    metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
+                settings: ElasticNodeSettings {
+                    job: elastic_job_config(&job, &elastic),
+                    job_id: job_id(&job, &elastic, &app),
+                    reliable: !transient,
+                    listen,
+                    advertise,
+                    metrics_listen,
+                    notices: NoticeSources {
+                        coordinator: coordinator.trim_end_matches('/').to_owned(),
+                        secret,
+                        name,
+                        grace: Duration::from_secs(grace_seconds),
+                        metadata_endpoint,
+                        metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
+                    },
                 },
             };
             with_app(&app, job.clocks, job.staleness, task)
@@ -498,7 +502,14 @@ impl AppTask for ElasticCoordinatorTask {
         // The launcher reads this line to learn the port.
         println!("listening on {bound}");
         tracing::info!(%bound, reliable = self.job.reliable_nodes, "elastic coordinator listening");
-        let report = run_elastic_job(&app, self.job, listener, registry, &metrics)?;
+        let report = run_elastic_job(
+            &app,
+            self.job,
+            listener,
+            registry,
+            &metrics,
+            ebbflow_runtime::elastic::LiveFeed::new(),
+        )?;
         let summary = serde_json::json!({
             "run": report.run,
             "segments": report.segments,
@@ -526,110 +537,12 @@ impl AppTask for ElasticCoordinatorTask {
 
 /// An elastic node's life once the app is built.
 struct ElasticNodeTask {
-    config: JobConfig,
-    job_id: String,
-    reliable: bool,
-    listen: SocketAddr,
-    advertise: Option<SocketAddr>,
-    metrics_listen: Option<SocketAddr>,
-    notice: NoticeArgs,
+    settings: ElasticNodeSettings,
 }
 
 impl AppTask for ElasticNodeTask {
     fn run<A: App>(self, app: A) -> anyhow::Result<()> {
-        let rt = runtime()?;
-        let registry = Registry::new();
-        let metrics = RuntimeMetrics::register(&registry).context("registering metrics")?;
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind(self.listen))
-            .with_context(|| format!("binding the data plane on {}", self.listen))?;
-        let advertise = self.advertise.unwrap_or(listener.local_addr()?);
-        if let Some(addr) = self.metrics_listen {
-            let metrics_listener = rt
-                .block_on(tokio::net::TcpListener::bind(addr))
-                .with_context(|| format!("binding metrics on {addr}"))?;
-            let router = metrics_router(registry.clone());
-            rt.spawn(async move { axum::serve(metrics_listener, router).await });
-        }
-        let config = self.config;
-        let specs = app.tables();
-        let state = Arc::new(ServerState::new(
-            &[],
-            config.partitions,
-            &specs,
-            config.workers as u32,
-            config.optimizer,
-            config.staleness == 0,
-        ));
-        let secret = self.notice.secret.clone();
-        let client = ClientConfig {
-            secret: secret.clone().into_bytes(),
-            node: 0,
-            max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
-            timeout: config.wait_timeout,
-        };
-        let (shutdown, released) = std::sync::mpsc::channel();
-        let agent = Arc::new(Agent::new(
-            app,
-            state.clone(),
-            config.clone(),
-            client,
-            metrics.clone(),
-            shutdown,
-        ));
-        let server_config = ServerConfig {
-            wait_timeout: config.wait_timeout,
-            agent: Some(agent),
-            ..ServerConfig::with_secret(secret.clone().into_bytes())
-        };
-        let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics)?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .context("building the HTTP client")?;
-        let base = self.notice.coordinator.clone();
-        let join = JoinRequest {
-            name: self.notice.name.clone(),
-            data_addr: advertise.to_string(),
-            workers: 0,
-            secret,
-            reliable: self.reliable,
-            serves: true,
-            job: self.job_id,
-        };
-        let _: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
-        tracing::info!(name = %self.notice.name, %advertise, reliable = self.reliable, "joined");
-        watch_for_notices(&rt, &self.notice, &http)?;
-        // Serve until the coordinator lets this node go, or the job is over without it.
-        let mut unreachable_since: Option<Instant> = None;
-        loop {
-            match released.recv_timeout(Duration::from_millis(500)) {
-                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            }
-            match rt.block_on(get_json::<StatusResponse>(&http, &format!("{base}/status"))) {
-                Ok(status)
-                    if matches!(
-                        status.phase,
-                        JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
-                    ) =>
-                {
-                    tracing::info!(phase = ?status.phase, "the job is over");
-                    break;
-                }
-                Ok(_) => unreachable_since = None,
-                Err(error) => {
-                    let since = *unreachable_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > Duration::from_secs(30) {
-                        server.stop(rt.handle());
-                        bail!("the coordinator has been unreachable for 30 s: {error:#}");
-                    }
-                }
-            }
-        }
-        server.stop(rt.handle());
-        tracing::info!("released by the coordinator");
-        Ok(())
+        Ok(run_elastic_node(app, self.settings)?)
     }
 }
 
@@ -737,19 +650,9 @@ impl AppTask for CoordinatorTask {
     }
 }
 
-/// What a node's notice sources need.
-struct NoticeArgs {
-    coordinator: String,
-    secret: String,
-    name: String,
-    grace: Duration,
-    metadata_endpoint: Option<String>,
-    metadata_poll: Duration,
-}
-
 impl NodeArgs {
-    fn notice_args(&self) -> NoticeArgs {
-        NoticeArgs {
+    fn notice_args(&self) -> NoticeSources {
+        NoticeSources {
             coordinator: self.coordinator.clone(),
             secret: self.secret.clone(),
             name: self.name.clone(),
@@ -908,64 +811,6 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         args,
     };
     with_app(&app_args, clocks, staleness, task)
-}
-
-/// Starts the node's notice sources: SIGTERM (leave after the grace period) and, when configured,
-/// the instance metadata service.
-fn watch_for_notices(
-    rt: &tokio::runtime::Runtime,
-    args: &NoticeArgs,
-    http: &reqwest::Client,
-) -> anyhow::Result<()> {
-    let mut terminate = {
-        let _guard = rt.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?
-    };
-    let (base, secret, name, grace, client) = (
-        args.coordinator.clone(),
-        args.secret.clone(),
-        args.name.clone(),
-        args.grace,
-        http.clone(),
-    );
-    rt.spawn(async move {
-        if terminate.recv().await.is_none() {
-            return;
-        }
-        let deadline = std::time::SystemTime::now() + grace;
-        let deadline_unix = deadline
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let sent =
-            ebbflow_runtime::notices::send_notice(&client, &base, &secret, &name, deadline_unix);
-        match sent.await {
-            Ok(_) => tracing::info!(
-                deadline_unix,
-                "SIGTERM: the coordinator knows this node leaves"
-            ),
-            Err(error) => {
-                tracing::warn!(%error, "SIGTERM: the notice did not reach the coordinator")
-            }
-        }
-        tokio::time::sleep(grace).await;
-        tracing::info!("grace period over, exiting");
-        std::process::exit(143);
-    });
-    if let Some(endpoint) = &args.metadata_endpoint {
-        let metadata = ebbflow_runtime::notices::MetadataClient::new(endpoint)
-            .context("building the metadata client")?;
-        rt.spawn(ebbflow_runtime::notices::watch_metadata(
-            metadata,
-            http.clone(),
-            args.coordinator.clone(),
-            args.secret.clone(),
-            args.name.clone(),
-            args.metadata_poll,
-        ));
-        tracing::info!(%endpoint, "watching the instance metadata service for interruptions");
-    }
-    Ok(())
 }
 
 /// The part of a node's life that needs the app: host partitions, train, report, serve until done.

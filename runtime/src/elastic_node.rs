@@ -1,0 +1,284 @@
+//! An elastic job's node process: serves its data plane with an [`Agent`], joins the
+//! coordinator, turns SIGTERM and instance-metadata interruptions into notices, and lives until
+//! the coordinator lets it go (it exits 0), its grace period ends (exit 143), or the job is over.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ebbflow_runtime_api::{JobPhase, JoinRequest, JoinResponse, StatusResponse};
+use prometheus::Registry;
+
+use crate::app::App;
+use crate::client::ClientConfig;
+use crate::control::Agent;
+use crate::metrics::RuntimeMetrics;
+use crate::node::ServerHandle;
+use crate::server::ServerConfig;
+use crate::store::ServerState;
+use crate::worker::JobConfig;
+
+/// Errors of a node process.
+#[derive(Debug, thiserror::Error)]
+pub enum ElasticNodeError {
+    /// An address could not be bound, or a signal handler installed.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What was being set up.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The coordinator refused the node or could not be reached.
+    #[error("{0}")]
+    Coordinator(String),
+}
+
+impl ElasticNodeError {
+    /// Static label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ElasticNodeError::Setup { .. } => "setup",
+            ElasticNodeError::Coordinator(_) => "coordinator",
+        }
+    }
+}
+
+fn setup(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ElasticNodeError {
+    let what = what.into();
+    move |source| ElasticNodeError::Setup { what, source }
+}
+
+/// Where a node's notices go and where they come from.
+#[derive(Debug, Clone)]
+pub struct NoticeSources {
+    /// Coordinator base URL.
+    pub coordinator: String,
+    /// The job secret.
+    pub secret: String,
+    /// The node's name.
+    pub name: String,
+    /// Time between SIGTERM and the node's end (the pod's termination grace period).
+    pub grace: Duration,
+    /// EC2 instance metadata endpoint to poll (off when `None`).
+    pub metadata_endpoint: Option<String>,
+    /// Time between metadata polls.
+    pub metadata_poll: Duration,
+}
+
+/// Starts the node's notice sources on `rt`: SIGTERM (the node leaves after its grace period:
+/// the coordinator is told at once, the process exits 143 then) and, when configured, the
+/// instance metadata service.
+pub fn watch_for_notices(
+    rt: &tokio::runtime::Runtime,
+    sources: &NoticeSources,
+    http: &reqwest::Client,
+) -> Result<(), ElasticNodeError> {
+    let mut terminate = {
+        let _guard = rt.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(setup("installing the SIGTERM handler"))?
+    };
+    let (base, secret, name, grace, client) = (
+        sources.coordinator.clone(),
+        sources.secret.clone(),
+        sources.name.clone(),
+        sources.grace,
+        http.clone(),
+    );
+    rt.spawn(async move {
+        if terminate.recv().await.is_none() {
+            return;
+        }
+        let deadline = std::time::SystemTime::now() + grace;
+        match crate::notices::send_notice_at(&client, &base, &secret, &name, deadline).await {
+            Ok(_) => tracing::info!(
+                grace_ms = grace.as_millis() as u64,
+                "SIGTERM: the coordinator knows this node leaves"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "SIGTERM: the notice did not reach the coordinator")
+            }
+        }
+        tokio::time::sleep(grace).await;
+        tracing::info!("grace period over, exiting");
+        std::process::exit(143);
+    });
+    if let Some(endpoint) = &sources.metadata_endpoint {
+        let metadata = crate::notices::MetadataClient::new(endpoint)
+            .map_err(|e| ElasticNodeError::Coordinator(e.to_string()))?;
+        rt.spawn(crate::notices::watch_metadata(
+            metadata,
+            http.clone(),
+            sources.coordinator.clone(),
+            sources.secret.clone(),
+            sources.name.clone(),
+            sources.metadata_poll,
+        ));
+        tracing::info!(%endpoint, "watching the instance metadata service for interruptions");
+    }
+    Ok(())
+}
+
+/// Settings of an elastic node process.
+#[derive(Debug, Clone)]
+pub struct ElasticNodeSettings {
+    /// The job (the same on every process of it).
+    pub job: JobConfig,
+    /// The job description the coordinator checks.
+    pub job_id: String,
+    /// On reliable (on-demand) capacity.
+    pub reliable: bool,
+    /// Data-plane address to bind.
+    pub listen: SocketAddr,
+    /// Data-plane address peers use (default: the bound one).
+    pub advertise: Option<SocketAddr>,
+    /// Serve `/metrics` here.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Coordinator, name, secret and notice sources.
+    pub notices: NoticeSources,
+}
+
+/// Runs a node of an elastic job until the coordinator releases it (see the module docs).
+pub fn run_elastic_node<A: App>(
+    app: A,
+    settings: ElasticNodeSettings,
+) -> Result<(), ElasticNodeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(setup("starting the tokio runtime"))?;
+    let registry = Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)
+        .map_err(|e| ElasticNodeError::Coordinator(format!("registering metrics: {e}")))?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(settings.listen))
+        .map_err(setup(format!(
+            "binding the data plane on {}",
+            settings.listen
+        )))?;
+    let bound = listener
+        .local_addr()
+        .map_err(setup("reading the data-plane address"))?;
+    let advertise = settings.advertise.unwrap_or(bound);
+    if let Some(addr) = settings.metrics_listen {
+        let metrics_listener = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(setup(format!("binding metrics on {addr}")))?;
+        let router = crate::coordinator::metrics_router(registry.clone());
+        rt.spawn(async move { axum::serve(metrics_listener, router).await });
+    }
+    let config = settings.job;
+    let specs = app.tables();
+    let state = Arc::new(ServerState::new(
+        &[],
+        config.partitions,
+        &specs,
+        config.workers as u32,
+        config.optimizer,
+        config.staleness == 0,
+    ));
+    let secret = settings.notices.secret.clone();
+    let client = ClientConfig {
+        secret: secret.clone().into_bytes(),
+        node: 0,
+        max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+        timeout: config.wait_timeout,
+    };
+    let (shutdown, released) = std::sync::mpsc::channel();
+    let agent = Arc::new(Agent::new(
+        app,
+        state.clone(),
+        config.clone(),
+        client,
+        metrics.clone(),
+        shutdown,
+    ));
+    let server_config = ServerConfig {
+        wait_timeout: config.wait_timeout,
+        agent: Some(agent),
+        ..ServerConfig::with_secret(secret.clone().into_bytes())
+    };
+    let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics)
+        .map_err(setup("serving the data plane"))?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| ElasticNodeError::Coordinator(format!("building the HTTP client: {e}")))?;
+    let base = settings
+        .notices
+        .coordinator
+        .trim_end_matches('/')
+        .to_owned();
+    let join = JoinRequest {
+        name: settings.notices.name.clone(),
+        data_addr: advertise.to_string(),
+        workers: 0,
+        secret,
+        reliable: settings.reliable,
+        serves: true,
+        job: settings.job_id,
+    };
+    let joined = rt.block_on(async {
+        let response = http
+            .post(format!("{base}/join"))
+            .json(&join)
+            .send()
+            .await
+            .map_err(|e| format!("joining {base}: {e}"))?;
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(format!("{base} refused the join ({status}): {body}"));
+        }
+        serde_json::from_str::<JoinResponse>(&body)
+            .map_err(|e| format!("{base} answered the join with {body:?}: {e}"))
+    });
+    if let Err(message) = joined {
+        server.stop(rt.handle());
+        return Err(ElasticNodeError::Coordinator(message));
+    }
+    tracing::info!(name = %settings.notices.name, %advertise, reliable = settings.reliable, "joined");
+    watch_for_notices(&rt, &settings.notices, &http)?;
+    // Serve until the coordinator lets this node go, or the job is over without it.
+    let mut unreachable_since: Option<Instant> = None;
+    let outcome = loop {
+        match released.recv_timeout(Duration::from_millis(500)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                tracing::info!("released by the coordinator");
+                break Ok(());
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let status = rt.block_on(async {
+            http.get(format!("{base}/status"))
+                .send()
+                .await?
+                .json::<StatusResponse>()
+                .await
+        });
+        match status {
+            Ok(status)
+                if matches!(
+                    status.phase,
+                    JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
+                ) =>
+            {
+                tracing::info!(phase = ?status.phase, "the job is over");
+                break Ok(());
+            }
+            Ok(_) => unreachable_since = None,
+            Err(error) => {
+                let since = *unreachable_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(30) {
+                    break Err(ElasticNodeError::Coordinator(format!(
+                        "the coordinator has been unreachable for 30 s: {error}"
+                    )));
+                }
+            }
+        }
+    };
+    server.stop(rt.handle());
+    outcome
+}
