@@ -61,6 +61,8 @@ fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         data_dir: None,
         quiet: true,
+        in_process: false,
+        node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
     }
 }
 

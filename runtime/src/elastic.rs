@@ -1033,6 +1033,35 @@ fn run_controller<A: App>(
             controller.report.stopped_at = Some(clock);
             break;
         }
+        // New members are admitted now; one that cannot be reached never held anything, so it
+        // simply fails without a rollback.
+        let newcomers: Vec<(NodeId, String)> = controller
+            .members
+            .iter()
+            .filter(|m| !admitted.contains_key(&m.id))
+            .map(|m| (m.id, m.name.clone()))
+            .collect();
+        for (id, name) in newcomers {
+            match fleet.admit(id, &name) {
+                Ok(()) => {
+                    admitted.insert(id, name);
+                }
+                Err(FleetError::Lost { reason, .. }) => {
+                    tracing::warn!(node = %name, %reason, "a joining node is unreachable");
+                    match controller.remove_member(&name) {
+                        Ok(Some(_)) => controller.count_event("fail"),
+                        Ok(None) => {}
+                        Err(_) => {
+                            return Err(RunError::RunCluster {
+                                reason: format!("reliable node {name} is unreachable: {reason}"),
+                            }
+                            .into());
+                        }
+                    }
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
         if !lost.is_empty() || std::mem::take(&mut force_rollback) {
             controller.lose(&lost, &specs, workers);
             controller.roll_back();
@@ -1115,18 +1144,6 @@ fn run_boundary(
     let job = &config.job;
     let metrics = controller.metrics;
     let clock = controller.clock;
-    for member in &controller.members {
-        if let std::collections::btree_map::Entry::Vacant(slot) = admitted.entry(member.id) {
-            fleet.admit(member.id, &member.name).map_err(|e| match e {
-                FleetError::Lost { reason, .. } => FleetError::Lost {
-                    nodes: vec![member.id],
-                    reason,
-                },
-                other => other,
-            })?;
-            slot.insert(member.name.clone());
-        }
-    }
     let next_event = events
         .iter()
         .zip(done)

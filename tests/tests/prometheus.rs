@@ -283,6 +283,8 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         metrics_addr: "127.0.0.1:0".parse()?,
         data_dir: None,
         quiet: true,
+        in_process: true,
+        node_exe: None,
     };
     let registry = run_registry.clone();
     let summary = tokio::task::spawn_blocking(move || {

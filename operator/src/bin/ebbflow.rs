@@ -18,6 +18,20 @@ enum Command {
     Simulate(Box<ebbflow_operator::sim::cli::SimulateArgs>),
     /// Train a TrainingJob on this machine against a replayed spot market.
     Run(Box<ebbflow_operator::run::RunArgs>),
+    /// One instance of an `ebbflow run` (started by it).
+    #[command(hide = true)]
+    Node(Box<ebbflow_operator::run::NodeArgs>),
+}
+
+fn init_node_logs() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .compact()
+        .init();
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +46,10 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => {
             let summary = ebbflow_operator::run::run(&args)?;
             print!("{}", summary.text());
+        }
+        Command::Node(args) => {
+            init_node_logs();
+            ebbflow_operator::run::node(&args)?;
         }
     }
     Ok(())

@@ -8,6 +8,7 @@
 //! there at their deadline fail. The bill accrues under the job's billing model next to the
 //! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
 
+pub mod instances;
 pub mod replay;
 mod report;
 
@@ -23,6 +24,8 @@ use ebbflow_runtime::data;
 use ebbflow_runtime::elastic::{
     ElasticConfig, ElasticEvent, ElasticReport, LiveFeed, StageThresholds, run_elastic_live,
 };
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -57,6 +60,35 @@ pub struct RunArgs {
     /// No live progress bar (for logs and tests).
     #[arg(long)]
     pub quiet: bool,
+    /// Run every instance as threads of this process instead of one `ebbflow node` process per
+    /// instance.
+    #[arg(long)]
+    pub in_process: bool,
+    /// The executable started for each instance (default: this one).
+    #[arg(long, hide = true)]
+    pub node_exe: Option<PathBuf>,
+}
+
+/// Arguments of `ebbflow node` (one instance of a local run; started by `ebbflow run`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct NodeArgs {
+    /// The TrainingJob manifest of the run.
+    pub manifest: PathBuf,
+    /// The run's coordinator (admin API URL).
+    #[arg(long)]
+    pub coordinator: String,
+    /// The instance's name.
+    #[arg(long)]
+    pub name: String,
+    /// A transient (spot) instance.
+    #[arg(long)]
+    pub transient: bool,
+    /// Directory holding relative dataset paths.
+    #[arg(long, env = "EBBFLOW_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The job secret.
+    #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+    pub secret: String,
 }
 
 /// Errors of `ebbflow run`, each one line that names what was wrong.
@@ -98,6 +130,17 @@ pub enum RunError {
     /// Training failed.
     #[error("training failed: {0}")]
     Train(#[from] ebbflow_runtime::elastic::ElasticError),
+    /// The job's coordinator failed.
+    #[error("coordinator: {0}")]
+    Coordinate(#[from] ebbflow_runtime::elastic_coordinator::ElasticJobError),
+    /// An instance process could not be started or failed.
+    #[error("instance {name}: {reason}")]
+    Node {
+        /// The instance.
+        name: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// Writing results failed.
     #[error("write {path}: {source}")]
     WriteOutputs {
@@ -359,6 +402,96 @@ fn app_model(job: &TrainingJob) -> AppModel {
     }
 }
 
+/// The elastic run a manifest describes (the same for `ebbflow run` and each `ebbflow node`).
+fn elastic_config(job: &TrainingJob) -> ElasticConfig {
+    let spec = &job.spec;
+    let threads = spec.runtime.worker_threads.unwrap_or(1).max(1) as usize;
+    let max_nodes = (spec.reliable.count + spec.transient.max_nodes).max(1) as usize;
+    let clocks = spec.stop.iterations.unwrap_or(100).max(1);
+    let partitions = spec
+        .elasticity
+        .partitions
+        .unwrap_or((max_nodes as u32).div_ceil(2))
+        .max(1);
+    ElasticConfig {
+        job: JobConfig {
+            clocks,
+            staleness: u64::from(spec.consistency.effective_staleness()),
+            workers: threads * max_nodes,
+            partitions,
+            wait_timeout: Duration::from_secs(120),
+            ..JobConfig::default()
+        },
+        thresholds: StageThresholds {
+            stage2_above: spec.elasticity.stage2_ratio,
+            stage3_above: spec.elasticity.stage3_ratio,
+        },
+        backup_every: 5,
+        reliable: (0..spec.reliable.count)
+            .map(|i| format!("od-{i}"))
+            .collect(),
+        transient: Vec::new(),
+    }
+}
+
+/// What every process of a local run must agree on: the job's name and a digest of its spec.
+fn job_id(job: &TrainingJob) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&job.spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    format!(
+        "{} spec={:016x}",
+        job.metadata.name.as_deref().unwrap_or("job"),
+        hasher.finish()
+    )
+}
+
+/// Runs `ebbflow node`: one instance of a local run, until the run's coordinator releases it.
+pub fn node(args: &NodeArgs) -> Result<(), RunError> {
+    let text =
+        std::fs::read_to_string(&args.manifest).map_err(|source| RunError::ReadManifest {
+            path: args.manifest.display().to_string(),
+            source,
+        })?;
+    let job = ebbflow_crds::parse_manifest(&text)?;
+    let manifest_dir = args
+        .manifest
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let data_dir = args.data_dir.clone().unwrap_or(manifest_dir);
+    let app = build_app(&job, &data_dir)?;
+    let settings = ElasticNodeSettings {
+        job: elastic_config(&job).job,
+        job_id: job_id(&job),
+        reliable: !args.transient,
+        listen: ([127, 0, 0, 1], 0).into(),
+        advertise: None,
+        metrics_listen: None,
+        notices: NoticeSources {
+            coordinator: args.coordinator.clone(),
+            secret: args.secret.clone(),
+            name: args.name.clone(),
+            // The run posts notices itself and kills the process at the deadline.
+            grace: Duration::from_secs(30),
+            metadata_endpoint: None,
+            metadata_poll: Duration::from_secs(2),
+        },
+    };
+    let outcome = match app {
+        JobApp::Mf(app) => run_elastic_node(app, settings),
+        JobApp::Mlr(app) => run_elastic_node(app, settings),
+        JobApp::Lda(app) => run_elastic_node(app, settings),
+    };
+    outcome.map_err(|e| RunError::Node {
+        name: args.name.clone(),
+        reason: e.to_string(),
+    })
+}
+
 /// Runs `ebbflow run`: metrics on `--metrics-addr`; returns the summary (also written to the
 /// output directory).
 pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
@@ -429,33 +562,8 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     })?;
 
     let spec = &job.spec;
-    let threads = spec.runtime.worker_threads.unwrap_or(1).max(1) as usize;
-    let max_nodes = (spec.reliable.count + spec.transient.max_nodes).max(1) as usize;
-    let clocks = spec.stop.iterations.unwrap_or(100).max(1);
-    let partitions = spec
-        .elasticity
-        .partitions
-        .unwrap_or((max_nodes as u32).div_ceil(2))
-        .max(1);
-    let config = ElasticConfig {
-        job: JobConfig {
-            clocks,
-            staleness: u64::from(spec.consistency.effective_staleness()),
-            workers: threads * max_nodes,
-            partitions,
-            wait_timeout: Duration::from_secs(120),
-            ..JobConfig::default()
-        },
-        thresholds: StageThresholds {
-            stage2_above: spec.elasticity.stage2_ratio,
-            stage3_above: spec.elasticity.stage3_ratio,
-        },
-        backup_every: 5,
-        reliable: (0..spec.reliable.count)
-            .map(|i| format!("od-{i}"))
-            .collect(),
-        transient: Vec::new(),
-    };
+    let config = elastic_config(&job);
+    let clocks = config.job.clocks;
     let wall_limit = spec
         .stop
         .wall_clock_limit
@@ -493,34 +601,142 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     let (sender, feed) = LiveFeed::new();
     watch_ctrl_c(sender.clone(), interrupted.clone());
     let started = Instant::now();
-    let outcome = std::thread::scope(|scope| {
-        let training = scope.spawn(|| match &app {
-            JobApp::Mf(app) => run_elastic_live(app, &config, &feed, &metrics),
-            JobApp::Mlr(app) => run_elastic_live(app, &config, &feed, &metrics),
-            JobApp::Lda(app) => run_elastic_live(app, &config, &feed, &metrics),
-        });
-        let drive = Drive {
-            grid: &market.grid,
-            start_slot: market.start_slot,
-            speed: args.speed,
-            workers: config.job.workers as u64,
-            clocks,
-            wall_limit,
-            budget_total: spec.bidding.budget_total,
-            budget_per_hour: spec.bidding.budget_per_hour,
-            quiet: args.quiet,
-            job_metrics: &job_metrics,
-            namespace: job.metadata.namespace.as_deref().unwrap_or("local"),
-            name: &name,
+    let drive = Drive {
+        grid: &market.grid,
+        start_slot: market.start_slot,
+        speed: args.speed,
+        workers: config.job.workers as u64,
+        clocks,
+        wall_limit,
+        budget_total: spec.bidding.budget_total,
+        budget_per_hour: spec.bidding.budget_per_hour,
+        quiet: args.quiet,
+        job_metrics: &job_metrics,
+        namespace: job.metadata.namespace.as_deref().unwrap_or("local"),
+        name: &name,
+    };
+    let outcome = if args.in_process {
+        let mut instances = instances::NodeThreads {
+            events: sender.clone(),
         };
-        let driven = drive.run(replay, &sender, &metrics, || training.is_finished());
-        let report = training.join().unwrap_or_else(|_| {
-            Err(ebbflow_runtime::elastic::ElasticError::Validate(
-                "the training thread panicked".into(),
-            ))
+        std::thread::scope(|scope| {
+            let training = scope.spawn(|| match &app {
+                JobApp::Mf(app) => run_elastic_live(app, &config, &feed, &metrics),
+                JobApp::Mlr(app) => run_elastic_live(app, &config, &feed, &metrics),
+                JobApp::Lda(app) => run_elastic_live(app, &config, &feed, &metrics),
+            });
+            let driven = drive.run(replay, &mut instances, &sender, &metrics, || {
+                training.is_finished()
+            });
+            let report = training.join().unwrap_or_else(|_| {
+                Err(ebbflow_runtime::elastic::ElasticError::Validate(
+                    "the training thread panicked".into(),
+                ))
+            });
+            (driven, report.map_err(RunError::from))
+        })
+    } else {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| RunError::BindMetrics {
+                addr: ([127, 0, 0, 1], 0).into(),
+                source,
+            })?;
+        let coordinator = format!(
+            "http://{}",
+            listener
+                .local_addr()
+                .map_err(|source| RunError::BindMetrics {
+                    addr: ([127, 0, 0, 1], 0).into(),
+                    source,
+                })?
+        );
+        let secret = ebbflow_runtime::node::random_secret();
+        let exe = match &args.node_exe {
+            Some(exe) => exe.clone(),
+            None => std::env::current_exe().map_err(|e| RunError::Node {
+                name: "self".into(),
+                reason: format!("cannot find this executable to start instances: {e}"),
+            })?,
+        };
+        let mut instances = instances::NodeProcesses::new(instances::NodeCommand {
+            exe,
+            manifest: args.manifest.clone(),
+            data_dir: args.data_dir.clone(),
+            coordinator,
+            secret: secret.clone(),
+            log_dir: out.join("nodes"),
+        })
+        .map_err(|source| RunError::WriteOutputs {
+            path: out.join("nodes").display().to_string(),
+            source,
+        })?;
+        for reliable in &config.reliable {
+            instances
+                .launch_reliable(reliable)
+                .map_err(|e| RunError::Node {
+                    name: reliable.clone(),
+                    reason: format!("starting it failed: {e}"),
+                })?;
+        }
+        let job_settings = ElasticJob {
+            config: ElasticConfig {
+                reliable: Vec::new(),
+                transient: Vec::new(),
+                ..config.clone()
+            },
+            secret,
+            job: job_id(&job),
+            reliable_nodes: config.reliable.len() as u32,
+            join_timeout: Duration::from_secs(120),
+        };
+        let outcome = std::thread::scope(|scope| {
+            let training = scope.spawn(|| {
+                let feed = (sender.clone(), feed);
+                match &app {
+                    JobApp::Mf(app) => run_elastic_job(
+                        app,
+                        job_settings,
+                        listener,
+                        registry.clone(),
+                        &metrics,
+                        feed,
+                    ),
+                    JobApp::Mlr(app) => run_elastic_job(
+                        app,
+                        job_settings,
+                        listener,
+                        registry.clone(),
+                        &metrics,
+                        feed,
+                    ),
+                    JobApp::Lda(app) => run_elastic_job(
+                        app,
+                        job_settings,
+                        listener,
+                        registry.clone(),
+                        &metrics,
+                        feed,
+                    ),
+                }
+            });
+            let driven = drive.run(replay, &mut instances, &sender, &metrics, || {
+                training.is_finished()
+            });
+            let report = training.join().unwrap_or_else(|_| {
+                Err(ebbflow_runtime::elastic_coordinator::ElasticJobError::Run(
+                    ebbflow_runtime::elastic::ElasticError::Validate(
+                        "the coordinator thread panicked".into(),
+                    ),
+                ))
+            });
+            (driven, report.map_err(RunError::from))
         });
-        (driven, report)
-    });
+        for problem in &instances.problems {
+            tracing::warn!(%problem, "instance problem");
+        }
+        drop(instances);
+        outcome
+    };
     let ((series, bill, trace_seconds), report) = outcome;
     let report: ElasticReport = report?;
     let evaluate_kind = match &app {
@@ -632,6 +848,7 @@ impl Drive<'_> {
     fn run(
         &self,
         mut replay: MarketReplay<'_>,
+        instances: &mut dyn instances::Instances,
         sender: &std::sync::mpsc::Sender<ElasticEvent>,
         metrics: &RuntimeMetrics,
         finished: impl Fn() -> bool,
@@ -674,7 +891,7 @@ impl Drive<'_> {
                     budget_per_hour_usd: self.budget_per_hour,
                 };
                 for event in replay.step(slot, &job) {
-                    let send = match event {
+                    match event {
                         ReplayEvent::Acquired {
                             allocation,
                             pool,
@@ -687,34 +904,35 @@ impl Drive<'_> {
                                 })
                                 .collect();
                             names.insert(allocation, new.clone());
-                            Some(ElasticEvent::Join { names: new })
+                            instances.launch(new);
                         }
                         ReplayEvent::Released { allocation } => {
-                            names.remove(&allocation).map(|names| ElasticEvent::Notice {
-                                names,
+                            if let Some(names) = names.remove(&allocation) {
                                 // We terminate it ourselves, after the data moved.
-                                lead: Duration::from_secs(3600),
-                            })
+                                instances.notice(names, Duration::from_secs(3600));
+                            }
                         }
                         ReplayEvent::Notice {
                             allocation,
                             lead_seconds,
-                        } => names.get(&allocation).map(|names| ElasticEvent::Notice {
-                            names: names.clone(),
-                            lead: Duration::from_secs_f64(lead_seconds / self.speed),
-                        }),
+                        } => {
+                            if let Some(names) = names.get(&allocation) {
+                                instances.notice(
+                                    names.clone(),
+                                    Duration::from_secs_f64(lead_seconds / self.speed),
+                                );
+                            }
+                        }
                         ReplayEvent::Evicted { allocation } => {
                             evictions += 1;
-                            names
-                                .remove(&allocation)
-                                .map(|names| ElasticEvent::Fail { names })
+                            if let Some(names) = names.remove(&allocation) {
+                                instances.evict(names);
+                            }
                         }
-                    };
-                    if let Some(event) = send {
-                        let _ = sender.send(event);
                     }
                 }
             }
+            instances.tick();
             last_bill = replay.bill(t);
             let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
             self.publish(&point, &replay, last_bill);

@@ -1,0 +1,229 @@
+//! The provisioner seam of `ebbflow run`: what "buy an instance", "the cloud takes it back in T"
+//! and "it is gone" mean on one machine.
+//!
+//! - [`NodeProcesses`] (the default): every instance is an `ebbflow node` process on 127.0.0.1
+//!   that joins the job's coordinator over its admin API. A notice is posted to the coordinator
+//!   the way the operator posts one (`POST /notice` with the deadline); at the deadline a process
+//!   still running is killed, like an instance EC2 reclaims. An eviction without notice kills it
+//!   at once.
+//! - [`NodeThreads`] (`--in-process`): every instance is a set of threads of this process; events
+//!   go straight to the controller.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant, SystemTime};
+
+use ebbflow_runtime::elastic::ElasticEvent;
+
+/// What happens to the instances of a local run.
+pub trait Instances {
+    /// Transient instances were bought.
+    fn launch(&mut self, names: Vec<String>);
+    /// Instances will be taken away `lead` from now (or we release them ourselves).
+    fn notice(&mut self, names: Vec<String>, lead: Duration);
+    /// Instances are gone without notice.
+    fn evict(&mut self, names: Vec<String>);
+    /// Called on every tick of the replay: enforces deadlines and reaps exits.
+    fn tick(&mut self) {}
+}
+
+/// Instances as threads of this process.
+pub struct NodeThreads {
+    /// The controller's feed.
+    pub events: Sender<ElasticEvent>,
+}
+
+impl Instances for NodeThreads {
+    fn launch(&mut self, names: Vec<String>) {
+        let _ = self.events.send(ElasticEvent::Join { names });
+    }
+
+    fn notice(&mut self, names: Vec<String>, lead: Duration) {
+        let _ = self.events.send(ElasticEvent::Notice { names, lead });
+    }
+
+    fn evict(&mut self, names: Vec<String>) {
+        let _ = self.events.send(ElasticEvent::Fail { names });
+    }
+}
+
+/// How to start one node process.
+#[derive(Debug, Clone)]
+pub struct NodeCommand {
+    /// The `ebbflow` executable.
+    pub exe: PathBuf,
+    /// The manifest.
+    pub manifest: PathBuf,
+    /// Dataset directory passed on.
+    pub data_dir: Option<PathBuf>,
+    /// The coordinator's admin URL.
+    pub coordinator: String,
+    /// The job secret (passed in the environment, never on the command line).
+    pub secret: String,
+    /// Where each node's log goes (`<name>.log`).
+    pub log_dir: PathBuf,
+}
+
+impl NodeCommand {
+    /// Starts node `name`.
+    pub fn spawn(&self, name: &str, transient: bool) -> std::io::Result<Child> {
+        let log = std::fs::File::create(self.log_dir.join(format!("{name}.log")))?;
+        let mut command = Command::new(&self.exe);
+        command
+            .arg("node")
+            .arg(&self.manifest)
+            .args(["--coordinator", &self.coordinator, "--name", name])
+            .env("EBBFLOW_JOB_SECRET", &self.secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(dir) = &self.data_dir {
+            command.arg("--data-dir").arg(dir);
+        }
+        if transient {
+            command.arg("--transient");
+        }
+        command.spawn()
+    }
+}
+
+/// Instances as node processes (see the module docs). Dropping it kills every process still
+/// running: a run leaves no orphans.
+pub struct NodeProcesses {
+    command: NodeCommand,
+    children: BTreeMap<String, Child>,
+    deadlines: BTreeMap<String, Instant>,
+    http: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+    /// Processes that could not be started or notified (reported at the end).
+    pub problems: Vec<String>,
+}
+
+impl NodeProcesses {
+    /// No instance yet.
+    pub fn new(command: NodeCommand) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&command.log_dir)?;
+        Ok(Self {
+            command,
+            children: BTreeMap::new(),
+            deadlines: BTreeMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .map_err(std::io::Error::other)?,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            problems: Vec::new(),
+        })
+    }
+
+    /// Starts a reliable (on-demand) instance.
+    pub fn launch_reliable(&mut self, name: &str) -> std::io::Result<()> {
+        let child = self.command.spawn(name, false)?;
+        self.children.insert(name.to_owned(), child);
+        Ok(())
+    }
+
+    /// Instances whose process is running.
+    pub fn running(&self) -> usize {
+        self.children.len()
+    }
+
+    fn kill(&mut self, name: &str) {
+        if let Some(mut child) = self.children.remove(name) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.deadlines.remove(name);
+    }
+}
+
+impl Instances for NodeProcesses {
+    fn launch(&mut self, names: Vec<String>) {
+        for name in names {
+            match self.command.spawn(&name, true) {
+                Ok(child) => {
+                    self.children.insert(name, child);
+                }
+                Err(error) => self
+                    .problems
+                    .push(format!("starting node {name} failed: {error}")),
+            }
+        }
+    }
+
+    fn notice(&mut self, names: Vec<String>, lead: Duration) {
+        let deadline = SystemTime::now() + lead;
+        for name in names {
+            if !self.children.contains_key(&name) {
+                continue;
+            }
+            let sent = self.rt.block_on(ebbflow_runtime::notices::send_notice_at(
+                &self.http,
+                &self.command.coordinator,
+                &self.command.secret,
+                &name,
+                deadline,
+            ));
+            if let Err(error) = sent {
+                // The coordinator does not know the node yet (it is still starting): the
+                // deadline still holds, and the kill is then a failure it handles.
+                tracing::warn!(%name, %error, "notice not delivered");
+            }
+            self.deadlines.insert(name, Instant::now() + lead);
+        }
+    }
+
+    fn evict(&mut self, names: Vec<String>) {
+        for name in names {
+            self.kill(&name);
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .deadlines
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in due {
+            self.kill(&name);
+        }
+        let exited: Vec<String> = self
+            .children
+            .iter_mut()
+            .filter_map(|(name, child)| match child.try_wait() {
+                Ok(Some(_)) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        for name in exited {
+            self.children.remove(&name);
+            self.deadlines.remove(&name);
+        }
+    }
+}
+
+impl Drop for NodeProcesses {
+    fn drop(&mut self) {
+        // Released nodes exit on their own; give them a moment, then kill the rest.
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until
+            && self
+                .children
+                .values_mut()
+                .any(|c| matches!(c.try_wait(), Ok(None)))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let names: Vec<String> = self.children.keys().cloned().collect();
+        for name in names {
+            self.kill(&name);
+        }
+    }
+}
