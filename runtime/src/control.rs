@@ -237,8 +237,17 @@ impl<A: App> Agent<A> {
     }
 
     fn start_segment(&self, order: SegmentOrder) -> Result<(), String> {
-        if self.running.lock().is_some() {
-            return Err("a segment is already running".into());
+        {
+            let mut running = self.running.lock();
+            if let Some(current) = running.as_ref() {
+                // A segment nobody awaited (the coordinator gave up on it) may be over.
+                match current.result.try_recv() {
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {
+                        return Err("a segment is already running".into());
+                    }
+                    _ => *running = None,
+                }
+            }
         }
         let entries = order
             .owners
@@ -387,10 +396,13 @@ impl<A: App> NodeAgent for Agent<A> {
                 }
             },
             ControlRequest::Abandon => {
-                if let Some(running) = self.running.lock().as_ref() {
-                    running.gate.end_at(0);
-                }
+                let running = self.running.lock().take();
                 let dropped = self.state.abandon();
+                if let Some(running) = running {
+                    // No clock starts any more and every wait fails: the workers stop soon.
+                    running.gate.end_at(0);
+                    let _ = running.result.recv_timeout(self.job.wait_timeout);
+                }
                 tracing::warn!(dropped, "state abandoned: the job rolls back");
                 ControlResponse::Done
             }
