@@ -5,7 +5,8 @@
 //! spread round-robin over them (epoch 1) and global worker ids assigned in join order. Nodes fetch
 //! the plan (`GET /plan`), train, and report (`POST /report`). When every node reported, the
 //! coordinator copies the final parameters over the data plane, evaluates them and publishes the
-//! result in `GET /status`. Notices are validated and recorded (acting on them is issue 4).
+//! result in `GET /status`. Notices are validated and recorded; an elastic job's coordinator
+//! (`elastic_coordinator`) acts on them.
 //! Calls that change the job carry the job secret: `join` and `report` in their bodies, `notice`
 //! and `stop` as `Authorization: Bearer <secret>`.
 

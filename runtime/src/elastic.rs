@@ -29,9 +29,10 @@
 //! reliable tier; stage 3 is stage 2 without workers on the reliable tier. The stage follows the
 //! transient:reliable ratio ([`StageThresholds`]).
 //!
-//! What this module does not model yet: copies stream between segments (not in the background
-//! while training, as the paper's ActivePSs do), and all processes are threads of this one (the
-//! coordinator's multi-process version is issue 4's next step).
+//! The loop acts on a [`Fleet`]: [`LocalFleet`] (every node a set of threads of this process) or
+//! `control::ProcessFleet` (node processes driven over the data plane). What it does not model
+//! yet: copies stream between segments (not in the background while training, as the paper's
+//! ActivePSs do).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
