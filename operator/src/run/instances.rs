@@ -85,6 +85,9 @@ impl NodeCommand {
         if transient {
             command.arg("--transient");
         }
+        // Its own process group: Ctrl-C in the terminal reaches `ebbflow run`, which stops the
+        // job at a boundary and releases every node, instead of killing the nodes under it.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.spawn()
     }
 }
