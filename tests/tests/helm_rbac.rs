@@ -9,17 +9,18 @@
 
 use std::io::Write as _;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
 use ebbflow_operator::controller;
 use ebbflow_operator::leader::{LeaderElector, LeaseConfig};
 use ebbflow_tests::cluster::{
-    BoxError, FIELD_MANAGER, KUBECONFIG_ENV, client_or_skip, install_crd, poll_until, repo_root,
+    BoxError, FIELD_MANAGER, KUBECONFIG_ENV, TestNamespace, client_or_skip, install_crd,
+    poll_until, repo_root,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -92,15 +93,10 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
         return Ok(());
     };
     install_crd(&admin).await?;
-    let millis = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
-    let release_ns = format!("e2e-helm-{millis}");
-    let jobs_ns = format!("e2e-helm-jobs-{millis}");
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    for name in [&release_ns, &jobs_ns] {
-        let mut ns = Namespace::default();
-        ns.metadata.name = Some(name.clone());
-        namespaces.create(&PostParams::default(), &ns).await?;
-    }
+    let release_namespace = TestNamespace::create(&admin, "e2e-helm").await?;
+    let jobs_namespace = TestNamespace::create(&admin, "e2e-helm-jobs").await?;
+    let release_ns = release_namespace.name().to_owned();
+    let jobs_ns = jobs_namespace.name().to_owned();
 
     let chart = repo_root().join("charts/ebbflow");
     helm(&[
@@ -203,8 +199,7 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
 
     let _ = stop.send(());
     helm(&["uninstall", RELEASE, "--namespace", &release_ns])?;
-    for name in [&release_ns, &jobs_ns] {
-        namespaces.delete(name, &DeleteParams::default()).await?;
-    }
+    release_namespace.delete().await?;
+    jobs_namespace.delete().await?;
     Ok(())
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 use ebbflow_crds::TrainingJob;
 use ebbflow_operator::controller;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 const JOB: &str = "e2e-placement";
@@ -44,16 +44,9 @@ async fn jobs_land_on_their_tiers_and_clean_up() -> Result<(), BoxError> {
         return Ok(());
     };
     install_crd(&client).await?;
-    let namespace = format!(
-        "e2e-operator-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis()
-    );
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut ns = Namespace::default();
-    ns.metadata.name = Some(namespace.clone());
-    namespaces.create(&PostParams::default(), &ns).await?;
+    let test_namespace =
+        ebbflow_tests::cluster::TestNamespace::create(&client, "e2e-operator").await?;
+    let namespace = test_namespace.name().to_owned();
     let stop = ebbflow_tests::operator::start(&client, &prometheus::Registry::new()).await?;
 
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
@@ -189,8 +182,6 @@ async fn jobs_land_on_their_tiers_and_clean_up() -> Result<(), BoxError> {
     .await?;
 
     let _ = stop.send(());
-    namespaces
-        .delete(&namespace, &DeleteParams::default())
-        .await?;
+    test_namespace.delete().await?;
     Ok(())
 }

@@ -25,20 +25,13 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-fn unique(prefix: &str) -> String {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!("{prefix}-{millis}")
-}
-
 async fn namespace(client: &Client, prefix: &str) -> Result<String, BoxError> {
-    let name = unique(prefix);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut ns = Namespace::default();
-    ns.metadata.name = Some(name.clone());
-    namespaces.create(&PostParams::default(), &ns).await?;
-    Ok(name)
+    Ok(
+        ebbflow_tests::cluster::TestNamespace::create(client, prefix)
+            .await?
+            .name()
+            .to_owned(),
+    )
 }
 
 async fn drop_namespace(client: &Client, name: &str) -> Result<(), BoxError> {

@@ -25,9 +25,8 @@ use ebbflow_runtime::worker::JobConfig;
 use ebbflow_tests::cluster::{
     BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until, repo_root,
 };
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use prometheus::Registry;
 
 /// A Prometheus process, killed on drop.
@@ -241,16 +240,9 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
     let operator_registry = Registry::new();
     let stop_operator = ebbflow_tests::operator::start(&client, &operator_registry).await?;
     let operator_addr = serve_metrics(operator_registry).await?;
-    let namespace = format!(
-        "e2e-prometheus-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis()
-    );
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut ns = Namespace::default();
-    ns.metadata.name = Some(namespace.clone());
-    namespaces.create(&PostParams::default(), &ns).await?;
+    let test_namespace =
+        ebbflow_tests::cluster::TestNamespace::create(&client, "e2e-prometheus").await?;
+    let namespace = test_namespace.name().to_owned();
     let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart.yaml"))?;
     let mut job: TrainingJob = serde_yaml::from_str(&quickstart)?;
     job.metadata.namespace = Some(namespace.clone());
@@ -382,9 +374,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
 
     let _ = stop_operator.send(());
     jobs.delete("quickstart", &DeleteParams::default()).await?;
-    namespaces
-        .delete(&namespace, &DeleteParams::default())
-        .await?;
+    test_namespace.delete().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
