@@ -43,6 +43,17 @@ struct Members {
     error: Option<String>,
 }
 
+impl Members {
+    /// Names of the nodes of one tier, in join order.
+    fn names(&self, reliable: bool) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.1 == reliable)
+            .map(|n| n.0.clone())
+            .collect()
+    }
+}
+
 /// Shared state of the elastic admin API.
 pub struct ElasticService {
     secret: String,
@@ -143,27 +154,12 @@ impl ElasticService {
         })
     }
 
-    /// Waits until the reliable nodes joined; returns (reliable, transient) names.
-    pub async fn wait_for_reliable(&self) -> (Vec<String>, Vec<String>) {
+    /// Waits until the reliable nodes joined.
+    pub async fn wait_for_reliable(&self) {
         loop {
             let notified = self.started.notified();
-            {
-                let m = self.members.lock();
-                let reliable: Vec<String> = m
-                    .nodes
-                    .iter()
-                    .filter(|n| n.1)
-                    .map(|n| n.0.clone())
-                    .collect();
-                if reliable.len() as u32 >= self.reliable_expected {
-                    let transient = m
-                        .nodes
-                        .iter()
-                        .filter(|n| !n.1)
-                        .map(|n| n.0.clone())
-                        .collect();
-                    return (reliable, transient);
-                }
+            if self.members.lock().names(true).len() as u32 >= self.reliable_expected {
+                return;
             }
             notified.await;
         }
@@ -178,19 +174,7 @@ impl ElasticService {
         let mut m = self.members.lock();
         m.phase = Some(JobPhase::Training);
         *self.events.lock() = Some(events);
-        let reliable = m
-            .nodes
-            .iter()
-            .filter(|n| n.1)
-            .map(|n| n.0.clone())
-            .collect();
-        let transient = m
-            .nodes
-            .iter()
-            .filter(|n| !n.1)
-            .map(|n| n.0.clone())
-            .collect();
-        (reliable, transient)
+        (m.names(true), m.names(false))
     }
 
     /// Handles a notice.

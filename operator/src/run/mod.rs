@@ -448,20 +448,25 @@ fn job_id(job: &TrainingJob) -> String {
     )
 }
 
-/// Runs `ebbflow node`: one instance of a local run, until the run's coordinator releases it.
-pub fn node(args: &NodeArgs) -> Result<(), RunError> {
-    let text =
-        std::fs::read_to_string(&args.manifest).map_err(|source| RunError::ReadManifest {
-            path: args.manifest.display().to_string(),
-            source,
-        })?;
+/// Reads and validates the manifest at `path`; returns the job and the manifest's directory
+/// (where relative dataset and trace paths start).
+fn load_manifest(path: &Path) -> Result<(TrainingJob, PathBuf), RunError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RunError::ReadManifest {
+        path: path.display().to_string(),
+        source,
+    })?;
     let job = ebbflow_crds::parse_manifest(&text)?;
-    let manifest_dir = args
-        .manifest
+    let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .to_path_buf();
+    Ok((job, dir))
+}
+
+/// Runs `ebbflow node`: one instance of a local run, until the run's coordinator releases it.
+pub fn node(args: &NodeArgs) -> Result<(), RunError> {
+    let (job, manifest_dir) = load_manifest(&args.manifest)?;
     let data_dir = args.data_dir.clone().unwrap_or(manifest_dir);
     let app = build_app(&job, &data_dir)?;
     let settings = ElasticNodeSettings {
@@ -519,12 +524,7 @@ pub fn run(args: &RunArgs) -> Result<RunSummary, RunError> {
 
 /// As [`run`] with the metrics registered on `registry` (served by the caller).
 pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunError> {
-    let text =
-        std::fs::read_to_string(&args.manifest).map_err(|source| RunError::ReadManifest {
-            path: args.manifest.display().to_string(),
-            source,
-        })?;
-    let job = ebbflow_crds::parse_manifest(&text)?;
+    let (job, manifest_dir) = load_manifest(&args.manifest)?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     if !(args.speed.is_finite() && args.speed > 0.0) {
         return Err(RunError::Unsupported(format!(
@@ -532,12 +532,6 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             args.speed
         )));
     }
-    let manifest_dir = args
-        .manifest
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
     let data_dir = args
         .data_dir
         .clone()
