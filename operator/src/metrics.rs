@@ -35,6 +35,9 @@ pub struct Metrics {
     pub jobs: IntGaugeVec,
     /// `ebbflow_operator_coordinator_requests_total{outcome}`: coordinator admin API calls.
     pub coordinator_requests: IntCounterVec,
+    /// `ebbflow_operator_ec2_instances_total{action}`: EC2 instances launched / terminated in
+    /// ec2 provisioning mode.
+    pub instances: IntCounterVec,
     /// `ebbflow_operator_leader`: 1 while this replica holds the leader lease.
     pub leader: IntGauge,
     /// `ebbflow_operator_reconciles_in_flight`: reconcile runs under way (the controller's work
@@ -131,6 +134,13 @@ impl Metrics {
                 ),
                 &["tier"],
             )?,
+            instances: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_operator_ec2_instances_total",
+                    "EC2 instances launched or terminated in ec2 provisioning mode, by action",
+                ),
+                &["action"],
+            )?,
             pods_deleted: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_operator_pods_deleted_total",
@@ -167,6 +177,7 @@ impl Metrics {
         registry.register(Box::new(metrics.notice_lead.clone()))?;
         registry.register(Box::new(metrics.pods_created.clone()))?;
         registry.register(Box::new(metrics.pods_deleted.clone()))?;
+        registry.register(Box::new(metrics.instances.clone()))?;
         registry.register(Box::new(metrics.jobs.clone()))?;
         registry.register(Box::new(metrics.coordinator_requests.clone()))?;
         registry.register(Box::new(metrics.leader.clone()))?;
@@ -186,6 +197,9 @@ impl Metrics {
         }
         for phase in PHASES {
             metrics.jobs.with_label_values(&[phase]);
+        }
+        for action in ["launched", "terminated"] {
+            metrics.instances.with_label_values(&[action]);
         }
         for outcome in ["ok", "error"] {
             metrics.coordinator_requests.with_label_values(&[outcome]);
@@ -210,7 +224,7 @@ mod tests {
             .observe(0.0);
         let families = registry.gather();
         let names: Vec<&str> = families.iter().map(|family| family.name()).collect();
-        assert_eq!(names.len(), 12, "{names:?}");
+        assert_eq!(names.len(), 13, "{names:?}");
         for name in names {
             assert!(name.starts_with("ebbflow_operator_"), "{name}");
         }

@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebbflow_operator::controller::capacity::SpecCapacityPlanner;
+use ebbflow_operator::controller::capacity::{CapacityPlanner, SpecCapacityPlanner};
 use ebbflow_operator::controller::{self, Config, Context};
 use ebbflow_operator::coordinator::CoordinatorClient;
 use ebbflow_operator::metrics::Metrics;
+use ebbflow_operator::provision::Ec2Provisioner;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
@@ -29,23 +30,64 @@ pub async fn start_with_coordinator(
     registry: &prometheus::Registry,
     coordinator_url: &str,
 ) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
+    start_custom(
+        client,
+        registry,
+        coordinator_url,
+        Custom {
+            capacity: Arc::new(SpecCapacityPlanner),
+            ec2: None,
+            namespace: None,
+        },
+    )
+    .await
+}
+
+/// What [`start_custom`] varies.
+pub struct Custom {
+    /// Decides transient pool counts.
+    pub capacity: Arc<dyn CapacityPlanner>,
+    /// ec2 provisioning, when given.
+    pub ec2: Option<Ec2Provisioner>,
+    /// Reconcile only this namespace's jobs (`None`: all).
+    pub namespace: Option<String>,
+}
+
+/// As [`start_with_coordinator`] with the capacity planner, ec2 provisioning and namespace scope
+/// of `custom`.
+pub async fn start_custom(
+    client: &Client,
+    registry: &prometheus::Registry,
+    coordinator_url: &str,
+    custom: Custom,
+) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
+    let Custom {
+        capacity,
+        ec2,
+        namespace,
+    } = custom;
     let metrics = Metrics::register(registry)?;
     let mut config = Config::new("ghcr.io/ebbflow/ebbflow-runtime:e2e");
     config.coordinator_url_override = Some(coordinator_url.to_owned());
     config.provisioning_requeue = Duration::from_secs(1);
     config.status_interval = Duration::from_secs(2);
+    config.namespace = namespace;
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),
         instance: Some("e2e".into()),
     };
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client.clone(),
         Recorder::new(client.clone(), reporter),
         metrics,
         config,
         CoordinatorClient::new(Duration::from_millis(300))?,
-        Arc::new(SpecCapacityPlanner),
-    ));
+        capacity,
+    );
+    if let Some(provisioner) = ec2 {
+        ctx = ctx.with_ec2(provisioner);
+    }
+    let ctx = Arc::new(ctx);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(controller::run(ctx, async move {
         let _ = stopped.await;

@@ -13,6 +13,7 @@ mod api;
 mod config;
 mod error;
 mod fake;
+pub mod moto;
 mod sdk;
 mod types;
 

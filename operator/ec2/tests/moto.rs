@@ -5,24 +5,18 @@
 //! without it every test prints why it is skipped and passes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use ebbflow_ec2::{
-    Capacity, CapacityType, Ec2Api, Ec2Config, ErrorCategory, FleetPool, FleetRequest,
-    InstanceState, JobTags, LaunchRequest, LaunchTemplateRef, PlacementScoreQuery, RetryAdvice,
-    SdkEc2, SpotPriceQuery, Tier,
+    Capacity, CapacityType, Ec2Api, ErrorCategory, FleetPool, FleetRequest, InstanceState, JobTags,
+    LaunchRequest, LaunchTemplateRef, PlacementScoreQuery, RetryAdvice, SdkEc2, SpotPriceQuery,
+    Tier, moto::MotoServer,
 };
 
 const TRACE: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
 /// An AMI moto ships in every region.
 const AMI: &str = "ami-03cf127a";
-/// How long moto may take to start (imports are slow on a busy 2-core machine).
-const START_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The shared p3.2xlarge trace: in `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
 /// repository (as the market's trace tests find it).
@@ -34,13 +28,8 @@ fn trace_path() -> PathBuf {
     spot_data.join(TRACE)
 }
 
-/// A moto server child process, killed on drop.
-struct Moto {
-    child: Child,
-    /// Held open: the launcher exits when its stdin closes, so it never outlives the test.
-    _stdin: ChildStdin,
-    endpoint: String,
-}
+/// The moto server of one test.
+struct Moto(MotoServer);
 
 impl Moto {
     /// Starts the launcher on the shared p3.2xlarge trace; `None` (after saying so) when no
@@ -55,57 +44,13 @@ impl Moto {
             eprintln!("{test}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
             return None;
         };
-        assert!(
-            trace.is_file(),
-            "spot trace missing: {} (set EBBFLOW_SPOT_DATA)",
-            trace.display()
-        );
-        let launcher = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("moto/launch.py");
-        let mut child = Command::new(python)
-            .arg(launcher)
-            .arg("--trace")
-            .arg(trace)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start moto launcher");
-        let stdin = child.stdin.take().expect("launcher stdin");
-        let stdout = child.stdout.take().expect("launcher stdout");
-        // The first stdout line is the endpoint; wait for it with a deadline, never a sleep.
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-            let _ = sender.send(read);
-        });
-        let endpoint = match receiver.recv_timeout(START_DEADLINE) {
-            Ok(Ok(line)) if line.starts_with("http://") => line.trim().to_owned(),
-            other => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("moto launcher did not report an endpoint: {other:?}, exit {status:?}");
-            }
-        };
-        Some(Self {
-            child,
-            _stdin: stdin,
-            endpoint,
-        })
+        Some(Self(
+            MotoServer::start(Path::new(&python), trace).unwrap_or_else(|e| panic!("{test}: {e}")),
+        ))
     }
 
     async fn client(&self, region: &str) -> SdkEc2 {
-        let mut config = Ec2Config::emulator(region, &self.endpoint);
-        config.max_attempts = 1;
-        config.operation_timeout = Duration::from_secs(30);
-        SdkEc2::connect(&config).await
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.client(region).await
     }
 }
 

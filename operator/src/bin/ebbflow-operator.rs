@@ -16,7 +16,11 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use ebbflow_crds::{CapacityTypeLabel, CapacityTypePreset, ResolvedCapacityTypeLabel};
 use ebbflow_operator::{
-    controller::{self, Config, Context, capacity::SpecCapacityPlanner},
+    controller::{
+        self, Config, Context,
+        bidbrain::{BidBrainConfig, BidBrainPlanner},
+        capacity::{CapacityPlanner, SpecCapacityPlanner},
+    },
     coordinator::CoordinatorClient,
     http::{self, HttpState},
     leader::{LeaderElector, LeaseConfig},
@@ -114,6 +118,40 @@ struct Flags {
     /// This replica's identity for leader election and events (default: hostname).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+
+    /// Capacity planner: bidbrain (BidBrain over the job's market for strategy BidBrain, the
+    /// spec's maxNodes otherwise) or spec (always hold spec.transient.maxNodes).
+    #[arg(long, value_enum, default_value = "bidbrain")]
+    capacity_planner: PlannerKind,
+
+    /// Directory that relative `spec.bidding.market.trace` paths resolve against (after the
+    /// working directory).
+    #[arg(long, env = "EBBFLOW_TRACE_DIR", default_value = ".")]
+    trace_dir: std::path::PathBuf,
+
+    /// Trace seconds replayed per wall-clock second for trace markets (1 = real time).
+    #[arg(long, default_value_t = 1.0)]
+    trace_speed: f64,
+
+    /// Enables ec2 provisioning mode: the operator launches and terminates the EC2 instances of
+    /// jobs with spec.provisioning.mode ec2 in this region (credentials from the SDK's default
+    /// chain: environment, IRSA / Pod Identity, instance metadata). The endpoint honours
+    /// AWS_ENDPOINT_URL_EC2.
+    #[arg(long, env = "EBBFLOW_EC2_REGION")]
+    ec2_region: Option<String>,
+
+    /// Reconcile the TrainingJobs of this namespace only (default: every namespace).
+    #[arg(long, env = "EBBFLOW_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+}
+
+/// Which capacity planner decides transient pool counts.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum PlannerKind {
+    /// BidBrain (expected cost per work over the job's market).
+    Bidbrain,
+    /// spec.transient.maxNodes in one candidate pool.
+    Spec,
 }
 
 impl Flags {
@@ -231,24 +269,53 @@ async fn main() -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
+    if !(flags.trace_speed.is_finite() && flags.trace_speed > 0.0) {
+        anyhow::bail!(
+            "--trace-speed must be a positive number of trace seconds per second, got {}",
+            flags.trace_speed
+        );
+    }
+    let capacity: Arc<dyn CapacityPlanner> = match flags.capacity_planner {
+        PlannerKind::Bidbrain => Arc::new(BidBrainPlanner::new(BidBrainConfig {
+            trace_dir: flags.trace_dir.clone(),
+            trace_speed: flags.trace_speed,
+            ..BidBrainConfig::default()
+        })),
+        PlannerKind::Spec => Arc::new(SpecCapacityPlanner),
+    };
     let mut config = Config::new(flags.runtime_image.clone());
     config.plan.capacity_label = capacity_label;
     config.coordinator_url_override = flags.coordinator_url.clone();
     config.provisioning_requeue = Duration::from_secs(flags.provisioning_requeue_seconds);
     config.status_interval = Duration::from_secs(flags.status_interval_seconds);
+    config.namespace = flags.watch_namespace.clone();
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),
         instance: Some(identity.clone()),
     };
-    let ctx = Arc::new(Context::new(
+    let ec2 = match &flags.ec2_region {
+        Some(region) => {
+            let config = ebbflow_ec2::Ec2Config::new(region.clone());
+            info!(%region, "ec2 provisioning enabled");
+            Some(ebbflow_operator::provision::Ec2Provisioner::new(Arc::new(
+                ebbflow_ec2::SdkEc2::connect(&config).await,
+            )))
+        }
+        None => None,
+    };
+    let mut ctx = Context::new(
         client.clone(),
         Recorder::new(client, reporter),
         metrics.clone(),
         config,
         CoordinatorClient::new(Duration::from_secs(flags.coordinator_timeout_seconds))
             .context("build coordinator http client")?,
-        Arc::new(SpecCapacityPlanner),
-    ));
+        capacity,
+    );
+    if let Some(provisioner) = ec2 {
+        ctx = ctx.with_ec2(provisioner);
+    }
+    let ctx = Arc::new(ctx);
 
     ready.store(true, Ordering::Relaxed);
     info!("controller starting");

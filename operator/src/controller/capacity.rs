@@ -19,6 +19,8 @@ pub struct CapacityView<'a> {
     pub job: &'a TrainingJob,
     /// Transient pods alive per pool (not leaving).
     pub alive: &'a BTreeMap<PoolKey, u32>,
+    /// When the oldest alive transient pod of each pool was created.
+    pub launched: &'a BTreeMap<PoolKey, Timestamp>,
     /// Pools with a pod under an eviction notice right now.
     pub pools_under_notice: &'a BTreeSet<PoolKey>,
     /// The coordinator's last report, if reachable.
@@ -75,8 +77,8 @@ impl CapacityPlanner for SpecCapacityPlanner {
         let target = view.job.spec.transient.max_nodes;
         if target == 0 {
             return CapacityDecision {
-                transient: BTreeMap::new(),
                 reason: "NoTransientTier".to_owned(),
+                ..CapacityDecision::default()
             };
         }
         let candidates = candidate_pools(view.job);
@@ -96,6 +98,7 @@ impl CapacityPlanner for SpecCapacityPlanner {
         CapacityDecision {
             transient: BTreeMap::from([(pool.clone(), target)]),
             reason: reason.to_owned(),
+            ..CapacityDecision::default()
         }
     }
 }
@@ -118,6 +121,7 @@ mod tests {
         SpecCapacityPlanner.decide(&CapacityView {
             job,
             alive: &alive,
+            launched: &BTreeMap::new(),
             pools_under_notice: &noticed,
             coordinator: None,
             now: Timestamp::UNIX_EPOCH,

@@ -1,6 +1,7 @@
 //! The TrainingJob controller: `reconcile` as observe → validate → plan → apply → status, under
 //! kube's finalizer helper, with children written by server-side apply under one field manager.
 
+pub mod bidbrain;
 pub mod capacity;
 pub mod plan;
 pub mod status;
@@ -70,6 +71,8 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Progress-only status changes (iteration, loss) are written at most this often.
     pub status_interval: Duration,
+    /// Reconcile the jobs of this namespace only (`None`: every namespace).
+    pub namespace: Option<String>,
 }
 
 impl Config {
@@ -86,6 +89,7 @@ impl Config {
             backoff_base: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
             status_interval: Duration::from_secs(15),
+            namespace: None,
         }
     }
 }
@@ -146,6 +150,8 @@ pub struct Context {
     pub coordinator: CoordinatorClient,
     /// Decides transient pool counts (the bidder seam).
     pub capacity: Arc<dyn CapacityPlanner>,
+    /// Launches and terminates EC2 instances for jobs in ec2 provisioning mode, when enabled.
+    pub ec2: Option<crate::provision::Ec2Provisioner>,
     /// Node → jobs index for the Node watch.
     pub node_index: NodeIndex,
     memory: Mutex<HashMap<ObjectRef<TrainingJob>, JobMemory>>,
@@ -168,9 +174,17 @@ impl Context {
             config,
             coordinator,
             capacity,
+            ec2: None,
             node_index: NodeIndex::default(),
             memory: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Enables ec2 provisioning through `provisioner` (and says so to validation).
+    pub fn with_ec2(mut self, provisioner: crate::provision::Ec2Provisioner) -> Self {
+        self.ec2 = Some(provisioner);
+        self.config.capabilities.ec2 = true;
+        self
     }
 
     fn with_memory<T>(
@@ -259,6 +273,9 @@ pub enum Error {
     /// Writing the status failed.
     #[error(transparent)]
     Status(#[from] StatusError),
+    /// The EC2 provisioner failed (cleanup: the finalizer stays until it succeeds).
+    #[error("provisioner: {0}")]
+    Provision(#[source] crate::provision::ProvisionError),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
@@ -269,6 +286,7 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Self::InvalidObject(_) => "InvalidObject",
+            Self::Provision(_) => "Provisioner",
             Self::Observe(_) | Self::Apply(_) | Self::Status(_) => "Kubernetes",
             Self::Finalizer(inner) => match inner.as_ref() {
                 finalizer::Error::ApplyFailed(error) | finalizer::Error::CleanupFailed(error) => {
@@ -462,6 +480,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             coordinator: &CoordinatorObservation::NotQueried,
             decision_changes: Vec::new(),
             new_evictions: 0,
+            provisioner_error: None,
             now,
         });
         write_status(&ctx, &job, &job_ref, &namespace, status).await?;
@@ -569,10 +588,12 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
     let alive = plan::alive_per_pool(&classified);
     let under_notice = plan::pools_under_notice(&classified);
+    let launched = plan::oldest_per_pool(&classified);
     let decision = if activity == Activity::Run {
         ctx.capacity.decide(&CapacityView {
             job: &job,
             alive: &alive,
+            launched: &launched,
             pools_under_notice: &under_notice,
             coordinator: match &coordinator {
                 CoordinatorObservation::Reported(report) => Some(report),
@@ -582,11 +603,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         })
     } else {
         CapacityDecision {
-            transient: BTreeMap::new(),
             reason: match activity {
                 Activity::Suspend => "Suspended".to_owned(),
                 _ => "Finished".to_owned(),
             },
+            ..CapacityDecision::default()
         }
     };
     let decision_changes = ctx.with_memory(&job_ref, |memory| {
@@ -594,10 +615,59 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             .last_decision
             .clone()
             .unwrap_or_else(|| alive.clone());
-        let changes = status::decision_changes(&before, &decision.transient, &decision.reason, now);
+        let changes = status::decision_changes(&before, &decision, now);
         memory.last_decision = Some(decision.transient.clone());
         changes
     });
+
+    // instances (ec2 mode): the reliable tier and the decision's transient pools
+    let provisioner_error = match (&ctx.ec2, job.spec.provisioning.mode) {
+        (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
+            let wanted = if activity == Activity::Run {
+                crate::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
+            } else {
+                Vec::new()
+            };
+            match provisioner.reconcile(&job, &wanted).await {
+                Ok(outcome) => {
+                    ctx.metrics
+                        .instances
+                        .with_label_values(&["launched"])
+                        .inc_by(outcome.launched.len() as u64);
+                    ctx.metrics
+                        .instances
+                        .with_label_values(&["terminated"])
+                        .inc_by(outcome.terminated.len() as u64);
+                    for (reason, ids) in [
+                        ("InstancesLaunched", &outcome.launched),
+                        ("InstancesTerminated", &outcome.terminated),
+                    ] {
+                        if !ids.is_empty() {
+                            publish(
+                                &ctx,
+                                &job,
+                                EventType::Normal,
+                                reason,
+                                "Provision",
+                                format!("{} ({} held)", ids.join(", "), outcome.held),
+                            )
+                            .await;
+                        }
+                    }
+                    None
+                }
+                Err(error) => {
+                    ctx.metrics
+                        .reconcile_errors
+                        .with_label_values(&["Provisioner"])
+                        .inc();
+                    warn!(%error, "ec2 provisioning failed; retrying with backoff");
+                    Some(error.to_string())
+                }
+            }
+        }
+        _ => None,
+    };
 
     // plan
     let fresh = fresh_token();
@@ -756,6 +826,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         coordinator: &coordinator,
         decision_changes,
         new_evictions,
+        provisioner_error: provisioner_error.clone(),
         now,
     });
     transition_events(&ctx, &job, previous, &new_status).await;
@@ -763,7 +834,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // requeue
     let failures = ctx.with_memory(&job_ref, |memory| {
-        if coordinator_reachable {
+        if coordinator_reachable && provisioner_error.is_none() {
             memory.consecutive_failures = 0;
         } else {
             memory.consecutive_failures += 1;
@@ -776,7 +847,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         .decision_interval
         .to_duration()
         .unwrap_or(Duration::from_secs(120));
-    let action = if !coordinator_reachable {
+    let action = if !coordinator_reachable || provisioner_error.is_some() {
         Action::requeue(ctx.backoff(failures))
     } else if activity != Activity::Run {
         Action::await_change()
@@ -993,6 +1064,18 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
             .with_label_values(&["Cleanup"])
             .inc();
     }
+    let mut terminated = Vec::new();
+    if let (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) =
+        (&ctx.ec2, job.spec.provisioning.mode)
+    {
+        // Instances outlive nothing: the finalizer stays until EC2 confirms termination.
+        let tag = crate::provision::job_tag(&job).map_err(Error::Provision)?;
+        terminated = provisioner.cleanup(&tag).await.map_err(Error::Provision)?;
+        ctx.metrics
+            .instances
+            .with_label_values(&["terminated"])
+            .inc_by(terminated.len() as u64);
+    }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(&services, "Service", &plan::coordinator_service_name(&name)).await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -1003,7 +1086,15 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         EventType::Normal,
         "CleanedUp",
         "Cleanup",
-        format!("deleted {} pods, service and secret", pods.len()),
+        if terminated.is_empty() {
+            format!("deleted {} pods, service and secret", pods.len())
+        } else {
+            format!(
+                "deleted {} pods, service and secret; terminated instances {}",
+                pods.len(),
+                terminated.join(", ")
+            )
+        },
     )
     .await;
     ctx.node_index.update(&job_ref, &BTreeSet::new());
@@ -1064,16 +1155,28 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let jobs: Api<TrainingJob> = Api::all(client.clone());
+    // One namespace (--watch-namespace) or all of them; Nodes are cluster-scoped either way.
+    fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match namespace {
+            Some(namespace) => Api::namespaced(client.clone(), namespace),
+            None => Api::all(client.clone()),
+        }
+    }
+    let namespace = ctx.config.namespace.as_deref();
+    let jobs: Api<TrainingJob> = scoped(&client, namespace);
     let children = watcher::Config::default().labels(&format!(
         "app.kubernetes.io/managed-by={}",
         plan::MANAGED_BY
     ));
     let node_index = ctx.node_index.clone();
     Controller::new(jobs, watcher::Config::default().any_semantic())
-        .owns(Api::<Pod>::all(client.clone()), children.clone())
-        .owns(Api::<Service>::all(client.clone()), children.clone())
-        .owns(Api::<Secret>::all(client.clone()), children)
+        .owns(scoped::<Pod>(&client, namespace), children.clone())
+        .owns(scoped::<Service>(&client, namespace), children.clone())
+        .owns(scoped::<Secret>(&client, namespace), children)
         .watches(
             Api::<Node>::all(client),
             watcher::Config::default(),

@@ -140,6 +140,10 @@ pub struct CapacityDecision {
     pub transient: BTreeMap<PoolKey, u32>,
     /// Why, for the status's decision log (only changes are logged).
     pub reason: String,
+    /// Max price bid per spot pool in USD per instance-hour, when the planner set one.
+    pub max_prices: BTreeMap<PoolKey, f64>,
+    /// The planner's expected cost per unit of work after the decision, when it has a model.
+    pub expected_cost_per_work: Option<f64>,
 }
 
 impl CapacityDecision {
@@ -936,6 +940,28 @@ pub fn alive_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
             .or_insert(0) += 1;
     }
     counts
+}
+
+/// When the oldest alive transient pod of each pool was created (its allocation's launch).
+pub fn oldest_per_pool(
+    observed: &[ObservedPod<'_>],
+) -> BTreeMap<PoolKey, k8s_openapi::jiff::Timestamp> {
+    let mut oldest: BTreeMap<PoolKey, k8s_openapi::jiff::Timestamp> = BTreeMap::new();
+    for pod in observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && p.alive())
+    {
+        let Some(created) = pod.pod.metadata.creation_timestamp.as_ref() else {
+            continue;
+        };
+        let entry = oldest
+            .entry(pod.pool.clone().unwrap_or_default())
+            .or_insert(created.0);
+        if created.0 < *entry {
+            *entry = created.0;
+        }
+    }
+    oldest
 }
 
 /// Pools that have at least one pod under an eviction notice.

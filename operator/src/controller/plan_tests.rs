@@ -58,6 +58,7 @@ fn decision(pools: &[(PoolKey, u32)]) -> CapacityDecision {
     CapacityDecision {
         transient: pools.iter().cloned().collect(),
         reason: "Test".to_owned(),
+        ..CapacityDecision::default()
     }
 }
 

@@ -9,7 +9,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use super::plan::{ObservedPod, PoolKey, Tier};
+use super::plan::{CapacityDecision, ObservedPod, PoolKey, Tier};
 use crate::{coordinator::CoordinatorStatus, notices::NoticeSource};
 
 /// Condition types this operator sets, besides `Valid` and `Progressing`/`Ready` from the CRD
@@ -41,6 +41,8 @@ pub mod reasons {
     pub const COORDINATOR_READY: &str = "CoordinatorReady";
     /// The coordinator did not answer.
     pub const COORDINATOR_UNREACHABLE: &str = "CoordinatorUnreachable";
+    /// The EC2 provisioner could not bring the job's instances to the decision.
+    pub const PROVISIONER_FAILED: &str = "ProvisionerFailed";
     /// Reliable pods or the coordinator are not up yet.
     pub const PROVISIONING: &str = "Provisioning";
     /// Training advances.
@@ -97,6 +99,8 @@ pub struct StatusInput<'a> {
     pub decision_changes: Vec<BidDecision>,
     /// Evictions first noticed this reconcile.
     pub new_evictions: u64,
+    /// Why the provisioner (ec2 mode) failed this reconcile, if it did.
+    pub provisioner_error: Option<String>,
     /// Now.
     pub now: Timestamp,
 }
@@ -405,6 +409,15 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
                 message,
             );
         }
+        _ if input.provisioner_error.is_some() => {
+            set(
+                &mut status,
+                conditions::DEGRADED,
+                true,
+                reasons::PROVISIONER_FAILED,
+                input.provisioner_error.as_deref().unwrap_or_default(),
+            );
+        }
         _ if !lost.is_empty() => {
             let message = format!("nodes of {} vanished without notice", lost.join(", "));
             set(
@@ -482,10 +495,10 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
 /// nothing when equal).
 pub fn decision_changes(
     before: &BTreeMap<PoolKey, u32>,
-    after: &BTreeMap<PoolKey, u32>,
-    reason: &str,
+    decision: &CapacityDecision,
     now: Timestamp,
 ) -> Vec<BidDecision> {
+    let after = &decision.transient;
     let pools: std::collections::BTreeSet<&PoolKey> = before.keys().chain(after.keys()).collect();
     pools
         .into_iter()
@@ -502,9 +515,12 @@ pub fn decision_changes(
                 action,
                 pool: Some(pool.0.clone()),
                 count,
-                max_price: None,
-                expected_cost_per_work: None,
-                reason: reason.to_owned(),
+                max_price: match action {
+                    BidAction::Acquire => decision.max_prices.get(pool).copied(),
+                    _ => None,
+                },
+                expected_cost_per_work: decision.expected_cost_per_work,
+                reason: decision.reason.clone(),
             })
         })
         .collect()

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::{
-    controller::plan::{ObservedPod, observe_pods},
+    controller::plan::{CapacityDecision, ObservedPod, observe_pods},
     notices::Notice,
 };
 use ebbflow_crds::{BidAction, CapacityType, MAX_RECENT_DECISIONS, Phase, TrainingJobStatus};
@@ -56,6 +56,7 @@ fn compute(
         coordinator,
         decision_changes: Vec::new(),
         new_evictions: 0,
+        provisioner_error: None,
         now,
     })
 }
@@ -251,6 +252,7 @@ fn invalid_spec_fails_with_the_field_in_the_message() {
         coordinator: &CoordinatorObservation::NotQueried,
         decision_changes: Vec::new(),
         new_evictions: 0,
+        provisioner_error: None,
         now: at(0),
     });
     assert_eq!(status.phase, Some(Phase::Failed));
@@ -277,7 +279,13 @@ fn decision_log_records_changes_and_stays_bounded() {
     let b = PoolKey::new("m5.large", "us-east-1b", CapacityType::Spot);
     let before = BTreeMap::from([(a.clone(), 4)]);
     let after = BTreeMap::from([(a.clone(), 1), (b.clone(), 2)]);
-    let changes = decision_changes(&before, &after, "Eviction", at(0));
+    let decided = |reason: &str| CapacityDecision {
+        transient: after.clone(),
+        reason: reason.to_owned(),
+        max_prices: BTreeMap::from([(b.clone(), 0.25)]),
+        expected_cost_per_work: Some(0.5),
+    };
+    let changes = decision_changes(&before, &decided("Eviction"), at(0));
     assert_eq!(changes.len(), 2);
     assert_eq!(
         (changes[0].action, changes[0].count),
@@ -288,7 +296,14 @@ fn decision_log_records_changes_and_stays_bounded() {
         (BidAction::Acquire, 2)
     );
     assert_eq!(changes[1].pool.as_ref().unwrap().instance_type, "m5.large");
-    assert!(decision_changes(&after, &after, "Hold", at(0)).is_empty());
+    assert_eq!(
+        changes[1].max_price,
+        Some(0.25),
+        "acquisitions carry the bid"
+    );
+    assert_eq!(changes[0].max_price, None);
+    assert_eq!(changes[1].expected_cost_per_work, Some(0.5));
+    assert!(decision_changes(&after, &decided("Hold"), at(0)).is_empty());
 
     let mut status = TrainingJobStatus::default();
     for i in 0..(MAX_RECENT_DECISIONS + 5) {
@@ -301,8 +316,9 @@ fn decision_log_records_changes_and_stays_bounded() {
             pods: &[],
             creating: 0,
             coordinator: &CoordinatorObservation::NotQueried,
-            decision_changes: decision_changes(&before, &after, &format!("R{i}"), at(i as i64)),
+            decision_changes: decision_changes(&before, &decided(&format!("R{i}")), at(i as i64)),
             new_evictions: 1,
+            provisioner_error: None,
             now: at(i as i64),
         });
     }

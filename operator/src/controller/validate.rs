@@ -40,8 +40,25 @@ pub fn validate(job: &TrainingJob, capabilities: Capabilities) -> Vec<FieldError
     if spec.provisioning.mode == ProvisioningMode::Ec2 && !capabilities.ec2 {
         errors.push(FieldError {
             field: "spec.provisioning.mode".to_owned(),
-            detail: "ec2 provisioning is not available in this operator build".to_owned(),
+            detail: "ec2 provisioning is not enabled in this operator (start it with --ec2-region)"
+                .to_owned(),
         });
+    }
+    if spec.provisioning.mode == ProvisioningMode::Ec2 {
+        // The operator launches instances itself: it must know which types.
+        if spec.reliable.count > 0 && spec.reliable.instance_types.is_empty() {
+            errors.push(FieldError {
+                field: "spec.reliable.instanceTypes".to_owned(),
+                detail: "required in ec2 provisioning mode (the type of the on-demand instances to launch)".to_owned(),
+            });
+        }
+        if spec.transient.max_nodes > 0 && spec.transient.instance_types.is_empty() {
+            errors.push(FieldError {
+                field: "spec.transient.instanceTypes".to_owned(),
+                detail: "required in ec2 provisioning mode (the spot instance types to launch)"
+                    .to_owned(),
+            });
+        }
     }
     if spec.bidding.decision_interval.to_duration().is_none() {
         errors.push(FieldError {
@@ -109,10 +126,29 @@ mod tests {
 
     #[test]
     fn ec2_mode_needs_an_ec2_provisioner() {
-        let job = TrainingJob::test("ec2").with_ec2_provisioning("us-east-1", "lt");
+        let mut job = TrainingJob::test("ec2")
+            .with_ec2_provisioning("us-east-1", "lt")
+            .with_transient(2);
+        job.spec.reliable.instance_types = vec!["m5.large".into()];
+        job.spec.transient.instance_types = vec!["c5.xlarge".into()];
         let errors = validate(&job, Capabilities::default());
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].field, "spec.provisioning.mode");
         assert!(validate(&job, Capabilities { ec2: true }).is_empty());
+
+        // the operator launches instances itself: it must know their types
+        job.spec.reliable.instance_types.clear();
+        job.spec.transient.instance_types.clear();
+        let fields: Vec<String> = validate(&job, Capabilities { ec2: true })
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.reliable.instanceTypes",
+                "spec.transient.instanceTypes"
+            ]
+        );
     }
 }

@@ -31,10 +31,9 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
-use crate::bidder::{AppModel, BidderConfig, JobState, ReliableTier};
-use crate::billing::BillingModel;
-use crate::eviction::{EvictionConfig, EvictionModel};
+use crate::bidder::JobState;
 use crate::job_metrics::JobMetrics;
+use crate::jobmarket::JobMarketError;
 use crate::sim::grid::MarketGrid;
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{RunSummary, TimePoint};
@@ -149,6 +148,15 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+impl From<JobMarketError> for RunError {
+    fn from(error: JobMarketError) -> Self {
+        match error {
+            JobMarketError::Unsupported(message) => Self::Unsupported(message),
+            JobMarketError::LoadTrace { path, reason } => Self::LoadTrace { path, reason },
+        }
+    }
 }
 
 /// A job's app, built from its spec.
@@ -301,107 +309,6 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     })
 }
 
-/// The market side of a run: the grid, the fitted eviction model and where the replay starts.
-struct MarketSetup {
-    grid: MarketGrid,
-    model: EvictionModel,
-    start_slot: usize,
-    reliable: ReliableTier,
-    billing: BillingModel,
-}
-
-fn setup_market(job: &TrainingJob, manifest_dir: &Path) -> Result<MarketSetup, RunError> {
-    let bidding = &job.spec.bidding;
-    let market_spec = &bidding.market;
-    let trace = market_spec.trace.as_deref().ok_or_else(|| {
-        RunError::Unsupported(format!(
-            "spec.bidding.market: ebbflow run replays a trace; set market.kind: trace and market.trace (got kind {:?} without a trace)",
-            market_spec.kind
-        ))
-    })?;
-    let mut path = PathBuf::from(trace);
-    if path.is_relative() && !path.exists() {
-        path = manifest_dir.join(trace);
-    }
-    let trace_error = |reason: String| RunError::LoadTrace {
-        path: path.display().to_string(),
-        reason,
-    };
-    if !path.is_file() {
-        return Err(trace_error(
-            "no such file (relative paths resolve against the working directory, then the manifest's)".into(),
-        ));
-    }
-    let (mut market, _) = crate::sim::cli::load_market(&path, None, None, None)
-        .map_err(|e| trace_error(e.to_string()))?;
-    let transient = &job.spec.transient;
-    market.pools.retain(|pool| {
-        (transient.instance_types.is_empty()
-            || transient
-                .instance_types
-                .contains(&pool.info.id.instance_type))
-            && (transient.zones.is_empty() || transient.zones.contains(&pool.info.id.zone))
-    });
-    if market.pools.is_empty() {
-        return Err(trace_error(
-            "no pool of the trace matches spec.transient.instanceTypes and zones".into(),
-        ));
-    }
-    let (first, last) = market.span().map_err(|e| trace_error(e.to_string()))?;
-    let start = market_spec
-        .trace_start
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .unwrap_or(first + (last - first) * 3 / 10);
-    if start < first || start >= last {
-        return Err(trace_error(format!(
-            "spec.bidding.market.traceStart is outside the trace ({first}..{last} unix seconds)"
-        )));
-    }
-    // The eviction model learns from the trace before the job starts (never from its future).
-    let training = market.slice(first, start.max(first + 1));
-    let model = EvictionModel::fit(&training, EvictionConfig::default())
-        .map_err(|e| trace_error(format!("fitting the eviction model: {e}")))?;
-    let step = MarketGrid::step_for(&market);
-    let grid = MarketGrid::new(&market, step).map_err(|e| trace_error(e.to_string()))?;
-    let start_slot = ((start - grid.t0) / grid.step).max(0) as usize;
-    let billing: BillingModel = bidding
-        .billing_model
-        .as_str()
-        .parse()
-        .map_err(|e: crate::billing::BillingError| RunError::Unsupported(e.to_string()))?;
-    // The reliable tier: the cheapest on-demand price per vCPU (or the manifest's price).
-    let reference = crate::sim::reference_pool(&grid)
-        .ok_or_else(|| trace_error("no pool has an on-demand price".into()))?;
-    let reliable = ReliableTier {
-        count: job.spec.reliable.count,
-        vcpus: grid.pools[reference].vcpus,
-        usd_hr: market_spec
-            .on_demand_price
-            .or(grid.pools[reference].on_demand_usd_hr)
-            .unwrap_or(0.0),
-    };
-    Ok(MarketSetup {
-        grid,
-        model,
-        start_slot,
-        reliable,
-        billing,
-    })
-}
-
-fn app_model(job: &TrainingJob) -> AppModel {
-    let defaults = AppModel::default();
-    let overrides = job.spec.bidding.overrides.clone().unwrap_or_default();
-    AppModel {
-        nu_per_vcpu_second: overrides.nu.unwrap_or(defaults.nu_per_vcpu_second),
-        phi: overrides.phi.unwrap_or(defaults.phi),
-        sigma_seconds: overrides.sigma.unwrap_or(defaults.sigma_seconds),
-        lambda_seconds: overrides.lambda.unwrap_or(defaults.lambda_seconds),
-        stage3_ratio: job.spec.elasticity.stage3_ratio,
-    }
-}
-
 /// The elastic run a manifest describes (the same for `ebbflow run` and each `ebbflow node`).
 fn elastic_config(job: &TrainingJob) -> ElasticConfig {
     let spec = &job.spec;
@@ -537,7 +444,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         .clone()
         .unwrap_or_else(|| manifest_dir.clone());
     let app = build_app(&job, &data_dir)?;
-    let market = setup_market(&job, &manifest_dir)?;
+    let market = crate::jobmarket::setup_market(&job, &manifest_dir)?;
 
     let register_error =
         |e: prometheus::Error| RunError::Unsupported(format!("registering metrics failed: {e}"));
@@ -563,22 +470,13 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         .wall_clock_limit
         .as_ref()
         .and_then(|d| d.to_duration());
-    let bidder = BidderConfig {
-        interval_seconds: spec
-            .bidding
-            .decision_interval
-            .to_duration()
-            .map_or(120, |d| d.as_secs().max(1) as i64),
-        max_transient: spec.transient.max_nodes,
-        max_price_cap: spec.bidding.max_price,
-        ..BidderConfig::default()
-    };
+    let bidder = crate::jobmarket::bidder_config(&job);
     let replay = MarketReplay::new(
         &market.grid,
         &market.model,
         bidder,
         market.billing,
-        app_model(&job),
+        crate::jobmarket::app_model(&job),
         market.reliable,
         market.start_slot,
     );

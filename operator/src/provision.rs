@@ -1,0 +1,545 @@
+//! The provisioner seam: from the instances a job should have per tier and pool and the instances
+//! it holds, what to launch and what to terminate.
+//!
+//! [`plan_instances`] is pure: it launches what is missing per (tier, pool) and terminates extras,
+//! the youngest first (the oldest have proven they last; under per-second billing the order does
+//! not change what has been paid), and everything in a pool no longer wanted.
+//! [`Ec2Provisioner`] applies such a plan to EC2 through the [`Ec2Api`] seam for jobs with
+//! `spec.provisioning.mode: ec2`: instances are tagged with the job's UID, its tier and its pool;
+//! a launch carries a client token derived from the job, the pool and what was held, so a retry
+//! after a lost answer never launches twice; deleting the job terminates every instance tagged
+//! with it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ebbflow_crds::{CapacityType, Pool, TrainingJob};
+use ebbflow_ec2::{
+    Capacity, Ec2Api, Ec2Error, Ec2Instance, FleetPool, FleetRequest, JobTags, LaunchRequest,
+    LaunchTemplateRef, Tier,
+};
+
+/// Instances wanted in one (tier, pool).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wanted {
+    /// Reliable or transient.
+    pub tier: Tier,
+    /// Instance type, zone (empty: any) and capacity type.
+    pub pool: Pool,
+    /// How many.
+    pub count: u32,
+    /// Spot max price in USD per instance-hour (`None`: the on-demand price).
+    pub max_price: Option<f64>,
+}
+
+/// An instance a job holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    /// Instance id.
+    pub id: String,
+    /// Its tier.
+    pub tier: Tier,
+    /// Its pool.
+    pub pool: Pool,
+    /// Launch time in unix seconds, when known.
+    pub launched: Option<i64>,
+}
+
+/// What to do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InstancePlan {
+    /// Launches, one per (tier, pool) short of instances, with the number missing.
+    pub launch: Vec<Wanted>,
+    /// Instances to terminate.
+    pub terminate: Vec<String>,
+}
+
+/// The plan that turns `held` into `wanted` (see the module docs).
+pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
+    let mut by_pool: BTreeMap<(u8, String, String, u8), Vec<&Held>> = BTreeMap::new();
+    let key = |tier: Tier, pool: &Pool| {
+        (
+            match tier {
+                Tier::Reliable => 0,
+                Tier::Transient => 1,
+            },
+            pool.instance_type.clone(),
+            pool.zone.clone(),
+            match pool.capacity_type {
+                CapacityType::OnDemand => 0,
+                CapacityType::Spot => 1,
+            },
+        )
+    };
+    for instance in held {
+        by_pool
+            .entry(key(instance.tier, &instance.pool))
+            .or_default()
+            .push(instance);
+    }
+    let mut plan = InstancePlan::default();
+    for want in wanted {
+        let mut have = by_pool
+            .remove(&key(want.tier, &want.pool))
+            .unwrap_or_default();
+        let count = have.len() as u32;
+        if count < want.count {
+            plan.launch.push(Wanted {
+                count: want.count - count,
+                ..want.clone()
+            });
+        } else if count > want.count {
+            // youngest first; unknown launch times count as youngest
+            have.sort_by_key(|h| std::cmp::Reverse(h.launched.unwrap_or(i64::MAX)));
+            plan.terminate.extend(
+                have.iter()
+                    .take((count - want.count) as usize)
+                    .map(|h| h.id.clone()),
+            );
+        }
+    }
+    for (_, rest) in by_pool {
+        plan.terminate
+            .extend(rest.into_iter().map(|h| h.id.clone()));
+    }
+    plan.terminate.sort();
+    plan
+}
+
+/// The pool tag of an instance: `instance-type/zone/capacity-type`.
+pub fn pool_tag(pool: &Pool) -> String {
+    let capacity = match pool.capacity_type {
+        CapacityType::OnDemand => "on-demand",
+        CapacityType::Spot => "spot",
+    };
+    format!("{}/{}/{}", pool.instance_type, pool.zone, capacity)
+}
+
+/// Parses [`pool_tag`] back.
+pub fn parse_pool_tag(tag: &str) -> Option<Pool> {
+    let mut parts = tag.rsplitn(3, '/');
+    let capacity_type = match parts.next()? {
+        "on-demand" => CapacityType::OnDemand,
+        "spot" => CapacityType::Spot,
+        _ => return None,
+    };
+    let zone = parts.next()?.to_owned();
+    let instance_type = parts.next()?.to_owned();
+    if instance_type.is_empty() {
+        return None;
+    }
+    Some(Pool {
+        instance_type,
+        zone,
+        capacity_type,
+    })
+}
+
+/// Why provisioning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// The job lacks what ec2 provisioning needs.
+    #[error("{field}: {reason}")]
+    Spec {
+        /// The field, e.g. `spec.provisioning.ec2`.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An EC2 call failed.
+    #[error("EC2: {0}")]
+    Ec2(#[from] Ec2Error),
+}
+
+/// What one reconcile of a job's instances did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProvisionOutcome {
+    /// Instances launched now.
+    pub launched: Vec<String>,
+    /// Instances terminated now.
+    pub terminated: Vec<String>,
+    /// Instances held after the reconcile.
+    pub held: usize,
+}
+
+/// The EC2 provisioner (see the module docs).
+#[derive(Clone)]
+pub struct Ec2Provisioner {
+    api: Arc<dyn Ec2Api>,
+}
+
+/// The tag value that names a job's instances: its UID.
+pub fn job_tag(job: &TrainingJob) -> Result<String, ProvisionError> {
+    job.metadata
+        .uid
+        .clone()
+        .filter(|uid| !uid.is_empty())
+        .ok_or(ProvisionError::Spec {
+            field: "metadata.uid",
+            reason: "the job has no UID yet".into(),
+        })
+}
+
+/// A short stable hex digest (FNV-1a, 64 bits) for client tokens.
+fn digest(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+impl Ec2Provisioner {
+    /// A provisioner over `api`.
+    pub fn new(api: Arc<dyn Ec2Api>) -> Self {
+        Self { api }
+    }
+
+    /// The job's live instances (not shutting down or terminated) as [`Held`]; instances whose
+    /// ebbflow tags cannot be read are returned with their ids in the second list.
+    pub async fn held(&self, job: &str) -> Result<(Vec<Held>, Vec<String>), ProvisionError> {
+        let instances = self.api.job_instances(job, false).await?;
+        let mut held = Vec::new();
+        let mut unreadable = Vec::new();
+        for instance in instances.into_iter().filter(|i| !i.state.is_gone()) {
+            match read_held(&instance) {
+                Some(h) => held.push(h),
+                None => unreadable.push(instance.instance_id),
+            }
+        }
+        Ok((held, unreadable))
+    }
+
+    /// Brings the job's instances to `wanted`: launches what is missing, terminates extras
+    /// and instances whose tags cannot be read.
+    pub async fn reconcile(
+        &self,
+        job: &TrainingJob,
+        wanted: &[Wanted],
+    ) -> Result<ProvisionOutcome, ProvisionError> {
+        let tag = job_tag(job)?;
+        let ec2 = job
+            .spec
+            .provisioning
+            .ec2
+            .as_ref()
+            .ok_or(ProvisionError::Spec {
+                field: "spec.provisioning.ec2",
+                reason: "required when mode is ec2".into(),
+            })?;
+        let (held, unreadable) = self.held(&tag).await?;
+        let plan = plan_instances(wanted, &held);
+        let mut outcome = ProvisionOutcome::default();
+        let mut terminate = plan.terminate.clone();
+        terminate.extend(unreadable);
+        if !terminate.is_empty() {
+            self.api.terminate_instances(&terminate).await?;
+            outcome.terminated = terminate;
+        }
+        for launch in &plan.launch {
+            if launch.pool.instance_type.is_empty() {
+                return Err(ProvisionError::Spec {
+                    field: match launch.tier {
+                        Tier::Reliable => "spec.reliable.instanceTypes",
+                        Tier::Transient => "spec.transient.instanceTypes",
+                    },
+                    reason: "ec2 provisioning needs an instance type to launch".into(),
+                });
+            }
+            let tags = JobTags {
+                job: tag.clone(),
+                tier: launch.tier,
+                pool: pool_tag(&launch.pool),
+            };
+            let have = held
+                .iter()
+                .filter(|h| h.tier == launch.tier && h.pool == launch.pool)
+                .count();
+            let token = format!(
+                "ebbflow-{}",
+                digest(&format!(
+                    "{tag}|{}|{have}|{}|{}",
+                    tags.pool,
+                    launch.count,
+                    job.metadata.generation.unwrap_or(0)
+                ))
+            );
+            let zone = (!launch.pool.zone.is_empty()).then(|| launch.pool.zone.clone());
+            let max_price = match launch.pool.capacity_type {
+                CapacityType::Spot => launch.max_price,
+                CapacityType::OnDemand => None,
+            };
+            let ids: Vec<String> = match (&ec2.image_id, &ec2.launch_template) {
+                (Some(image_id), _) => {
+                    let request = LaunchRequest {
+                        image_id: image_id.clone(),
+                        instance_type: launch.pool.instance_type.clone(),
+                        zone: zone.clone(),
+                        subnet_id: ec2.subnet_ids.first().cloned(),
+                        count: launch.count,
+                        capacity: match launch.pool.capacity_type {
+                            CapacityType::OnDemand => Capacity::OnDemand,
+                            CapacityType::Spot => Capacity::Spot {
+                                max_price_usd_hr: max_price,
+                            },
+                        },
+                        tags,
+                        extra_tags: ec2.tags.clone(),
+                        security_group_ids: ec2.security_group_ids.clone(),
+                        iam_instance_profile: ec2.instance_profile.clone(),
+                        user_data_base64: None,
+                        client_token: Some(token),
+                    };
+                    self.api
+                        .run_instances(&request)
+                        .await?
+                        .into_iter()
+                        .map(|i| i.instance_id)
+                        .collect()
+                }
+                (None, Some(template)) => {
+                    let template = if template.starts_with("lt-") {
+                        LaunchTemplateRef::Id(template.clone())
+                    } else {
+                        LaunchTemplateRef::Name(template.clone())
+                    };
+                    let (spot_count, on_demand_count) = match launch.pool.capacity_type {
+                        CapacityType::Spot => (launch.count, 0),
+                        CapacityType::OnDemand => (0, launch.count),
+                    };
+                    let request = FleetRequest {
+                        launch_template: template,
+                        launch_template_version: None,
+                        pools: vec![FleetPool {
+                            instance_type: launch.pool.instance_type.clone(),
+                            zone,
+                            subnet_id: ec2.subnet_ids.first().cloned(),
+                            max_price_usd_hr: max_price,
+                        }],
+                        spot_count,
+                        on_demand_count,
+                        tags,
+                        client_token: Some(token),
+                    };
+                    self.api
+                        .create_instant_fleet(&request)
+                        .await?
+                        .instances
+                        .into_iter()
+                        .map(|i| i.instance_id)
+                        .collect()
+                }
+                (None, None) => {
+                    return Err(ProvisionError::Spec {
+                        field: "spec.provisioning.ec2",
+                        reason: "must set launchTemplate or imageId".into(),
+                    });
+                }
+            };
+            outcome.launched.extend(ids);
+        }
+        outcome.held = held.len() + outcome.launched.len() - plan.terminate.len();
+        Ok(outcome)
+    }
+
+    /// Terminates every live instance tagged with the job; returns how many.
+    pub async fn cleanup(&self, job: &str) -> Result<Vec<String>, ProvisionError> {
+        let ids: Vec<String> = self
+            .api
+            .job_instances(job, false)
+            .await?
+            .into_iter()
+            .filter(|i| !i.state.is_gone())
+            .map(|i| i.instance_id)
+            .collect();
+        if !ids.is_empty() {
+            self.api.terminate_instances(&ids).await?;
+        }
+        Ok(ids)
+    }
+}
+
+fn read_held(instance: &Ec2Instance) -> Option<Held> {
+    let tags = instance.job_tags()?;
+    Some(Held {
+        id: instance.instance_id.clone(),
+        tier: tags.tier,
+        pool: parse_pool_tag(&tags.pool)?,
+        launched: instance.launch_time.map(|t| t.timestamp()),
+    })
+}
+
+/// What a job in ec2 mode wants: `spec.reliable.count` on-demand instances of its first reliable
+/// instance type, and the capacity decision's transient pools.
+pub fn wanted_for(
+    job: &TrainingJob,
+    transient: &BTreeMap<crate::controller::plan::PoolKey, u32>,
+    max_prices: &BTreeMap<crate::controller::plan::PoolKey, f64>,
+) -> Vec<Wanted> {
+    let reliable = &job.spec.reliable;
+    let mut wanted = vec![Wanted {
+        tier: Tier::Reliable,
+        pool: Pool {
+            instance_type: reliable.instance_types.first().cloned().unwrap_or_default(),
+            zone: job
+                .spec
+                .transient
+                .zones
+                .first()
+                .cloned()
+                .unwrap_or_default(),
+            capacity_type: CapacityType::OnDemand,
+        },
+        count: reliable.count,
+        max_price: None,
+    }];
+    for (pool, count) in transient {
+        wanted.push(Wanted {
+            tier: Tier::Transient,
+            pool: pool.0.clone(),
+            count: *count,
+            max_price: max_prices.get(pool).copied().or(job.spec.bidding.max_price),
+        });
+    }
+    wanted.retain(|w| w.count > 0);
+    wanted
+}
+
+#[cfg(test)]
+mod tests {
+    use ebbflow_ec2::{FakeEc2, InstanceTypeInfo};
+
+    use super::*;
+    use crate::controller::plan::PoolKey;
+
+    fn pool(instance_type: &str, zone: &str, capacity_type: CapacityType) -> Pool {
+        Pool {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            capacity_type,
+        }
+    }
+
+    fn held(id: &str, tier: Tier, pool: Pool, launched: i64) -> Held {
+        Held {
+            id: id.into(),
+            tier,
+            pool,
+            launched: Some(launched),
+        }
+    }
+
+    #[test]
+    fn plans_launches_for_missing_and_terminates_youngest_extras_and_unwanted_pools() {
+        let a = pool("c5.xlarge", "us-east-1a", CapacityType::Spot);
+        let b = pool("c5.xlarge", "us-east-1b", CapacityType::Spot);
+        let od = pool("m5.large", "us-east-1a", CapacityType::OnDemand);
+        let have = vec![
+            held("i-old", Tier::Transient, a.clone(), 100),
+            held("i-young", Tier::Transient, a.clone(), 300),
+            held("i-mid", Tier::Transient, a.clone(), 200),
+            held("i-b", Tier::Transient, b.clone(), 100),
+            held("i-r", Tier::Reliable, od.clone(), 50),
+        ];
+        let want = |tier, pool: &Pool, count| Wanted {
+            tier,
+            pool: pool.clone(),
+            count,
+            max_price: Some(0.1),
+        };
+        let plan = plan_instances(
+            &[want(Tier::Reliable, &od, 2), want(Tier::Transient, &a, 1)],
+            &have,
+        );
+        assert_eq!(plan.launch, vec![want(Tier::Reliable, &od, 1)]);
+        assert_eq!(plan.terminate, vec!["i-b", "i-mid", "i-young"]);
+        // a transient pool with the reliable pool's name is another (tier, pool)
+        let plan = plan_instances(&[want(Tier::Transient, &od, 1)], &have);
+        assert_eq!(plan.launch, vec![want(Tier::Transient, &od, 1)]);
+        assert_eq!(plan.terminate.len(), 5);
+        assert_eq!(plan_instances(&[], &[]), InstancePlan::default());
+    }
+
+    #[test]
+    fn pool_tags_round_trip() {
+        for p in [
+            pool("p3.2xlarge", "us-east-1a", CapacityType::Spot),
+            pool("m5.large", "", CapacityType::OnDemand),
+        ] {
+            assert_eq!(parse_pool_tag(&pool_tag(&p)), Some(p));
+        }
+        assert_eq!(parse_pool_tag("nonsense"), None);
+        assert_eq!(parse_pool_tag("/us-east-1a/spot"), None);
+        assert_eq!(parse_pool_tag("m5.large/us-east-1a/reserved"), None);
+    }
+
+    fn ec2_job() -> TrainingJob {
+        let mut job = TrainingJob::test("ec2").with_ec2_provisioning("us-east-1", "lt");
+        job.metadata.uid = Some("uid-1".into());
+        job.spec.provisioning.ec2.as_mut().unwrap().launch_template = None;
+        job.spec.provisioning.ec2.as_mut().unwrap().image_id = Some("ami-12345678".into());
+        job.spec.reliable.instance_types = vec!["m5.large".into()];
+        job
+    }
+
+    fn fake() -> Arc<FakeEc2> {
+        let info = |name: &str| InstanceTypeInfo {
+            instance_type: name.into(),
+            vcpus: 2,
+            memory_mib: 8192,
+            gpus: 0,
+            spot_supported: true,
+        };
+        Arc::new(FakeEc2::new().with_instance_types(vec![info("m5.large"), info("c5.xlarge")]))
+    }
+
+    #[tokio::test]
+    async fn reconciles_a_job_to_its_wanted_instances_and_cleans_up() {
+        let fake = fake();
+        let provisioner = Ec2Provisioner::new(fake.clone());
+        let job = ec2_job();
+        let spot = PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot);
+        let wanted = wanted_for(
+            &job,
+            &BTreeMap::from([(spot.clone(), 3)]),
+            &BTreeMap::from([(spot.clone(), 0.12)]),
+        );
+        let outcome = provisioner.reconcile(&job, &wanted).await.unwrap();
+        assert_eq!(outcome.launched.len(), 4, "1 reliable + 3 spot");
+        assert_eq!(outcome.held, 4);
+        let live = fake.instances();
+        assert_eq!(live.len(), 4);
+        assert!(
+            live.iter().all(|i| i.tags[ebbflow_ec2::TAG_JOB] == "uid-1"),
+            "{live:?}"
+        );
+        // idempotent: nothing more to do
+        let again = provisioner.reconcile(&job, &wanted).await.unwrap();
+        assert!(again.launched.is_empty() && again.terminated.is_empty());
+        // scale down to one spot instance
+        let fewer = wanted_for(&job, &BTreeMap::from([(spot, 1)]), &BTreeMap::new());
+        let outcome = provisioner.reconcile(&job, &fewer).await.unwrap();
+        assert_eq!(outcome.terminated.len(), 2);
+        assert_eq!(outcome.held, 2);
+        // delete: everything goes
+        let gone = provisioner.cleanup("uid-1").await.unwrap();
+        assert_eq!(gone.len(), 2);
+        assert!(provisioner.held("uid-1").await.unwrap().0.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_without_an_instance_type_is_a_spec_error_naming_the_field() {
+        let fake = fake();
+        let provisioner = Ec2Provisioner::new(fake.clone());
+        let mut job = ec2_job();
+        job.spec.reliable.instance_types.clear();
+        let wanted = wanted_for(&job, &BTreeMap::new(), &BTreeMap::new());
+        let error = provisioner.reconcile(&job, &wanted).await.unwrap_err();
+        assert!(
+            error.to_string().contains("spec.reliable.instanceTypes"),
+            "{error}"
+        );
+        assert!(fake.instances().is_empty());
+    }
+}

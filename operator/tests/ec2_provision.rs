@@ -1,0 +1,136 @@
+//! The operator's EC2 provisioner against a real local moto server: a job's reliable on-demand
+//! and transient spot instances are launched tagged with the job, a second reconcile launches
+//! nothing, scaling down terminates the youngest, another job's instances are never touched,
+//! and cleanup (the finalizer's) terminates everything the job owns.
+//!
+//! Needs `EBBFLOW_PYTHON` pointing at a Python with moto (`scripts/setup-python.sh` prints one);
+//! without it the test prints why it is skipped and passes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ebbflow_crds::{CapacityType, TrainingJob};
+use ebbflow_ec2::{CapacityType as Ec2Capacity, Ec2Api, InstanceState, Tier, moto::MotoServer};
+use ebbflow_operator::controller::plan::PoolKey;
+use ebbflow_operator::provision::{Ec2Provisioner, parse_pool_tag, wanted_for};
+
+/// An AMI moto ships in every region.
+const AMI: &str = "ami-03cf127a";
+
+fn trace() -> PathBuf {
+    std::env::var_os("EBBFLOW_SPOT_DATA")
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+            PathBuf::from,
+        )
+        .join("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv")
+}
+
+fn job(name: &str, uid: &str) -> TrainingJob {
+    let mut job = TrainingJob::test(name).with_ec2_provisioning("us-east-1", "unused");
+    job.metadata.uid = Some(uid.into());
+    let ec2 = job.spec.provisioning.ec2.as_mut().unwrap();
+    ec2.launch_template = None;
+    ec2.image_id = Some(AMI.into());
+    ec2.tags = BTreeMap::from([("team".into(), "ml".into())]);
+    job.spec.reliable.count = 1;
+    job.spec.reliable.instance_types = vec!["m5.large".into()];
+    job.spec.transient.instance_types = vec!["p3.2xlarge".into()];
+    job
+}
+
+#[tokio::test]
+async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
+    let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
+        eprintln!("skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+        return;
+    };
+    let moto = MotoServer::start(Path::new(&python), &trace()).expect("moto starts");
+    let api: Arc<dyn Ec2Api> = Arc::new(moto.client("us-east-1").await);
+    let provisioner = Ec2Provisioner::new(api.clone());
+
+    let spot_a = PoolKey::new("p3.2xlarge", "us-east-1a", CapacityType::Spot);
+    let spot_d = PoolKey::new("p3.2xlarge", "us-east-1d", CapacityType::Spot);
+    let mf = job("mf", "uid-mf");
+    let wanted = wanted_for(
+        &mf,
+        &BTreeMap::from([(spot_a.clone(), 2), (spot_d.clone(), 1)]),
+        &BTreeMap::from([(spot_a.clone(), 1.25)]),
+    );
+    let outcome = provisioner.reconcile(&mf, &wanted).await.unwrap();
+    assert_eq!(outcome.launched.len(), 4, "{outcome:?}");
+    assert_eq!(outcome.held, 4);
+
+    let live = api.job_instances("uid-mf", false).await.unwrap();
+    assert_eq!(live.len(), 4);
+    let mut per_pool: BTreeMap<String, u32> = BTreeMap::new();
+    for instance in &live {
+        let tags = instance.job_tags().expect("ebbflow tags");
+        let pool = parse_pool_tag(&tags.pool).expect("pool tag parses");
+        assert_eq!(instance.instance_type, pool.instance_type);
+        if !pool.zone.is_empty() {
+            assert_eq!(instance.zone.as_deref(), Some(pool.zone.as_str()));
+        }
+        let (tier, capacity) = match tags.tier {
+            Tier::Reliable => (Tier::Reliable, Ec2Capacity::OnDemand),
+            Tier::Transient => (Tier::Transient, Ec2Capacity::Spot),
+        };
+        assert_eq!(tags.tier, tier);
+        assert_eq!(instance.capacity_type, capacity, "{instance:?}");
+        assert_eq!(instance.tags.get("team").map(String::as_str), Some("ml"));
+        *per_pool.entry(tags.pool).or_default() += 1;
+    }
+    assert_eq!(
+        per_pool,
+        BTreeMap::from([
+            ("m5.large//on-demand".to_owned(), 1),
+            ("p3.2xlarge/us-east-1a/spot".to_owned(), 2),
+            ("p3.2xlarge/us-east-1d/spot".to_owned(), 1),
+        ])
+    );
+
+    // Another job's instances are its own.
+    let lda = job("lda", "uid-lda");
+    let lda_wanted = wanted_for(&lda, &BTreeMap::new(), &BTreeMap::new());
+    provisioner.reconcile(&lda, &lda_wanted).await.unwrap();
+
+    // Nothing changed: nothing to do.
+    let again = provisioner.reconcile(&mf, &wanted).await.unwrap();
+    assert!(
+        again.launched.is_empty() && again.terminated.is_empty(),
+        "{again:?}"
+    );
+
+    // BidBrain leaves us-east-1d: its instance goes, the others stay.
+    let fewer = wanted_for(
+        &mf,
+        &BTreeMap::from([(spot_a.clone(), 2)]),
+        &BTreeMap::new(),
+    );
+    let outcome = provisioner.reconcile(&mf, &fewer).await.unwrap();
+    assert_eq!(outcome.terminated.len(), 1, "{outcome:?}");
+    assert_eq!(outcome.held, 3);
+    let gone = api.job_instances("uid-mf", true).await.unwrap();
+    let terminated: Vec<_> = gone
+        .iter()
+        .filter(|i| i.state.is_gone())
+        .map(|i| i.zone.clone())
+        .collect();
+    assert_eq!(terminated, vec![Some("us-east-1d".to_owned())]);
+
+    // The finalizer's cleanup: every instance of the job, none of the other's.
+    let cleaned = provisioner.cleanup("uid-mf").await.unwrap();
+    assert_eq!(cleaned.len(), 3);
+    assert!(api.job_instances("uid-mf", false).await.unwrap().is_empty());
+    let others = api.job_instances("uid-lda", false).await.unwrap();
+    assert_eq!(others.len(), 1);
+    assert!(matches!(
+        others[0].state,
+        InstanceState::Pending | InstanceState::Running
+    ));
+    assert!(
+        provisioner.cleanup("uid-mf").await.unwrap().is_empty(),
+        "idempotent"
+    );
+}

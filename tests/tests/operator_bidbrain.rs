@@ -1,0 +1,377 @@
+//! The operator's bidder and EC2 provisioner on the real control plane (issue 6):
+//!
+//! - BidBrain decides a trace-market job's transient pools: its decisions (with their bid and
+//!   expected cost per work) are in the job's status and its spot pods are scheduled by the real
+//!   kube-scheduler onto kwok nodes of exactly those pools (p3.2xlarge in the trace's zones);
+//! - in ec2 provisioning mode the operator launches the job's instances on a local moto server,
+//!   tagged with the job, follows a scale-down, and deleting the job terminates them before its
+//!   finalizer lets it go.
+//!
+//! Each test runs its own operator scoped to its own namespace. Skipped (with a line saying so)
+//! unless `EBBFLOW_KUBECONFIG` names the cluster that `scripts/cluster.sh up` started; the ec2 test
+//! also needs `EBBFLOW_PYTHON` (a Python with moto, `scripts/setup-python.sh`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ebbflow_crds::{
+    BidAction, BillingModel, Ec2Provisioning, MarketKind, MarketSpec, ProvisioningMode, TrainingJob,
+};
+use ebbflow_ec2::{Ec2Api, moto::MotoServer};
+use ebbflow_operator::controller::{
+    self,
+    bidbrain::{BidBrainConfig, BidBrainPlanner},
+};
+use ebbflow_operator::provision::Ec2Provisioner;
+use ebbflow_tests::cluster::{
+    BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until,
+};
+use ebbflow_tests::operator::{Custom, start_custom};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+const P3: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
+/// The trace's zones.
+const ZONES: [&str; 9] = [
+    "us-east-1a",
+    "us-east-1c",
+    "us-east-1d",
+    "us-east-1f",
+    "us-east-2a",
+    "us-east-2b",
+    "us-west-2a",
+    "us-west-2b",
+    "us-west-2c",
+];
+/// An AMI moto ships in every region.
+const AMI: &str = "ami-03cf127a";
+
+fn spot_data() -> PathBuf {
+    std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || ebbflow_tests::cluster::repo_root().join("../shared/data/spot"),
+        PathBuf::from,
+    )
+}
+
+fn quickstart(name: &str, namespace: &str) -> Result<TrainingJob, BoxError> {
+    let text = std::fs::read_to_string(
+        ebbflow_tests::cluster::repo_root().join("examples/quickstart.yaml"),
+    )?;
+    let mut job: TrainingJob = serde_yaml::from_str(&text)?;
+    job.metadata.name = Some(name.into());
+    job.metadata.namespace = Some(namespace.into());
+    Ok(job)
+}
+
+async fn apply(client: &Client, job: &TrainingJob) -> Result<(), BoxError> {
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &job.namespace().unwrap());
+    jobs.patch(
+        &job.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(job),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Spot kwok nodes of p3.2xlarge, one per zone of the trace, removed on [`P3Nodes::delete`].
+struct P3Nodes {
+    api: Api<Node>,
+    names: Vec<String>,
+}
+
+impl P3Nodes {
+    async fn create(client: &Client, tag: &str) -> Result<Self, BoxError> {
+        let api: Api<Node> = Api::all(client.clone());
+        let mut names = Vec::new();
+        for zone in ZONES {
+            let name = format!("kwok-p3-{tag}-{zone}-{}", std::process::id());
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {
+                        "kwok.x-k8s.io/node": "fake",
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "node.kubernetes.io/instance-type": "p3.2xlarge",
+                        "topology.kubernetes.io/region": &zone[..zone.len() - 1],
+                        "topology.kubernetes.io/zone": zone,
+                        "karpenter.sh/capacity-type": "spot",
+                        "eks.amazonaws.com/capacityType": "SPOT",
+                    },
+                },
+                "spec": {
+                    "providerID": format!("kwok://{name}"),
+                    "taints": [{"key": "karpenter.sh/capacity-type", "value": "spot", "effect": "NoSchedule"}],
+                },
+                "status": {
+                    "allocatable": {"cpu": "8", "memory": "61Gi", "pods": "110"},
+                    "capacity": {"cpu": "8", "memory": "61Gi", "pods": "110"},
+                },
+            }))?;
+            api.create(&PostParams::default(), &node).await?;
+            names.push(name);
+        }
+        let nodes = Self { api, names };
+        poll_until(
+            "the p3 kwok nodes to be Ready",
+            Duration::from_secs(60),
+            || {
+                let api = nodes.api.clone();
+                let names = nodes.names.clone();
+                async move {
+                    for name in &names {
+                        let node = api.get(name).await?;
+                        let ready = node
+                            .status
+                            .and_then(|s| s.conditions)
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True");
+                        if !ready {
+                            return Ok(None);
+                        }
+                    }
+                    Ok(Some(()))
+                }
+            },
+        )
+        .await?;
+        Ok(nodes)
+    }
+
+    async fn delete(self) -> Result<(), BoxError> {
+        for name in &self.names {
+            self.api.delete(name, &DeleteParams::default()).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn wait_deleted(jobs: &Api<TrainingJob>, name: &str) -> Result<(), BoxError> {
+    poll_until(
+        &format!("job {name} to be gone"),
+        Duration::from_secs(60),
+        || async { Ok(jobs.get_opt(name).await?.is_none().then_some(())) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bidbrain_buys_trace_pools_and_spot_pods_land_in_them() -> Result<(), BoxError> {
+    let Some(client) =
+        client_or_skip("bidbrain_buys_trace_pools_and_spot_pods_land_in_them").await?
+    else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let test_namespace = TestNamespace::create(&client, "e2e-bidbrain").await?;
+    let namespace = test_namespace.name().to_owned();
+    let nodes = P3Nodes::create(&client, "bb").await?;
+    let planner = BidBrainPlanner::new(BidBrainConfig {
+        trace_dir: spot_data(),
+        ..BidBrainConfig::default()
+    });
+    let stop = start_custom(
+        &client,
+        &prometheus::Registry::new(),
+        "http://127.0.0.1:9",
+        Custom {
+            capacity: Arc::new(planner),
+            ec2: None,
+            namespace: Some(namespace.clone()),
+        },
+    )
+    .await?;
+
+    let mut job = quickstart("bidbrain", &namespace)?;
+    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
+    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
+    job.spec.transient.min_nodes = 0;
+    job.spec.transient.max_nodes = 3;
+    apply(&client, &job).await?;
+
+    // BidBrain's first decisions, in the status: acquisitions with a bid and E.
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
+    let decisions = poll_until(
+        "BidBrain acquisitions in the status",
+        Duration::from_secs(60),
+        || async {
+            let job = jobs.get("bidbrain").await?;
+            let decisions = job.status.map(|s| s.recent_decisions).unwrap_or_default();
+            Ok((!decisions.is_empty()).then_some(decisions))
+        },
+    )
+    .await?;
+    let mut bought: BTreeMap<String, u32> = BTreeMap::new();
+    for decision in &decisions {
+        assert_eq!(decision.action, BidAction::Acquire, "{decision:?}");
+        assert_eq!(decision.reason, "BidBrain", "{decision:?}");
+        let pool = decision.pool.as_ref().expect("a pool");
+        assert_eq!(pool.instance_type, "p3.2xlarge");
+        assert!(ZONES.contains(&pool.zone.as_str()), "{pool:?}");
+        assert!(decision.max_price.is_some_and(|p| p > 0.0), "{decision:?}");
+        assert!(
+            decision.expected_cost_per_work.is_some_and(|e| e > 0.0),
+            "{decision:?}"
+        );
+        *bought.entry(pool.zone.clone()).or_default() += decision.count;
+    }
+    let total: u32 = bought.values().sum();
+    assert!((1..=3).contains(&total), "{bought:?}");
+
+    // The real scheduler puts the spot pods on kwok nodes of exactly those pools.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let selector = ListParams::default().labels(&format!(
+        "{}=bidbrain,{}=transient",
+        controller::plan::JOB_LABEL,
+        controller::plan::TIER_LABEL
+    ));
+    let placed = poll_until(
+        "the bought spot pods to be scheduled",
+        Duration::from_secs(60),
+        || async {
+            let list = pods.list(&selector).await?.items;
+            let nodes: Vec<String> = list
+                .iter()
+                .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+                .collect();
+            Ok((list.len() == total as usize && nodes.len() == list.len()).then_some(nodes))
+        },
+    )
+    .await?;
+    let mut landed: BTreeMap<String, u32> = BTreeMap::new();
+    for node in &placed {
+        let node = nodes.api.get(node).await?;
+        let labels = node.labels();
+        assert_eq!(
+            labels
+                .get("node.kubernetes.io/instance-type")
+                .map(String::as_str),
+            Some("p3.2xlarge")
+        );
+        *landed
+            .entry(labels["topology.kubernetes.io/zone"].clone())
+            .or_default() += 1;
+    }
+    assert_eq!(landed, bought, "pods land in the pools BidBrain bought");
+
+    jobs.delete("bidbrain", &DeleteParams::default()).await?;
+    wait_deleted(&jobs, "bidbrain").await?;
+    let _ = stop.send(());
+    nodes.delete().await?;
+    test_namespace.delete().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_mode_launches_tagged_instances_and_deletion_terminates_them() -> Result<(), BoxError> {
+    let test = "ec2_mode_launches_tagged_instances_and_deletion_terminates_them";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
+        eprintln!("skipped {test}: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let moto = MotoServer::start(Path::new(&python), &spot_data().join(P3))?;
+    let api: Arc<dyn Ec2Api> = Arc::new(moto.client("us-east-1").await);
+    let test_namespace = TestNamespace::create(&client, "e2e-ec2").await?;
+    let namespace = test_namespace.name().to_owned();
+    let stop = start_custom(
+        &client,
+        &prometheus::Registry::new(),
+        "http://127.0.0.1:9",
+        Custom {
+            capacity: Arc::new(BidBrainPlanner::new(BidBrainConfig::default())),
+            ec2: Some(Ec2Provisioner::new(api.clone())),
+            namespace: Some(namespace.clone()),
+        },
+    )
+    .await?;
+
+    let mut job = quickstart("ec2", &namespace)?;
+    job.spec.bidding.market = MarketSpec {
+        kind: MarketKind::Ec2,
+        trace: None,
+        trace_start: None,
+        region: Some("us-east-1".into()),
+        on_demand_price: None,
+    };
+    job.spec.bidding.billing_model = BillingModel::Aws;
+    job.spec.provisioning.mode = ProvisioningMode::Ec2;
+    job.spec.provisioning.ec2 = Some(Ec2Provisioning {
+        image_id: Some(AMI.into()),
+        tags: BTreeMap::from([("team".into(), "ml".into())]),
+        ..Ec2Provisioning::default()
+    });
+    job.spec.reliable.instance_types = vec!["m5.large".into()];
+    job.spec.transient.instance_types = vec!["p3.2xlarge".into()];
+    job.spec.transient.zones = vec!["us-east-1a".into()];
+    job.spec.transient.min_nodes = 2;
+    job.spec.transient.max_nodes = 2;
+    apply(&client, &job).await?;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
+    let uid = jobs.get("ec2").await?.uid().expect("a UID");
+
+    let live = |count: usize| {
+        let api = api.clone();
+        let uid = uid.clone();
+        move || {
+            let api = api.clone();
+            let uid = uid.clone();
+            async move {
+                let instances = api.job_instances(&uid, false).await?;
+                Ok((instances.len() == count).then_some(instances))
+            }
+        }
+    };
+    let instances = poll_until(
+        "1 on-demand + 2 spot instances on moto",
+        Duration::from_secs(60),
+        live(3),
+    )
+    .await?;
+    let pools: BTreeSet<String> = instances
+        .iter()
+        .map(|i| i.job_tags().expect("ebbflow tags").pool)
+        .collect();
+    assert_eq!(
+        pools,
+        BTreeSet::from([
+            "m5.large/us-east-1a/on-demand".to_owned(),
+            "p3.2xlarge/us-east-1a/spot".to_owned()
+        ])
+    );
+    assert!(instances.iter().all(|i| i.tags["team"] == "ml"));
+
+    // Scale down: one spot instance goes.
+    job.spec.transient.min_nodes = 1;
+    job.spec.transient.max_nodes = 1;
+    apply(&client, &job).await?;
+    poll_until(
+        "2 instances after scaling down",
+        Duration::from_secs(60),
+        live(2),
+    )
+    .await?;
+
+    // Deleting the job terminates everything it launched before the finalizer lets go.
+    jobs.delete("ec2", &DeleteParams::default()).await?;
+    wait_deleted(&jobs, "ec2").await?;
+    assert!(api.job_instances(&uid, false).await?.is_empty());
+    assert_eq!(api.job_instances(&uid, true).await?.len(), 3);
+    let _ = stop.send(());
+    test_namespace.delete().await
+}
