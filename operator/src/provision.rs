@@ -146,6 +146,14 @@ pub enum ProvisionError {
         /// What is wrong.
         reason: String,
     },
+    /// A fleet launched nothing in the pool.
+    #[error("no instance launched in {pool}: {reasons}")]
+    NoCapacity {
+        /// The pool tag.
+        pool: String,
+        /// EC2's launch errors.
+        reasons: String,
+    },
     /// An EC2 call failed.
     #[error("EC2: {0}")]
     Ec2(#[from] Ec2Error),
@@ -256,13 +264,17 @@ impl Ec2Provisioner {
                 .iter()
                 .filter(|h| h.tier == launch.tier && h.pool == launch.pool)
                 .count();
+            // A retry within ten minutes (a lost answer) reuses the token and cannot launch
+            // twice; later reconciles see what launched through the tags, and a failed launch
+            // is retried under a fresh token once the bucket turns.
+            let bucket = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() / 600);
             let token = format!(
                 "ebbflow-{}",
                 digest(&format!(
-                    "{tag}|{}|{have}|{}|{}",
-                    tags.pool,
-                    launch.count,
-                    job.metadata.generation.unwrap_or(0)
+                    "{tag}|{}|{have}|{}|{bucket}",
+                    tags.pool, launch.count
                 ))
             );
             let zone = (!launch.pool.zone.is_empty()).then(|| launch.pool.zone.clone());
@@ -322,13 +334,19 @@ impl Ec2Provisioner {
                         tags,
                         client_token: Some(token),
                     };
-                    self.api
-                        .create_instant_fleet(&request)
-                        .await?
-                        .instances
-                        .into_iter()
-                        .map(|i| i.instance_id)
-                        .collect()
+                    let fleet = self.api.create_instant_fleet(&request).await?;
+                    if fleet.instances.is_empty() {
+                        return Err(ProvisionError::NoCapacity {
+                            pool: pool_tag(&launch.pool),
+                            reasons: fleet
+                                .errors
+                                .iter()
+                                .map(|e| format!("{}: {}", e.code, e.message))
+                                .collect::<Vec<_>>()
+                                .join("; "),
+                        });
+                    }
+                    fleet.instances.into_iter().map(|i| i.instance_id).collect()
                 }
                 (None, None) => {
                     return Err(ProvisionError::Spec {

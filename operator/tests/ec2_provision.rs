@@ -134,3 +134,57 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
         "idempotent"
     );
 }
+
+#[tokio::test]
+async fn a_launch_template_job_launches_through_instant_fleets_on_moto() {
+    let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
+        eprintln!("skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+        return;
+    };
+    let moto = MotoServer::start(Path::new(&python), &trace()).expect("moto starts");
+    let sdk = moto.client("us-east-1").await;
+    sdk.client()
+        .create_launch_template()
+        .launch_template_name("ebbflow-node")
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(AMI)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("create launch template");
+    let api: Arc<dyn Ec2Api> = Arc::new(sdk);
+    let provisioner = Ec2Provisioner::new(api.clone());
+
+    let mut fleet_job = job("fleet", "uid-fleet");
+    let ec2 = fleet_job.spec.provisioning.ec2.as_mut().unwrap();
+    ec2.image_id = None;
+    ec2.launch_template = Some("ebbflow-node".into());
+    fleet_job.spec.transient.zones = vec!["us-east-1a".into()];
+    let spot = PoolKey::new("p3.2xlarge", "us-east-1a", CapacityType::Spot);
+    let wanted = wanted_for(
+        &fleet_job,
+        &BTreeMap::from([(spot.clone(), 2)]),
+        &BTreeMap::from([(spot, 1.5)]),
+    );
+    let outcome = provisioner.reconcile(&fleet_job, &wanted).await.unwrap();
+    assert_eq!(outcome.launched.len(), 3, "{outcome:?}");
+    let live = api.job_instances("uid-fleet", false).await.unwrap();
+    let mut per_pool: BTreeMap<String, u32> = BTreeMap::new();
+    for instance in &live {
+        *per_pool
+            .entry(instance.job_tags().expect("ebbflow tags").pool)
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_pool,
+        BTreeMap::from([
+            ("m5.large/us-east-1a/on-demand".to_owned(), 1),
+            ("p3.2xlarge/us-east-1a/spot".to_owned(), 2),
+        ])
+    );
+    let again = provisioner.reconcile(&fleet_job, &wanted).await.unwrap();
+    assert!(again.launched.is_empty(), "{again:?}");
+    assert_eq!(provisioner.cleanup("uid-fleet").await.unwrap().len(), 3);
+}
