@@ -164,3 +164,34 @@ impl TestNamespace {
         Ok(())
     }
 }
+
+/// Sets node `node`'s interruption taint to `taint` (a key such as the Node Termination Handler's
+/// or Karpenter's, effect NoSchedule), or removes every interruption taint with `None`; other
+/// taints stay.
+pub async fn set_interruption_taint(
+    nodes: &Api<k8s_openapi::api::core::v1::Node>,
+    node: &str,
+    taint: Option<&str>,
+) -> Result<(), BoxError> {
+    use ebbflow_operator::notices::{KARPENTER_DISRUPTED_TAINT, NTH_SPOT_ITN_TAINT};
+    let current = nodes.get(node).await?;
+    let mut taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
+    taints.retain(|t| t.key != NTH_SPOT_ITN_TAINT && t.key != KARPENTER_DISRUPTED_TAINT);
+    if let Some(key) = taint {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: key.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            value: None,
+            time_added: None,
+        });
+    }
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "taints": taints } })),
+        )
+        .await
+        .map_err(|e| format!("taint node {node}: {e}"))?;
+    Ok(())
+}

@@ -23,7 +23,6 @@ use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_cr
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 async fn namespace(client: &Client, prefix: &str) -> Result<String, BoxError> {
     Ok(
@@ -110,26 +109,7 @@ fn node_of(pod: &Pod) -> String {
 }
 
 async fn set_taint(nodes: &Api<Node>, node: &str, taint: Option<&str>) -> Result<(), BoxError> {
-    let mut current = nodes.get(node).await?;
-    let spec = current.spec.get_or_insert_with(Default::default);
-    let mut taints = spec.taints.clone().unwrap_or_default();
-    taints.retain(|t| t.key != NTH_SPOT_ITN_TAINT && t.key != KARPENTER_DISRUPTED_TAINT);
-    if let Some(key) = taint {
-        taints.push(k8s_openapi::api::core::v1::Taint {
-            key: key.to_owned(),
-            effect: "NoSchedule".to_owned(),
-            value: None,
-            time_added: None,
-        });
-    }
-    nodes
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "taints": taints } })),
-        )
-        .await?;
-    Ok(())
+    ebbflow_tests::cluster::set_interruption_taint(nodes, node, taint).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

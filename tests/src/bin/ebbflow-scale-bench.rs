@@ -205,21 +205,8 @@ async fn main() -> Result<(), BoxError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut tainted_at: BTreeMap<String, Instant> = BTreeMap::new();
     for (node, names) in pods_on.iter().take(args.interrupt) {
-        let current = nodes.get(node).await?;
-        let mut taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
-        taints.push(k8s_openapi::api::core::v1::Taint {
-            key: NTH_SPOT_ITN_TAINT.into(),
-            effect: "NoSchedule".into(),
-            value: None,
-            time_added: None,
-        });
         let at = Instant::now();
-        nodes
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": { "taints": taints } })),
-            )
+        ebbflow_tests::cluster::set_interruption_taint(&nodes, node, Some(NTH_SPOT_ITN_TAINT))
             .await?;
         for name in names {
             tainted_at.insert(name.clone(), at);
