@@ -6,6 +6,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
+# Incremental artifacts only help edit-compile loops; in a test run they cost gigabytes of disk
+# per session in the shared cache (a full disk once broke a link step here).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 mkdir -p "$EBBFLOW_CACHE"
 
 echo "==> cargo fmt --check"
