@@ -108,7 +108,7 @@ impl TrainingJob {
             namespace: Some(TEST_NAMESPACE.to_owned()),
             uid: Some(format!(
                 "00000000-0000-4000-8000-{:012x}",
-                fnv1a(name) & 0xffff_ffff_ffff
+                crate::fnv1a(name) & 0xffff_ffff_ffff
             )),
             generation: Some(1),
             ..ObjectMeta::default()
@@ -324,13 +324,6 @@ impl TrainingJob {
 
 fn duration(text: &str) -> DurationString {
     DurationString::new(text).unwrap_or_else(|error| panic!("fixture duration: {error}"))
-}
-
-/// A stable hash for fixture uids.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

@@ -64,6 +64,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt;
 
 pub use duration::{DurationString, parse_duration};
+
+/// FNV-1a (64 bits) of `text`: a stable, dependency-free hash for derived names and tokens.
+pub fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 pub use manifest::{ManifestError, parse_manifest};
 pub use rules::{FieldError, InvalidSpec, RULES, Rule};
 pub use spec::*;

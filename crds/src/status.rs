@@ -170,6 +170,25 @@ pub enum CapacityType {
     Spot,
 }
 
+impl CapacityType {
+    /// The name in manifests, pod annotations and instance tags (`on-demand`, `spot`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OnDemand => "on-demand",
+            Self::Spot => "spot",
+        }
+    }
+
+    /// Parses [`CapacityType::as_str`] back.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "on-demand" => Some(Self::OnDemand),
+            "spot" => Some(Self::Spot),
+            _ => None,
+        }
+    }
+}
+
 /// Running nodes in one pool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

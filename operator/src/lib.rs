@@ -15,3 +15,16 @@ pub mod notices;
 pub mod provision;
 pub mod run;
 pub mod sim;
+
+/// Shared by the unit tests.
+#[cfg(test)]
+pub(crate) mod test_data {
+    /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
+    /// the repository.
+    pub fn spot_data() -> std::path::PathBuf {
+        std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+            std::path::PathBuf::from,
+        )
+    }
+}

@@ -56,19 +56,13 @@ pub struct InstancePlan {
 
 /// The plan that turns `held` into `wanted` (see the module docs).
 pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
-    let mut by_pool: BTreeMap<(u8, String, String, u8), Vec<&Held>> = BTreeMap::new();
+    let mut by_pool: BTreeMap<(&str, String, String, &str), Vec<&Held>> = BTreeMap::new();
     let key = |tier: Tier, pool: &Pool| {
         (
-            match tier {
-                Tier::Reliable => 0,
-                Tier::Transient => 1,
-            },
+            tier.as_str(),
             pool.instance_type.clone(),
             pool.zone.clone(),
-            match pool.capacity_type {
-                CapacityType::OnDemand => 0,
-                CapacityType::Spot => 1,
-            },
+            pool.capacity_type.as_str(),
         )
     };
     for instance in held {
@@ -108,21 +102,18 @@ pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
 
 /// The pool tag of an instance: `instance-type/zone/capacity-type`.
 pub fn pool_tag(pool: &Pool) -> String {
-    let capacity = match pool.capacity_type {
-        CapacityType::OnDemand => "on-demand",
-        CapacityType::Spot => "spot",
-    };
-    format!("{}/{}/{}", pool.instance_type, pool.zone, capacity)
+    format!(
+        "{}/{}/{}",
+        pool.instance_type,
+        pool.zone,
+        pool.capacity_type.as_str()
+    )
 }
 
 /// Parses [`pool_tag`] back.
 pub fn parse_pool_tag(tag: &str) -> Option<Pool> {
     let mut parts = tag.rsplitn(3, '/');
-    let capacity_type = match parts.next()? {
-        "on-demand" => CapacityType::OnDemand,
-        "spot" => CapacityType::Spot,
-        _ => return None,
-    };
+    let capacity_type = CapacityType::parse(parts.next()?)?;
     let zone = parts.next()?.to_owned();
     let instance_type = parts.next()?.to_owned();
     if instance_type.is_empty() {
@@ -186,16 +177,6 @@ pub fn job_tag(job: &TrainingJob) -> Result<String, ProvisionError> {
             field: "metadata.uid",
             reason: "the job has no UID yet".into(),
         })
-}
-
-/// A short stable hex digest (FNV-1a, 64 bits) for client tokens.
-fn digest(text: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{hash:016x}")
 }
 
 impl Ec2Provisioner {
@@ -271,8 +252,8 @@ impl Ec2Provisioner {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() / 600);
             let token = format!(
-                "ebbflow-{}",
-                digest(&format!(
+                "ebbflow-{:016x}",
+                ebbflow_crds::fnv1a(&format!(
                     "{tag}|{}|{have}|{}|{bucket}",
                     tags.pool, launch.count
                 ))

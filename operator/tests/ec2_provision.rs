@@ -40,13 +40,20 @@ fn job(name: &str, uid: &str) -> TrainingJob {
     job
 }
 
-#[tokio::test]
-async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
+/// A moto server serving the p3 trace, or `None` (after saying so) without `EBBFLOW_PYTHON`.
+fn moto() -> Option<MotoServer> {
     let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
         eprintln!("skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+        return None;
+    };
+    Some(MotoServer::start(Path::new(&python), &trace()).expect("moto starts"))
+}
+
+#[tokio::test]
+async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
+    let Some(moto) = moto() else {
         return;
     };
-    let moto = MotoServer::start(Path::new(&python), &trace()).expect("moto starts");
     let api: Arc<dyn Ec2Api> = Arc::new(moto.client("us-east-1").await);
     let provisioner = Ec2Provisioner::new(api.clone());
 
@@ -137,11 +144,9 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
 
 #[tokio::test]
 async fn a_launch_template_job_launches_through_instant_fleets_on_moto() {
-    let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
-        eprintln!("skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+    let Some(moto) = moto() else {
         return;
     };
-    let moto = MotoServer::start(Path::new(&python), &trace()).expect("moto starts");
     let sdk = moto.client("us-east-1").await;
     sdk.client()
         .create_launch_template()

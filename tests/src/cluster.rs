@@ -38,6 +38,15 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `examples/quickstart.yaml` as job `name` in `namespace`.
+pub fn quickstart_job(name: &str, namespace: &str) -> Result<ebbflow_crds::TrainingJob, BoxError> {
+    let text = std::fs::read_to_string(repo_root().join("examples/quickstart.yaml"))?;
+    let mut job: ebbflow_crds::TrainingJob = serde_yaml::from_str(&text)?;
+    job.metadata.name = Some(name.into());
+    job.metadata.namespace = Some(namespace.into());
+    Ok(job)
+}
+
 /// A client for the cluster named by `EBBFLOW_KUBECONFIG`, or `None` after printing a line
 /// saying `test` is skipped because the variable is unset.
 pub async fn client_or_skip(test: &str) -> Result<Option<Client>, BoxError> {

@@ -26,7 +26,7 @@ use ebbflow_operator::controller::{
 };
 use ebbflow_operator::provision::Ec2Provisioner;
 use ebbflow_tests::cluster::{
-    BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until,
+    BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until, quickstart_job,
 };
 use ebbflow_tests::operator::{Custom, start_custom};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -55,16 +55,6 @@ fn spot_data() -> PathBuf {
         || ebbflow_tests::cluster::repo_root().join("../shared/data/spot"),
         PathBuf::from,
     )
-}
-
-fn quickstart(name: &str, namespace: &str) -> Result<TrainingJob, BoxError> {
-    let text = std::fs::read_to_string(
-        ebbflow_tests::cluster::repo_root().join("examples/quickstart.yaml"),
-    )?;
-    let mut job: TrainingJob = serde_yaml::from_str(&text)?;
-    job.metadata.name = Some(name.into());
-    job.metadata.namespace = Some(namespace.into());
-    Ok(job)
 }
 
 async fn apply(client: &Client, job: &TrainingJob) -> Result<(), BoxError> {
@@ -195,7 +185,7 @@ async fn bidbrain_buys_trace_pools_and_spot_pods_land_in_them() -> Result<(), Bo
     )
     .await?;
 
-    let mut job = quickstart("bidbrain", &namespace)?;
+    let mut job = quickstart_job("bidbrain", &namespace)?;
     job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
     job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
     job.spec.transient.min_nodes = 0;
@@ -301,7 +291,7 @@ async fn ec2_mode_launches_tagged_instances_and_deletion_terminates_them() -> Re
     )
     .await?;
 
-    let mut job = quickstart("ec2", &namespace)?;
+    let mut job = quickstart_job("ec2", &namespace)?;
     job.spec.bidding.market = MarketSpec {
         kind: MarketKind::Ec2,
         trace: None,

@@ -22,12 +22,7 @@ use kube::{Api, ResourceExt};
 const JOB: &str = "e2e-placement";
 
 fn job_manifest(namespace: &str) -> Result<TrainingJob, BoxError> {
-    let quickstart = std::fs::read_to_string(
-        ebbflow_tests::cluster::repo_root().join("examples/quickstart.yaml"),
-    )?;
-    let mut job: TrainingJob = serde_yaml::from_str(&quickstart)?;
-    job.metadata.name = Some(JOB.into());
-    job.metadata.namespace = Some(namespace.into());
+    let mut job = ebbflow_tests::cluster::quickstart_job(JOB, namespace)?;
     // Two spot pods from the start (the spec planner holds minNodes), one on-demand pod.
     job.spec.transient.min_nodes = 2;
     job.spec.transient.max_nodes = 2;

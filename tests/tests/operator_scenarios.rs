@@ -47,12 +47,7 @@ async fn apply_job(
     spot: u32,
     suspend: bool,
 ) -> Result<(), BoxError> {
-    let quickstart = std::fs::read_to_string(
-        ebbflow_tests::cluster::repo_root().join("examples/quickstart.yaml"),
-    )?;
-    let mut job: TrainingJob = serde_yaml::from_str(&quickstart)?;
-    job.metadata.name = Some(name.into());
-    job.metadata.namespace = Some(namespace.into());
+    let mut job = ebbflow_tests::cluster::quickstart_job(name, namespace)?;
     job.spec.transient.min_nodes = spot;
     job.spec.transient.max_nodes = spot.max(1);
     job.spec.suspend = suspend;

@@ -332,14 +332,7 @@ mod tests {
 
     const P3: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
 
-    /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
-    /// the repository.
-    fn spot_data() -> PathBuf {
-        std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
-            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
-            PathBuf::from,
-        )
-    }
+    use crate::test_data::spot_data;
 
     fn job(min: u32, max: u32) -> TrainingJob {
         let mut job = TrainingJob::test("mf")

@@ -339,10 +339,8 @@ pub fn pool_of(pod: &Pod) -> PoolKey {
     PoolKey(Pool {
         instance_type: annotation(INSTANCE_TYPE_ANNOTATION),
         zone: annotation(ZONE_ANNOTATION),
-        capacity_type: match annotation(CAPACITY_TYPE_ANNOTATION).as_str() {
-            "on-demand" => CapacityType::OnDemand,
-            _ => CapacityType::Spot,
-        },
+        capacity_type: CapacityType::parse(&annotation(CAPACITY_TYPE_ANNOTATION))
+            .unwrap_or(CapacityType::Spot),
     })
 }
 
@@ -363,10 +361,7 @@ pub fn pool_slug(pool: &Pool) -> String {
                 .collect()
         }
     };
-    let capacity = match pool.capacity_type {
-        CapacityType::Spot => "spot",
-        CapacityType::OnDemand => "on-demand",
-    };
+    let capacity = pool.capacity_type.as_str();
     let slug = format!(
         "{}_{}_{capacity}",
         part(&pool.instance_type),
@@ -376,9 +371,7 @@ pub fn pool_slug(pool: &Pool) -> String {
         return slug;
     }
     // Too long for a label value: keep a prefix and make it unique with a hash of the whole.
-    let hash = slug.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = ebbflow_crds::fnv1a(&slug);
     format!("{}-{:016x}", &slug[..46], hash)
 }
 
@@ -755,11 +748,7 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
             annotations.insert(ZONE_ANNOTATION.to_owned(), pool.zone.clone());
             annotations.insert(
                 CAPACITY_TYPE_ANNOTATION.to_owned(),
-                match pool.capacity_type {
-                    CapacityType::Spot => "spot",
-                    CapacityType::OnDemand => "on-demand",
-                }
-                .to_owned(),
+                pool.capacity_type.as_str().to_owned(),
             );
             (
                 transient_pod_name(&job_name, *ordinal),

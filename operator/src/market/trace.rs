@@ -1012,14 +1012,7 @@ mod tests {
         assert!(err.to_string().contains("SpotPrice"), "{err}");
     }
 
-    /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
-    /// the repository.
-    fn spot_data() -> std::path::PathBuf {
-        std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
-            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
-            std::path::PathBuf::from,
-        )
-    }
+    use crate::test_data::spot_data;
 
     #[test]
     fn every_shared_trace_is_recognised_by_content() {

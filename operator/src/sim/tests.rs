@@ -189,14 +189,7 @@ fn a_trace_too_short_for_the_jobs_is_refused() {
     assert!(err.to_string().contains("shorter than"), "{err}");
 }
 
-/// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside
-/// the repository.
-fn spot_data() -> std::path::PathBuf {
-    std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
-        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
-        std::path::PathBuf::from,
-    )
-}
+use crate::test_data::spot_data;
 
 #[test]
 fn real_p3_trace_study_keeps_its_invariants() {
