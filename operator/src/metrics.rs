@@ -24,6 +24,9 @@ pub struct Metrics {
     pub notices_sent: IntCounterVec,
     /// `ebbflow_operator_notice_failures_total`: notices the coordinator did not accept.
     pub notice_failures: IntCounter,
+    /// `ebbflow_operator_notices_relayed_total`: notices the relay delivered straight from a
+    /// watch event (the rest of `notices_sent` went through a reconcile).
+    pub notices_relayed: IntCounter,
     /// `ebbflow_operator_notice_lead_seconds{source}`: time between delivering a notice and
     /// the instance's announced departure (0 when it is already gone).
     pub notice_lead: HistogramVec,
@@ -117,6 +120,10 @@ impl Metrics {
                 "ebbflow_operator_notice_failures_total",
                 "Eviction notices the coordinator did not accept",
             )?,
+            notices_relayed: IntCounter::new(
+                "ebbflow_operator_notices_relayed_total",
+                "Eviction notices delivered by the notice relay straight from a watch event",
+            )?,
             notice_lead: HistogramVec::new(
                 HistogramOpts::new(
                     "ebbflow_operator_notice_lead_seconds",
@@ -174,6 +181,7 @@ impl Metrics {
         registry.register(Box::new(metrics.reconcile_duration.clone()))?;
         registry.register(Box::new(metrics.notices_sent.clone()))?;
         registry.register(Box::new(metrics.notice_failures.clone()))?;
+        registry.register(Box::new(metrics.notices_relayed.clone()))?;
         registry.register(Box::new(metrics.notice_lead.clone()))?;
         registry.register(Box::new(metrics.pods_created.clone()))?;
         registry.register(Box::new(metrics.pods_deleted.clone()))?;

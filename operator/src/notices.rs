@@ -43,7 +43,7 @@ const REBALANCE_NOTICE: SignedDuration = SignedDuration::from_secs(600);
 /// GKE's preemption notice.
 const GKE_NOTICE: SignedDuration = SignedDuration::from_secs(30);
 /// Kubernetes' default pod termination grace period.
-const DEFAULT_GRACE: SignedDuration = SignedDuration::from_secs(30);
+pub(crate) const DEFAULT_GRACE: SignedDuration = SignedDuration::from_secs(30);
 
 /// Where a notice came from; also the `source` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -150,7 +150,7 @@ fn pod_grace(pod: &Pod) -> SignedDuration {
         .map_or(DEFAULT_GRACE, SignedDuration::from_secs)
 }
 
-fn pod_notices(pod: &Pod, grace: SignedDuration) -> Vec<(Timestamp, NoticeSource)> {
+pub(crate) fn pod_notices(pod: &Pod, grace: SignedDuration) -> Vec<(Timestamp, NoticeSource)> {
     let mut found = Vec::new();
     if let Some(deletion) = &pod.metadata.deletion_timestamp {
         found.push((deletion.0, NoticeSource::PodDeletion));
@@ -175,7 +175,7 @@ fn pod_notices(pod: &Pod, grace: SignedDuration) -> Vec<(Timestamp, NoticeSource
     found
 }
 
-fn node_notices(
+pub(crate) fn node_notices(
     observation: &NodeObservation,
     grace: SignedDuration,
     now: Timestamp,

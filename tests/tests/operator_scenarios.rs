@@ -147,12 +147,8 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     let url = format!("http://{}", listener.local_addr()?);
     let serving = coordinator.clone();
     tokio::spawn(async move { axum::serve(listener, router(serving)).await });
-    let stop = ebbflow_tests::operator::start_with_coordinator(
-        &client,
-        &prometheus::Registry::new(),
-        &url,
-    )
-    .await?;
+    let registry = prometheus::Registry::new();
+    let stop = ebbflow_tests::operator::start_with_coordinator(&client, &registry, &url).await?;
 
     apply_job(&client, &ns, job, 2, false).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -222,6 +218,21 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
             deadline - arrived
         );
     }
+
+    // Which path carried them: the relay (straight from the Node watch event) or a reconcile.
+    let text = ebbflow_runtime::metrics::render(&registry);
+    let sent: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("ebbflow_operator_notices_sent_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let relayed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ebbflow_operator_notices_relayed_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(sent >= 2.0, "notices sent: {sent}\n{text}");
+    println!("notices sent {sent}, of them by the relay {relayed}");
 
     for node in tainted {
         set_taint(&nodes, &node, None).await?;

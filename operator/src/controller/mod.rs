@@ -4,6 +4,7 @@
 pub mod bidbrain;
 pub mod capacity;
 pub mod plan;
+pub mod relay;
 pub mod status;
 pub mod validate;
 
@@ -99,6 +100,8 @@ impl Config {
 #[derive(Debug, Default)]
 struct JobMemory {
     ledger: NoticeLedger,
+    /// The job's data-plane token as last observed (the relay's, to skip a Secret GET).
+    token: Option<String>,
     last_decision: Option<BTreeMap<PoolKey, u32>>,
     consecutive_failures: u32,
     last_status_write: Option<Instant>,
@@ -154,6 +157,8 @@ pub struct Context {
     pub ec2: Option<crate::provision::Ec2Provisioner>,
     /// Node → jobs index for the Node watch.
     pub node_index: NodeIndex,
+    /// Pod and Node caches, filled by the notice relay ([`relay::run`]).
+    pub caches: relay::Caches,
     memory: Mutex<HashMap<ObjectRef<TrainingJob>, JobMemory>>,
 }
 
@@ -176,6 +181,7 @@ impl Context {
             capacity,
             ec2: None,
             node_index: NodeIndex::default(),
+            caches: relay::Caches::default(),
             memory: Mutex::new(HashMap::new()),
         }
     }
@@ -371,13 +377,20 @@ async fn observe(
     let nodes_api: Api<Node> = Api::all(ctx.client.clone());
     let mut nodes = BTreeMap::new();
     for node_name in node_names {
-        let node = nodes_api
-            .get_opt(&node_name)
-            .await
-            .map_err(|source| ObserveError::GetNode {
-                name: node_name.clone(),
-                source,
-            })?;
+        // The relay's cache first; the API server for nodes it does not hold (yet), which is
+        // also what tells a deleted node from one the cache has not seen.
+        let node = match ctx.caches.node(&node_name) {
+            Some(node) => Some(node.as_ref().clone()),
+            None => {
+                nodes_api
+                    .get_opt(&node_name)
+                    .await
+                    .map_err(|source| ObserveError::GetNode {
+                        name: node_name.clone(),
+                        source,
+                    })?
+            }
+        };
         let observation = match node {
             Some(node) => notices::NodeObservation::Present(Box::new(node)),
             None => notices::NodeObservation::Gone,
@@ -448,7 +461,10 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         .iter()
         .filter_map(|pod| pod.metadata.name.as_deref())
         .collect();
-    ctx.with_memory(&job_ref, |memory| memory.ledger.retain_pods(&live_pods));
+    ctx.with_memory(&job_ref, |memory| {
+        memory.ledger.retain_pods(&live_pods);
+        memory.token.clone_from(&observed.token);
+    });
 
     // validate
     let errors = validate::validate(&job, ctx.config.capabilities);
@@ -563,12 +579,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                     EventType::Normal,
                     "EvictionNotice",
                     "Notify",
-                    format!(
-                        "pod {} leaves at {} ({})",
-                        notice.pod,
-                        notice.leaves_at,
-                        notice.source.as_str()
-                    ),
+                    notice_note(notice),
                 )
                 .await;
             }
@@ -862,6 +873,16 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     Ok(action)
 }
 
+/// The note of an `EvictionNotice` event.
+fn notice_note(notice: &Notice) -> String {
+    format!(
+        "pod {} leaves at {} ({})",
+        notice.pod,
+        notice.leaves_at,
+        notice.source.as_str()
+    )
+}
+
 /// Sends one notice; true if the coordinator accepted it.
 async fn deliver_notice(
     ctx: &Context,
@@ -1149,7 +1170,8 @@ pub async fn check_crd(client: &Client) -> Result<(), StartError> {
 }
 
 /// Runs the controller until `shutdown` resolves: TrainingJobs, owning Pods, Services and
-/// Secrets, and watching Nodes mapped to the jobs whose pods run on them.
+/// Secrets, with the notice relay beside it ([`relay::run`]), which watches Nodes, relays notices
+/// and requeues the jobs whose pods run on a node that changed.
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -1172,16 +1194,24 @@ pub async fn run(
         "app.kubernetes.io/managed-by={}",
         plan::MANAGED_BY
     ));
-    let node_index = ctx.node_index.clone();
-    Controller::new(jobs, watcher::Config::default().any_semantic())
+    let controller = Controller::new(jobs, watcher::Config::default().any_semantic());
+    // The relay lives exactly as long as this controller (a stopped operator must not keep
+    // delivering notices), so it runs beside it rather than as a detached task. It also owns
+    // the Node watch: jobs are requeued only when what the reconcile reads of a node changes
+    // (taints, deletion), not on every status heartbeat of a thousand nodes.
+    let (requeue, requeued) = futures::channel::mpsc::unbounded();
+    let relay = {
+        let (ctx, jobs) = (ctx.clone(), controller.store());
+        async move {
+            relay::run(ctx, jobs, requeue).await;
+            std::future::pending::<()>().await;
+        }
+    };
+    let controller = controller
         .owns(scoped::<Pod>(&client, namespace), children.clone())
         .owns(scoped::<Service>(&client, namespace), children.clone())
         .owns(scoped::<Secret>(&client, namespace), children)
-        .watches(
-            Api::<Node>::all(client),
-            watcher::Config::default(),
-            move |node: Node| node_index.jobs_on(&node.name_any()),
-        )
+        .reconcile_on(requeued)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -1189,8 +1219,11 @@ pub async fn run(
                 Ok((object, _)) => debug!(job = %object.name, "reconciled"),
                 Err(error) => debug!(%error, "reconcile stream error"),
             }
-        })
-        .await;
+        });
+    tokio::select! {
+        () = controller => {}
+        () = relay => {}
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,602 @@
+//! The notice relay: the fast path from a Node or Pod change to the job's coordinator.
+//!
+//! A spot interruption gives two minutes (GKE: thirty seconds), and every second the notice
+//! spends in the operator is a second the runtime does not have to migrate. Reconciles are the
+//! slow path: a Node change requeues every job with pods on that node, and each reconcile lists
+//! pods, talks to its coordinator and server-side applies its children, so under load notices
+//! queued behind hundreds of reconciles (p99 5.9 s at 50 jobs, see BENCHMARKS.md).
+//!
+//! The relay keeps two reflector caches, Nodes and the operator's Pods, and reacts to each watch
+//! event that can announce a departure (a notice taint, a deletion timestamp, a
+//! `DisruptionTarget` condition, a deleted Node) by computing the affected pods' notices with the
+//! same pure [`notices::notices`] the reconcile uses, and delivering them to each job's
+//! coordinator right away, one task per job. It shares the per-job [`NoticeLedger`] with the
+//! reconcile, which therefore skips what the relay delivered (and delivers whatever the relay
+//! could not: coordinator unreachable, token not yet known). The reconcile also reads Nodes from
+//! the relay's cache instead of one GET per node.
+//!
+//! [`NoticeLedger`]: crate::notices::NoticeLedger
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    hash::{Hash, Hasher},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use ebbflow_crds::TrainingJob;
+use futures::{StreamExt, channel::mpsc, future::Either, stream};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        events::EventType,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use parking_lot::Mutex;
+use tracing::{debug, warn};
+
+use super::{Context, plan};
+use crate::{
+    coordinator::coordinator_url,
+    notices::{self, NodeObservation, Notice, NoticeSource},
+};
+
+/// The reflector caches shared by the relay and the reconcile.
+#[derive(Clone)]
+pub struct Caches {
+    /// The operator's pods (managed-by label), without managed fields.
+    pub pods: Store<Pod>,
+    /// Every Node, without managed fields and images.
+    pub nodes: Store<Node>,
+    writers: Arc<
+        Mutex<
+            Option<(
+                reflector::store::Writer<Pod>,
+                reflector::store::Writer<Node>,
+            )>,
+        >,
+    >,
+    /// True while [`run`] keeps the stores current; a stale store is never read.
+    live: Arc<AtomicBool>,
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        let (pods, pod_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        Self {
+            pods,
+            nodes,
+            writers: Arc::new(Mutex::new(Some((pod_writer, node_writer)))),
+            live: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Caches {
+    /// The cached Node, if the cache holds it. `None` means "not known here", not "gone": the
+    /// caller asks the API server (the cache may be filling, or unused in tests).
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.nodes.get(&ObjectRef::new(name))
+    }
+}
+
+/// Marks the caches live for as long as it exists.
+struct LiveGuard(Arc<AtomicBool>);
+
+impl LiveGuard {
+    fn new(live: &Arc<AtomicBool>) -> Self {
+        live.store(true, Ordering::Release);
+        Self(live.clone())
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// What one watch event asks the relay to look at.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    /// This Node changed in a way that can announce a departure.
+    Node(String),
+    /// This Node was deleted.
+    NodeDeleted(String),
+    /// This pod (namespace, name) changed in a way that can announce a departure.
+    Pod(String, String),
+}
+
+/// True if `node` carries something that announces a departure.
+fn node_announces(node: &Node, now: Timestamp) -> bool {
+    let observation = NodeObservation::Present(Box::new(node.clone()));
+    !notices::node_notices(&observation, notices::DEFAULT_GRACE, now).is_empty()
+}
+
+/// True if `pod` carries something that announces a departure.
+fn pod_announces(pod: &Pod) -> bool {
+    !notices::pod_notices(pod, notices::DEFAULT_GRACE).is_empty()
+}
+
+/// The pods a trigger concerns, from the pod cache (pure over the cached state).
+pub(crate) fn affected_pods(trigger: &Trigger, pods: &[Arc<Pod>]) -> Vec<Pod> {
+    let on_node = |node: &str| {
+        pods.iter()
+            .filter(|pod| {
+                pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(node)
+            })
+            .map(|pod| pod.as_ref().clone())
+            .collect()
+    };
+    match trigger {
+        Trigger::Node(node) | Trigger::NodeDeleted(node) => on_node(node),
+        Trigger::Pod(namespace, name) => pods
+            .iter()
+            .filter(|pod| {
+                pod.metadata.name.as_deref() == Some(name)
+                    && pod.metadata.namespace.as_deref() == Some(namespace)
+            })
+            .map(|pod| pod.as_ref().clone())
+            .collect(),
+    }
+}
+
+/// The notices of `pods` grouped by job (namespace, name), from what is known of their nodes.
+pub(crate) fn notices_by_job(
+    pods: &[Pod],
+    nodes: &BTreeMap<String, NodeObservation>,
+    now: Timestamp,
+) -> BTreeMap<(String, String), Vec<Notice>> {
+    let job_of: BTreeMap<&str, (String, String)> = pods
+        .iter()
+        .filter_map(|pod| {
+            let job = pod.labels().get(plan::JOB_LABEL)?.clone();
+            Some((pod.metadata.name.as_deref()?, (pod.namespace()?, job)))
+        })
+        .collect();
+    let mut grouped: BTreeMap<(String, String), Vec<Notice>> = BTreeMap::new();
+    for notice in notices::notices(pods, nodes, now) {
+        if let Some(job) = job_of.get(notice.pod.as_str()) {
+            grouped.entry(job.clone()).or_default().push(notice);
+        }
+    }
+    grouped
+}
+
+/// What of a Node the reconcile reads (taints, deletion): a change here requeues the jobs on it,
+/// anything else (status heartbeats, images, conditions) does not.
+fn fingerprint(node: &Node) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(taints) = node.spec.as_ref().and_then(|spec| spec.taints.as_ref()) {
+        for taint in taints {
+            (&taint.key, &taint.value, &taint.effect).hash(&mut hasher);
+            taint.time_added.as_ref().map(|t| t.0).hash(&mut hasher);
+        }
+    }
+    node.metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Turns the Node watch into relay triggers and the names of nodes whose jobs need a reconcile,
+/// remembering what the reconcile reads of each node. A re-list (after a watch error) is
+/// compared with what was known, so changes and deletions missed meanwhile still count.
+#[derive(Debug, Default)]
+pub(crate) struct NodeTracker {
+    fingerprints: HashMap<String, u64>,
+    relisted: Option<HashSet<String>>,
+}
+
+impl NodeTracker {
+    /// (relay triggers, nodes whose jobs to requeue) for one watch event.
+    pub(crate) fn observe(
+        &mut self,
+        event: watcher::Event<Node>,
+        now: Timestamp,
+    ) -> (Vec<Trigger>, Vec<String>) {
+        let (mut triggers, mut requeue) = (Vec::new(), Vec::new());
+        match event {
+            watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
+                let name = node.name_any();
+                if let Some(relisted) = self.relisted.as_mut() {
+                    relisted.insert(name.clone());
+                }
+                if self.fingerprints.insert(name.clone(), fingerprint(&node))
+                    != Some(fingerprint(&node))
+                {
+                    requeue.push(name.clone());
+                }
+                if node_announces(&node, now) {
+                    triggers.push(Trigger::Node(name));
+                }
+            }
+            watcher::Event::Delete(node) => {
+                let name = node.name_any();
+                self.fingerprints.remove(&name);
+                requeue.push(name.clone());
+                triggers.push(Trigger::NodeDeleted(name));
+            }
+            watcher::Event::Init => self.relisted = Some(HashSet::new()),
+            watcher::Event::InitDone => {
+                let relisted = self.relisted.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .fingerprints
+                    .keys()
+                    .filter(|name| !relisted.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.fingerprints.remove(&name);
+                    requeue.push(name.clone());
+                    triggers.push(Trigger::NodeDeleted(name));
+                }
+            }
+        }
+        (triggers, requeue)
+    }
+}
+
+/// Runs the caches' watchers and relays notices until the streams end (never, in practice).
+/// Node changes the reconcile cares about go to `requeue` as the jobs with pods on them.
+pub async fn run(
+    ctx: Arc<Context>,
+    jobs: Store<TrainingJob>,
+    requeue: mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
+) {
+    let Some((pod_writer, node_writer)) = ctx.caches.writers.lock().take() else {
+        warn!("notice relay already running");
+        return;
+    };
+    let _live = LiveGuard::new(&ctx.caches.live);
+    let namespace = ctx.config.namespace.as_deref();
+    let pods_api: Api<Pod> = match namespace {
+        Some(namespace) => Api::namespaced(ctx.client.clone(), namespace),
+        None => Api::all(ctx.client.clone()),
+    };
+    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
+    let children = watcher::Config::default().labels(&format!(
+        "app.kubernetes.io/managed-by={}",
+        plan::MANAGED_BY
+    ));
+    let pod_events = watcher(pods_api, children)
+        .default_backoff()
+        .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+        .reflect(pod_writer)
+        .map(Either::Left);
+    let node_events = watcher(nodes_api, watcher::Config::default())
+        .default_backoff()
+        .modify(|node: &mut Node| {
+            node.managed_fields_mut().clear();
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+        .reflect(node_writer)
+        .map(Either::Right);
+    let mut events = std::pin::pin!(stream::select(pod_events, node_events));
+    let mut tracker = NodeTracker::default();
+    while let Some(event) = events.next().await {
+        let triggers = match event {
+            Either::Left(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)))
+                if pod_announces(&pod) =>
+            {
+                vec![Trigger::Pod(
+                    pod.namespace().unwrap_or_default(),
+                    pod.name_any(),
+                )]
+            }
+            Either::Left(Ok(_)) => Vec::new(),
+            Either::Right(Ok(event)) => {
+                let (triggers, changed) = tracker.observe(event, Timestamp::now());
+                for node in changed {
+                    for job in ctx.node_index.jobs_on(&node) {
+                        // The controller is gone only when shutting down.
+                        let _ = requeue.unbounded_send(job);
+                    }
+                }
+                triggers
+            }
+            Either::Left(Err(error)) | Either::Right(Err(error)) => {
+                debug!(%error, "watch error (retrying with backoff)");
+                Vec::new()
+            }
+        };
+        for trigger in &triggers {
+            relay(&ctx, &jobs, trigger);
+        }
+    }
+}
+
+/// Computes the trigger's notices and spawns one delivery task per job.
+fn relay(ctx: &Arc<Context>, jobs: &Store<TrainingJob>, trigger: &Trigger) {
+    let pods = affected_pods(trigger, &ctx.caches.pods.state());
+    if pods.is_empty() {
+        return;
+    }
+    let node_names: BTreeSet<String> = pods
+        .iter()
+        .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+        .collect();
+    let mut nodes = BTreeMap::new();
+    for name in node_names {
+        let observation = match (trigger, ctx.caches.node(&name)) {
+            (Trigger::NodeDeleted(deleted), _) if *deleted == name => NodeObservation::Gone,
+            (_, Some(node)) => NodeObservation::Present(Box::new(node.as_ref().clone())),
+            // Not cached yet: the reconcile will look it up.
+            (_, None) => continue,
+        };
+        nodes.insert(name, observation);
+    }
+    for ((namespace, name), notices) in notices_by_job(&pods, &nodes, Timestamp::now()) {
+        let Some(job) = jobs.get(&ObjectRef::new(&name).within(&namespace)) else {
+            continue;
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move { deliver(&ctx, &job, &notices).await });
+    }
+}
+
+/// Delivers the job's undelivered notices when its coordinator is there to hear them; whatever
+/// is left undelivered falls to the reconcile.
+async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]) {
+    let (namespace, name) = (job.namespace().unwrap_or_default(), job.name_any());
+    let finished = job.status.as_ref().and_then(|s| s.phase)
+        == Some(ebbflow_crds::Phase::Succeeded)
+        || super::status::training_failed(job.status.as_ref());
+    if job.spec.suspend || finished {
+        return;
+    }
+    let coordinator_ready = ctx.config.coordinator_url_override.is_some()
+        || ctx.caches.pods.state().iter().any(|pod| {
+            pod.namespace().as_deref() == Some(namespace.as_str())
+                && pod.labels().get(plan::JOB_LABEL) == Some(&name)
+                && pod
+                    .labels()
+                    .get(plan::COORDINATOR_LABEL)
+                    .map(String::as_str)
+                    == Some("true")
+                && plan::pod_ready(pod)
+        });
+    if !coordinator_ready {
+        return;
+    }
+    let job_ref = ObjectRef::from_obj(job);
+    let undelivered: Vec<Notice> = ctx.with_memory(&job_ref, |memory| {
+        memory
+            .ledger
+            .undelivered(current)
+            .into_iter()
+            // A pod the reconcile already told the coordinator about (its own scale-down
+            // release, say) being deleted is no news.
+            .filter(|n| !(n.source == NoticeSource::PodDeletion && memory.ledger.knows(&n.pod)))
+            .cloned()
+            .collect()
+    });
+    if undelivered.is_empty() {
+        return;
+    }
+    let token = match ctx.with_memory(&job_ref, |memory| memory.token.clone()) {
+        Some(token) => Some(token),
+        None => match super::job_token(ctx, &namespace, &name).await {
+            Ok(token) => token,
+            Err(error) => {
+                warn!(job = %name, %error, "notice relay: token unavailable; the reconcile retries");
+                return;
+            }
+        },
+    };
+    let base = coordinator_url(
+        &name,
+        &namespace,
+        ctx.config.coordinator_url_override.as_deref(),
+    );
+    let now = Timestamp::now();
+    for notice in &undelivered {
+        if super::deliver_notice(
+            ctx,
+            (&namespace, &name),
+            &base,
+            token.as_deref(),
+            notice,
+            now,
+        )
+        .await
+        {
+            ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
+            ctx.metrics.notices_relayed.inc();
+            super::publish(
+                ctx,
+                job,
+                EventType::Normal,
+                "EvictionNotice",
+                "Notify",
+                super::notice_note(notice),
+            )
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSpec, PodSpec, Taint};
+
+    fn pod(namespace: &str, name: &str, job: &str, node: &str) -> Arc<Pod> {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some(namespace.into());
+        pod.metadata.labels = Some([(plan::JOB_LABEL.to_owned(), job.to_owned())].into());
+        pod.spec = Some(PodSpec {
+            node_name: Some(node.into()),
+            termination_grace_period_seconds: Some(60),
+            ..PodSpec::default()
+        });
+        Arc::new(pod)
+    }
+
+    fn node(name: &str, taint: Option<&str>) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.spec = Some(NodeSpec {
+            taints: taint.map(|key| {
+                vec![Taint {
+                    key: key.into(),
+                    effect: "NoSchedule".into(),
+                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        "2026-01-01T00:00:00Z".parse().unwrap(),
+                    )),
+                    value: None,
+                }]
+            }),
+            ..NodeSpec::default()
+        });
+        node
+    }
+
+    #[test]
+    fn only_departure_signals_trigger() {
+        let now: Timestamp = "2026-01-01T00:00:30Z".parse().unwrap();
+        assert!(!node_announces(&node("n", None), now));
+        assert!(!node_announces(&node("n", Some("example.com/other")), now));
+        assert!(node_announces(
+            &node("n", Some(notices::NTH_SPOT_ITN_TAINT)),
+            now
+        ));
+        assert!(node_announces(
+            &node("n", Some(notices::KARPENTER_DISRUPTED_TAINT)),
+            now
+        ));
+        let mut deleting = node("n", None);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert!(node_announces(&deleting, now));
+        let mut leaving = pod("ns", "p", "j", "n").as_ref().clone();
+        assert!(!pod_announces(&leaving));
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert!(pod_announces(&leaving));
+    }
+
+    #[test]
+    fn a_tainted_node_notifies_every_job_on_it_and_nothing_else() {
+        let cached = vec![
+            pod("a", "mf-t-0", "mf", "spot-1"),
+            pod("a", "mf-t-1", "mf", "spot-2"),
+            pod("b", "lda-t-0", "lda", "spot-1"),
+            pod("b", "lda-r-0", "lda", "od-1"),
+        ];
+        let affected = affected_pods(&Trigger::Node("spot-1".into()), &cached);
+        let names: Vec<_> = affected.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["mf-t-0", "lda-t-0"]);
+        let nodes = BTreeMap::from([(
+            "spot-1".to_owned(),
+            NodeObservation::Present(Box::new(node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT)))),
+        )]);
+        let now: Timestamp = "2026-01-01T00:00:05Z".parse().unwrap();
+        let grouped = notices_by_job(&affected, &nodes, now);
+        assert_eq!(grouped.len(), 2);
+        let mf = &grouped[&("a".to_owned(), "mf".to_owned())];
+        assert_eq!(mf.len(), 1);
+        assert_eq!(mf[0].pod, "mf-t-0");
+        // EC2's two minutes from the taint's own timestamp, not from when the relay saw it.
+        assert_eq!(
+            mf[0].leaves_at,
+            "2026-01-01T00:02:00Z".parse::<Timestamp>().unwrap()
+        );
+        assert_eq!(
+            grouped[&("b".to_owned(), "lda".to_owned())][0].pod,
+            "lda-t-0"
+        );
+    }
+
+    #[test]
+    fn a_deleted_node_is_gone_now_and_a_pod_trigger_is_one_pod() {
+        let cached = vec![
+            pod("a", "mf-t-0", "mf", "spot-1"),
+            pod("a", "mf-t-1", "mf", "spot-1"),
+        ];
+        let now: Timestamp = "2026-01-01T00:00:05Z".parse().unwrap();
+        let affected = affected_pods(&Trigger::NodeDeleted("spot-1".into()), &cached);
+        let nodes = BTreeMap::from([("spot-1".to_owned(), NodeObservation::Gone)]);
+        let grouped = notices_by_job(&affected, &nodes, now);
+        let mf = &grouped[&("a".to_owned(), "mf".to_owned())];
+        assert_eq!(mf.len(), 2);
+        assert!(mf.iter().all(|n| n.leaves_at == now));
+        assert_eq!(
+            affected_pods(&Trigger::Pod("a".into(), "mf-t-1".into()), &cached).len(),
+            1
+        );
+        assert!(affected_pods(&Trigger::Pod("b".into(), "mf-t-1".into()), &cached).is_empty());
+    }
+
+    #[test]
+    fn heartbeats_do_not_requeue_but_taints_deletions_and_missed_deletions_do() {
+        let now: Timestamp = "2026-01-01T00:00:30Z".parse().unwrap();
+        let mut tracker = NodeTracker::default();
+        // Start-up listing: remembered, a reconcile of every job follows anyway.
+        assert_eq!(tracker.observe(watcher::Event::Init, now), (vec![], vec![]));
+        for name in ["spot-1", "spot-2", "spot-3"] {
+            let (triggers, requeue) =
+                tracker.observe(watcher::Event::InitApply(node(name, None)), now);
+            assert!(triggers.is_empty());
+            assert_eq!(requeue, [name]);
+        }
+        tracker.observe(watcher::Event::InitDone, now);
+        // A status heartbeat: nothing the reconcile reads changed.
+        let mut heartbeat = node("spot-1", None);
+        heartbeat.status = Some(Default::default());
+        assert_eq!(
+            tracker.observe(watcher::Event::Apply(heartbeat), now),
+            (vec![], vec![])
+        );
+        // An interruption taint: relayed and requeued.
+        let tainted = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
+        assert_eq!(
+            tracker.observe(watcher::Event::Apply(tainted.clone()), now),
+            (vec![Trigger::Node("spot-1".into())], vec!["spot-1".into()])
+        );
+        // The same taint again (another field changed): relayed (the ledger dedupes), no requeue.
+        assert_eq!(
+            tracker.observe(watcher::Event::Apply(tainted), now),
+            (vec![Trigger::Node("spot-1".into())], vec![])
+        );
+        // A deletion.
+        assert_eq!(
+            tracker.observe(watcher::Event::Delete(node("spot-2", None)), now),
+            (
+                vec![Trigger::NodeDeleted("spot-2".into())],
+                vec!["spot-2".into()]
+            )
+        );
+        // A re-list after a watch error that no longer holds spot-3: deleted meanwhile.
+        tracker.observe(watcher::Event::Init, now);
+        tracker.observe(
+            watcher::Event::InitApply(node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT))),
+            now,
+        );
+        assert_eq!(
+            tracker.observe(watcher::Event::InitDone, now),
+            (
+                vec![Trigger::NodeDeleted("spot-3".into())],
+                vec!["spot-3".into()]
+            )
+        );
+    }
+}
