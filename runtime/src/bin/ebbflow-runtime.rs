@@ -100,17 +100,8 @@ enum Command {
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
-        /// Seconds between SIGTERM and the node's end (the pod's termination grace period): on
-        /// SIGTERM the coordinator is told the node leaves then, and the process exits then.
-        #[arg(long, default_value_t = 30)]
-        grace_seconds: u64,
-        /// EC2 instance metadata endpoint to watch for spot interruptions and rebalance
-        /// recommendations (e.g. http://169.254.169.254; off when unset).
-        #[arg(long, env = "EBBFLOW_METADATA_ENDPOINT")]
-        metadata_endpoint: Option<String>,
-        /// Milliseconds between metadata polls.
-        #[arg(long, default_value_t = 2000)]
-        metadata_poll_ms: u64,
+        #[command(flatten)]
+        notices: NoticeArgs,
         #[command(flatten)]
         app: AppArgs,
     },
@@ -176,18 +167,41 @@ enum Command {
         /// The job's shared secret.
         #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
         secret: String,
-        /// Seconds between SIGTERM and the node's end (the pod's termination grace period).
-        #[arg(long, default_value_t = 30)]
-        grace_seconds: u64,
-        /// EC2 instance metadata endpoint to watch for interruptions (off when unset).
-        #[arg(long, env = "EBBFLOW_METADATA_ENDPOINT")]
-        metadata_endpoint: Option<String>,
-        /// Milliseconds between metadata polls.
-        #[arg(long, default_value_t = 2000)]
-        metadata_poll_ms: u64,
+        #[command(flatten)]
+        notices: NoticeArgs,
         #[command(flatten)]
         app: AppArgs,
     },
+}
+
+/// How a node learns that its instance is going away.
+#[derive(Debug, Clone, Args)]
+struct NoticeArgs {
+    /// Seconds between SIGTERM and the node's end (the pod's termination grace period): on
+    /// SIGTERM the coordinator is told the node leaves then, and the process exits then.
+    #[arg(long, default_value_t = 30)]
+    grace_seconds: u64,
+    /// EC2 instance metadata endpoint to watch for spot interruptions and rebalance
+    /// recommendations (e.g. http://169.254.169.254; off when unset).
+    #[arg(long, env = "EBBFLOW_METADATA_ENDPOINT")]
+    metadata_endpoint: Option<String>,
+    /// Milliseconds between metadata polls.
+    #[arg(long, default_value_t = 2000)]
+    metadata_poll_ms: u64,
+}
+
+impl NoticeArgs {
+    /// The notice sources of node `name` of the job behind `coordinator`.
+    fn sources(&self, coordinator: &str, secret: &str, name: &str) -> NoticeSources {
+        NoticeSources {
+            coordinator: coordinator.trim_end_matches('/').to_owned(),
+            secret: secret.to_owned(),
+            name: name.to_owned(),
+            grace: Duration::from_secs(self.grace_seconds),
+            metadata_endpoint: self.metadata_endpoint.clone(),
+            metadata_poll: Duration::from_millis(self.metadata_poll_ms.max(10)),
+        }
+    }
 }
 
 /// What every process of an elastic job must agree on.
@@ -390,23 +404,16 @@ fn main() -> anyhow::Result<()> {
             no_serve,
             secret,
             optimizer,
-            grace_seconds,
-            metadata_endpoint,
-            metadata_poll_ms,
+            notices,
             app,
         } => node_main(NodeArgs {
             serves: !no_serve,
-            coordinator: coordinator.trim_end_matches('/').to_owned(),
-            name,
+            notices: notices.sources(&coordinator, &secret, &name),
             listen,
             advertise,
             metrics_listen,
             workers: workers.unwrap_or_else(default_workers),
-            secret,
             optimizer,
-            grace: Duration::from_secs(grace_seconds),
-            metadata_endpoint,
-            metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
             app,
         }),
         Command::ElasticCoordinator {
@@ -457,9 +464,7 @@ fn main() -> anyhow::Result<()> {
             advertise,
             metrics_listen,
             secret,
-            grace_seconds,
-            metadata_endpoint,
-            metadata_poll_ms,
+            notices,
             app,
         } => {
             let task = ElasticNodeTask {
@@ -470,14 +475,7 @@ fn main() -> anyhow::Result<()> {
                     listen,
                     advertise,
                     metrics_listen,
-                    notices: NoticeSources {
-                        coordinator: coordinator.trim_end_matches('/').to_owned(),
-                        secret,
-                        name,
-                        grace: Duration::from_secs(grace_seconds),
-                        metadata_endpoint,
-                        metadata_poll: Duration::from_millis(metadata_poll_ms.max(10)),
-                    },
+                    notices: notices.sources(&coordinator, &secret, &name),
                 },
             };
             with_app(&app, job.clocks, job.staleness, task)
@@ -650,32 +648,15 @@ impl AppTask for CoordinatorTask {
     }
 }
 
-impl NodeArgs {
-    fn notice_args(&self) -> NoticeSources {
-        NoticeSources {
-            coordinator: self.coordinator.clone(),
-            secret: self.secret.clone(),
-            name: self.name.clone(),
-            grace: self.grace,
-            metadata_endpoint: self.metadata_endpoint.clone(),
-            metadata_poll: self.metadata_poll,
-        }
-    }
-}
-
 struct NodeArgs {
     serves: bool,
-    coordinator: String,
-    name: String,
+    /// Coordinator, secret and name live here.
+    notices: NoticeSources,
     listen: SocketAddr,
     advertise: Option<SocketAddr>,
     metrics_listen: Option<SocketAddr>,
     workers: usize,
-    secret: String,
     optimizer: Optimizer,
-    grace: Duration,
-    metadata_endpoint: Option<String>,
-    metadata_poll: Duration,
     app: AppArgs,
 }
 
@@ -744,20 +725,20 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
         .timeout(Duration::from_secs(60))
         .build()
         .context("building the HTTP client")?;
-    let base = &args.coordinator;
+    let base = &args.notices.coordinator;
     let join = JoinRequest {
-        name: args.name.clone(),
+        name: args.notices.name.clone(),
         data_addr: advertise.to_string(),
         workers: args.workers as u32,
-        secret: args.secret.clone(),
+        secret: args.notices.secret.clone(),
         reliable: true,
         serves: args.serves,
         job: String::new(),
     };
     let joined: JoinResponse = rt.block_on(post_json(&http, &format!("{base}/join"), &join))?;
     let node = joined.node;
-    tracing::info!(node, name = %args.name, %advertise, "joined");
-    watch_for_notices(&rt, &args.notice_args(), &http)?;
+    tracing::info!(node, name = %args.notices.name, %advertise, "joined");
+    watch_for_notices(&rt, &args.notices, &http)?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let plan: PlanResponse = loop {
         let plan: PlanResponse =
@@ -862,7 +843,7 @@ impl AppTask for NodeTask {
         let wait_timeout = Duration::from_secs(600);
         let server_config = ServerConfig {
             wait_timeout,
-            ..ServerConfig::with_secret(args.secret.clone().into_bytes())
+            ..ServerConfig::with_secret(args.notices.secret.clone().into_bytes())
         };
         let server =
             ServerHandle::serve(rt.handle(), listener, state, server_config, metrics.clone())?;
@@ -874,7 +855,7 @@ impl AppTask for NodeTask {
             addrs,
         };
         let client = ClientConfig {
-            secret: args.secret.clone().into_bytes(),
+            secret: args.notices.secret.clone().into_bytes(),
             node,
             max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: wait_timeout,
@@ -921,7 +902,7 @@ impl AppTask for NodeTask {
         let report = match &outcome {
             Ok(reports) => ReportRequest {
                 node,
-                secret: args.secret.clone(),
+                secret: args.notices.secret.clone(),
                 workers: reports
                     .iter()
                     .map(|r| {
@@ -944,7 +925,7 @@ impl AppTask for NodeTask {
             },
             Err(error) => ReportRequest {
                 node,
-                secret: args.secret.clone(),
+                secret: args.notices.secret.clone(),
                 workers: vec![],
                 wait_seconds: vec![],
                 error: Some(error.to_string()),
