@@ -4,7 +4,12 @@
 //! [`plan_instances`] is pure: it launches what is missing per (tier, pool) and terminates extras,
 //! the youngest first (the oldest have proven they last; under per-second billing the order does
 //! not change what has been paid), and everything in a pool no longer wanted.
-//! [`Ec2Provisioner`] applies such a plan to EC2 through the [`Ec2Api`] seam for jobs with
+//! [`reconcile`] carries such a plan out through a [`Provisioner`]: where a job's instances run,
+//! seen as what it holds and how to launch and terminate. [`Ec2Provisioner`] is one, over EC2;
+//! `ebbflow run`'s local processes or threads are another
+//! ([`crate::run::provisioner::LocalProvisioner`]).
+//!
+//! [`Ec2Provisioner`] applies plans to EC2 through the [`Ec2Api`] seam for jobs with
 //! `spec.provisioning.mode: ec2`: instances are tagged with the job's UID, its tier and its pool;
 //! a launch carries a client token derived from the job, the pool and what was held, so a retry
 //! after a lost answer never launches twice; deleting the job terminates every instance tagged
@@ -13,10 +18,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ebbflow_crds::{CapacityType, Pool, TrainingJob};
+use ebbflow_crds::{CapacityType, Ec2Provisioning, Pool, TrainingJob};
 use ebbflow_ec2::{
     Capacity, Ec2Api, Ec2Error, Ec2Instance, FleetPool, FleetRequest, JobTags, LaunchRequest,
-    LaunchTemplateRef, Tier,
+    LaunchTemplateRef, SpotRequestStatus, Tier,
 };
 
 /// Instances wanted in one (tier, pool).
@@ -98,6 +103,56 @@ pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
     }
     plan.terminate.sort();
     plan
+}
+
+/// Where a job's instances run, as [`reconcile`] sees it: what the job holds, and how to launch
+/// and terminate instances. The calls are async because EC2's are; an implementation with nothing
+/// to wait for (local processes) returns ready futures.
+pub trait Provisioner {
+    /// Why a call failed.
+    type Error;
+
+    /// The job's live instances, and the ids of instances whose tier or pool cannot be read
+    /// (terminated by [`reconcile`]).
+    fn held(
+        &mut self,
+    ) -> impl Future<Output = Result<(Vec<Held>, Vec<String>), Self::Error>> + Send;
+
+    /// Launches `launch.count` instances in its tier and pool; `held` is what [`Self::held`]
+    /// returned in this reconcile. Returns the new instances' ids.
+    fn launch(
+        &mut self,
+        launch: &Wanted,
+        held: &[Held],
+    ) -> impl Future<Output = Result<Vec<String>, Self::Error>> + Send;
+
+    /// Terminates the instances `ids`.
+    fn terminate(&mut self, ids: &[String])
+    -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Brings `provisioner`'s instances to `wanted` by [`plan_instances`]: terminates the plan's
+/// extras and the unreadable instances first, then launches what is missing, pool by pool; stops
+/// at the first error.
+pub async fn reconcile<P: Provisioner>(
+    provisioner: &mut P,
+    wanted: &[Wanted],
+) -> Result<ProvisionOutcome, P::Error> {
+    let (held, unreadable) = provisioner.held().await?;
+    let plan = plan_instances(wanted, &held);
+    let mut outcome = ProvisionOutcome::default();
+    let mut terminate = plan.terminate.clone();
+    terminate.extend(unreadable);
+    if !terminate.is_empty() {
+        provisioner.terminate(&terminate).await?;
+        outcome.terminated = terminate;
+    }
+    for launch in &plan.launch {
+        let ids = provisioner.launch(launch, &held).await?;
+        outcome.launched.extend(ids);
+    }
+    outcome.held = held.len() + outcome.launched.len() - plan.terminate.len();
+    Ok(outcome)
 }
 
 /// The pool tag of an instance: `instance-type/zone/capacity-type`.
@@ -200,8 +255,8 @@ impl Ec2Provisioner {
         Ok((held, unreadable))
     }
 
-    /// Brings the job's instances to `wanted`: launches what is missing, terminates extras
-    /// and instances whose tags cannot be read.
+    /// Brings the job's instances to `wanted` ([`reconcile`] over the job's EC2 instances):
+    /// launches what is missing, terminates extras and instances whose tags cannot be read.
     pub async fn reconcile(
         &self,
         job: &TrainingJob,
@@ -217,129 +272,36 @@ impl Ec2Provisioner {
                 field: "spec.provisioning.ec2",
                 reason: "required when mode is ec2".into(),
             })?;
-        let (held, unreadable) = self.held(&tag).await?;
-        let plan = plan_instances(wanted, &held);
-        let mut outcome = ProvisionOutcome::default();
-        let mut terminate = plan.terminate.clone();
-        terminate.extend(unreadable);
-        if !terminate.is_empty() {
-            self.api.terminate_instances(&terminate).await?;
-            outcome.terminated = terminate;
-        }
-        for launch in &plan.launch {
-            if launch.pool.instance_type.is_empty() {
-                return Err(ProvisionError::Spec {
-                    field: match launch.tier {
-                        Tier::Reliable => "spec.reliable.instanceTypes",
-                        Tier::Transient => "spec.transient.instanceTypes",
-                    },
-                    reason: "ec2 provisioning needs an instance type to launch".into(),
-                });
-            }
-            let tags = JobTags {
-                job: tag.clone(),
-                tier: launch.tier,
-                pool: pool_tag(&launch.pool),
-            };
-            let have = held
-                .iter()
-                .filter(|h| h.tier == launch.tier && h.pool == launch.pool)
-                .count();
-            // A retry within ten minutes (a lost answer) reuses the token and cannot launch
-            // twice; later reconciles see what launched through the tags, and a failed launch
-            // is retried under a fresh token once the bucket turns.
-            let bucket = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() / 600);
-            let token = format!(
-                "ebbflow-{:016x}",
-                ebbflow_crds::fnv1a(&format!(
-                    "{tag}|{}|{have}|{}|{bucket}",
-                    tags.pool, launch.count
-                ))
+        let mut instances = Ec2Instances {
+            provisioner: self,
+            tag,
+            ec2,
+        };
+        reconcile(&mut instances, wanted).await
+    }
+
+    /// The spot request statuses of the `jobs`' (tags) spot instances, recently terminated ones
+    /// included (EC2 lists them for about an hour), in one DescribeSpotInstanceRequests call:
+    /// what the interruption watcher ([`crate::controller::interruptions`]) polls.
+    pub async fn spot_statuses(
+        &self,
+        jobs: &[String],
+    ) -> Result<Vec<SpotRequestStatus>, ProvisionError> {
+        let mut ids = Vec::new();
+        for job in jobs {
+            ids.extend(
+                self.api
+                    .job_instances(job, true)
+                    .await?
+                    .into_iter()
+                    .filter(|i| i.capacity_type == ebbflow_ec2::CapacityType::Spot)
+                    .map(|i| i.instance_id),
             );
-            let zone = (!launch.pool.zone.is_empty()).then(|| launch.pool.zone.clone());
-            let max_price = match launch.pool.capacity_type {
-                CapacityType::Spot => launch.max_price,
-                CapacityType::OnDemand => None,
-            };
-            let ids: Vec<String> = match (&ec2.image_id, &ec2.launch_template) {
-                (Some(image_id), _) => {
-                    let request = LaunchRequest {
-                        image_id: image_id.clone(),
-                        instance_type: launch.pool.instance_type.clone(),
-                        zone: zone.clone(),
-                        subnet_id: ec2.subnet_ids.first().cloned(),
-                        count: launch.count,
-                        capacity: match launch.pool.capacity_type {
-                            CapacityType::OnDemand => Capacity::OnDemand,
-                            CapacityType::Spot => Capacity::Spot {
-                                max_price_usd_hr: max_price,
-                            },
-                        },
-                        tags,
-                        extra_tags: ec2.tags.clone(),
-                        security_group_ids: ec2.security_group_ids.clone(),
-                        iam_instance_profile: ec2.instance_profile.clone(),
-                        user_data_base64: None,
-                        client_token: Some(token),
-                    };
-                    self.api
-                        .run_instances(&request)
-                        .await?
-                        .into_iter()
-                        .map(|i| i.instance_id)
-                        .collect()
-                }
-                (None, Some(template)) => {
-                    let template = if template.starts_with("lt-") {
-                        LaunchTemplateRef::Id(template.clone())
-                    } else {
-                        LaunchTemplateRef::Name(template.clone())
-                    };
-                    let (spot_count, on_demand_count) = match launch.pool.capacity_type {
-                        CapacityType::Spot => (launch.count, 0),
-                        CapacityType::OnDemand => (0, launch.count),
-                    };
-                    let request = FleetRequest {
-                        launch_template: template,
-                        launch_template_version: None,
-                        pools: vec![FleetPool {
-                            instance_type: launch.pool.instance_type.clone(),
-                            zone,
-                            subnet_id: ec2.subnet_ids.first().cloned(),
-                            max_price_usd_hr: max_price,
-                        }],
-                        spot_count,
-                        on_demand_count,
-                        tags,
-                        client_token: Some(token),
-                    };
-                    let fleet = self.api.create_instant_fleet(&request).await?;
-                    if fleet.instances.is_empty() {
-                        return Err(ProvisionError::NoCapacity {
-                            pool: pool_tag(&launch.pool),
-                            reasons: fleet
-                                .errors
-                                .iter()
-                                .map(|e| format!("{}: {}", e.code, e.message))
-                                .collect::<Vec<_>>()
-                                .join("; "),
-                        });
-                    }
-                    fleet.instances.into_iter().map(|i| i.instance_id).collect()
-                }
-                (None, None) => {
-                    return Err(ProvisionError::Spec {
-                        field: "spec.provisioning.ec2",
-                        reason: "must set launchTemplate or imageId".into(),
-                    });
-                }
-            };
-            outcome.launched.extend(ids);
         }
-        outcome.held = held.len() + outcome.launched.len() - plan.terminate.len();
-        Ok(outcome)
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.api.spot_requests(&ids).await?)
     }
 
     /// Terminates every live instance tagged with the job; returns how many.
@@ -355,6 +317,148 @@ impl Ec2Provisioner {
         if !ids.is_empty() {
             self.api.terminate_instances(&ids).await?;
         }
+        Ok(ids)
+    }
+}
+
+/// One job's instances on EC2: the [`Provisioner`] behind [`Ec2Provisioner::reconcile`].
+struct Ec2Instances<'a> {
+    provisioner: &'a Ec2Provisioner,
+    /// The job's tag ([`job_tag`]).
+    tag: String,
+    /// How the job launches instances.
+    ec2: &'a Ec2Provisioning,
+}
+
+impl Provisioner for Ec2Instances<'_> {
+    type Error = ProvisionError;
+
+    async fn held(&mut self) -> Result<(Vec<Held>, Vec<String>), ProvisionError> {
+        self.provisioner.held(&self.tag).await
+    }
+
+    async fn terminate(&mut self, ids: &[String]) -> Result<(), ProvisionError> {
+        self.provisioner.api.terminate_instances(ids).await?;
+        Ok(())
+    }
+
+    /// Tagged with the job, its tier and pool, under a client token derived from them and what
+    /// the pool held (see the module docs).
+    async fn launch(
+        &mut self,
+        launch: &Wanted,
+        held: &[Held],
+    ) -> Result<Vec<String>, ProvisionError> {
+        if launch.pool.instance_type.is_empty() {
+            return Err(ProvisionError::Spec {
+                field: match launch.tier {
+                    Tier::Reliable => "spec.reliable.instanceTypes",
+                    Tier::Transient => "spec.transient.instanceTypes",
+                },
+                reason: "ec2 provisioning needs an instance type to launch".into(),
+            });
+        }
+        let tags = JobTags {
+            job: self.tag.clone(),
+            tier: launch.tier,
+            pool: pool_tag(&launch.pool),
+        };
+        let have = held
+            .iter()
+            .filter(|h| h.tier == launch.tier && h.pool == launch.pool)
+            .count();
+        // A retry within ten minutes (a lost answer) reuses the token and cannot launch
+        // twice; later reconciles see what launched through the tags, and a failed launch
+        // is retried under a fresh token once the bucket turns.
+        let bucket = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 600);
+        let token = format!(
+            "ebbflow-{:016x}",
+            ebbflow_crds::fnv1a(&format!(
+                "{}|{}|{have}|{}|{bucket}",
+                self.tag, tags.pool, launch.count
+            ))
+        );
+        let zone = (!launch.pool.zone.is_empty()).then(|| launch.pool.zone.clone());
+        let max_price = match launch.pool.capacity_type {
+            CapacityType::Spot => launch.max_price,
+            CapacityType::OnDemand => None,
+        };
+        let ids: Vec<String> = match (&self.ec2.image_id, &self.ec2.launch_template) {
+            (Some(image_id), _) => {
+                let request = LaunchRequest {
+                    image_id: image_id.clone(),
+                    instance_type: launch.pool.instance_type.clone(),
+                    zone: zone.clone(),
+                    subnet_id: self.ec2.subnet_ids.first().cloned(),
+                    count: launch.count,
+                    capacity: match launch.pool.capacity_type {
+                        CapacityType::OnDemand => Capacity::OnDemand,
+                        CapacityType::Spot => Capacity::Spot {
+                            max_price_usd_hr: max_price,
+                        },
+                    },
+                    tags,
+                    extra_tags: self.ec2.tags.clone(),
+                    security_group_ids: self.ec2.security_group_ids.clone(),
+                    iam_instance_profile: self.ec2.instance_profile.clone(),
+                    user_data_base64: None,
+                    client_token: Some(token),
+                };
+                self.provisioner
+                    .api
+                    .run_instances(&request)
+                    .await?
+                    .into_iter()
+                    .map(|i| i.instance_id)
+                    .collect()
+            }
+            (None, Some(template)) => {
+                let template = if template.starts_with("lt-") {
+                    LaunchTemplateRef::Id(template.clone())
+                } else {
+                    LaunchTemplateRef::Name(template.clone())
+                };
+                let (spot_count, on_demand_count) = match launch.pool.capacity_type {
+                    CapacityType::Spot => (launch.count, 0),
+                    CapacityType::OnDemand => (0, launch.count),
+                };
+                let request = FleetRequest {
+                    launch_template: template,
+                    launch_template_version: None,
+                    pools: vec![FleetPool {
+                        instance_type: launch.pool.instance_type.clone(),
+                        zone,
+                        subnet_id: self.ec2.subnet_ids.first().cloned(),
+                        max_price_usd_hr: max_price,
+                    }],
+                    spot_count,
+                    on_demand_count,
+                    tags,
+                    client_token: Some(token),
+                };
+                let fleet = self.provisioner.api.create_instant_fleet(&request).await?;
+                if fleet.instances.is_empty() {
+                    return Err(ProvisionError::NoCapacity {
+                        pool: pool_tag(&launch.pool),
+                        reasons: fleet
+                            .errors
+                            .iter()
+                            .map(|e| format!("{}: {}", e.code, e.message))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    });
+                }
+                fleet.instances.into_iter().map(|i| i.instance_id).collect()
+            }
+            (None, None) => {
+                return Err(ProvisionError::Spec {
+                    field: "spec.provisioning.ec2",
+                    reason: "must set launchTemplate or imageId".into(),
+                });
+            }
+        };
         Ok(ids)
     }
 }
@@ -406,7 +510,7 @@ pub fn wanted_for(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ebbflow_ec2::{FakeEc2, InstanceTypeInfo};
 
     use super::*;
@@ -473,7 +577,7 @@ mod tests {
         assert_eq!(parse_pool_tag("m5.large/us-east-1a/reserved"), None);
     }
 
-    fn ec2_job() -> TrainingJob {
+    pub(crate) fn ec2_job() -> TrainingJob {
         let mut job = TrainingJob::test("ec2").with_ec2_provisioning("us-east-1", "lt");
         job.metadata.uid = Some("uid-1".into());
         job.spec.provisioning.ec2.as_mut().unwrap().launch_template = None;
@@ -482,7 +586,7 @@ mod tests {
         job
     }
 
-    fn fake() -> Arc<FakeEc2> {
+    pub(crate) fn fake() -> Arc<FakeEc2> {
         let info = |name: &str| InstanceTypeInfo {
             instance_type: name.into(),
             vcpus: 2,

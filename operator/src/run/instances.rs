@@ -1,5 +1,7 @@
-//! The provisioner seam of `ebbflow run`: what "buy an instance", "the cloud takes it back in T"
-//! and "it is gone" mean on one machine.
+//! How the instances of `ebbflow run` run: what "buy an instance", "the cloud takes it back in T"
+//! and "it is gone" mean on one machine. [`super::provisioner::LocalProvisioner`] decides what
+//! to launch and release (the operator's plan) and passes it on to these, with the market's
+//! notices and evictions.
 //!
 //! - [`NodeProcesses`] (the default): every instance is an `ebbflow node` process on 127.0.0.1
 //!   that joins the job's coordinator over its admin API. A notice is posted to the coordinator

@@ -3,12 +3,14 @@
 //! Reads the same `TrainingJob` manifest a cluster would (same validation, same messages), trains
 //! it for real with the elastic runtime (`ebbflow_runtime::elastic`: every node a set of threads
 //! with its own TCP data-plane server on 127.0.0.1), and replays the manifest's spot trace on an
-//! accelerated clock (`--speed`): the BidBrain bidder buys and releases transient nodes, which
-//! join the job; trace evictions arrive as notices with the scaled notice window, and nodes still
-//! there at their deadline fail. The bill accrues under the job's billing model next to the
+//! accelerated clock (`--speed`): the BidBrain bidder buys and releases transient capacity, the
+//! operator's provisioning plan turns that into nodes to launch and release ([`provisioner`]),
+//! and new nodes join the job; trace evictions arrive as notices with the scaled notice window,
+//! and nodes still there at their deadline fail. The bill accrues under the job's billing model next to the
 //! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
 
 pub mod instances;
+pub mod provisioner;
 pub mod replay;
 mod report;
 
@@ -35,6 +37,7 @@ use crate::bidder::JobState;
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
 use crate::sim::grid::MarketGrid;
+use provisioner::{Assignment, LiveAllocation, LocalProvisioner};
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{RunSummary, TimePoint};
 
@@ -494,6 +497,8 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     watch_ctrl_c(sender.clone(), interrupted.clone());
     let started = Instant::now();
     let drive = Drive {
+        job: &job,
+        reliable: &config.reliable,
         grid: &market.grid,
         start_slot: market.start_slot,
         speed: args.speed,
@@ -720,6 +725,9 @@ fn watch_ctrl_c(sender: std::sync::mpsc::Sender<ElasticEvent>, interrupted: Arc<
 
 /// The market side of a run, paced on the accelerated clock.
 struct Drive<'a> {
+    job: &'a TrainingJob,
+    /// The reliable tier's instances, started with the job.
+    reliable: &'a [String],
     grid: &'a MarketGrid,
     start_slot: usize,
     speed: f64,
@@ -740,7 +748,7 @@ impl Drive<'_> {
     fn run(
         &self,
         mut replay: MarketReplay<'_>,
-        instances: &mut dyn instances::Instances,
+        instances: &mut (dyn instances::Instances + Send),
         sender: &std::sync::mpsc::Sender<ElasticEvent>,
         metrics: &RuntimeMetrics,
         finished: impl Fn() -> bool,
@@ -757,8 +765,9 @@ impl Drive<'_> {
         }
         let started = Instant::now();
         let start = self.grid.time(self.start_slot);
-        // Instance names per allocation.
-        let mut names: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        let started_with = provisioner::reliable_held(self.job, self.reliable, start);
+        let mut provisioner = LocalProvisioner::new(instances, started_with);
+        let mut assignment = Assignment::default();
         let mut evictions = 0u64;
         let mut series = Vec::new();
         let mut slot = self.start_slot;
@@ -784,47 +793,30 @@ impl Drive<'_> {
                 };
                 for event in replay.step(slot, &job) {
                     match event {
-                        ReplayEvent::Acquired {
-                            allocation,
-                            pool,
-                            count,
-                        } => {
-                            let id = &self.grid.pools[pool].id;
-                            let new: Vec<String> = (0..count)
-                                .map(|k| {
-                                    format!("{}-{}-{allocation}-{k}", id.instance_type, id.zone)
-                                })
-                                .collect();
-                            names.insert(allocation, new.clone());
-                            instances.launch(new);
-                        }
-                        ReplayEvent::Released { allocation } => {
-                            if let Some(names) = names.remove(&allocation) {
-                                // We terminate it ourselves, after the data moved.
-                                instances.notice(names, Duration::from_secs(3600));
-                            }
-                        }
+                        // the provisioner's business: the plan below
+                        ReplayEvent::Acquired { .. } | ReplayEvent::Released { .. } => {}
                         ReplayEvent::Notice {
                             allocation,
                             lead_seconds,
                         } => {
-                            if let Some(names) = names.get(&allocation) {
-                                instances.notice(
-                                    names.clone(),
+                            if let Some(ids) = assignment.instances(allocation) {
+                                provisioner.notice(
+                                    ids,
                                     Duration::from_secs_f64(lead_seconds / self.speed),
                                 );
                             }
                         }
                         ReplayEvent::Evicted { allocation } => {
                             evictions += 1;
-                            if let Some(names) = names.remove(&allocation) {
-                                instances.evict(names);
+                            if let Some(ids) = assignment.remove(allocation) {
+                                provisioner.evict(&ids);
                             }
                         }
                     }
                 }
+                self.provision(&mut provisioner, &mut assignment, &replay, t);
             }
-            instances.tick();
+            provisioner.tick();
             last_bill = replay.bill(t);
             let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
             self.publish(&point, &replay, last_bill);
@@ -859,6 +851,31 @@ impl Drive<'_> {
                 );
             }
         }
+    }
+
+    /// Brings the instances to what the replay's live allocations want (the operator's plan, at
+    /// trace time `t`), then hands instances to allocations.
+    fn provision(
+        &self,
+        provisioner: &mut LocalProvisioner<'_>,
+        assignment: &mut Assignment,
+        replay: &MarketReplay<'_>,
+        t: crate::market::Timestamp,
+    ) {
+        let live: Vec<LiveAllocation> = replay
+            .allocations()
+            .map(|(allocation, noticed)| LiveAllocation::new(self.grid, allocation, noticed))
+            .collect();
+        provisioner.set_clock(t);
+        let wanted = provisioner::wanted(self.job, &live);
+        // Local instances have nothing to wait for: the futures are ready.
+        if let Err(error) =
+            futures::executor::block_on(crate::provision::reconcile(provisioner, &wanted))
+        {
+            tracing::warn!(%error, "provisioning failed");
+        }
+        let holding: Vec<crate::provision::Held> = provisioner.holding().cloned().collect();
+        assignment.update(&live, &holding);
     }
 
     /// Sets the per-job gauges (the jobs dashboard) from a sample.

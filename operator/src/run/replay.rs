@@ -289,6 +289,11 @@ impl<'a> MarketReplay<'a> {
         }
     }
 
+    /// The live allocations, each with whether the market gave notice on it.
+    pub fn allocations(&self) -> impl Iterator<Item = (&Allocation, bool)> {
+        self.live.iter().map(|l| (&l.allocation, l.noticed))
+    }
+
     /// Instances held now, per pool index.
     pub fn held(&self) -> Vec<(usize, u32)> {
         self.live
