@@ -1,18 +1,24 @@
 //! A job's market, read from its manifest: the trace replay its spec names (pools filtered to the
 //! job's instance types and zones), the eviction model fitted on the trace before the job's
-//! start, the billing model, the reliable tier and the bidder's settings.
+//! start, the billing model, the reliable tier and the bidder's settings. For the live `ec2`
+//! market the same setup comes from EC2's spot price history ([`setup_ec2_market`],
+//! [`fetch_ec2_setup`]).
 //!
 //! One function for `ebbflow run` (which replays it on an accelerated clock) and the operator's
 //! BidBrain capacity planner (which maps wall time since the job's creation onto it), so both
 //! see the same pools, prices and eviction model for the same manifest.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
+use ebbflow_ec2::{Ec2Api, InstanceTypeInfo, SpotPricePoint, SpotPriceQuery};
 
 use crate::bidder::{AppModel, BidderConfig, ReliableTier};
-use crate::billing::BillingModel;
+use crate::billing::{BillingError, BillingModel};
 use crate::eviction::{EvictionConfig, EvictionModel};
+use crate::market::live::{self, LiveMarketError, LiveWindow, OnDemandPrices};
+use crate::market::{Market, Timestamp};
 use crate::sim::grid::MarketGrid;
 
 /// Why a job's market could not be set up.
@@ -65,8 +71,7 @@ pub fn trace_path(job: &TrainingJob, base_dir: &Path) -> Result<PathBuf, JobMark
 
 /// Loads the trace `job` names and fits its eviction model (see the module docs).
 pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, JobMarketError> {
-    let bidding = &job.spec.bidding;
-    let market_spec = &bidding.market;
+    let market_spec = &job.spec.bidding.market;
     let path = trace_path(job, base_dir)?;
     let trace_error = |reason: String| JobMarketError::LoadTrace {
         path: path.display().to_string(),
@@ -79,14 +84,7 @@ pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, J
     }
     let (mut market, _) = crate::sim::cli::load_market(&path, None, None, None)
         .map_err(|e| trace_error(e.to_string()))?;
-    let transient = &job.spec.transient;
-    market.pools.retain(|pool| {
-        (transient.instance_types.is_empty()
-            || transient
-                .instance_types
-                .contains(&pool.info.id.instance_type))
-            && (transient.zones.is_empty() || transient.zones.contains(&pool.info.id.zone))
-    });
+    retain_job_pools(&mut market, job);
     if market.pools.is_empty() {
         return Err(trace_error(
             "no pool of the trace matches spec.transient.instanceTypes and zones".into(),
@@ -110,22 +108,9 @@ pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, J
     let step = MarketGrid::step_for(&market);
     let grid = MarketGrid::new(&market, step).map_err(|e| trace_error(e.to_string()))?;
     let start_slot = ((start - grid.t0) / grid.step).max(0) as usize;
-    let billing: BillingModel = bidding
-        .billing_model
-        .as_str()
-        .parse()
-        .map_err(|e: crate::billing::BillingError| JobMarketError::Unsupported(e.to_string()))?;
-    // The reliable tier: the cheapest on-demand price per vCPU (or the manifest's price).
-    let reference = crate::sim::reference_pool(&grid)
+    let billing = billing_model(job).map_err(|e| JobMarketError::Unsupported(e.to_string()))?;
+    let reliable = reliable_tier(job, &grid)
         .ok_or_else(|| trace_error("no pool has an on-demand price".into()))?;
-    let reliable = ReliableTier {
-        count: job.spec.reliable.count,
-        vcpus: grid.pools[reference].vcpus,
-        usd_hr: market_spec
-            .on_demand_price
-            .or(grid.pools[reference].on_demand_usd_hr)
-            .unwrap_or(0.0),
-    };
     Ok(MarketSetup {
         grid,
         model,
@@ -133,6 +118,154 @@ pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, J
         reliable,
         billing,
     })
+}
+
+/// Keeps the pools of `market` among the job's instance types and zones (empty: all).
+fn retain_job_pools(market: &mut Market, job: &TrainingJob) {
+    let transient = &job.spec.transient;
+    market.pools.retain(|pool| {
+        (transient.instance_types.is_empty()
+            || transient
+                .instance_types
+                .contains(&pool.info.id.instance_type))
+            && (transient.zones.is_empty() || transient.zones.contains(&pool.info.id.zone))
+    });
+}
+
+/// The job's billing model.
+fn billing_model(job: &TrainingJob) -> Result<BillingModel, BillingError> {
+    job.spec.bidding.billing_model.as_str().parse()
+}
+
+/// The reliable tier: the spec's count on the pool with the cheapest on-demand price per vCPU,
+/// at that price or the manifest's `market.onDemandPrice`; `None` when no pool has one.
+fn reliable_tier(job: &TrainingJob, grid: &MarketGrid) -> Option<ReliableTier> {
+    let reference = crate::sim::reference_pool(grid)?;
+    Some(ReliableTier {
+        count: job.spec.reliable.count,
+        vcpus: grid.pools[reference].vcpus,
+        usd_hr: job
+            .spec
+            .bidding
+            .market
+            .on_demand_price
+            .or(grid.pools[reference].on_demand_usd_hr)
+            .unwrap_or(0.0),
+    })
+}
+
+/// How a live market is read: the lookback of its price history and what prices on-demand
+/// capacity.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveSettings<'a> {
+    /// On-demand prices per region and type (EC2 serves none).
+    pub on_demand: &'a OnDemandPrices,
+    /// How much price history the eviction model learns from.
+    pub lookback: Duration,
+}
+
+/// The market side of a job on the live EC2 market at `now` (pure): the pools of `points`
+/// (its spot price history, see [`live::ec2_market`]) among the job's types and zones, the
+/// eviction model fitted on the whole history (price crossings; EC2 has no availability
+/// data), and a one-slot grid holding the prices in force at `now` (`start_slot` 0).
+pub fn setup_ec2_market(
+    job: &TrainingJob,
+    points: &[SpotPricePoint],
+    types: &[InstanceTypeInfo],
+    settings: LiveSettings<'_>,
+    now: Timestamp,
+) -> Result<MarketSetup, LiveMarketError> {
+    let region = ec2_region(job)?;
+    let setup_error = |reason: String| LiveMarketError::Setup {
+        region: region.to_owned(),
+        reason,
+    };
+    let window = LiveWindow {
+        region,
+        now,
+        lookback_seconds: settings.lookback.as_secs() as i64,
+        drop_unpriced: job.spec.transient.instance_types.is_empty(),
+    };
+    let mut market = live::ec2_market(points, types, settings.on_demand, window)?;
+    retain_job_pools(&mut market, job);
+    if market.pools.is_empty() {
+        return Err(LiveMarketError::EmptyHistory {
+            region: region.to_owned(),
+        });
+    }
+    let model = EvictionModel::fit(&market, EvictionConfig::default())
+        .map_err(|e| setup_error(format!("fitting the eviction model: {e}")))?;
+    // every pool has a sample at `now` (live::ec2_market carries prices forward)
+    let grid =
+        MarketGrid::new(&market.slice(now, now + 1), 60).map_err(|e| setup_error(e.to_string()))?;
+    let billing = billing_model(job).map_err(|e| setup_error(e.to_string()))?;
+    let reliable = reliable_tier(job, &grid)
+        .ok_or_else(|| setup_error("no pool has an on-demand price".into()))?;
+    Ok(MarketSetup {
+        grid,
+        model,
+        start_slot: 0,
+        reliable,
+        billing,
+    })
+}
+
+/// The region of the job's ec2 market.
+fn ec2_region(job: &TrainingJob) -> Result<&str, LiveMarketError> {
+    job.spec.bidding.market.region.as_deref().ok_or_else(|| {
+        LiveMarketError::Region("spec.bidding.market.region is required for an ec2 market".into())
+    })
+}
+
+/// Reads the job's spot price history (the last `settings.lookback` before `now`) and instance
+/// sizes through `api`, a client of `api_region`, and sets up its market with
+/// [`setup_ec2_market`] on a blocking thread.
+pub async fn fetch_ec2_setup(
+    api: &dyn Ec2Api,
+    api_region: &str,
+    job: &TrainingJob,
+    settings: LiveSettings<'_>,
+    now: Timestamp,
+) -> Result<MarketSetup, LiveMarketError> {
+    let region = ec2_region(job)?;
+    if region != api_region {
+        return Err(LiveMarketError::Region(format!(
+            "the job's market is in {region} but the operator's EC2 client is for {api_region} (--ec2-region)"
+        )));
+    }
+    let api_error = |source| LiveMarketError::Api {
+        region: region.to_owned(),
+        source,
+    };
+    let transient = &job.spec.transient;
+    let start = chrono::DateTime::from_timestamp(now - settings.lookback.as_secs() as i64, 0);
+    let query = SpotPriceQuery {
+        instance_types: transient.instance_types.clone(),
+        zones: transient.zones.clone(),
+        start,
+        end: chrono::DateTime::from_timestamp(now, 0),
+        ..SpotPriceQuery::default()
+    };
+    let points = api.spot_price_history(&query).await.map_err(api_error)?;
+    let types = api
+        .instance_types(&transient.instance_types)
+        .await
+        .map_err(api_error)?;
+    let job = job.clone();
+    let on_demand = settings.on_demand.clone();
+    let lookback = settings.lookback;
+    tokio::task::spawn_blocking(move || {
+        let settings = LiveSettings {
+            on_demand: &on_demand,
+            lookback,
+        };
+        setup_ec2_market(&job, &points, &types, settings, now)
+    })
+    .await
+    .map_err(|e| LiveMarketError::Setup {
+        region: region.to_owned(),
+        reason: format!("setting up the market: {e}"),
+    })?
 }
 
 /// BidBrain's application terms: the spec's overrides over the defaults.

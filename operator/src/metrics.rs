@@ -25,8 +25,12 @@ pub struct Metrics {
     /// `ebbflow_operator_notice_failures_total`: notices the coordinator did not accept.
     pub notice_failures: IntCounter,
     /// `ebbflow_operator_notices_relayed_total`: notices the relay delivered straight from a
-    /// watch event (the rest of `notices_sent` went through a reconcile).
+    /// watch event or an EC2 spot interruption (the rest of `notices_sent` went through a
+    /// reconcile).
     pub notices_relayed: IntCounter,
+    /// `ebbflow_operator_interruption_poll_errors_total`: polls of EC2's spot request statuses
+    /// (the interruption watcher, ec2 provisioning mode) that failed.
+    pub interruption_poll_errors: IntCounter,
     /// `ebbflow_operator_notice_lead_seconds{source}`: time between delivering a notice and
     /// the instance's announced departure (0 when it is already gone).
     pub notice_lead: HistogramVec,
@@ -70,6 +74,7 @@ pub const NOTICE_SOURCES: &[&str] = &[
     "PodDisruption",
     "PodDeletion",
     "ScaleDown",
+    "Ec2SpotInterruption",
 ];
 
 /// Pod deletion reasons used as the `reason` label.
@@ -123,6 +128,10 @@ impl Metrics {
             notices_relayed: IntCounter::new(
                 "ebbflow_operator_notices_relayed_total",
                 "Eviction notices delivered by the notice relay straight from a watch event",
+            )?,
+            interruption_poll_errors: IntCounter::new(
+                "ebbflow_operator_interruption_poll_errors_total",
+                "Polls of EC2 spot request statuses for interruptions that failed",
             )?,
             notice_lead: HistogramVec::new(
                 HistogramOpts::new(
@@ -182,6 +191,7 @@ impl Metrics {
         registry.register(Box::new(metrics.notices_sent.clone()))?;
         registry.register(Box::new(metrics.notice_failures.clone()))?;
         registry.register(Box::new(metrics.notices_relayed.clone()))?;
+        registry.register(Box::new(metrics.interruption_poll_errors.clone()))?;
         registry.register(Box::new(metrics.notice_lead.clone()))?;
         registry.register(Box::new(metrics.pods_created.clone()))?;
         registry.register(Box::new(metrics.pods_deleted.clone()))?;
@@ -232,12 +242,21 @@ mod tests {
             .observe(0.0);
         let families = registry.gather();
         let names: Vec<&str> = families.iter().map(|family| family.name()).collect();
-        assert_eq!(names.len(), 13, "{names:?}");
+        assert_eq!(names.len(), 15, "{names:?}");
         for name in names {
             assert!(name.starts_with("ebbflow_operator_"), "{name}");
         }
         // A second registration into the same registry is refused, proving it is not global.
         assert!(Metrics::register(&registry).is_err());
         assert!(Metrics::register(&Registry::new()).is_ok());
+    }
+
+    #[test]
+    fn notice_sources_label_every_source() {
+        let sources: Vec<&str> = crate::notices::NoticeSource::ALL
+            .iter()
+            .map(|source| source.as_str())
+            .collect();
+        assert_eq!(NOTICE_SOURCES, sources.as_slice());
     }
 }

@@ -11,7 +11,12 @@
 //! - a Node deletion timestamp: the pod's grace period after it;
 //! - a Node that no longer exists: now (no notice was given);
 //! - a pod `DisruptionTarget` condition: the grace period after it;
-//! - a pod deletion timestamp: the timestamp itself (the API server adds the grace period).
+//! - a pod deletion timestamp: the timestamp itself (the API server adds the grace period);
+//! - an EC2 spot interruption of an instance the operator launched itself (`provisioning.mode:
+//!   ec2`), read from EC2 by the interruption watcher
+//!   ([`crate::controller::interruptions`]) rather than from a Node: two minutes after the spot
+//!   request was marked for termination, stop or hibernation; now once the instance is
+//!   terminated or stopped.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +42,7 @@ pub const KARPENTER_DISRUPTION_TAINT: &str = "karpenter.sh/disruption";
 pub const GKE_TERMINATION_TAINT: &str = "cloud.google.com/impending-node-termination";
 
 /// EC2's spot interruption notice.
-const EC2_NOTICE: SignedDuration = SignedDuration::from_secs(120);
+pub(crate) const EC2_NOTICE: SignedDuration = SignedDuration::from_secs(120);
 /// Rebalance recommendations carry no deadline; assume generously that one comes later.
 const REBALANCE_NOTICE: SignedDuration = SignedDuration::from_secs(600);
 /// GKE's preemption notice.
@@ -66,6 +71,8 @@ pub enum NoticeSource {
     PodDeletion,
     /// The operator itself releases the pod (scale-down, suspend).
     ScaleDown,
+    /// EC2 interrupts the spot instance behind the pod's Node (the interruption watcher).
+    Ec2SpotInterruption,
 }
 
 impl NoticeSource {
@@ -81,8 +88,23 @@ impl NoticeSource {
             Self::PodDisruption => "PodDisruption",
             Self::PodDeletion => "PodDeletion",
             Self::ScaleDown => "ScaleDown",
+            Self::Ec2SpotInterruption => "Ec2SpotInterruption",
         }
     }
+
+    /// Every source, in declaration order.
+    pub const ALL: [Self; 10] = [
+        Self::AwsNodeTerminationHandler,
+        Self::AwsRebalanceRecommendation,
+        Self::KarpenterDisruption,
+        Self::GkeTermination,
+        Self::NodeDeletion,
+        Self::NodeGone,
+        Self::PodDisruption,
+        Self::PodDeletion,
+        Self::ScaleDown,
+        Self::Ec2SpotInterruption,
+    ];
 }
 
 /// "Pod `pod` (a runtime instance) leaves at `leaves_at`", from `source`.
@@ -442,6 +464,13 @@ spec:
         );
         assert_eq!(found[0].source, NoticeSource::PodDeletion);
         assert_eq!(found[0].leaves_at, at("2026-01-01T00:05:00Z"));
+    }
+
+    #[test]
+    fn source_names_are_the_variant_names() {
+        for source in NoticeSource::ALL {
+            assert_eq!(source.as_str(), format!("{source:?}"));
+        }
     }
 
     #[test]

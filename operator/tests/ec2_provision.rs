@@ -7,7 +7,6 @@
 //! without it the test prints why it is skipped and passes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ebbflow_crds::{CapacityType, TrainingJob};
@@ -17,15 +16,6 @@ use ebbflow_operator::provision::{Ec2Provisioner, parse_pool_tag, wanted_for};
 
 /// An AMI moto ships in every region.
 const AMI: &str = "ami-03cf127a";
-
-fn trace() -> PathBuf {
-    std::env::var_os("EBBFLOW_SPOT_DATA")
-        .map_or_else(
-            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
-            PathBuf::from,
-        )
-        .join("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv")
-}
 
 fn job(name: &str, uid: &str) -> TrainingJob {
     let mut job = TrainingJob::test(name).with_ec2_provisioning("us-east-1", "unused");
@@ -40,13 +30,10 @@ fn job(name: &str, uid: &str) -> TrainingJob {
     job
 }
 
-/// A moto server serving the p3 trace, or `None` (after saying so) without `EBBFLOW_PYTHON`.
+/// A moto server serving the shared p3 trace, or `None` (after saying so) without
+/// `EBBFLOW_PYTHON`.
 fn moto() -> Option<MotoServer> {
-    let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
-        eprintln!("skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
-        return None;
-    };
-    Some(MotoServer::start(Path::new(&python), &trace()).expect("moto starts"))
+    MotoServer::for_test("ec2_provision", &ebbflow_ec2::moto::p3_trace())
 }
 
 #[tokio::test]

@@ -22,6 +22,22 @@ pub fn launcher() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("moto/launch.py")
 }
 
+/// File name of the shared p3.2xlarge 9-zone availability and price trace.
+pub const P3_TRACE: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
+
+/// The shared spot data: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the repository.
+pub fn spot_data_dir() -> PathBuf {
+    std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/spot"),
+        PathBuf::from,
+    )
+}
+
+/// The shared p3.2xlarge trace ([`P3_TRACE`] in [`spot_data_dir`]).
+pub fn p3_trace() -> PathBuf {
+    spot_data_dir().join(P3_TRACE)
+}
+
 /// A running moto server, killed on drop.
 pub struct MotoServer {
     child: Child,
@@ -31,6 +47,17 @@ pub struct MotoServer {
 }
 
 impl MotoServer {
+    /// For tests: a server serving `trace` with the Python in `EBBFLOW_PYTHON`, or `None` after
+    /// saying on stderr that `test` is skipped when that is unset. Panics if the server does not
+    /// start: a configured Python that cannot serve is a failure, not a skip.
+    pub fn for_test(test: &str, trace: &Path) -> Option<Self> {
+        let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
+            eprintln!("{test}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
+            return None;
+        };
+        Some(Self::start(Path::new(&python), trace).unwrap_or_else(|e| panic!("{test}: {e}")))
+    }
+
     /// Starts the launcher with `python` (a Python with `moto[server,ec2]`), serving `trace`.
     /// Waits for the endpoint with [`START_DEADLINE`], never a fixed sleep.
     pub fn start(python: &Path, trace: &Path) -> Result<Self, String> {

@@ -14,19 +14,8 @@ use ebbflow_ec2::{
     Tier, moto::MotoServer,
 };
 
-const TRACE: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
 /// An AMI moto ships in every region.
 const AMI: &str = "ami-03cf127a";
-
-/// The shared p3.2xlarge trace: in `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
-/// repository (as the market's trace tests find it).
-fn trace_path() -> PathBuf {
-    let spot_data = std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/spot"),
-        PathBuf::from,
-    );
-    spot_data.join(TRACE)
-}
 
 /// The moto server of one test.
 struct Moto(MotoServer);
@@ -35,18 +24,12 @@ impl Moto {
     /// Starts the launcher on the shared p3.2xlarge trace; `None` (after saying so) when no
     /// Python is configured.
     fn start(test: &str) -> Option<Self> {
-        Self::start_with_trace(test, &trace_path())
+        Self::start_with_trace(test, &ebbflow_ec2::moto::p3_trace())
     }
 
     /// Starts the launcher serving `trace`.
     fn start_with_trace(test: &str, trace: &Path) -> Option<Self> {
-        let Some(python) = std::env::var_os("EBBFLOW_PYTHON") else {
-            eprintln!("{test}: skipped: set EBBFLOW_PYTHON (scripts/setup-python.sh)");
-            return None;
-        };
-        Some(Self(
-            MotoServer::start(Path::new(&python), trace).unwrap_or_else(|e| panic!("{test}: {e}")),
-        ))
+        MotoServer::for_test(test, trace).map(Self)
     }
 
     async fn client(&self, region: &str) -> SdkEc2 {
@@ -77,7 +60,7 @@ impl Drop for TempDir {
 
 /// The trace's price changes per zone, as EC2 records them: a point only when the price moves.
 fn trace_changes() -> BTreeMap<String, Vec<(DateTime<Utc>, f64)>> {
-    let mut reader = csv::Reader::from_path(trace_path()).unwrap();
+    let mut reader = csv::Reader::from_path(ebbflow_ec2::moto::p3_trace()).unwrap();
     let headers = reader.headers().unwrap().clone();
     let zones: Vec<(usize, String)> = headers
         .iter()
@@ -528,7 +511,8 @@ async fn launcher_reads_cli_json_and_long_csv_traces() {
 
 #[tokio::test]
 async fn launcher_maps_spotlake_zone_ids_to_zone_names() {
-    let spotlake = trace_path().with_file_name("aws_spotlake_hourly_2024-01_5regions.csv");
+    let spotlake =
+        ebbflow_ec2::moto::p3_trace().with_file_name("aws_spotlake_hourly_2024-01_5regions.csv");
     let Some(moto) = Moto::start_with_trace("spotlake_format", &spotlake) else {
         return;
     };

@@ -15,15 +15,17 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use ebbflow_crds::{CapacityTypeLabel, CapacityTypePreset, ResolvedCapacityTypeLabel};
+use ebbflow_ec2::Ec2Api;
 use ebbflow_operator::{
     controller::{
         self, Config, Context,
-        bidbrain::{BidBrainConfig, BidBrainPlanner},
+        bidbrain::{BidBrainConfig, BidBrainPlanner, Ec2MarketSource},
         capacity::{CapacityPlanner, SpecCapacityPlanner},
     },
     coordinator::CoordinatorClient,
     http::{self, HttpState},
     leader::{LeaderElector, LeaseConfig},
+    market::live::OnDemandPrices,
     metrics::Metrics,
 };
 use kube::{
@@ -133,12 +135,31 @@ struct Flags {
     #[arg(long, default_value_t = 1.0)]
     trace_speed: f64,
 
-    /// Enables ec2 provisioning mode: the operator launches and terminates the EC2 instances of
-    /// jobs with spec.provisioning.mode ec2 in this region (credentials from the SDK's default
-    /// chain: environment, IRSA / Pod Identity, instance metadata). The endpoint honours
-    /// AWS_ENDPOINT_URL_EC2.
+    /// Enables ec2 provisioning mode and the live ec2 market in this region: the operator
+    /// launches and terminates the EC2 instances of jobs with spec.provisioning.mode ec2, and
+    /// BidBrain reads spot price history for jobs with spec.bidding.market.kind ec2
+    /// (credentials from the SDK's default chain: environment, IRSA / Pod Identity, instance
+    /// metadata). The endpoint honours AWS_ENDPOINT_URL_EC2.
     #[arg(long, env = "EBBFLOW_EC2_REGION")]
     ec2_region: Option<String>,
+
+    /// On-demand price list of the live ec2 market (CSV `region,instance_type,on_demand_usd_hr`;
+    /// EC2's API serves no on-demand prices). Default: the us-east-1 list compiled in.
+    #[arg(long, env = "EBBFLOW_ON_DEMAND_PRICES")]
+    on_demand_prices: Option<std::path::PathBuf>,
+
+    /// Hours of spot price history the live ec2 market learns from.
+    #[arg(long, default_value_t = 168)]
+    market_lookback_hours: u64,
+
+    /// Fetch a live ec2 market again after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    market_refresh_seconds: u64,
+
+    /// Ask EC2 this often, in seconds, whether the spot instances of jobs in ec2 provisioning
+    /// mode are being interrupted (with --ec2-region).
+    #[arg(long, default_value_t = 5)]
+    ec2_interruption_poll_seconds: u64,
 
     /// Reconcile the TrainingJobs of this namespace only (default: every namespace).
     #[arg(long, env = "EBBFLOW_WATCH_NAMESPACE")]
@@ -275,12 +296,37 @@ async fn main() -> anyhow::Result<()> {
             flags.trace_speed
         );
     }
+    let ec2_api: Option<Arc<dyn Ec2Api>> = match &flags.ec2_region {
+        Some(region) => {
+            let config = ebbflow_ec2::Ec2Config::new(region.clone());
+            info!(%region, "ec2 provisioning and the live ec2 market enabled");
+            Some(Arc::new(ebbflow_ec2::SdkEc2::connect(&config).await))
+        }
+        None => None,
+    };
     let capacity: Arc<dyn CapacityPlanner> = match flags.capacity_planner {
-        PlannerKind::Bidbrain => Arc::new(BidBrainPlanner::new(BidBrainConfig {
-            trace_dir: flags.trace_dir.clone(),
-            trace_speed: flags.trace_speed,
-            ..BidBrainConfig::default()
-        })),
+        PlannerKind::Bidbrain => {
+            let mut planner = BidBrainPlanner::new(BidBrainConfig {
+                trace_dir: flags.trace_dir.clone(),
+                trace_speed: flags.trace_speed,
+                live_lookback: Duration::from_secs(flags.market_lookback_hours * 3600),
+                live_refresh: Duration::from_secs(flags.market_refresh_seconds),
+                ..BidBrainConfig::default()
+            });
+            if let (Some(api), Some(region)) = (&ec2_api, &flags.ec2_region) {
+                let on_demand = match &flags.on_demand_prices {
+                    Some(path) => OnDemandPrices::read(path),
+                    None => OnDemandPrices::bundled(),
+                }
+                .context("load the on-demand price list (--on-demand-prices)")?;
+                planner = planner.with_ec2(Ec2MarketSource {
+                    api: api.clone(),
+                    region: region.clone(),
+                    on_demand: Arc::new(on_demand),
+                });
+            }
+            Arc::new(planner)
+        }
         PlannerKind::Spec => Arc::new(SpecCapacityPlanner),
     };
     let mut config = Config::new(flags.runtime_image.clone());
@@ -289,20 +335,12 @@ async fn main() -> anyhow::Result<()> {
     config.provisioning_requeue = Duration::from_secs(flags.provisioning_requeue_seconds);
     config.status_interval = Duration::from_secs(flags.status_interval_seconds);
     config.namespace = flags.watch_namespace.clone();
+    config.interruption_poll = Duration::from_secs(flags.ec2_interruption_poll_seconds.max(1));
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),
         instance: Some(identity.clone()),
     };
-    let ec2 = match &flags.ec2_region {
-        Some(region) => {
-            let config = ebbflow_ec2::Ec2Config::new(region.clone());
-            info!(%region, "ec2 provisioning enabled");
-            Some(ebbflow_operator::provision::Ec2Provisioner::new(Arc::new(
-                ebbflow_ec2::SdkEc2::connect(&config).await,
-            )))
-        }
-        None => None,
-    };
+    let ec2 = ec2_api.map(ebbflow_operator::provision::Ec2Provisioner::new);
     let mut ctx = Context::new(
         client.clone(),
         Recorder::new(client, reporter),

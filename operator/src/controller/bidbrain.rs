@@ -13,9 +13,18 @@
 //!   `[transient.minNodes, transient.maxNodes]` (a floor is filled in the cheapest buyable pool,
 //!   a ceiling trims the dearest pools first).
 //!
-//! Jobs with another strategy, a live market (ec2, gcp) that has no price source here yet, or a
-//! trace that cannot be loaded are decided by [`SpecCapacityPlanner`]; a load failure is logged
-//! once per market and the decision's reason says `MarketUnavailable`.
+//! On the live `ec2` market (when the planner has an EC2 client, [`BidBrainPlanner::with_ec2`])
+//! the market is EC2's spot price history over the last `live_lookback`, on-demand prices from
+//! an [`OnDemandPrices`] list ([`crate::jobmarket::setup_ec2_market`]); it is fetched in a
+//! spawned task (a decision never waits on EC2), refreshed every `live_refresh`, and decided at
+//! wall-clock time. Until the first fetch lands the reason is `MarketLoading`; a failed fetch is
+//! logged and the reason is `MarketUnavailable` until a retry succeeds (a market fetched
+//! earlier is kept meanwhile, for at most `live_max_age`).
+//!
+//! Jobs with another strategy, a live market without a price source here (gcp; ec2 without an
+//! EC2 client: reason `NoMarketView`), or a market that cannot be loaded are decided by
+//! [`SpecCapacityPlanner`]; a load failure is logged once per market and retried after
+//! `retry_failed_after`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -23,15 +32,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ebbflow_crds::{BiddingStrategy, CapacityType, MarketKind, TrainingJob};
+use ebbflow_ec2::Ec2Api;
 use k8s_openapi::jiff::Timestamp;
 use parking_lot::Mutex;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner};
 use super::plan::{CapacityDecision, PoolKey};
 use crate::bidder::{Allocation, Bidder, BidderInput, JobState};
-use crate::jobmarket::{MarketSetup, app_model, bidder_config, setup_market};
-use crate::market;
+use crate::jobmarket::{
+    LiveSettings, MarketSetup, app_model, bidder_config, fetch_ec2_setup, setup_market,
+};
+use crate::market::{self, live::OnDemandPrices};
 
 /// Settings of [`BidBrainPlanner`].
 #[derive(Clone, Debug)]
@@ -42,6 +54,12 @@ pub struct BidBrainConfig {
     pub trace_speed: f64,
     /// How long a market that failed to load is not retried.
     pub retry_failed_after: Duration,
+    /// How much spot price history a live market learns from.
+    pub live_lookback: Duration,
+    /// How often a live market is fetched again.
+    pub live_refresh: Duration,
+    /// How long a live market is still used while fetching it again fails.
+    pub live_max_age: Duration,
 }
 
 impl Default for BidBrainConfig {
@@ -50,6 +68,9 @@ impl Default for BidBrainConfig {
             trace_dir: PathBuf::from("."),
             trace_speed: 1.0,
             retry_failed_after: Duration::from_secs(60),
+            live_lookback: Duration::from_secs(7 * 24 * 3600),
+            live_refresh: Duration::from_secs(600),
+            live_max_age: Duration::from_secs(3600),
         }
     }
 }
@@ -59,32 +80,130 @@ enum Loaded {
     Failed { at: Instant },
 }
 
+/// Where live `ec2` markets come from: an EC2 client of one region and the on-demand prices.
+#[derive(Clone)]
+pub struct Ec2MarketSource {
+    /// The client (the operator's `--ec2-region`).
+    pub api: Arc<dyn Ec2Api>,
+    /// The client's region; jobs whose market is elsewhere get `MarketUnavailable`.
+    pub region: String,
+    /// On-demand prices (EC2 serves none).
+    pub on_demand: Arc<OnDemandPrices>,
+}
+
+/// One live market: the last one fetched and the state of fetching.
+#[derive(Default)]
+struct LiveMarket {
+    ready: Option<(Arc<MarketSetup>, Instant)>,
+    fetching: bool,
+    failed_at: Option<Instant>,
+}
+
+impl LiveMarket {
+    /// Whether a fetch should start now.
+    fn wants_fetch(&self, config: &BidBrainConfig) -> bool {
+        let stale = self
+            .ready
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= config.live_refresh);
+        let may_retry = self
+            .failed_at
+            .is_none_or(|at| at.elapsed() >= config.retry_failed_after);
+        stale && may_retry && !self.fetching
+    }
+
+    /// The market to decide on, or why there is none.
+    fn current(&self, config: &BidBrainConfig) -> Result<Arc<MarketSetup>, &'static str> {
+        match &self.ready {
+            Some((setup, at)) if at.elapsed() < config.live_max_age => Ok(setup.clone()),
+            _ if self.fetching && self.failed_at.is_none() => Err("MarketLoading"),
+            _ => Err("MarketUnavailable"),
+        }
+    }
+}
+
+type LiveMarkets = Arc<Mutex<HashMap<String, LiveMarket>>>;
+
 /// The BidBrain capacity planner (see the module docs).
 pub struct BidBrainPlanner {
     config: BidBrainConfig,
     markets: Mutex<HashMap<String, Loaded>>,
+    ec2: Option<Ec2MarketSource>,
+    live: LiveMarkets,
+}
+
+/// Jobs with equal keys share one market.
+fn market_key(job: &TrainingJob) -> String {
+    let spec = &job.spec;
+    serde_json::json!([
+        spec.bidding.market,
+        spec.bidding.billing_model,
+        spec.transient.instance_types,
+        spec.transient.zones,
+        spec.reliable.count,
+    ])
+    .to_string()
+}
+
+/// The spec's decision with `reason`.
+fn hold_spec(view: &CapacityView<'_>, reason: &str) -> CapacityDecision {
+    let mut decision = SpecCapacityPlanner.decide(view);
+    decision.reason = reason.to_owned();
+    decision
 }
 
 impl BidBrainPlanner {
-    /// A planner with no market loaded yet.
+    /// A planner with no market loaded yet and no live source.
     pub fn new(config: BidBrainConfig) -> Self {
         Self {
             config,
             markets: Mutex::new(HashMap::new()),
+            ec2: None,
+            live: LiveMarkets::default(),
         }
+    }
+
+    /// Decides jobs on the live `ec2` market from `source`.
+    pub fn with_ec2(mut self, source: Ec2MarketSource) -> Self {
+        self.ec2 = Some(source);
+        self
+    }
+
+    /// The job's live market, fetched in the background (see the module docs).
+    fn live_market(
+        &self,
+        source: &Ec2MarketSource,
+        job: &TrainingJob,
+        now: Timestamp,
+    ) -> Result<Arc<MarketSetup>, &'static str> {
+        let key = market_key(job);
+        let mut markets = self.live.lock();
+        let entry = markets.entry(key.clone()).or_default();
+        if entry.wants_fetch(&self.config) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    entry.fetching = true;
+                    runtime.spawn(fetch_live(
+                        self.live.clone(),
+                        key,
+                        source.clone(),
+                        job.clone(),
+                        self.config.live_lookback,
+                        now.as_second(),
+                    ));
+                }
+                Err(error) => {
+                    warn!(job = ?job.metadata.name, %error, "BidBrain cannot fetch the ec2 market outside a tokio runtime");
+                    entry.failed_at = Some(Instant::now());
+                }
+            }
+        }
+        entry.current(&self.config)
     }
 
     /// The job's market, loaded on first use and shared by jobs with the same market settings.
     fn market(&self, job: &TrainingJob) -> Option<Arc<MarketSetup>> {
-        let spec = &job.spec;
-        let key = serde_json::json!([
-            spec.bidding.market,
-            spec.bidding.billing_model,
-            spec.transient.instance_types,
-            spec.transient.zones,
-            spec.reliable.count,
-        ])
-        .to_string();
+        let key = market_key(job);
         if let Some(loaded) = self.markets.lock().get(&key) {
             match loaded {
                 Loaded::Ready(setup) => return Some(setup.clone()),
@@ -119,18 +238,75 @@ impl CapacityPlanner for BidBrainPlanner {
         if bidding.strategy != BiddingStrategy::BidBrain || job.spec.transient.max_nodes == 0 {
             return SpecCapacityPlanner.decide(view);
         }
-        if bidding.market.kind != MarketKind::Trace {
-            let mut decision = SpecCapacityPlanner.decide(view);
-            decision.reason = "NoMarketView".to_owned();
-            return decision;
+        match (bidding.market.kind, &self.ec2) {
+            (MarketKind::Trace, _) => match self.market(job) {
+                Some(setup) => decide_on(
+                    &setup,
+                    MarketClock::Replay {
+                        speed: self.config.trace_speed,
+                    },
+                    view,
+                ),
+                None => hold_spec(view, "MarketUnavailable"),
+            },
+            (MarketKind::Ec2, Some(source)) => match self.live_market(source, job, view.now) {
+                Ok(setup) => decide_on(&setup, MarketClock::Wall, view),
+                Err(reason) => hold_spec(view, reason),
+            },
+            (MarketKind::Ec2 | MarketKind::Gcp, _) => hold_spec(view, "NoMarketView"),
         }
-        match self.market(job) {
-            Some(setup) => decide_on(&setup, self.config.trace_speed, view),
-            None => {
-                let mut decision = SpecCapacityPlanner.decide(view);
-                decision.reason = "MarketUnavailable".to_owned();
-                decision
-            }
+    }
+}
+
+/// Fetches one live market and stores the outcome under `key`.
+async fn fetch_live(
+    markets: LiveMarkets,
+    key: String,
+    source: Ec2MarketSource,
+    job: TrainingJob,
+    lookback: Duration,
+    now: market::Timestamp,
+) {
+    let settings = LiveSettings {
+        on_demand: &source.on_demand,
+        lookback,
+    };
+    let result = fetch_ec2_setup(source.api.as_ref(), &source.region, &job, settings, now).await;
+    let mut markets = markets.lock();
+    let entry = markets.entry(key).or_default();
+    entry.fetching = false;
+    match result {
+        Ok(setup) => {
+            info!(job = ?job.metadata.name, pools = setup.grid.pools.len(), "BidBrain fetched the ec2 market");
+            entry.ready = Some((Arc::new(setup), Instant::now()));
+            entry.failed_at = None;
+        }
+        Err(error) => {
+            warn!(job = ?job.metadata.name, %error, "BidBrain could not fetch the ec2 market; holding spec.transient.maxNodes until a retry succeeds");
+            entry.failed_at = Some(Instant::now());
+        }
+    }
+}
+
+/// How a decision's wall-clock time maps onto the market's time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MarketClock {
+    /// A trace replayed from the setup's start slot at the job's creation, `speed` trace
+    /// seconds per wall second.
+    Replay {
+        /// Trace seconds per wall second.
+        speed: f64,
+    },
+    /// A live market: market time is wall time (decisions after the grid's last slot read it).
+    Wall,
+}
+
+impl MarketClock {
+    /// Market seconds per wall second.
+    pub fn speed(self) -> f64 {
+        match self {
+            Self::Replay { speed } => speed,
+            Self::Wall => 1.0,
         }
     }
 }
@@ -151,7 +327,7 @@ fn pool_key(info: &market::PoolInfo, capacity: market::CapacityType) -> PoolKey 
 /// One BidBrain decision for the job in `view` on `setup`'s market (pure).
 pub fn decide_on(
     setup: &MarketSetup,
-    trace_speed: f64,
+    clock: MarketClock,
     view: &CapacityView<'_>,
 ) -> CapacityDecision {
     let job = view.job;
@@ -161,10 +337,16 @@ pub fn decide_on(
         .creation_timestamp
         .as_ref()
         .map_or(view.now, |t| t.0);
-    // wall → trace time, from the job's start slot
+    // wall → market time
     let to_trace = |at: Timestamp| -> i64 {
-        grid.time(setup.start_slot) + (seconds_between(created, at).max(0.0) * trace_speed) as i64
+        match clock {
+            MarketClock::Replay { speed } => {
+                grid.time(setup.start_slot) + (seconds_between(created, at).max(0.0) * speed) as i64
+            }
+            MarketClock::Wall => at.as_second(),
+        }
     };
+
     let now = to_trace(view.now);
     let slot = (((now - grid.t0) / grid.step).max(0) as usize).min(grid.slots.saturating_sub(1));
     let market_view = grid.view(slot);
@@ -221,7 +403,7 @@ pub fn decide_on(
             .deadline
             .as_ref()
             .and_then(|d| d.to_duration())
-            .map(|d| to_trace(created) + (d.as_secs_f64() * trace_speed) as i64),
+            .map(|d| to_trace(created) + (d.as_secs_f64() * clock.speed()) as i64),
         budget_remaining_usd: job.spec.bidding.budget_total.map(|b| (b - spent).max(0.0)),
         budget_per_hour_usd: job.spec.bidding.budget_per_hour,
     };
@@ -480,6 +662,237 @@ mod tests {
         assert_eq!(decision.total(), 2, "the job still runs on maxNodes");
     }
 
+    mod live {
+        use std::sync::Arc;
+
+        use chrono::DateTime;
+        use ebbflow_ec2::{
+            Ec2Api, FakeEc2, InstanceTypeInfo, LINUX_PRODUCT, Operation, SpotPricePoint,
+        };
+
+        use super::*;
+        use crate::jobmarket::{LiveSettings, setup_ec2_market};
+        use crate::market::live::{LiveMarketError, OnDemandPrices};
+
+        const NOW: &str = "2026-11-23T10:00:00Z";
+        const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+        fn now() -> i64 {
+            NOW.parse::<Timestamp>().unwrap().as_second()
+        }
+
+        /// A week of p3.2xlarge price changes every two hours per zone, 0.90..1.26 USD/h.
+        fn history() -> Vec<SpotPricePoint> {
+            let mut points = Vec::new();
+            for (z, zone) in ZONES.iter().enumerate() {
+                for step in 0..84_i64 {
+                    let at = now() - 7 * 86_400 + step * 7200 + z as i64 * 600;
+                    points.push(SpotPricePoint {
+                        instance_type: "p3.2xlarge".into(),
+                        zone: (*zone).into(),
+                        product_description: LINUX_PRODUCT.into(),
+                        price_usd_hr: 0.90 + 0.06 * ((step * 5 + z as i64) % 7) as f64,
+                        timestamp: DateTime::from_timestamp(at, 0).unwrap(),
+                    });
+                }
+            }
+            points
+        }
+
+        fn p3_type() -> InstanceTypeInfo {
+            InstanceTypeInfo {
+                instance_type: "p3.2xlarge".into(),
+                vcpus: 8,
+                memory_mib: 62_464,
+                gpus: 1,
+                spot_supported: true,
+            }
+        }
+
+        fn ec2_job(types: &[&str]) -> TrainingJob {
+            let mut job = TrainingJob::test("mf")
+                .with_transient_range(0, 4)
+                .with_ec2_market("us-east-1");
+            job.spec.transient.instance_types = types.iter().map(|t| (*t).into()).collect();
+            job.metadata.creation_timestamp = Some(Time(NOW.parse().unwrap()));
+            job
+        }
+
+        fn on_demand() -> OnDemandPrices {
+            OnDemandPrices::bundled().unwrap()
+        }
+
+        fn settings(on_demand: &OnDemandPrices) -> LiveSettings<'_> {
+            LiveSettings {
+                on_demand,
+                lookback: Duration::from_secs(7 * 86_400),
+            }
+        }
+
+        fn source(api: FakeEc2) -> Ec2MarketSource {
+            Ec2MarketSource {
+                api: Arc::new(api) as Arc<dyn Ec2Api>,
+                region: "us-east-1".into(),
+                on_demand: Arc::new(on_demand()),
+            }
+        }
+
+        fn fake() -> FakeEc2 {
+            FakeEc2::new()
+                .with_prices(history())
+                .with_instance_types(vec![p3_type()])
+        }
+
+        /// Decides until the background fetch has landed (or a few seconds passed).
+        async fn settled(planner: &BidBrainPlanner, job: &TrainingJob) -> CapacityDecision {
+            for _ in 0..500 {
+                let decision = decide(planner, job, &[], NOW);
+                if decision.reason != "MarketLoading" {
+                    return decision;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("the ec2 market never loaded");
+        }
+
+        #[test]
+        fn price_history_becomes_a_market_decided_at_wall_time() {
+            let job = ec2_job(&["p3.2xlarge"]);
+            let od = on_demand();
+            let setup =
+                setup_ec2_market(&job, &history(), &[p3_type()], settings(&od), now()).unwrap();
+            assert_eq!(setup.grid.pools.len(), 3);
+            assert_eq!(
+                setup.grid.t0,
+                now(),
+                "the grid holds the prices in force now"
+            );
+            assert_eq!(setup.reliable.usd_hr, 3.06);
+            assert_eq!(setup.reliable.vcpus, 8.0);
+            let (alive, launched, noticed) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
+            let view = CapacityView {
+                job: &job,
+                alive: &alive,
+                launched: &launched,
+                pools_under_notice: &noticed,
+                coordinator: None,
+                now: "2026-11-23T10:04:00Z".parse().unwrap(),
+            };
+            let decision = decide_on(&setup, MarketClock::Wall, &view);
+            assert_eq!(decision.reason, "BidBrain", "{decision:?}");
+            assert!((1..=4).contains(&decision.total()), "{decision:?}");
+            for (pool, bid) in &decision.max_prices {
+                assert!(ZONES.contains(&pool.0.zone.as_str()), "{pool:?}");
+                assert!(*bid > 0.0 && *bid <= 3.06 + 1e-9, "bid {bid}");
+            }
+            let e = decision.expected_cost_per_work.expect("E");
+            assert!(e.is_finite() && e > 0.0);
+        }
+
+        #[test]
+        fn bad_live_input_is_a_typed_error() {
+            let od = on_demand();
+            // a type the on-demand list does not price: named, with the region
+            let mut points = history();
+            points[0].instance_type = "zz9.huge".into();
+            let job = ec2_job(&["p3.2xlarge", "zz9.huge"]);
+            let err = setup_ec2_market(&job, &points, &[], settings(&od), now()).unwrap_err();
+            assert!(
+                matches!(&err, LiveMarketError::UnknownOnDemand { instance_type, .. } if instance_type == "zz9.huge"),
+                "{err}"
+            );
+            // no history, or none in the job's zones
+            let job = ec2_job(&["p3.2xlarge"]);
+            let err = setup_ec2_market(&job, &[], &[], settings(&od), now()).unwrap_err();
+            assert!(matches!(err, LiveMarketError::EmptyHistory { .. }), "{err}");
+            let mut elsewhere = job.clone();
+            elsewhere.spec.transient.zones = vec!["us-east-1f".into()];
+            let err =
+                setup_ec2_market(&elsewhere, &history(), &[], settings(&od), now()).unwrap_err();
+            assert!(matches!(err, LiveMarketError::EmptyHistory { .. }), "{err}");
+            // a region the list does not price
+            let mut west = job.clone();
+            west.spec.bidding.market.region = Some("eu-west-1".into());
+            let err = setup_ec2_market(&west, &history(), &[], settings(&od), now()).unwrap_err();
+            assert!(err.to_string().contains("eu-west-1"), "{err}");
+        }
+
+        #[tokio::test]
+        async fn the_planner_loads_in_the_background_then_bids() {
+            let planner = planner().with_ec2(source(fake()));
+            let job = ec2_job(&["p3.2xlarge"]);
+            let first = decide(&planner, &job, &[], NOW);
+            assert_eq!(first.reason, "MarketLoading");
+            assert_eq!(first.total(), 4, "the spec's maxNodes while loading");
+            let decision = settled(&planner, &job).await;
+            assert_eq!(decision.reason, "BidBrain", "{decision:?}");
+            assert!(decision.expected_cost_per_work.is_some_and(f64::is_finite));
+            for pool in decision.transient.keys() {
+                assert_eq!(pool.0.capacity_type, CapacityType::Spot);
+            }
+        }
+
+        #[tokio::test]
+        async fn a_failed_fetch_is_market_unavailable_until_a_retry() {
+            let api = fake();
+            api.fail_next(
+                Operation::DescribeSpotPriceHistory,
+                FakeEc2::api_error(
+                    Operation::DescribeSpotPriceHistory,
+                    "RequestLimitExceeded",
+                    503,
+                ),
+            );
+            let planner = BidBrainPlanner::new(BidBrainConfig {
+                retry_failed_after: Duration::from_millis(50),
+                ..BidBrainConfig::default()
+            })
+            .with_ec2(source(api));
+            let job = ec2_job(&["p3.2xlarge"]);
+            let failed = settled(&planner, &job).await;
+            assert_eq!(failed.reason, "MarketUnavailable");
+            assert_eq!(failed.total(), 4);
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            let mut decision = decide(&planner, &job, &[], NOW);
+            for _ in 0..500 {
+                if decision.reason != "MarketUnavailable" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                decision = decide(&planner, &job, &[], NOW);
+            }
+            assert_eq!(decision.reason, "BidBrain", "the retry succeeds");
+
+            // an unpriced type and another region than the client's stay unavailable
+            let unknown = ec2_job(&["p3.2xlarge", "zz9.huge"]);
+            let mut points = history();
+            points[0].instance_type = "zz9.huge".into();
+            let planner = planner_with(FakeEc2::new().with_prices(points));
+            assert_eq!(
+                settled(&planner, &unknown).await.reason,
+                "MarketUnavailable"
+            );
+            let mut west = ec2_job(&["p3.2xlarge"]);
+            west.spec.bidding.market.region = Some("us-west-2".into());
+            let planner = planner_with(fake());
+            assert_eq!(settled(&planner, &west).await.reason, "MarketUnavailable");
+        }
+
+        fn planner_with(api: FakeEc2) -> BidBrainPlanner {
+            planner().with_ec2(source(api))
+        }
+
+        #[test]
+        fn gcp_and_ec2_without_a_client_have_no_market_view() {
+            let with_client = planner_with(fake());
+            let mut gcp = ec2_job(&["p3.2xlarge"]);
+            gcp.spec.bidding.market.kind = MarketKind::Gcp;
+            assert_eq!(decide(&with_client, &gcp, &[], NOW).reason, "NoMarketView");
+            let ec2 = ec2_job(&["p3.2xlarge"]);
+            assert_eq!(decide(&planner(), &ec2, &[], NOW).reason, "NoMarketView");
+        }
+    }
+
     #[test]
     fn trace_time_follows_wall_time_since_creation() {
         let job = job(0, 4);
@@ -496,8 +909,16 @@ mod tests {
             coordinator: None,
             now: now.parse().unwrap(),
         };
-        let at_start = decide_on(&setup, 1.0, &view("2026-11-23T10:00:00Z"));
-        let at_end = decide_on(&setup, 60.0, &view("2026-11-24T10:00:00Z"));
+        let at_start = decide_on(
+            &setup,
+            MarketClock::Replay { speed: 1.0 },
+            &view("2026-11-23T10:00:00Z"),
+        );
+        let at_end = decide_on(
+            &setup,
+            MarketClock::Replay { speed: 60.0 },
+            &view("2026-11-24T10:00:00Z"),
+        );
         let last = setup.grid.slots - 1;
         let buyable_last: BTreeSet<PoolKey> = (0..setup.grid.pools.len())
             .filter(|&pool| setup.grid.price(pool, last).is_some())

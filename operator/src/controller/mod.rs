@@ -3,6 +3,7 @@
 
 pub mod bidbrain;
 pub mod capacity;
+pub mod interruptions;
 pub mod plan;
 pub mod relay;
 pub mod status;
@@ -74,6 +75,9 @@ pub struct Config {
     pub status_interval: Duration,
     /// Reconcile the jobs of this namespace only (`None`: every namespace).
     pub namespace: Option<String>,
+    /// How often the interruption watcher asks EC2 about the spot instances of ec2-mode jobs
+    /// ([`interruptions::run`]).
+    pub interruption_poll: Duration,
 }
 
 impl Config {
@@ -91,6 +95,7 @@ impl Config {
             backoff_max: Duration::from_secs(300),
             status_interval: Duration::from_secs(15),
             namespace: None,
+            interruption_poll: Duration::from_secs(5),
         }
     }
 }
@@ -1171,7 +1176,8 @@ pub async fn check_crd(client: &Client) -> Result<(), StartError> {
 
 /// Runs the controller until `shutdown` resolves: TrainingJobs, owning Pods, Services and
 /// Secrets, with the notice relay beside it ([`relay::run`]), which watches Nodes, relays notices
-/// and requeues the jobs whose pods run on a node that changed.
+/// and requeues the jobs whose pods run on a node that changed, and, with ec2 provisioning, the
+/// EC2 interruption watcher ([`interruptions::run`]).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -1207,6 +1213,14 @@ pub async fn run(
             std::future::pending::<()>().await;
         }
     };
+    // Likewise the interruption watcher (it returns at once without ec2 provisioning).
+    let interruptions = {
+        let (ctx, jobs) = (ctx.clone(), controller.store());
+        async move {
+            interruptions::run(ctx, jobs).await;
+            std::future::pending::<()>().await;
+        }
+    };
     let controller = controller
         .owns(scoped::<Pod>(&client, namespace), children.clone())
         .owns(scoped::<Service>(&client, namespace), children.clone())
@@ -1223,6 +1237,7 @@ pub async fn run(
     tokio::select! {
         () = controller => {}
         () = relay => {}
+        () = interruptions => {}
     }
 }
 

@@ -50,6 +50,12 @@ use crate::{
     notices::{self, NodeObservation, Notice, NoticeSource},
 };
 
+/// The writing halves of [`Caches`], taken once by [`run`].
+type Writers = (
+    reflector::store::Writer<Pod>,
+    reflector::store::Writer<Node>,
+);
+
 /// The reflector caches shared by the relay and the reconcile.
 #[derive(Clone)]
 pub struct Caches {
@@ -57,14 +63,7 @@ pub struct Caches {
     pub pods: Store<Pod>,
     /// Every Node, without managed fields and images.
     pub nodes: Store<Node>,
-    writers: Arc<
-        Mutex<
-            Option<(
-                reflector::store::Writer<Pod>,
-                reflector::store::Writer<Node>,
-            )>,
-        >,
-    >,
+    writers: Arc<Mutex<Option<Writers>>>,
     /// True while [`run`] keeps the stores current; a stale store is never read.
     live: Arc<AtomicBool>,
 }
@@ -354,7 +353,7 @@ fn relay(ctx: &Arc<Context>, jobs: &Store<TrainingJob>, trigger: &Trigger) {
 
 /// Delivers the job's undelivered notices when its coordinator is there to hear them; whatever
 /// is left undelivered falls to the reconcile.
-async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]) {
+pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]) {
     let (namespace, name) = (job.namespace().unwrap_or_default(), job.name_any());
     let finished = job.status.as_ref().and_then(|s| s.phase)
         == Some(ebbflow_crds::Phase::Succeeded)
@@ -434,11 +433,11 @@ async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeSpec, PodSpec, Taint};
 
-    fn pod(namespace: &str, name: &str, job: &str, node: &str) -> Arc<Pod> {
+    pub(crate) fn pod(namespace: &str, name: &str, job: &str, node: &str) -> Arc<Pod> {
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());
         pod.metadata.namespace = Some(namespace.into());

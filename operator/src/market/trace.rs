@@ -258,17 +258,7 @@ pub fn detect_format(text: &str) -> Option<TraceFormat> {
 /// Parse trace `text` (read from `file`, used in messages).
 pub fn parse_trace(file: &str, text: &str, options: &ReadOptions) -> Result<TraceFile, TraceError> {
     let Some(format) = detect_format(text) else {
-        let first_line: String = text
-            .lines()
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(120)
-            .collect();
-        return Err(TraceError::DetectFormat {
-            file: file.to_string(),
-            first_line,
-        });
+        return Err(unknown_format(file, text));
     };
     match format {
         TraceFormat::ZoneAvailabilityPrice => {
@@ -287,6 +277,20 @@ pub fn parse_trace(file: &str, text: &str, options: &ReadOptions) -> Result<Trac
         TraceFormat::OnDemandPrices => parse_on_demand(file, text).map(TraceFile::OnDemand),
         TraceFormat::InstanceSpecs => parse_specs(file, text).map(TraceFile::Specs),
         TraceFormat::Ec2SpotPriceHistoryJson => parse_ec2_json(file, text).map(TraceFile::Market),
+    }
+}
+
+/// [`TraceError::DetectFormat`] for `text`, quoting its first line (truncated).
+fn unknown_format(file: &str, text: &str) -> TraceError {
+    TraceError::DetectFormat {
+        file: file.to_string(),
+        first_line: text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(120)
+            .collect(),
     }
 }
 
@@ -679,15 +683,54 @@ fn parse_advisor(file: &str, text: &str) -> Result<AdvisorTable, TraceError> {
     Ok(AdvisorTable { entries })
 }
 
-fn parse_on_demand(file: &str, text: &str) -> Result<OnDemandTable, TraceError> {
-    let mut prices = Vec::new();
+/// Rows of an on-demand price list: `(region, instance type, USD per hour)`, in file order.
+fn on_demand_rows(file: &str, text: &str) -> Result<Vec<(String, String, f64)>, TraceError> {
+    let mut rows = Vec::new();
     for_each_row(file, text, |row| {
-        prices.push((row.text(1)?.to_string(), row.price(2)?));
+        rows.push((
+            row.text(0)?.to_string(),
+            row.text(1)?.to_string(),
+            row.price(2)?,
+        ));
         Ok(())
     })?;
+    Ok(rows)
+}
+
+/// A table from `(type, price)` pairs; a type listed twice keeps its first price.
+fn on_demand_table(mut prices: Vec<(String, f64)>) -> OnDemandTable {
     prices.sort_by(|a, b| a.0.cmp(&b.0));
     prices.dedup_by(|a, b| a.0 == b.0);
-    Ok(OnDemandTable { prices })
+    OnDemandTable { prices }
+}
+
+fn parse_on_demand(file: &str, text: &str) -> Result<OnDemandTable, TraceError> {
+    let rows = on_demand_rows(file, text)?;
+    Ok(on_demand_table(
+        rows.into_iter().map(|(_, t, price)| (t, price)).collect(),
+    ))
+}
+
+/// An on-demand price list (`region,instance_type,on_demand_usd_hr`, see
+/// [`TraceFormat::OnDemandPrices`]) split by region.
+pub fn parse_on_demand_by_region(
+    file: &str,
+    text: &str,
+) -> Result<BTreeMap<String, OnDemandTable>, TraceError> {
+    if detect_format(text) != Some(TraceFormat::OnDemandPrices) {
+        return Err(unknown_format(file, text));
+    }
+    let mut regions: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+    for (region, instance_type, price) in on_demand_rows(file, text)? {
+        regions
+            .entry(region)
+            .or_default()
+            .push((instance_type, price));
+    }
+    Ok(regions
+        .into_iter()
+        .map(|(region, prices)| (region, on_demand_table(prices)))
+        .collect())
 }
 
 fn parse_specs(file: &str, text: &str) -> Result<SpecTable, TraceError> {
@@ -730,17 +773,25 @@ fn deserialize_time<'de, D: serde::Deserializer<'de>>(
         .ok_or_else(|| serde::de::Error::custom(format!("Timestamp {text:?} is not RFC 3339")))
 }
 
-#[derive(Deserialize)]
+/// One record of EC2 spot price history: the price in force from `timestamp` until the pool's
+/// next record (as `aws ec2 describe-spot-price-history` prints it, or as the live market
+/// reads it through `ebbflow_ec2`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct Ec2PriceEntry {
-    availability_zone: String,
-    instance_type: String,
+pub struct Ec2PriceEntry {
+    /// Availability zone name.
+    pub availability_zone: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Product description; only Linux prices are kept.
     #[serde(default)]
-    product_description: Option<String>,
+    pub product_description: Option<String>,
+    /// USD per instance-hour, positive.
     #[serde(deserialize_with = "deserialize_price")]
-    spot_price: f64,
+    pub spot_price: f64,
+    /// When the price took effect.
     #[serde(deserialize_with = "deserialize_time")]
-    timestamp: Timestamp,
+    pub timestamp: Timestamp,
 }
 
 #[derive(Deserialize)]
@@ -764,9 +815,18 @@ fn parse_ec2_json(file: &str, text: &str) -> Result<Market, TraceError> {
     } else {
         vec![serde_json::from_str(text).map_err(json_error)?]
     };
-    let mut entries: Vec<Ec2PriceEntry> = pages
+    ec2_price_market(file, pages.into_iter().flat_map(|p| p.spot_price_history))
+}
+
+/// A market of the Linux spot price records in `entries` (any order): one pool per instance
+/// type and zone, spot, no availability data, each price held until the pool's next record.
+/// A timestamp listed twice keeps its first record. No record is [`TraceError::ReadEmpty`].
+pub fn ec2_price_market(
+    file: &str,
+    entries: impl IntoIterator<Item = Ec2PriceEntry>,
+) -> Result<Market, TraceError> {
+    let mut entries: Vec<Ec2PriceEntry> = entries
         .into_iter()
-        .flat_map(|p| p.spot_price_history)
         // Linux prices only: "Linux/UNIX" and the EC2-Classic era "Linux/UNIX (Amazon VPC)".
         .filter(|e| {
             e.product_description
