@@ -47,6 +47,7 @@ bad=(
   "--set leaderElection.enabled=maybe|enabled"
   "--set capacityType.preset=azure|preset"
   "--set capacityType.preset=custom|capacityType.labelKey"
+  "--set aws.interruptionPollSeconds=0|interruptionPollSeconds"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"
