@@ -161,6 +161,11 @@ struct Flags {
     #[arg(long, default_value_t = 5)]
     ec2_interruption_poll_seconds: u64,
 
+    /// Reconcile a job once its changes settle for this many milliseconds (trailing-edge
+    /// debounce; eviction notices do not wait for it, they take the notice relay).
+    #[arg(long, default_value_t = 1000)]
+    reconcile_debounce_ms: u64,
+
     /// Reconcile the TrainingJobs of this namespace only (default: every namespace).
     #[arg(long, env = "EBBFLOW_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -335,6 +340,7 @@ async fn main() -> anyhow::Result<()> {
     config.provisioning_requeue = Duration::from_secs(flags.provisioning_requeue_seconds);
     config.status_interval = Duration::from_secs(flags.status_interval_seconds);
     config.namespace = flags.watch_namespace.clone();
+    config.debounce = Duration::from_millis(flags.reconcile_debounce_ms);
     config.interruption_poll = Duration::from_secs(flags.ec2_interruption_poll_seconds.max(1));
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),

@@ -78,6 +78,10 @@ pub struct Config {
     /// How often the interruption watcher asks EC2 about the spot instances of ec2-mode jobs
     /// ([`interruptions::run`]).
     pub interruption_poll: Duration,
+    /// Trailing-edge debounce of reconcile requests per job: a job whose pods are being
+    /// created, scheduled and started changes many times a second, and one reconcile after the
+    /// burst does the work of all. Notices do not wait for it: they take the relay.
+    pub debounce: Duration,
 }
 
 impl Config {
@@ -96,6 +100,7 @@ impl Config {
             status_interval: Duration::from_secs(15),
             namespace: None,
             interruption_poll: Duration::from_secs(5),
+            debounce: Duration::from_secs(1),
         }
     }
 }
@@ -1200,7 +1205,8 @@ pub async fn run(
         "app.kubernetes.io/managed-by={}",
         plan::MANAGED_BY
     ));
-    let controller = Controller::new(jobs, watcher::Config::default().any_semantic());
+    let controller = Controller::new(jobs, watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.debounce));
     // The relay lives exactly as long as this controller (a stopped operator must not keep
     // delivering notices), so it runs beside it rather than as a detached task. It also owns
     // the Node watch: jobs are requeued only when what the reconcile reads of a node changes
