@@ -29,7 +29,7 @@ use std::{
 use ebbflow_crds::TrainingJob;
 use futures::{StreamExt, channel::mpsc, future::Either, stream};
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus},
     jiff::Timestamp,
 };
 use kube::{
@@ -105,6 +105,44 @@ impl LiveGuard {
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Keeps of a cached pod only what notices, readiness and job lookup read (names, labels,
+/// deletion, node, grace period, phase, conditions): at thousands of pods the rest (containers,
+/// volumes, statuses of every container, annotations, managed fields) is most of the memory.
+fn slim_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.metadata.annotations = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = PodSpec {
+            node_name: spec.node_name.take(),
+            termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            conditions: status.conditions.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// Keeps of a cached Node only what notices and the interruption watcher read (name, labels,
+/// deletion, taints, provider ID).
+fn slim_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    node.metadata.annotations = None;
+    node.status = None;
+    if let Some(spec) = node.spec.as_mut() {
+        *spec = NodeSpec {
+            taints: spec.taints.take(),
+            provider_id: spec.provider_id.take(),
+            unschedulable: spec.unschedulable,
+            ..NodeSpec::default()
+        };
     }
 }
 
@@ -275,17 +313,12 @@ pub async fn run(
     ));
     let pod_events = watcher(pods_api, children)
         .default_backoff()
-        .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+        .modify(slim_pod)
         .reflect(pod_writer)
         .map(Either::Left);
     let node_events = watcher(nodes_api, watcher::Config::default())
         .default_backoff()
-        .modify(|node: &mut Node| {
-            node.managed_fields_mut().clear();
-            if let Some(status) = node.status.as_mut() {
-                status.images = None;
-            }
-        })
+        .modify(slim_node)
         .reflect(node_writer)
         .map(Either::Right);
     let mut events = std::pin::pin!(stream::select(pod_events, node_events));
@@ -596,6 +629,62 @@ pub(super) mod tests {
                 vec![Trigger::NodeDeleted("spot-3".into())],
                 vec!["spot-3".into()]
             )
+        );
+    }
+
+    #[test]
+    fn slimmed_objects_keep_everything_notices_and_readiness_read() {
+        let now: Timestamp = "2026-01-01T00:00:05Z".parse().unwrap();
+        let mut full: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "mf-t-0", "namespace": "a",
+                "labels": { (plan::JOB_LABEL): "mf", (plan::COORDINATOR_LABEL): "true" },
+                "annotations": { "big": "x".repeat(4096) },
+                "deletionTimestamp": "2026-01-01T00:00:30Z",
+                "managedFields": [{ "manager": "kwok" }]
+            },
+            "spec": {
+                "nodeName": "spot-1", "terminationGracePeriodSeconds": 60,
+                "containers": [{ "name": "runtime", "image": "ebbflow:dev", "args": ["--a", "--b"] }]
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    { "type": "Ready", "status": "True" },
+                    { "type": "DisruptionTarget", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z" }
+                ],
+                "containerStatuses": [{ "name": "runtime", "image": "ebbflow:dev", "imageID": "", "ready": true, "restartCount": 0 }]
+            }
+        }))
+        .unwrap();
+        let mut slim = full.clone();
+        slim_pod(&mut slim);
+        assert!(slim.spec.as_ref().unwrap().containers.is_empty());
+        assert!(slim.status.as_ref().unwrap().container_statuses.is_none());
+        assert!(slim.metadata.annotations.is_none());
+        assert!(
+            serde_json::to_vec(&slim).unwrap().len() * 4 < serde_json::to_vec(&full).unwrap().len()
+        );
+        assert_eq!(plan::pod_ready(&slim), plan::pod_ready(&full));
+        assert_eq!(slim.labels(), full.labels());
+        let mut node = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
+        node.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-0abc".into());
+        node.status = Some(Default::default());
+        let mut slim_n = node.clone();
+        slim_node(&mut slim_n);
+        assert_eq!(slim_n.spec, node.spec);
+        assert!(slim_n.status.is_none());
+        let observed = |n: &Node| {
+            BTreeMap::from([(
+                "spot-1".to_owned(),
+                NodeObservation::Present(Box::new(n.clone())),
+            )])
+        };
+        full.metadata.deletion_timestamp = None;
+        slim.metadata.deletion_timestamp = None;
+        assert_eq!(
+            notices::notices(&[slim], &observed(&slim_n), now),
+            notices::notices(&[full], &observed(&node), now)
         );
     }
 }
