@@ -68,8 +68,7 @@ pub async fn run(ctx: Arc<Context>, jobs: Store<TrainingJob>) {
 /// The wait after `failures` consecutive failures: the poll interval doubled per failure, at
 /// most [`MAX_BACKOFF`] (or the poll interval, if longer).
 fn backoff(poll: Duration, failures: u32) -> Duration {
-    let factor = 2_u32.saturating_pow(failures.min(16));
-    (poll * factor).min(MAX_BACKOFF.max(poll))
+    super::exponential_backoff(poll * 2, MAX_BACKOFF.max(poll), failures)
 }
 
 /// One poll: the notices of the interruptions EC2 reports now, delivered job by job.

@@ -212,9 +212,15 @@ impl Context {
     }
 
     fn backoff(&self, failures: u32) -> Duration {
-        let factor = 2_u32.saturating_pow(failures.saturating_sub(1).min(16));
-        (self.config.backoff_base * factor).min(self.config.backoff_max)
+        exponential_backoff(self.config.backoff_base, self.config.backoff_max, failures)
     }
+}
+
+/// The wait after `failures` consecutive failures: `first` after one, doubling per failure, at
+/// most `max`.
+fn exponential_backoff(first: Duration, max: Duration, failures: u32) -> Duration {
+    let factor = 2_u32.saturating_pow(failures.saturating_sub(1).min(16));
+    (first * factor).min(max)
 }
 
 /// Errors of the observe step.
@@ -518,8 +524,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     // notices: what is leaving, from nodes and pods
     let current_notices = notices::notices(&observed.pods, &observed.nodes, now);
     // Succeeded and failed-in-training are final: nodes stay released.
-    let already_succeeded = previous.and_then(|s| s.phase) == Some(ebbflow_crds::Phase::Succeeded)
-        || status::training_failed(previous);
+    let already_succeeded = status::is_final(previous);
     let coordinator_base = coordinator_url(
         &name,
         &namespace,
@@ -527,13 +532,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     );
 
     // observe the coordinator, when there is one to ask
-    let coordinator_pod_ready = observed.pods.iter().any(|pod| {
-        pod.labels()
-            .get(plan::COORDINATOR_LABEL)
-            .map(String::as_str)
-            == Some("true")
-            && plan::pod_ready(pod)
-    });
+    let coordinator_pod_ready = observed.pods.iter().any(plan::is_ready_coordinator);
     let ask_coordinator = !job.spec.suspend
         && !already_succeeded
         && (coordinator_pod_ready || ctx.config.coordinator_url_override.is_some());
@@ -572,27 +571,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         ctx.with_memory(&job_ref, |memory| memory.ledger.count_new(&current_notices));
     if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
         for notice in &undelivered {
-            if deliver_notice(
+            notify(
                 &ctx,
-                (&namespace, &name),
+                &job,
                 &coordinator_base,
                 observed.token.as_deref(),
                 notice,
                 now,
             )
-            .await
-            {
-                ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
-                publish(
-                    &ctx,
-                    &job,
-                    EventType::Normal,
-                    "EvictionNotice",
-                    "Notify",
-                    notice_note(notice),
-                )
-                .await;
-            }
+            .await;
         }
     }
 
@@ -883,14 +870,40 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     Ok(action)
 }
 
-/// The note of an `EvictionNotice` event.
-fn notice_note(notice: &Notice) -> String {
-    format!(
-        "pod {} leaves at {} ({})",
-        notice.pod,
-        notice.leaves_at,
-        notice.source.as_str()
-    )
+/// Tells the job's coordinator at `base` about an eviction: on success the notice goes into
+/// the job's ledger and an `EvictionNotice` event is published. True if it was delivered.
+async fn notify(
+    ctx: &Context,
+    job: &TrainingJob,
+    base: &str,
+    token: Option<&str>,
+    notice: &Notice,
+    now: Timestamp,
+) -> bool {
+    let namespace = job.namespace().unwrap_or_default();
+    let delivered =
+        deliver_notice(ctx, (&namespace, &job.name_any()), base, token, notice, now).await;
+    if delivered {
+        ctx.with_memory(&ObjectRef::from_obj(job), |memory| {
+            memory.ledger.record(notice)
+        });
+        let note = format!(
+            "pod {} leaves at {} ({})",
+            notice.pod,
+            notice.leaves_at,
+            notice.source.as_str()
+        );
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "EvictionNotice",
+            "Notify",
+            note,
+        )
+        .await;
+    }
+    delivered
 }
 
 /// Sends one notice; true if the coordinator accepted it.

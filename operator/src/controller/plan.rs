@@ -297,6 +297,11 @@ pub fn pod_ready(pod: &Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
+/// True for the job's coordinator pod once it is ready.
+pub fn is_ready_coordinator(pod: &Pod) -> bool {
+    pod.labels().get(COORDINATOR_LABEL).map(String::as_str) == Some("true") && pod_ready(pod)
+}
+
 /// Classifies the job's pods; pods without the tier label are ignored.
 pub fn observe_pods<'a>(
     job_name: &str,

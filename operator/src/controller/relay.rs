@@ -36,7 +36,6 @@ use kube::{
     Api, ResourceExt,
     runtime::{
         WatchStreamExt,
-        events::EventType,
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -388,22 +387,14 @@ fn relay(ctx: &Arc<Context>, jobs: &Store<TrainingJob>, trigger: &Trigger) {
 /// is left undelivered falls to the reconcile.
 pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]) {
     let (namespace, name) = (job.namespace().unwrap_or_default(), job.name_any());
-    let finished = job.status.as_ref().and_then(|s| s.phase)
-        == Some(ebbflow_crds::Phase::Succeeded)
-        || super::status::training_failed(job.status.as_ref());
-    if job.spec.suspend || finished {
+    if job.spec.suspend || super::status::is_final(job.status.as_ref()) {
         return;
     }
     let coordinator_ready = ctx.config.coordinator_url_override.is_some()
         || ctx.caches.pods.state().iter().any(|pod| {
             pod.namespace().as_deref() == Some(namespace.as_str())
                 && pod.labels().get(plan::JOB_LABEL) == Some(&name)
-                && pod
-                    .labels()
-                    .get(plan::COORDINATOR_LABEL)
-                    .map(String::as_str)
-                    == Some("true")
-                && plan::pod_ready(pod)
+                && plan::is_ready_coordinator(pod)
         });
     if !coordinator_ready {
         return;
@@ -440,27 +431,8 @@ pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]
     );
     let now = Timestamp::now();
     for notice in &undelivered {
-        if super::deliver_notice(
-            ctx,
-            (&namespace, &name),
-            &base,
-            token.as_deref(),
-            notice,
-            now,
-        )
-        .await
-        {
-            ctx.with_memory(&job_ref, |memory| memory.ledger.record(notice));
+        if super::notify(ctx, job, &base, token.as_deref(), notice, now).await {
             ctx.metrics.notices_relayed.inc();
-            super::publish(
-                ctx,
-                job,
-                EventType::Normal,
-                "EvictionNotice",
-                "Notify",
-                super::notice_note(notice),
-            )
-            .await;
         }
     }
 }

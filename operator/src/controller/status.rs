@@ -151,6 +151,12 @@ pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
             .is_some_and(|c| c.status == "True" && c.reason == reasons::TRAINING_FAILED)
 }
 
+/// True once the job is over for good: succeeded, or failed in training. Its nodes stay
+/// released and nobody is told about departures any more.
+pub fn is_final(status: Option<&TrainingJobStatus>) -> bool {
+    status.and_then(|s| s.phase) == Some(Phase::Succeeded) || training_failed(status)
+}
+
 /// The new status.
 pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     let mut status = input.previous.cloned().unwrap_or_default();
