@@ -220,12 +220,21 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     }
 
     // Which path carried them: the relay (straight from the Node watch event) or a reconcile.
+    // The coordinator records a notice before it answers, the operator counts it after: wait for
+    // the count.
+    let counted = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("ebbflow_operator_notices_sent_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let _ = poll_until("both notices counted", Duration::from_secs(10), || {
+        let text = ebbflow_runtime::metrics::render(&registry);
+        async move { Ok((counted(&text) >= 2.0).then_some(())) }
+    })
+    .await;
     let text = ebbflow_runtime::metrics::render(&registry);
-    let sent: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("ebbflow_operator_notices_sent_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let sent = counted(&text);
     let relayed = text
         .lines()
         .find_map(|l| l.strip_prefix("ebbflow_operator_notices_relayed_total "))

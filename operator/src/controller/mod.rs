@@ -373,19 +373,30 @@ async fn observe(
     namespace: &str,
 ) -> Result<Observed, ObserveError> {
     let name = job.name_any();
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let pods = pods_api
-        .list(&ListParams::default().labels(&plan::job_selector(&name)))
-        .await
-        .map_err(ObserveError::ListPods)?
-        .items;
+    // The relay's caches first (the controller was triggered by the watch that filled them);
+    // the API server while they fill, or when they do not hold the Secret.
+    let pods = match ctx.caches.job_pods(namespace, &name) {
+        Some(pods) => pods,
+        None => {
+            let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+            pods_api
+                .list(&ListParams::default().labels(&plan::job_selector(&name)))
+                .await
+                .map_err(ObserveError::ListPods)?
+                .items
+        }
+    };
+    let secret_name = plan::secret_name(&name);
     let token =
-        job_token(ctx, namespace, &name)
-            .await
-            .map_err(|source| ObserveError::GetSecret {
-                name: plan::secret_name(&name),
-                source,
-            })?;
+        match ctx.caches.secret(namespace, &secret_name) {
+            Some(secret) => token_of(&secret),
+            None => job_token(ctx, namespace, &name).await.map_err(|source| {
+                ObserveError::GetSecret {
+                    name: secret_name,
+                    source,
+                }
+            })?,
+        };
     let node_names: BTreeSet<String> = pods
         .iter()
         .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
@@ -426,10 +437,17 @@ async fn job_token(
     Ok(secrets
         .get_opt(&plan::secret_name(name))
         .await?
-        .and_then(|secret| secret.data)
-        .and_then(|data| data.get(plan::TOKEN_KEY).cloned())
-        .and_then(|bytes| String::from_utf8(bytes.0).ok())
-        .filter(|token| !token.is_empty()))
+        .and_then(|secret| token_of(&secret)))
+}
+
+/// The data-plane token a job's Secret holds, if any.
+fn token_of(secret: &Secret) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(plan::TOKEN_KEY)
+        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+        .filter(|token| !token.is_empty())
 }
 
 /// A random 256-bit hex token for the data plane.
@@ -692,26 +710,14 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // apply
     let params = PatchParams::apply(MANAGER).force();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    // An apply that would change nothing the cache shows is skipped: at hundreds of jobs these
+    // were two writes per reconcile. A child a user changed or deleted differs, and is applied.
     let secret_name = plan::secret_name(&name);
-    secrets
-        .patch(&secret_name, &params, &Patch::Apply(&desired.secret))
-        .await
-        .map_err(|source| ApplyError::Apply {
-            kind: "Secret",
-            name: secret_name,
-            source,
-        })?;
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cached = ctx.caches.secret(&namespace, &secret_name);
+    apply_unless_applied(&ctx, &namespace, &secret_name, &desired.secret, cached).await?;
     let service_name = plan::coordinator_service_name(&name);
-    services
-        .patch(&service_name, &params, &Patch::Apply(&desired.service))
-        .await
-        .map_err(|source| ApplyError::Apply {
-            kind: "Service",
-            name: service_name,
-            source,
-        })?;
+    let cached = ctx.caches.service(&namespace, &service_name);
+    apply_unless_applied(&ctx, &namespace, &service_name, &desired.service, cached).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut created = Vec::new();
     for pod in &desired.create {
@@ -1149,6 +1155,41 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
     Ok(Action::await_change())
 }
 
+/// Server-side applies `desired` as `name` unless the `cached` object already shows it
+/// ([`plan::already_applied`]).
+async fn apply_unless_applied<K>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    desired: &K,
+    cached: Option<Arc<K>>,
+) -> Result<(), ApplyError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if plan::already_applied(desired, cached.as_deref()) {
+        return Ok(());
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(desired),
+    )
+    .await
+    .map_err(|source| ApplyError::Apply {
+        kind: <K as k8s_openapi::Resource>::KIND,
+        name: name.to_owned(),
+        source,
+    })?;
+    Ok(())
+}
+
 async fn delete_ignoring_missing<K>(
     api: &Api<K>,
     kind: &'static str,
@@ -1202,22 +1243,16 @@ pub async fn run(
 ) {
     let client = ctx.client.clone();
     // One namespace (--watch-namespace) or all of them; Nodes are cluster-scoped either way.
-    fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        <K as kube::Resource>::DynamicType: Default,
-    {
-        match namespace {
-            Some(namespace) => Api::namespaced(client.clone(), namespace),
-            None => Api::all(client.clone()),
-        }
-    }
     let namespace = ctx.config.namespace.as_deref();
-    let jobs: Api<TrainingJob> = scoped(&client, namespace);
-    let children = watcher::Config::default().labels(&format!(
-        "app.kubernetes.io/managed-by={}",
-        plan::MANAGED_BY
-    ));
+    let jobs: Api<TrainingJob> = match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    // The children's watches are the relay's: one watch per kind for the whole operator.
+    let Some(children) = ctx.caches.subscribe() else {
+        warn!("the notice relay's caches are already in use; controller not started");
+        return;
+    };
     let controller = Controller::new(jobs, watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.debounce));
     // The relay lives exactly as long as this controller (a stopped operator must not keep
@@ -1241,9 +1276,9 @@ pub async fn run(
         }
     };
     let controller = controller
-        .owns(scoped::<Pod>(&client, namespace), children.clone())
-        .owns(scoped::<Service>(&client, namespace), children.clone())
-        .owns(scoped::<Secret>(&client, namespace), children)
+        .owns_shared_stream(children.pods)
+        .owns_shared_stream(children.services)
+        .owns_shared_stream(children.secrets)
         .reconcile_on(requeued)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

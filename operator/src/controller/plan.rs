@@ -37,6 +37,8 @@ pub const POOL_LABEL: &str = "ebbflow.dev/pool";
 pub const COORDINATOR_LABEL: &str = "ebbflow.dev/coordinator";
 /// Annotation with the pool's instance type (empty: any).
 pub const INSTANCE_TYPE_ANNOTATION: &str = "ebbflow.dev/instance-type";
+/// Prefix of every annotation the operator sets on its children (and reads back).
+pub const ANNOTATION_PREFIX: &str = "ebbflow.dev/";
 /// Annotation with the pool's zone (empty: any).
 pub const ZONE_ANNOTATION: &str = "ebbflow.dev/zone";
 /// Annotation with the pool's capacity type (`spot` or `on-demand`).
@@ -965,6 +967,43 @@ pub fn pools_under_notice(observed: &[ObservedPod<'_>]) -> BTreeSet<PoolKey> {
         .filter(|p| p.tier == Tier::Transient && p.notice.is_some())
         .filter_map(|p| p.pool.clone())
         .collect()
+}
+
+/// True if server-side applying `desired` would change nothing of `observed`: every field
+/// `desired` sets is present in `observed` with the same value (fields the API server defaults,
+/// or other managers set, do not count). Lists must match element by element, each element by
+/// the same rule. `None` (not observed) is never applied.
+pub fn already_applied<K: serde::Serialize>(desired: &K, observed: Option<&K>) -> bool {
+    let Some(observed) = observed else {
+        return false;
+    };
+    match (
+        serde_json::to_value(desired),
+        serde_json::to_value(observed),
+    ) {
+        (Ok(desired), Ok(observed)) => json_within(&desired, &observed),
+        _ => false,
+    }
+}
+
+/// `desired ⊆ observed` in the sense of [`already_applied`].
+fn json_within(desired: &serde_json::Value, observed: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (desired, observed) {
+        (Value::Object(desired), Value::Object(observed)) => desired.iter().all(|(key, value)| {
+            observed
+                .get(key)
+                .is_some_and(|observed| json_within(value, observed))
+        }),
+        (Value::Array(desired), Value::Array(observed)) => {
+            desired.len() == observed.len()
+                && desired
+                    .iter()
+                    .zip(observed)
+                    .all(|(desired, observed)| json_within(desired, observed))
+        }
+        (desired, observed) => desired == observed,
+    }
 }
 
 #[cfg(test)]

@@ -518,3 +518,86 @@ fn pool_slugs_are_valid_label_values() {
     assert!(slug.len() <= 63, "{slug}");
     assert_ne!(slug, pool_slug(&spot(&"x".repeat(63), "us-east-1a")));
 }
+
+#[test]
+fn an_apply_is_skipped_only_when_it_would_change_nothing() {
+    let job = job();
+    let desired = build_service(&job);
+    assert!(!already_applied(&desired, None), "absent: apply");
+
+    // What the API server returns: our fields plus defaults and another manager's.
+    let mut observed: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "resourceVersion": "7", "uid": "x", "annotations": { "team": "ml" } },
+        "spec": {
+            "ports": [
+                { "port": 7070, "targetPort": 7070 },
+                { "port": 7071, "targetPort": 7071 }
+            ],
+            "sessionAffinity": "None",
+            "type": "ClusterIP"
+        }
+    }))
+    .unwrap();
+    let mut merged = serde_json::to_value(&desired).unwrap();
+    json_merge(&mut merged, serde_json::to_value(&observed).unwrap());
+    observed = serde_json::from_value(merged).unwrap();
+    assert!(
+        already_applied(&desired, Some(&observed)),
+        "{}\n{}",
+        serde_json::to_string(&desired).unwrap(),
+        serde_json::to_string(&observed).unwrap()
+    );
+
+    // A user's edit of a field we own, a removed label, a dropped port: apply again.
+    let mut selector_edited = observed.clone();
+    selector_edited
+        .spec
+        .as_mut()
+        .unwrap()
+        .selector
+        .as_mut()
+        .unwrap()
+        .insert(JOB_LABEL.into(), "other".into());
+    assert!(!already_applied(&desired, Some(&selector_edited)));
+    let mut label_removed = observed.clone();
+    label_removed.labels_mut().remove(JOB_LABEL);
+    assert!(!already_applied(&desired, Some(&label_removed)));
+    let mut port_dropped = observed.clone();
+    port_dropped
+        .spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .pop();
+    assert!(!already_applied(&desired, Some(&port_dropped)));
+
+    // A Secret with another token is not ours as planned.
+    let secret = build_secret(&job, "abc");
+    assert!(already_applied(&secret, Some(&secret.clone())));
+    assert!(!already_applied(&secret, Some(&build_secret(&job, "abd"))));
+}
+
+/// Deep-merges `extra` into `base` (objects by key, arrays element by element).
+fn json_merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+    use serde_json::Value;
+    match (base, extra) {
+        (Value::Object(base), Value::Object(extra)) => {
+            for (key, value) in extra {
+                match base.get_mut(&key) {
+                    Some(slot) => json_merge(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (Value::Array(base), Value::Array(extra)) => {
+            for (slot, value) in base.iter_mut().zip(extra) {
+                json_merge(slot, value);
+            }
+        }
+        (base, extra) => *base = extra,
+    }
+}

@@ -6,7 +6,10 @@
 //! pods, talks to its coordinator and server-side applies its children, so under load notices
 //! queued behind hundreds of reconciles (p99 5.9 s at 50 jobs, see BENCHMARKS.md).
 //!
-//! The relay keeps two reflector caches, Nodes and the operator's Pods, and reacts to each watch
+//! The relay keeps reflector caches of Nodes and of the operator's Pods, Secrets and Services
+//! (one watch per kind for the whole operator: the controller is triggered by the same watches
+//! through [`Subscriptions`], and the reconcile reads its children from these caches instead of
+//! one LIST and two GETs per reconcile), and reacts to each watch
 //! event that can announce a departure (a notice taint, a deletion timestamp, a
 //! `DisruptionTarget` condition, a deleted Node) by computing the affected pods' notices with the
 //! same pure [`notices::notices`] the reconcile uses, and delivering them to each job's
@@ -27,16 +30,16 @@ use std::{
 };
 
 use ebbflow_crds::TrainingJob;
-use futures::{StreamExt, channel::mpsc, future::Either, stream};
+use futures::{FutureExt, StreamExt, channel::mpsc, stream};
 use k8s_openapi::{
-    api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus},
+    api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus, Secret, Service},
     jiff::Timestamp,
 };
 use kube::{
     Api, ResourceExt,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
+        reflector::{self, ObjectRef, ReflectHandle, Store},
         watcher,
     },
 };
@@ -50,18 +53,28 @@ use crate::{
 };
 
 /// The writing halves of [`Caches`], taken once by [`run`].
-type Writers = (
-    reflector::store::Writer<Pod>,
-    reflector::store::Writer<Node>,
-);
+struct Writers {
+    pods: reflector::store::Writer<Pod>,
+    nodes: reflector::store::Writer<Node>,
+    secrets: reflector::store::Writer<Secret>,
+    services: reflector::store::Writer<Service>,
+}
+
+/// Changes the caches broadcast to subscribers (the controller) after applying them; a slow
+/// subscriber holds the relay back once this many are queued.
+const SUBSCRIBER_BUFFER: usize = 1024;
 
 /// The reflector caches shared by the relay and the reconcile.
 #[derive(Clone)]
 pub struct Caches {
-    /// The operator's pods (managed-by label), without managed fields.
+    /// The operator's pods (managed-by label), slimmed by `slim_pod`.
     pub pods: Store<Pod>,
-    /// Every Node, without managed fields and images.
+    /// Every Node, slimmed by `slim_node`.
     pub nodes: Store<Node>,
+    /// The operator's Secrets (managed-by label), without managed fields.
+    pub secrets: Store<Secret>,
+    /// The operator's Services (managed-by label), without managed fields.
+    pub services: Store<Service>,
     writers: Arc<Mutex<Option<Writers>>>,
     /// True while [`run`] keeps the stores current; a stale store is never read.
     live: Arc<AtomicBool>,
@@ -69,15 +82,48 @@ pub struct Caches {
 
 impl Default for Caches {
     fn default() -> Self {
-        let (pods, pod_writer) = reflector::store();
+        let (pods, pod_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         let (nodes, node_writer) = reflector::store();
+        let (secrets, secret_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (services, service_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         Self {
             pods,
             nodes,
-            writers: Arc::new(Mutex::new(Some((pod_writer, node_writer)))),
+            secrets,
+            services,
+            writers: Arc::new(Mutex::new(Some(Writers {
+                pods: pod_writer,
+                nodes: node_writer,
+                secrets: secret_writer,
+                services: service_writer,
+            }))),
             live: Arc::new(AtomicBool::new(false)),
         }
     }
+}
+
+/// The caches' change streams for the controller's child triggers: the controller reacts to the
+/// very watches that fill the caches, after the cache holds the change (so a reconcile reads
+/// what triggered it). Deletions are not broadcast; [`run`] requeues their jobs itself.
+pub struct Subscriptions {
+    /// Applied pods.
+    pub pods: ReflectHandle<Pod>,
+    /// Applied Secrets.
+    pub secrets: ReflectHandle<Secret>,
+    /// Applied Services.
+    pub services: ReflectHandle<Service>,
+}
+
+/// True once `store` holds a complete list (it never goes back).
+fn synced<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|ready| ready.is_ok())
 }
 
 impl Caches {
@@ -88,6 +134,54 @@ impl Caches {
             return None;
         }
         self.nodes.get(&ObjectRef::new(name))
+    }
+
+    /// The change streams for the controller; `None` once [`run`] has started (subscribe first).
+    pub fn subscribe(&self) -> Option<Subscriptions> {
+        let writers = self.writers.lock();
+        let writers = writers.as_ref()?;
+        Some(Subscriptions {
+            pods: writers.pods.subscribe()?,
+            secrets: writers.secrets.subscribe()?,
+            services: writers.services.subscribe()?,
+        })
+    }
+
+    /// The pods of job `job` in `namespace`, if the pod cache is live and synced (`None`: ask
+    /// the API server).
+    pub fn job_pods(&self, namespace: &str, job: &str) -> Option<Vec<Pod>> {
+        if !self.live.load(Ordering::Acquire) || !synced(&self.pods) {
+            return None;
+        }
+        Some(
+            self.pods
+                .state()
+                .iter()
+                .filter(|pod| {
+                    pod.metadata.namespace.as_deref() == Some(namespace)
+                        && pod.labels().get(plan::JOB_LABEL).map(String::as_str) == Some(job)
+                })
+                .map(|pod| pod.as_ref().clone())
+                .collect(),
+        )
+    }
+
+    /// The cached Secret `namespace/name`, if the cache is live and holds it (`None` is not
+    /// "absent": a cache that missed a just-applied Secret must not make the caller mint a new
+    /// token, so callers ask the API server then).
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.secrets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The cached Service `namespace/name`, if the cache is live and holds it.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.services.get(&ObjectRef::new(name).within(namespace))
     }
 }
 
@@ -107,12 +201,15 @@ impl Drop for LiveGuard {
     }
 }
 
-/// Keeps of a cached pod only what notices, readiness and job lookup read (names, labels,
-/// deletion, node, grace period, phase, conditions): at thousands of pods the rest (containers,
-/// volumes, statuses of every container, annotations, managed fields) is most of the memory.
+/// Keeps of a cached pod only what notices, readiness, job lookup and the reconcile's plan read
+/// (names, labels, the operator's own `ebbflow.dev/` annotations, deletion, node, grace period,
+/// phase, conditions): at thousands of pods the rest (containers, volumes, statuses of every
+/// container, other annotations, managed fields) is most of the memory.
 fn slim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
-    pod.metadata.annotations = None;
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.retain(|key, _| key.starts_with(plan::ANNOTATION_PREFIX));
+    }
     if let Some(spec) = pod.spec.as_mut() {
         *spec = PodSpec {
             node_name: spec.node_name.take(),
@@ -295,36 +392,49 @@ pub async fn run(
     jobs: Store<TrainingJob>,
     requeue: mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
 ) {
-    let Some((pod_writer, node_writer)) = ctx.caches.writers.lock().take() else {
+    let Some(writers) = ctx.caches.writers.lock().take() else {
         warn!("notice relay already running");
         return;
     };
     let _live = LiveGuard::new(&ctx.caches.live);
     let namespace = ctx.config.namespace.as_deref();
-    let pods_api: Api<Pod> = match namespace {
-        Some(namespace) => Api::namespaced(ctx.client.clone(), namespace),
-        None => Api::all(ctx.client.clone()),
-    };
-    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
     let children = watcher::Config::default().labels(&format!(
         "app.kubernetes.io/managed-by={}",
         plan::MANAGED_BY
     ));
-    let pod_events = watcher(pods_api, children)
+    let pod_events = watcher(scoped::<Pod>(&ctx.client, namespace), children.clone())
         .default_backoff()
         .modify(slim_pod)
-        .reflect(pod_writer)
-        .map(Either::Left);
-    let node_events = watcher(nodes_api, watcher::Config::default())
+        .reflect_shared(writers.pods)
+        .map(Watched::Pod);
+    let node_events = watcher(
+        Api::<Node>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(slim_node)
+    .reflect(writers.nodes)
+    .map(Watched::Node);
+    let secret_events = watcher(scoped::<Secret>(&ctx.client, namespace), children.clone())
         .default_backoff()
-        .modify(slim_node)
-        .reflect(node_writer)
-        .map(Either::Right);
-    let mut events = std::pin::pin!(stream::select(pod_events, node_events));
+        .modify(|secret| secret.managed_fields_mut().clear())
+        .reflect_shared(writers.secrets)
+        .map(Watched::child);
+    let service_events = watcher(scoped::<Service>(&ctx.client, namespace), children)
+        .default_backoff()
+        .modify(|service| service.managed_fields_mut().clear())
+        .reflect_shared(writers.services)
+        .map(Watched::child);
+    let mut events = std::pin::pin!(stream::select_all([
+        pod_events.boxed(),
+        node_events.boxed(),
+        secret_events.boxed(),
+        service_events.boxed(),
+    ]));
     let mut tracker = NodeTracker::default();
     while let Some(event) = events.next().await {
         let triggers = match event {
-            Either::Left(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)))
+            Watched::Pod(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)))
                 if pod_announces(&pod) =>
             {
                 vec![Trigger::Pod(
@@ -332,8 +442,18 @@ pub async fn run(
                     pod.name_any(),
                 )]
             }
-            Either::Left(Ok(_)) => Vec::new(),
-            Either::Right(Ok(event)) => {
+            Watched::Pod(Ok(watcher::Event::Delete(pod))) => {
+                // The controller hears of applied children only: a deleted one is requeued here
+                // (its replacement is due).
+                requeue_owner(&requeue, &ChildDeleted::of(pod));
+                Vec::new()
+            }
+            Watched::ChildDeleted(child) => {
+                requeue_owner(&requeue, &child);
+                Vec::new()
+            }
+            Watched::Pod(Ok(_)) | Watched::Quiet => Vec::new(),
+            Watched::Node(Ok(event)) => {
                 let (triggers, changed) = tracker.observe(event, Timestamp::now());
                 for node in changed {
                     for job in ctx.node_index.jobs_on(&node) {
@@ -343,7 +463,7 @@ pub async fn run(
                 }
                 triggers
             }
-            Either::Left(Err(error)) | Either::Right(Err(error)) => {
+            Watched::Pod(Err(error)) | Watched::Node(Err(error)) | Watched::Error(error) => {
                 debug!(%error, "watch error (retrying with backoff)");
                 Vec::new()
             }
@@ -351,6 +471,59 @@ pub async fn run(
         for trigger in &triggers {
             relay(&ctx, &jobs, trigger);
         }
+    }
+}
+
+/// One event of the relay's watches (one at a time, straight from the stream: not worth boxing).
+#[allow(clippy::large_enum_variant)]
+enum Watched {
+    Pod(Result<watcher::Event<Pod>, watcher::Error>),
+    Node(Result<watcher::Event<Node>, watcher::Error>),
+    /// A Secret or a Service was deleted.
+    ChildDeleted(ChildDeleted),
+    /// A Secret or a Service changed (the controller hears of it through its subscription).
+    Quiet,
+    /// A Secret or Service watch failed (it retries with backoff).
+    Error(watcher::Error),
+}
+
+impl Watched {
+    fn child<K: kube::Resource>(event: Result<watcher::Event<K>, watcher::Error>) -> Self {
+        match event {
+            Ok(watcher::Event::Delete(child)) => Self::ChildDeleted(ChildDeleted::of(child)),
+            Ok(_) => Self::Quiet,
+            Err(error) => Self::Error(error),
+        }
+    }
+}
+
+/// The job a deleted child belonged to: (namespace, job label).
+struct ChildDeleted(Option<(String, String)>);
+
+impl ChildDeleted {
+    fn of<K: kube::Resource>(child: K) -> Self {
+        let job = child.labels().get(plan::JOB_LABEL).cloned();
+        Self(child.namespace().zip(job))
+    }
+}
+
+/// Requeues the job of a deleted child.
+fn requeue_owner(requeue: &mpsc::UnboundedSender<ObjectRef<TrainingJob>>, child: &ChildDeleted) {
+    if let Some((namespace, job)) = &child.0 {
+        // The controller is gone only when shutting down.
+        let _ = requeue.unbounded_send(ObjectRef::new(job).within(namespace));
+    }
+}
+
+/// `K`s of one namespace, or of every namespace.
+fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
     }
 }
 
@@ -611,7 +784,7 @@ pub(super) mod tests {
             "metadata": {
                 "name": "mf-t-0", "namespace": "a",
                 "labels": { (plan::JOB_LABEL): "mf", (plan::COORDINATOR_LABEL): "true" },
-                "annotations": { "big": "x".repeat(4096) },
+                "annotations": { "big": "x".repeat(4096), (plan::ZONE_ANNOTATION): "us-east-1a" },
                 "deletionTimestamp": "2026-01-01T00:00:30Z",
                 "managedFields": [{ "manager": "kwok" }]
             },
@@ -633,7 +806,11 @@ pub(super) mod tests {
         slim_pod(&mut slim);
         assert!(slim.spec.as_ref().unwrap().containers.is_empty());
         assert!(slim.status.as_ref().unwrap().container_statuses.is_none());
-        assert!(slim.metadata.annotations.is_none());
+        assert_eq!(
+            slim.annotations(),
+            &BTreeMap::from([(plan::ZONE_ANNOTATION.to_owned(), "us-east-1a".to_owned())]),
+            "the operator's own annotations stay (the plan reads a pod's pool from them)"
+        );
         assert!(
             serde_json::to_vec(&slim).unwrap().len() * 4 < serde_json::to_vec(&full).unwrap().len()
         );
