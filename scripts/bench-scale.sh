@@ -16,7 +16,7 @@ export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
 jobs="${1:-50}" pods="${2:-20}" on_demand="${3:-50}" spot="${4:-150}" interrupt="${5:-20}"
 name=ebbflow-scale
-cargo build --release --locked -q -p ebbflow-tests --bin ebbflow-scale-bench
+cargo build --release --locked -q -p ebbflow-tests --bin ebbflow-scale-bench -p ebbflow-operator --bin ebbflow-operator
 scripts/setup-cluster-tools.sh >/dev/null
 source tests/cluster/versions.env
 kubectl="$(scripts/setup-cluster-tools.sh)/kubectl-$kube_version"

@@ -30,6 +30,15 @@ pub const FIELD_MANAGER: &str = "ebbflow-tests";
 /// Error type of the end-to-end helpers: what failed, in words.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A free port on 127.0.0.1 for a process that cannot report the port it bound (Prometheus,
+/// a spawned operator): the kernel picks it, then it is released for that process (a small
+/// window in which another process could take it).
+pub fn free_port() -> Result<u16, BoxError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 /// The repository root (the tests crate sits one level below it).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

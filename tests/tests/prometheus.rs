@@ -23,7 +23,7 @@ use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
 use ebbflow_tests::cluster::{
-    BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until, repo_root,
+    BoxError, FIELD_MANAGER, client_or_skip, free_port, install_crd, poll_until, repo_root,
 };
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -143,14 +143,6 @@ async fn refuse_a_bad_peer(metrics: &RuntimeMetrics, registry: &Registry) -> Res
     let _ = stop.send(());
     let _ = server.await;
     Ok(())
-}
-
-fn free_port() -> Result<u16, BoxError> {
-    // Prometheus cannot report a port it picked itself; take one the kernel picked, then release
-    // it for Prometheus (a small window in which another process could take it).
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 async fn query(

@@ -1,12 +1,14 @@
 //! `ebbflow-scale-bench`: the operator at scale on the end-to-end cluster (issue 7's benchmark).
 //!
 //! Creates `--jobs` TrainingJobs of `--pods` pods each (1 on-demand + the rest spot) against the
-//! kwok nodes of the cluster in `EBBFLOW_KUBECONFIG`, runs the controller in this process, and
-//! prints: time until every pod is scheduled, reconcile latency p50/p99 (the operator's histogram),
-//! this process's peak RSS and CPU seconds, and, after tainting `--interrupt` spot nodes the AWS
-//! Node Termination Handler way, the time from taint to the coordinator notice (p50/p99). Every
-//! job's coordinator URL points at one recorder on 127.0.0.1 that timestamps notices (it measures
-//! the operator; the real coordinator's handling is tested elsewhere).
+//! kwok nodes of the cluster in `EBBFLOW_KUBECONFIG`, runs the real `ebbflow-operator` binary as
+//! its own process (what users run; its memory and CPU are then its own, not the bench's), and
+//! prints: time until every pod is scheduled, reconcile latency p50/p99 (the operator's histogram,
+//! scraped from its /metrics), the operator process's peak RSS and CPU seconds, and, after
+//! tainting `--interrupt` spot nodes the AWS Node Termination Handler way, the time from taint to
+//! the coordinator notice (p50/p99). Every job's coordinator URL points at one recorder on
+//! 127.0.0.1 that timestamps notices (it measures the operator; the real coordinator's handling
+//! is tested elsewhere).
 //!
 //! `scripts/bench-scale.sh` brings up the cluster with enough nodes and runs this.
 
@@ -22,7 +24,9 @@ use ebbflow_crds::TrainingJob;
 use ebbflow_operator::controller;
 use ebbflow_operator::notices::NTH_SPOT_ITN_TAINT;
 use ebbflow_runtime_api::{Ack, JobPhase, NoticeRequest, NoticeResponse, StatusResponse};
-use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, repo_root};
+use ebbflow_tests::cluster::{
+    BoxError, FIELD_MANAGER, client_or_skip, free_port, install_crd, poll_until, repo_root,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -40,6 +44,71 @@ struct Args {
     /// Spot nodes to taint for the notice measurement.
     #[arg(long, default_value_t = 20)]
     interrupt: usize,
+    /// The operator binary (default: `ebbflow-operator` beside this executable).
+    #[arg(long)]
+    operator: Option<std::path::PathBuf>,
+    /// The operator's log file (default: a temporary file, printed at the end).
+    #[arg(long)]
+    operator_log: Option<std::path::PathBuf>,
+}
+
+/// The operator process; killed when dropped.
+struct Operator {
+    child: std::process::Child,
+    metrics: String,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the operator binary against the cluster in `EBBFLOW_KUBECONFIG`, every job's
+/// coordinator at `coordinator_url`, with the capacity planner that holds the spec's counts (the
+/// bench measures reconciling, not bidding), and waits until it serves /readyz.
+async fn start_operator(
+    args: &Args,
+    coordinator_url: &str,
+    log: &std::path::Path,
+) -> Result<Operator, BoxError> {
+    let binary = match &args.operator {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("ebbflow-operator"),
+    };
+    let kubeconfig = std::env::var("EBBFLOW_KUBECONFIG")?;
+    let port = free_port()?;
+    let child = std::process::Command::new(&binary)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "warn")
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--coordinator-url", coordinator_url])
+        .args(["--capacity-planner", "spec"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", binary.display()))?;
+    let operator = Operator {
+        child,
+        metrics: format!("http://127.0.0.1:{port}"),
+    };
+    let http = reqwest::Client::new();
+    let ready = format!("{}/readyz", operator.metrics);
+    poll_until("operator ready", Duration::from_secs(60), || {
+        let (http, ready) = (http.clone(), ready.clone());
+        async move {
+            Ok(http
+                .get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+                .then_some(()))
+        }
+    })
+    .await
+    .map_err(|e| format!("{e}; operator log in {}", log.display()))?;
+    Ok(operator)
 }
 
 /// Notices received by pod name, with when they arrived.
@@ -82,15 +151,15 @@ async fn recorder(received: Received) -> Result<String, BoxError> {
     Ok(url)
 }
 
-/// (peak RSS bytes, CPU seconds) of this process.
-fn usage() -> (u64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// (peak RSS bytes, CPU seconds) of process `pid`.
+fn usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let peak_kib: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
@@ -142,8 +211,13 @@ async fn main() -> Result<(), BoxError> {
     install_crd(&client).await?;
     let received: Received = Arc::default();
     let url = recorder(received.clone()).await?;
-    let registry = prometheus::Registry::new();
-    let stop = ebbflow_tests::operator::start_with_coordinator(&client, &registry, &url).await?;
+    let log = match &args.operator_log {
+        Some(path) => path.clone(),
+        None => {
+            std::env::temp_dir().join(format!("ebbflow-scale-operator-{}.log", std::process::id()))
+        }
+    };
+    let operator = start_operator(&args, &url, &log).await?;
 
     let namespace = "scale-bench";
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -247,8 +321,11 @@ async fn main() -> Result<(), BoxError> {
         .filter_map(|(name, at)| Some(at.duration_since(*tainted_at.get(name)?).as_secs_f64()))
         .collect();
     lags.sort_by(f64::total_cmp);
-    let text = ebbflow_runtime::metrics::render(&registry);
-    let (rss, cpu) = usage();
+    let text = reqwest::get(format!("{}/metrics", operator.metrics))
+        .await?
+        .text()
+        .await?;
+    let (rss, cpu) = usage(operator.child.id());
     println!("| figure | value |");
     println!("|---|---|");
     println!(
@@ -275,10 +352,11 @@ async fn main() -> Result<(), BoxError> {
         percentile(&lags, 0.99)
     );
     println!(
-        "| bench process (operator + client) peak RSS | {:.1} MiB |",
+        "| operator process peak RSS | {:.1} MiB |",
         rss as f64 / (1024.0 * 1024.0)
     );
-    println!("| bench process CPU seconds | {cpu:.1} s |");
+    println!("| operator process CPU seconds | {cpu:.1} s |");
+    eprintln!("operator log: {}", log.display());
 
     for (node, _) in pods_on.iter().take(args.interrupt) {
         let current = nodes.get(node).await?;
@@ -300,6 +378,6 @@ async fn main() -> Result<(), BoxError> {
     let _ = jobs
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await;
-    let _ = stop.send(());
+    drop(operator);
     Ok(())
 }
