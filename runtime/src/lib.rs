@@ -1,7 +1,8 @@
 //! AgileML: the ebbflow parameter-server runtime.
 //!
 //! Module map: [`app`] is the interface apps implement; [`partition`], [`store`] and
-//! [`optimizer`] are the server side; [`worker`] the clock loop; [`local`] single-process mode;
+//! [`optimizer`] are the server side; [`worker`] the clock loop and [`process_cache`] the read
+//! cache and write-back buffer a process's worker threads share; [`local`] single-process mode;
 //! [`frame`], [`message`], [`server`] and [`client`] the TCP data plane; [`node`] (node-side
 //! building blocks and the in-process loopback mode), [`coordinator`] (static membership and the
 //! admin HTTP API) and [`cluster`] (launching coordinator + node processes) multi-process mode;
@@ -28,6 +29,7 @@ pub mod node;
 pub mod notices;
 pub mod optimizer;
 pub mod partition;
+pub mod process_cache;
 pub mod server;
 pub mod snapshot;
 pub mod store;

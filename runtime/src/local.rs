@@ -7,13 +7,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::app::{App, AppError, ClockStats, EvalReport, TableId, validate_tables};
+use crate::app::{App, AppError, AppWorker, ClockStats, EvalReport, TableId, validate_tables};
 use crate::metrics::RuntimeMetrics;
 use crate::partition::PartitionId;
 use crate::snapshot::ParamSnapshot;
 use crate::store::ServerState;
 use crate::worker::{
-    ClockGate, JobConfig, PartitionView, Transport, WorkerError, WorkerReport, run_worker,
+    ClockGate, JobConfig, PartitionView, Transport, WorkerError, WorkerReport, process_cache_for,
+    run_worker,
 };
 
 /// Errors of a whole run.
@@ -330,6 +331,14 @@ pub fn run_single_process<A: App>(
     let app_workers: Vec<A::Worker> = (0..config.workers)
         .map(|shard| app.worker(shard, config.workers))
         .collect();
+    let working_sets: Vec<_> = app_workers.iter().map(|w| w.working_set()).collect();
+    let members: Vec<_> = working_sets
+        .iter()
+        .enumerate()
+        .map(|(worker, set)| (worker as u32, set))
+        .collect();
+    let shared = process_cache_for(config, &specs, &members);
+    let routes = vec![(None, LOCAL_EPOCH); config.partitions as usize];
     tracing::info!(
         workers = config.workers,
         partitions = config.partitions,
@@ -342,19 +351,23 @@ pub fn run_single_process<A: App>(
     let results: Vec<Result<WorkerReport, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = app_workers
             .into_iter()
+            .zip(&working_sets)
             .enumerate()
-            .map(|(worker, app_worker)| {
+            .map(|(worker, (app_worker, working_set))| {
                 let mut transport = LocalTransport {
                     state: state.clone(),
                     config: config.clone(),
                 };
                 let specs = &specs;
+                let shared = shared.as_ref().map(|cache| (cache, routes.as_slice()));
                 std::thread::Builder::new()
                     .name(format!("worker-{worker}"))
                     .spawn_scoped(scope, move || {
                         run_worker(
                             worker as u32,
                             app_worker,
+                            working_set,
+                            shared,
                             specs,
                             &mut transport,
                             config,

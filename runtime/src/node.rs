@@ -7,14 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::app::{App, TableSpec, validate_tables};
+use crate::app::{App, AppWorker, TableSpec, WorkingSet, validate_tables};
 use crate::client::{ClientConfig, NodeAddrs, RemoteTransport, fetch_snapshot};
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
 use crate::partition::{NodeId, PartitionMap};
+use crate::process_cache::{ProcessCache, Route};
 use crate::server::{ServerConfig, run};
 use crate::store::ServerState;
-use crate::worker::{ClockGate, JobConfig, WorkerError, WorkerReport, run_worker};
+use crate::worker::{
+    ClockGate, JobConfig, WorkerError, WorkerReport, process_cache_for, run_worker,
+};
 
 /// Which workers a node runs and where every partition lives.
 #[derive(Debug, Clone)]
@@ -41,6 +44,14 @@ pub fn random_secret() -> String {
             hasher.write_u128(Instant::now().elapsed().as_nanos());
             format!("{:016x}", hasher.finish())
         })
+        .collect()
+}
+
+/// Where each partition of `map` is served (what the process cache registers against).
+fn routes_of(map: &PartitionMap, addrs: &NodeAddrs) -> Vec<Route> {
+    map.entries()
+        .iter()
+        .map(|entry| (addrs.get(&entry.owner).copied(), entry.epoch))
         .collect()
 }
 
@@ -74,30 +85,45 @@ pub fn run_workers_gated<A: App>(
         partitions: plan.map.num_partitions(),
         ..config.clone()
     };
-    let app_workers: Vec<(u32, A::Worker)> = (0..plan.local_workers)
+    let app_workers: Vec<(u32, A::Worker, WorkingSet)> = (0..plan.local_workers)
         .map(|i| {
             let global = plan.worker_base + i as u32;
-            (global, app.worker(global as usize, plan.total_workers))
+            let app_worker = app.worker(global as usize, plan.total_workers);
+            let working_set = app_worker.working_set();
+            (global, app_worker, working_set)
         })
         .collect();
+    let members: Vec<(u32, &WorkingSet)> = app_workers.iter().map(|(w, _, s)| (*w, s)).collect();
+    let shared = process_cache_for(&config, specs, &members);
+    let routes = routes_of(&plan.map, &plan.addrs);
     std::thread::scope(|scope| {
         let handles: Vec<_> = app_workers
             .into_iter()
-            .map(|(worker, app_worker)| {
+            .map(|(worker, app_worker, working_set)| {
                 let config = &config;
+                let shared = shared.as_ref().map(|cache| (cache, routes.as_slice()));
                 let handle = std::thread::Builder::new()
                     .name(format!("worker-{worker}"))
                     .spawn_scoped(scope, move || {
-                        let mut transport =
-                            RemoteTransport::connect(&plan.map, &plan.addrs, client).map_err(
-                                |e| RunError::RunWorker {
-                                    worker,
-                                    source: e.into(),
-                                },
-                            )?;
+                        let mut transport = RemoteTransport::connect(
+                            &plan.map,
+                            &plan.addrs,
+                            client,
+                        )
+                        .map_err(|e| {
+                            if let Some((cache, _)) = shared {
+                                cache.fail(format!("worker {worker} failed to connect: {e}"));
+                            }
+                            RunError::RunWorker {
+                                worker,
+                                source: e.into(),
+                            }
+                        })?;
                         run_worker(
                             worker,
                             app_worker,
+                            &working_set,
+                            shared,
                             specs,
                             &mut transport,
                             config,
@@ -293,15 +319,10 @@ pub struct SegmentPlan {
 /// row cache and connections, registers only with servers that changed and pulls only what is
 /// stale, so a segment boundary costs what actually moved. A pool may hold any subset of the
 /// job's logical workers (a node process holds the ones assigned to it) and change it between
-/// segments.
+/// segments. Its threads share one [`ProcessCache`] (if the job does), kept across segments
+/// while the pool's workers stay the same and nothing failed.
 pub struct WorkerPool {
-    workers: BTreeMap<
-        u32,
-        (
-            std::sync::mpsc::Sender<SegmentPlan>,
-            std::thread::JoinHandle<()>,
-        ),
-    >,
+    workers: BTreeMap<u32, PoolWorker>,
     report: std::sync::mpsc::Sender<(u32, Result<WorkerReport, RunError>)>,
     results: std::sync::mpsc::Receiver<(u32, Result<WorkerReport, RunError>)>,
     specs: Vec<TableSpec>,
@@ -309,6 +330,22 @@ pub struct WorkerPool {
     config: JobConfig,
     metrics: RuntimeMetrics,
     run_start: Instant,
+    shared: parking_lot::Mutex<Option<Arc<ProcessCache>>>,
+    segments: std::sync::atomic::AtomicU64,
+}
+
+/// One thread of a [`WorkerPool`].
+struct PoolWorker {
+    command: std::sync::mpsc::Sender<PoolSegment>,
+    thread: std::thread::JoinHandle<()>,
+    working_set: WorkingSet,
+}
+
+/// What a pool thread runs next.
+struct PoolSegment {
+    plan: SegmentPlan,
+    shared: Option<Arc<ProcessCache>>,
+    seq: u64,
 }
 
 impl WorkerPool {
@@ -345,6 +382,8 @@ impl WorkerPool {
             config: config.clone(),
             metrics: metrics.clone(),
             run_start,
+            shared: parking_lot::Mutex::new(None),
+            segments: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -364,9 +403,9 @@ impl WorkerPool {
             .filter(|w| !wanted.contains(w))
             .collect();
         for worker in gone {
-            if let Some((command, thread)) = self.workers.remove(&worker) {
-                drop(command);
-                let _ = thread.join();
+            if let Some(held) = self.workers.remove(&worker) {
+                drop(held.command);
+                let _ = held.thread.join();
             }
         }
         for &worker in &wanted {
@@ -382,26 +421,18 @@ impl WorkerPool {
         Ok(())
     }
 
-    fn spawn<A: App>(
-        &self,
-        app: &A,
-        worker: u32,
-    ) -> Result<
-        (
-            std::sync::mpsc::Sender<SegmentPlan>,
-            std::thread::JoinHandle<()>,
-        ),
-        RunError,
-    > {
+    fn spawn<A: App>(&self, app: &A, worker: u32) -> Result<PoolWorker, RunError> {
         let app_worker = app.worker(worker as usize, self.config.workers);
-        let (command, segments) = std::sync::mpsc::channel::<SegmentPlan>();
-        let (specs, client, config, metrics, report, run_start) = (
+        let working_set = app_worker.working_set();
+        let (command, segments) = std::sync::mpsc::channel::<PoolSegment>();
+        let (specs, client, config, metrics, report, run_start, set) = (
             self.specs.clone(),
             self.client.clone(),
             self.config.clone(),
             self.metrics.clone(),
             self.report.clone(),
             self.run_start,
+            working_set.clone(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("worker-{worker}"))
@@ -410,6 +441,7 @@ impl WorkerPool {
                 let mut state = match crate::worker::WorkerLoop::new(
                     worker,
                     app_worker,
+                    &set,
                     &specs,
                     config.partitions,
                 ) {
@@ -419,9 +451,14 @@ impl WorkerPool {
                         None
                     }
                 };
+                drop(set);
                 let mut transport: Option<RemoteTransport> = None;
-                while let Ok(plan) = segments.recv() {
+                while let Ok(segment) = segments.recv() {
+                    let PoolSegment { plan, shared, seq } = segment;
                     let Some(worker_loop) = state.as_mut() else {
+                        if let Some(cache) = &shared {
+                            cache.fail(format!("worker {worker} has no state"));
+                        }
                         let _ = report.send((worker, Err(RunError::JoinWorker { worker })));
                         continue;
                     };
@@ -441,16 +478,35 @@ impl WorkerPool {
                             }
                         };
                         let transport = transport.as_mut().expect("connected above");
-                        worker_loop
-                            .register(transport, changed.as_deref())
-                            .map_err(fail)?;
+                        let alone_before = worker_loop.is_alone();
+                        worker_loop.attach(shared.as_ref());
+                        match &shared {
+                            Some(cache) => cache
+                                .begin_segment(
+                                    transport,
+                                    seq,
+                                    plan.gate.first(),
+                                    &routes_of(&plan.map, &plan.addrs),
+                                )
+                                .map_err(fail)?,
+                            // Back on its own after sharing: its server batches are the group's.
+                            None if !alone_before => {
+                                worker_loop.register(transport, None).map_err(fail)?
+                            }
+                            None => worker_loop
+                                .register(transport, changed.as_deref())
+                                .map_err(fail)?,
+                        }
                         worker_loop
                             .run(transport, &config, &plan.gate, false, &metrics, run_start)
                             .map_err(fail)
                     })();
-                    if outcome.is_err() {
+                    if let Err(error) = &outcome {
                         // Its connections may be mid-exchange: start clean next time.
                         transport = None;
+                        if let Some(cache) = &shared {
+                            cache.fail(error.to_string());
+                        }
                     }
                     if report.send((worker, outcome)).is_err() {
                         return;
@@ -458,15 +514,50 @@ impl WorkerPool {
                 }
             })
             .map_err(|_| RunError::JoinWorker { worker })?;
-        Ok((command, thread))
+        Ok(PoolWorker {
+            command,
+            thread,
+            working_set,
+        })
+    }
+
+    /// The process cache for the next segment: the current one while the workers held are its
+    /// members and nothing failed, else a new one (or none, if the job does not share).
+    fn shared_cache(&self) -> Option<Arc<ProcessCache>> {
+        let members: Vec<(u32, &WorkingSet)> = self
+            .workers
+            .iter()
+            .map(|(id, held)| (*id, &held.working_set))
+            .collect();
+        let mut shared = self.shared.lock();
+        let keep = shared.as_ref().is_some_and(|cache| {
+            !cache.failed() && cache.members().iter().eq(members.iter().map(|(id, _)| id))
+        });
+        if !keep {
+            *shared = process_cache_for(&self.config, &self.specs, &members);
+        }
+        shared.clone()
     }
 
     /// Runs one segment on every worker held; returns their reports in worker order.
     pub fn run_segment(&self, plan: &SegmentPlan) -> Result<Vec<WorkerReport>, RunError> {
-        for (&worker, (command, _)) in &self.workers {
-            command
-                .send(plan.clone())
-                .map_err(|_| RunError::JoinWorker { worker })?;
+        let shared = self.shared_cache();
+        let seq = self
+            .segments
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        for (&worker, held) in &self.workers {
+            let segment = PoolSegment {
+                plan: plan.clone(),
+                shared: shared.clone(),
+                seq,
+            };
+            if held.command.send(segment).is_err() {
+                if let Some(cache) = &shared {
+                    cache.fail(format!("worker {worker} is gone"));
+                }
+                return Err(RunError::JoinWorker { worker });
+            }
         }
         let mut reports: BTreeMap<u32, WorkerReport> = BTreeMap::new();
         let mut first_error = None;
@@ -492,9 +583,9 @@ impl WorkerPool {
 
     /// Stops the threads and waits for them.
     pub fn stop(self) {
-        for (_, (command, thread)) in self.workers {
-            drop(command);
-            let _ = thread.join();
+        for (_, held) in self.workers {
+            drop(held.command);
+            let _ = held.thread.join();
         }
     }
 }

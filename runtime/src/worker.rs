@@ -15,15 +15,22 @@
 //!    holds this worker's own writes, and a kept copy holds them because the app wrote them there.
 //!
 //! Nothing here allocates per clock: every buffer is sized once from the working set.
+//!
+//! With [`JobConfig::process_cache`] (the default) the worker threads of one process share one
+//! [`ProcessCache`]: steps 3 and 4 go through it, so shared rows are fetched once per process and
+//! the threads' deltas of a clock leave the process as one push per partition (see
+//! [`crate::process_cache`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::app::{AppError, AppWorker, ClockStats, RowCache, TableId, TableSpec};
+use crate::app::{AppError, AppWorker, ClockStats, RowCache, TableId, TableSpec, WorkingSet};
 use crate::metrics::RuntimeMetrics;
 use crate::optimizer::Optimizer;
 use crate::partition::{PartitionId, partition_of};
+use crate::process_cache::{ProcessCache, Route, Run};
 use crate::store::StoreError;
 
 /// Settings of one training job.
@@ -43,6 +50,18 @@ pub struct JobConfig {
     pub wait_timeout: Duration,
     /// Whether the run report keeps a full copy of the final parameters.
     pub keep_params: bool,
+    /// Whether the worker threads of a process share one read cache and coalesce their pushes
+    /// per clock ([`crate::process_cache`]); `false` keeps one cache and one server identity per
+    /// thread. Only used with at least two threads in a process and a stateless server optimizer
+    /// (a stateful one must see each worker's delta on its own).
+    pub process_cache: bool,
+}
+
+impl JobConfig {
+    /// Whether a process running `local_workers` worker threads shares a [`ProcessCache`].
+    pub fn shares_cache(&self, local_workers: usize) -> bool {
+        self.process_cache && local_workers > 1 && !self.optimizer.has_state()
+    }
 }
 
 impl Default for JobConfig {
@@ -55,6 +74,7 @@ impl Default for JobConfig {
             optimizer: Optimizer::Add,
             wait_timeout: Duration::from_secs(600),
             keep_params: false,
+            process_cache: true,
         }
     }
 }
@@ -81,6 +101,20 @@ pub enum WorkerError {
         /// Values the worker will send.
         worker: usize,
     },
+    /// Another worker thread sharing this process's cache failed.
+    #[error("a worker thread sharing this process's cache failed: {reason}")]
+    PeerFailed {
+        /// Its failure.
+        reason: String,
+    },
+    /// The other worker threads of this process did not get as far in time.
+    #[error("waited {waited:?} for this process's other worker threads ({what})")]
+    WaitPeers {
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
 }
 
 impl WorkerError {
@@ -91,6 +125,8 @@ impl WorkerError {
             WorkerError::Serve(e) => e.category(),
             WorkerError::Remote(e) => e.category(),
             WorkerError::RegisterLength { .. } => "register_length",
+            WorkerError::PeerFailed { .. } => "peer_failed",
+            WorkerError::WaitPeers { .. } => "wait_peers",
         }
     }
 }
@@ -114,6 +150,25 @@ pub(crate) struct PartitionView {
     /// The server's copy changed (a new registration): pull before the next clock whatever
     /// `visible` says.
     pub(crate) stale: bool,
+    /// With a process cache: the registration generation of the copy installed.
+    pub(crate) generation: u64,
+}
+
+impl PartitionView {
+    /// A view of `len` values without cache rows or buffers (the process cache's union batches).
+    pub(crate) fn bare(partition: PartitionId, len: usize) -> Self {
+        Self {
+            partition,
+            ranges: Vec::new(),
+            len,
+            delta: Vec::new(),
+            incoming: Vec::new(),
+            visible: 0,
+            needs_pull: false,
+            stale: false,
+            generation: 0,
+        }
+    }
 }
 
 /// Moves values between a worker and the servers of its partitions.
@@ -247,16 +302,7 @@ pub struct WorkerReport {
 /// Builds one view per partition from the cache's partition-grouped slot order.
 fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
     let mut views: Vec<PartitionView> = (0..num_partitions)
-        .map(|partition| PartitionView {
-            partition,
-            ranges: Vec::new(),
-            len: 0,
-            delta: Vec::new(),
-            incoming: Vec::new(),
-            visible: 0,
-            needs_pull: false,
-            stale: false,
-        })
+        .map(|partition| PartitionView::bare(partition, 0))
         .collect();
     for (position, table) in cache.tables.iter().enumerate() {
         let mut start = 0;
@@ -324,6 +370,15 @@ fn install(cache: &mut RowCache, view: &mut PartitionView) {
     }
 }
 
+/// A worker thread's membership in its process's [`ProcessCache`].
+struct Attached {
+    cache: Arc<ProcessCache>,
+    /// Per partition: where the thread's view lies in the union batch.
+    runs: Vec<Vec<Run>>,
+    /// Union-sized receive buffers for the fetches this thread makes (allocated on first use).
+    scratch: Vec<PartitionView>,
+}
+
 /// One worker thread's state across the segments of a run: its app worker (data shard), row
 /// cache and per-partition views. Built once; each segment registers only with servers that
 /// changed and pulls only what is stale.
@@ -335,18 +390,20 @@ pub(crate) struct WorkerLoop<W: AppWorker> {
     rows_per_pull: Vec<u64>,
     pushed_rows: u64,
     pushed_bytes: u64,
+    shared: Option<Attached>,
 }
 
 impl<W: AppWorker> WorkerLoop<W> {
-    /// Builds the worker's cache for `num_partitions` partitions.
+    /// Builds the worker's cache of `working_set` (its app worker's) for `num_partitions`
+    /// partitions.
     pub(crate) fn new(
         worker_id: u32,
         mut app_worker: W,
+        working_set: &WorkingSet,
         specs: &[TableSpec],
         num_partitions: u32,
     ) -> Result<Self, WorkerError> {
-        let working_set = app_worker.working_set();
-        let cache = RowCache::build(specs, &working_set, |key| partition_of(key, num_partitions))?;
+        let cache = RowCache::build(specs, working_set, |key| partition_of(key, num_partitions))?;
         let views = build_views(&cache, num_partitions);
         app_worker.bind(&cache);
         let rows_per_pull: Vec<u64> = views
@@ -368,7 +425,51 @@ impl<W: AppWorker> WorkerLoop<W> {
             rows_per_pull,
             pushed_rows,
             pushed_bytes,
+            shared: None,
         })
+    }
+
+    /// Whether the worker reads and writes on its own (no process cache).
+    pub(crate) fn is_alone(&self) -> bool {
+        self.shared.is_none()
+    }
+
+    /// Reads and writes through `cache` from now on (`None`: on its own). A different cache than
+    /// before marks every copy stale.
+    pub(crate) fn attach(&mut self, cache: Option<&Arc<ProcessCache>>) {
+        let same = match (&self.shared, cache) {
+            (Some(attached), Some(cache)) => Arc::ptr_eq(&attached.cache, cache),
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        for view in &mut self.views {
+            view.stale = true;
+        }
+        self.shared = cache.map(|cache| {
+            let runs = self
+                .views
+                .iter()
+                .map(|view| {
+                    let tables: Vec<(TableId, &[u64], usize)> = view
+                        .ranges
+                        .iter()
+                        .map(|&(position, start, end)| {
+                            let table = &self.cache.tables[position];
+                            (table.id, &table.slot_keys[start..end], table.width)
+                        })
+                        .collect();
+                    cache.runs(view.partition, &tables)
+                })
+                .collect();
+            Attached {
+                cache: cache.clone(),
+                runs,
+                scratch: Vec::new(),
+            }
+        });
     }
 
     /// Registers the worker's batch with the servers of `partitions` (every partition when
@@ -397,25 +498,51 @@ impl<W: AppWorker> WorkerLoop<W> {
         Ok(())
     }
 
-    /// Pulls every view older than `min_clock` (or every view, with `force`).
+    /// Pulls every view older than `min_clock` (or every view, with `force`); `done` is the
+    /// number of clocks this worker has pushed.
+    #[allow(clippy::too_many_arguments)]
     fn refresh<T: Transport>(
         &mut self,
         transport: &mut T,
         min_clock: u64,
+        done: u64,
         force: bool,
         report: &mut WorkerReport,
         metrics: &RuntimeMetrics,
     ) -> Result<(), WorkerError> {
-        let mut pulled = (0u64, 0u64);
-        for (view, rows) in self.views.iter_mut().zip(&self.rows_per_pull) {
-            view.needs_pull = view.len > 0 && (force || view.stale || view.visible < min_clock);
-            if view.needs_pull {
-                pulled.0 += rows;
-                pulled.1 += view.len as u64 * 4;
+        let waited = Instant::now();
+        match self.shared.as_mut() {
+            Some(shared) => shared.cache.read(
+                transport,
+                min_clock,
+                done,
+                force,
+                &mut self.views,
+                &shared.runs,
+                &mut shared.scratch,
+                metrics,
+            )?,
+            None => {
+                let mut pulled = (0u64, 0u64);
+                for (view, rows) in self.views.iter_mut().zip(&self.rows_per_pull) {
+                    view.needs_pull =
+                        view.len > 0 && (force || view.stale || view.visible < min_clock);
+                    if view.needs_pull {
+                        pulled.0 += rows;
+                        pulled.1 += view.len as u64 * 4;
+                    }
+                }
+                transport.pull(self.worker_id, min_clock, &mut self.views)?;
+                metrics
+                    .rows_moved
+                    .with_label_values(&["pull"])
+                    .inc_by(pulled.0);
+                metrics
+                    .bytes_moved
+                    .with_label_values(&["pull"])
+                    .inc_by(pulled.1);
             }
         }
-        let waited = Instant::now();
-        transport.pull(self.worker_id, min_clock, &mut self.views)?;
         let waited = waited.elapsed().as_secs_f64();
         report.wait_seconds += waited;
         metrics.ssp_wait_seconds.observe(waited);
@@ -423,21 +550,56 @@ impl<W: AppWorker> WorkerLoop<W> {
             install(&mut self.cache, view);
             view.stale = false;
         }
+        Ok(())
+    }
+
+    /// Sends this clock's deltas: straight to the servers, or into the process cache.
+    fn push<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        clock: u64,
+        metrics: &RuntimeMetrics,
+    ) -> Result<(), WorkerError> {
+        if let Some(shared) = &self.shared {
+            return shared
+                .cache
+                .contribute(transport, clock, &self.views, &shared.runs, metrics);
+        }
+        transport.push(self.worker_id, clock, &self.views)?;
         metrics
             .rows_moved
-            .with_label_values(&["pull"])
-            .inc_by(pulled.0);
+            .with_label_values(&["push"])
+            .inc_by(self.pushed_rows);
         metrics
             .bytes_moved
-            .with_label_values(&["pull"])
-            .inc_by(pulled.1);
+            .with_label_values(&["push"])
+            .inc_by(self.pushed_bytes);
         Ok(())
     }
 
     /// Runs the clocks `gate` lets this worker run. The first pull refreshes what is stale for
     /// the first clock (everything, with `force`); after each clock but the job's last, the
-    /// copies the next clock needs are pulled, so a following segment starts warm.
+    /// copies the next clock needs are pulled, so a following segment starts warm. A failure is
+    /// passed on to the threads sharing the process cache.
     pub(crate) fn run<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        config: &JobConfig,
+        gate: &ClockGate,
+        force: bool,
+        metrics: &RuntimeMetrics,
+        run_start: Instant,
+    ) -> Result<WorkerReport, WorkerError> {
+        let result = self.run_clocks(transport, config, gate, force, metrics, run_start);
+        if let (Err(error), Some(shared)) = (&result, &self.shared) {
+            shared
+                .cache
+                .fail(format!("worker {} failed: {error}", self.worker_id));
+        }
+        result
+    }
+
+    fn run_clocks<T: Transport>(
         &mut self,
         transport: &mut T,
         config: &JobConfig,
@@ -459,7 +621,7 @@ impl<W: AppWorker> WorkerLoop<W> {
         } else {
             first.saturating_sub(config.staleness)
         };
-        self.refresh(transport, first_bound, force, &mut report, metrics)?;
+        self.refresh(transport, first_bound, first, force, &mut report, metrics)?;
 
         for clock in first..config.clocks {
             if !gate.try_start(clock) {
@@ -470,18 +632,10 @@ impl<W: AppWorker> WorkerLoop<W> {
             for view in &mut self.views {
                 collect_delta(&mut self.cache, view);
             }
-            transport.push(self.worker_id, clock, &self.views)?;
-            metrics
-                .rows_moved
-                .with_label_values(&["push"])
-                .inc_by(self.pushed_rows);
-            metrics
-                .bytes_moved
-                .with_label_values(&["push"])
-                .inc_by(self.pushed_bytes);
+            self.push(transport, clock, metrics)?;
             if clock + 1 < config.clocks {
                 let min_clock = (clock + 1).saturating_sub(config.staleness);
-                self.refresh(transport, min_clock, false, &mut report, metrics)?;
+                self.refresh(transport, min_clock, clock + 1, false, &mut report, metrics)?;
             }
             metrics.iterations.inc();
             metrics
@@ -503,12 +657,31 @@ impl<W: AppWorker> WorkerLoop<W> {
     }
 }
 
-/// Runs one worker thread's whole job (or one segment of it): register, then the clocks `gate`
+/// The process cache for `workers` (global id, working set) if `config` shares one.
+pub(crate) fn process_cache_for(
+    config: &JobConfig,
+    specs: &[TableSpec],
+    workers: &[(u32, &WorkingSet)],
+) -> Option<Arc<ProcessCache>> {
+    config.shares_cache(workers.len()).then(|| {
+        Arc::new(ProcessCache::new(
+            workers,
+            specs,
+            config.partitions,
+            config.wait_timeout,
+        ))
+    })
+}
+
+/// Runs one worker thread's whole job (or one segment of it): register (alone, or through the
+/// process cache `shared` with every partition served at `routes`), then the clocks `gate`
 /// allows.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     worker_id: u32,
     app_worker: W,
+    working_set: &WorkingSet,
+    shared: Option<(&Arc<ProcessCache>, &[Route])>,
     specs: &[TableSpec],
     transport: &mut T,
     config: &JobConfig,
@@ -516,8 +689,22 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     metrics: &RuntimeMetrics,
     run_start: Instant,
 ) -> Result<WorkerReport, WorkerError> {
-    let mut worker = WorkerLoop::new(worker_id, app_worker, specs, config.partitions)?;
-    worker.register(transport, None)?;
+    let built = WorkerLoop::new(worker_id, app_worker, working_set, specs, config.partitions);
+    let mut worker = match (built, shared) {
+        (Ok(worker), _) => worker,
+        (Err(error), Some((cache, _))) => {
+            cache.fail(format!("worker {worker_id} failed: {error}"));
+            return Err(error);
+        }
+        (Err(error), None) => return Err(error),
+    };
+    match shared {
+        Some((cache, routes)) => {
+            worker.attach(Some(cache));
+            cache.begin_segment(transport, 1, gate.first(), routes)?;
+        }
+        None => worker.register(transport, None)?,
+    }
     worker.run(transport, config, gate, true, metrics, run_start)
 }
 

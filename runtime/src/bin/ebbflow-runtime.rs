@@ -868,6 +868,7 @@ impl AppTask for NodeTask {
             optimizer: args.optimizer,
             wait_timeout,
             keep_params: false,
+            ..JobConfig::default()
         };
         let outcome = ebbflow_runtime::node::run_workers(
             &app,

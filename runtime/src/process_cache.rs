@@ -1,0 +1,546 @@
+//! The per-process read cache and write-back buffer shared by the worker threads of one process.
+//!
+//! Without it every worker thread registers, pulls and pushes its own batch, so a process with
+//! `N` threads whose working sets overlap (LDA's word-topic counts, MLR's weights, MF's item
+//! factors) moves the shared rows `N` times per clock each way. With it the threads of a process
+//! form one *group* that talks to the servers under one identity, its *leader* (the lowest worker
+//! id of the group):
+//!
+//! - **Registration.** Per partition the leader registers the union of the members' keys; every
+//!   other member registers an empty batch. Readers with an empty batch never hold back a BSP push,
+//!   so the leader's read is the group's read.
+//! - **Reads.** Per partition the group keeps one copy of the union rows with its visible clock and
+//!   the group clocks it includes. A thread needing the partition at clock `m` after contributing
+//!   `f` clocks copies its rows from the group copy if that copy is visible at `m` and includes the
+//!   group's clocks below `f` (so it holds the thread's own writes); otherwise it waits for a fetch
+//!   in flight that will satisfy it, or fetches itself under the leader's id. Under BSP the first
+//!   thread of a clock fetches and the others copy: one pull per partition per process per clock.
+//! - **Writes.** A thread adds its clock's deltas into the group's buffer of that clock; the last
+//!   member to contribute pushes the sums under the leader's identity (leader, clock, partition)
+//!   and an empty push for every other member, so every logical worker still advances its own
+//!   clock count (`completed[w]`, part of partition images) once per clock, exactly once.
+//!
+//! A group's pushes only go out when all its members finished the clock, so the threads of one
+//! process are at most one clock apart at the servers; SSP between processes is unchanged and a
+//! thread may still run ahead on its own copy as far as its staleness bound allows. The group
+//! must be rebuilt when its members change (the union changes) and after any failure.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::app::{TableId, TableSpec, WorkingSet};
+use crate::metrics::RuntimeMetrics;
+use crate::partition::{PartitionId, partition_of};
+use crate::worker::{PartitionView, Transport, WorkerError};
+
+/// Where a partition is served, as far as registrations care: a change means re-register.
+pub(crate) type Route = (Option<SocketAddr>, u64);
+
+/// The union batch of one partition, in registration order.
+#[derive(Debug)]
+struct Layout {
+    /// Keys per table (tables with keys only, in declaration order).
+    tables: Vec<(TableId, Vec<u64>)>,
+    /// Row width per entry of `tables`.
+    widths: Vec<usize>,
+    /// Rows of the batch.
+    rows: u64,
+    /// Values of the batch.
+    len: usize,
+}
+
+/// A contiguous stretch of values a thread's view shares with the union batch:
+/// `(offset in the view, offset in the union, values)`.
+pub(crate) type Run = (usize, usize, usize);
+
+/// The group's copy of one partition.
+#[derive(Debug)]
+struct PartCopy {
+    values: Vec<f32>,
+    visible: u64,
+    /// Group clocks pushed before the copy was fetched (so it holds every member's writes of them).
+    includes: u64,
+    valid: bool,
+    /// Bumped at every registration; a thread's view installed under another one is stale.
+    generation: u64,
+    /// Fetches in flight: `(min_clock, includes)`.
+    fetching: Vec<(u64, u64)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    failed: Option<String>,
+    /// Group clocks pushed: every member's deltas of clocks below are at the servers.
+    pushed: u64,
+    /// Clocks being accumulated: `(clock, sums per partition, members contributed)`.
+    pending: Vec<(u64, Vec<PartitionView>, usize)>,
+    /// Zeroed sum buffers for later clocks.
+    spare: Vec<Vec<PartitionView>>,
+    parts: Vec<PartCopy>,
+}
+
+#[derive(Debug, Default)]
+struct Segment {
+    seq: u64,
+    routes: Vec<Route>,
+}
+
+/// The shared read cache and write-back buffer of one process's worker threads.
+#[derive(Debug)]
+pub struct ProcessCache {
+    leader: u32,
+    members: Vec<u32>,
+    layouts: Vec<Layout>,
+    wait_timeout: Duration,
+    shared: Mutex<Shared>,
+    changed: Condvar,
+    segment: Mutex<Segment>,
+    /// Empty batches pushed for the members other than the leader.
+    empties: Vec<PartitionView>,
+}
+
+fn bare_views(layouts: &[Layout], with_delta: bool) -> Vec<PartitionView> {
+    layouts
+        .iter()
+        .enumerate()
+        .map(|(p, layout)| {
+            let mut view = PartitionView::bare(p as PartitionId, layout.len);
+            if with_delta {
+                view.delta = vec![0.0; layout.len];
+            } else {
+                view.incoming = vec![0.0; layout.len];
+            }
+            view
+        })
+        .collect()
+}
+
+impl ProcessCache {
+    /// A group of the worker threads `members` (global id and working set) of one process.
+    pub(crate) fn new(
+        members: &[(u32, &WorkingSet)],
+        specs: &[TableSpec],
+        num_partitions: u32,
+        wait_timeout: Duration,
+    ) -> Self {
+        let mut layouts: Vec<Layout> = (0..num_partitions)
+            .map(|_| Layout {
+                tables: Vec::new(),
+                widths: Vec::new(),
+                rows: 0,
+                len: 0,
+            })
+            .collect();
+        for spec in specs {
+            let mut keys: Vec<u64> = members
+                .iter()
+                .flat_map(|(_, set)| set.keys(spec.id).iter().copied())
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let mut by_partition: Vec<Vec<u64>> = vec![Vec::new(); num_partitions as usize];
+            for key in keys {
+                by_partition[partition_of(key, num_partitions) as usize].push(key);
+            }
+            for (layout, keys) in layouts.iter_mut().zip(by_partition) {
+                if keys.is_empty() {
+                    continue;
+                }
+                layout.rows += keys.len() as u64;
+                layout.len += keys.len() * spec.width;
+                layout.tables.push((spec.id, keys));
+                layout.widths.push(spec.width);
+            }
+        }
+        let mut ids: Vec<u32> = members.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        let parts = layouts
+            .iter()
+            .map(|layout| PartCopy {
+                values: vec![0.0; layout.len],
+                visible: 0,
+                includes: 0,
+                valid: false,
+                generation: 0,
+                fetching: Vec::new(),
+            })
+            .collect();
+        let empties = (0..num_partitions)
+            .map(|p| PartitionView::bare(p, 0))
+            .collect();
+        Self {
+            leader: ids.first().copied().unwrap_or(0),
+            members: ids,
+            layouts,
+            wait_timeout,
+            shared: Mutex::new(Shared {
+                failed: None,
+                pushed: 0,
+                pending: Vec::new(),
+                spare: Vec::new(),
+                parts,
+            }),
+            changed: Condvar::new(),
+            segment: Mutex::new(Segment::default()),
+            empties,
+        }
+    }
+
+    /// The group's worker ids, ascending.
+    pub(crate) fn members(&self) -> &[u32] {
+        &self.members
+    }
+
+    /// Whether a member failed (the group is unusable; build a new one).
+    pub(crate) fn failed(&self) -> bool {
+        self.shared.lock().failed.is_some()
+    }
+
+    /// Marks the group failed and wakes every waiting member.
+    pub(crate) fn fail(&self, reason: String) {
+        let mut shared = self.shared.lock();
+        shared.failed.get_or_insert(reason);
+        self.changed.notify_all();
+    }
+
+    /// Maps a thread's view of `partition` (keys per table, in view order, with widths) onto the
+    /// union batch.
+    pub(crate) fn runs(
+        &self,
+        partition: PartitionId,
+        tables: &[(TableId, &[u64], usize)],
+    ) -> Vec<Run> {
+        let layout = &self.layouts[partition as usize];
+        let mut runs: Vec<Run> = Vec::new();
+        let mut own = 0;
+        for &(table, keys, width) in tables {
+            let mut base = 0;
+            let mut found = None;
+            for ((id, union), w) in layout.tables.iter().zip(&layout.widths) {
+                if *id == table {
+                    found = Some(union);
+                    break;
+                }
+                base += union.len() * w;
+            }
+            let Some(union) = found else {
+                own += keys.len() * width;
+                continue;
+            };
+            for &key in keys {
+                let row = union
+                    .binary_search(&key)
+                    .expect("a member's key is in the union batch");
+                let at = base + row * width;
+                match runs.last_mut() {
+                    Some((o, u, n)) if *o + *n == own && *u + *n == at => *n += width,
+                    _ => runs.push((own, at, width)),
+                }
+                own += width;
+            }
+        }
+        runs
+    }
+
+    fn wait(
+        &self,
+        shared: &mut MutexGuard<'_, Shared>,
+        deadline: Instant,
+        what: &'static str,
+    ) -> Result<(), WorkerError> {
+        if let Some(reason) = &shared.failed {
+            return Err(WorkerError::PeerFailed {
+                reason: reason.clone(),
+            });
+        }
+        if self.changed.wait_until(shared, deadline).timed_out() {
+            return Err(WorkerError::WaitPeers {
+                what,
+                waited: self.wait_timeout,
+            });
+        }
+        match &shared.failed {
+            Some(reason) => Err(WorkerError::PeerFailed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts segment `seq` at clock `first` (once per segment, whichever member comes first):
+    /// registers the group's batches with every partition whose route changed and invalidates
+    /// their copies. The other members wait until it is done.
+    pub(crate) fn begin_segment<T: Transport>(
+        &self,
+        transport: &mut T,
+        seq: u64,
+        first: u64,
+        routes: &[Route],
+    ) -> Result<(), WorkerError> {
+        let mut segment = self.segment.lock();
+        if segment.seq == seq {
+            return match &self.shared.lock().failed {
+                Some(reason) => Err(WorkerError::PeerFailed {
+                    reason: reason.clone(),
+                }),
+                None => Ok(()),
+            };
+        }
+        segment.seq = seq;
+        let changed: Vec<PartitionId> = routes
+            .iter()
+            .enumerate()
+            .filter(|&(p, route)| segment.routes.get(p) != Some(route))
+            .map(|(p, _)| p as PartitionId)
+            .collect();
+        let registered = (|| {
+            for &partition in &changed {
+                let layout = &self.layouts[partition as usize];
+                let len = transport.register(self.leader, partition, &layout.tables)?;
+                if len != layout.len {
+                    return Err(WorkerError::RegisterLength {
+                        partition,
+                        server: len,
+                        worker: layout.len,
+                    });
+                }
+                for &member in self.members.iter().filter(|&&m| m != self.leader) {
+                    let len = transport.register(member, partition, &[])?;
+                    if len != 0 {
+                        return Err(WorkerError::RegisterLength {
+                            partition,
+                            server: len,
+                            worker: 0,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(error) = registered {
+            segment.routes.clear();
+            self.fail(error.to_string());
+            return Err(error);
+        }
+        segment.routes = routes.to_vec();
+        let mut shared = self.shared.lock();
+        shared.pushed = first;
+        let pending = std::mem::take(&mut shared.pending);
+        shared
+            .spare
+            .extend(pending.into_iter().map(|(_, mut sums, _)| {
+                for view in &mut sums {
+                    view.delta.fill(0.0);
+                }
+                sums
+            }));
+        for &partition in &changed {
+            let part = &mut shared.parts[partition as usize];
+            part.valid = false;
+            part.generation += 1;
+            part.fetching.clear();
+        }
+        Ok(())
+    }
+
+    /// Adds `worker`'s deltas of `clock` (its views, mapped by `runs`) to the group's buffer; the
+    /// last member to contribute pushes the clock for the whole group.
+    pub(crate) fn contribute<T: Transport>(
+        &self,
+        transport: &mut T,
+        clock: u64,
+        views: &[PartitionView],
+        runs: &[Vec<Run>],
+        metrics: &RuntimeMetrics,
+    ) -> Result<(), WorkerError> {
+        let mut shared = self.shared.lock();
+        if let Some(reason) = &shared.failed {
+            return Err(WorkerError::PeerFailed {
+                reason: reason.clone(),
+            });
+        }
+        let index = match shared.pending.iter().position(|(c, _, _)| *c == clock) {
+            Some(index) => index,
+            None => {
+                let sums = shared
+                    .spare
+                    .pop()
+                    .unwrap_or_else(|| bare_views(&self.layouts, true));
+                shared.pending.push((clock, sums, 0));
+                shared.pending.len() - 1
+            }
+        };
+        let (_, sums, contributed) = &mut shared.pending[index];
+        for ((view, runs), sum) in views.iter().zip(runs).zip(sums.iter_mut()) {
+            for &(own, union, n) in runs {
+                for (s, d) in sum.delta[union..union + n]
+                    .iter_mut()
+                    .zip(&view.delta[own..own + n])
+                {
+                    *s += d;
+                }
+            }
+        }
+        *contributed += 1;
+        if *contributed < self.members.len() {
+            return Ok(());
+        }
+        let (_, mut sums, _) = shared.pending.swap_remove(index);
+        drop(shared);
+        let pushed = (|| {
+            transport.push(self.leader, clock, &sums)?;
+            for &member in self.members.iter().filter(|&&m| m != self.leader) {
+                transport.push(member, clock, &self.empties)?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = pushed {
+            self.fail(format!("pushing clock {clock} failed: {error}"));
+            return Err(error);
+        }
+        let rows: u64 = self.layouts.iter().map(|l| l.rows).sum();
+        let values: usize = self.layouts.iter().map(|l| l.len).sum();
+        metrics.rows_moved.with_label_values(&["push"]).inc_by(rows);
+        metrics
+            .bytes_moved
+            .with_label_values(&["push"])
+            .inc_by(values as u64 * 4);
+        for view in &mut sums {
+            view.delta.fill(0.0);
+        }
+        let mut shared = self.shared.lock();
+        shared.pushed = shared.pushed.max(clock + 1);
+        shared.spare.push(sums);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Fills `incoming` of every view that needs it (stale, older than `min_clock`, installed
+    /// under an older registration, or all with `force`) from the group's copies, fetching a copy
+    /// under the leader's id where none will do; sets `needs_pull` on exactly those views.
+    /// `done` is the number of clocks this thread has contributed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read<T: Transport>(
+        &self,
+        transport: &mut T,
+        min_clock: u64,
+        done: u64,
+        force: bool,
+        views: &mut [PartitionView],
+        runs: &[Vec<Run>],
+        scratch: &mut Vec<PartitionView>,
+        metrics: &RuntimeMetrics,
+    ) -> Result<(), WorkerError> {
+        let deadline = Instant::now() + self.wait_timeout;
+        let mut shared = self.shared.lock();
+        for view in views.iter_mut() {
+            let part = &shared.parts[view.partition as usize];
+            view.needs_pull = view.len > 0
+                && (force
+                    || view.stale
+                    || view.visible < min_clock
+                    || view.generation != part.generation);
+        }
+        // Copied views are done; `needs_pull` stays set on them for the caller's install.
+        let mut done_views: Vec<bool> = views.iter().map(|v| !v.needs_pull).collect();
+        loop {
+            if let Some(reason) = &shared.failed {
+                return Err(WorkerError::PeerFailed {
+                    reason: reason.clone(),
+                });
+            }
+            if shared.pushed < done {
+                self.wait(&mut shared, deadline, "their clock's pushes")?;
+                continue;
+            }
+            let (mut fetch, mut waiting) = (false, false);
+            let includes = shared.pushed;
+            for (view, finished) in views.iter_mut().zip(done_views.iter_mut()) {
+                if *finished {
+                    continue;
+                }
+                let p = view.partition as usize;
+                let part = &mut shared.parts[p];
+                if part.valid && part.visible >= min_clock && part.includes >= done {
+                    copy_runs(&part.values, view, &runs[p]);
+                    view.visible = part.visible;
+                    view.generation = part.generation;
+                    *finished = true;
+                } else if part
+                    .fetching
+                    .iter()
+                    .any(|&(m, i)| m >= min_clock && i >= done && m <= done)
+                {
+                    waiting = true;
+                } else {
+                    part.fetching.push((min_clock, includes));
+                    if scratch.is_empty() {
+                        *scratch = bare_views(&self.layouts, false);
+                    }
+                    scratch[p].needs_pull = true;
+                    fetch = true;
+                }
+            }
+            if !fetch {
+                if !waiting {
+                    return Ok(());
+                }
+                self.wait(&mut shared, deadline, "a fetch of their process cache")?;
+                continue;
+            }
+            drop(shared);
+            let pulled = transport.pull(self.leader, min_clock, scratch);
+            shared = self.shared.lock();
+            let (mut rows, mut values) = (0u64, 0usize);
+            for fetched in scratch.iter_mut().filter(|v| v.needs_pull) {
+                fetched.needs_pull = false;
+                let p = fetched.partition as usize;
+                let part = &mut shared.parts[p];
+                if let Some(at) = part
+                    .fetching
+                    .iter()
+                    .position(|&f| f == (min_clock, includes))
+                {
+                    part.fetching.swap_remove(at);
+                }
+                if pulled.is_err() {
+                    continue;
+                }
+                rows += self.layouts[p].rows;
+                values += self.layouts[p].len;
+                if !part.valid || (fetched.visible >= part.visible && includes >= part.includes) {
+                    std::mem::swap(&mut part.values, &mut fetched.incoming);
+                    part.visible = fetched.visible;
+                    part.includes = includes;
+                    part.valid = true;
+                } else if let Some(view) = views.get_mut(p) {
+                    // The group holds a copy fresher in some respect: keep it, use ours here.
+                    copy_runs(&fetched.incoming, view, &runs[p]);
+                    view.visible = fetched.visible;
+                    view.generation = part.generation;
+                    done_views[p] = true;
+                }
+            }
+            self.changed.notify_all();
+            if let Err(error) = pulled {
+                drop(shared);
+                self.fail(format!("fetching the process cache failed: {error}"));
+                return Err(error);
+            }
+            metrics.rows_moved.with_label_values(&["pull"]).inc_by(rows);
+            metrics
+                .bytes_moved
+                .with_label_values(&["pull"])
+                .inc_by(values as u64 * 4);
+        }
+    }
+}
+
+/// Copies a view's rows out of the union values.
+fn copy_runs(union: &[f32], view: &mut PartitionView, runs: &[Run]) {
+    for &(own, at, n) in runs {
+        view.incoming[own..own + n].copy_from_slice(&union[at..at + n]);
+    }
+}

@@ -1,0 +1,276 @@
+//! The per-process read cache: the worker threads of one process fetch shared rows once per clock
+//! and push one coalesced batch per partition, in process and over TCP, and a worker pool keeps the
+//! cache across segments, re-pulling only partitions that moved.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ebbflow_runtime::app::{App, AppWorker, TableReader};
+use ebbflow_runtime::apps::{MfApp, MfConfig};
+use ebbflow_runtime::client::{ClientConfig, NodeAddrs, fetch_snapshot};
+use ebbflow_runtime::data;
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::local::{RunReport, run_single_process};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::{SegmentPlan, ServerHandle, WorkerPool, run_loopback};
+use ebbflow_runtime::partition::{PartitionEntry, PartitionMap, partition_of};
+use ebbflow_runtime::store::ServerState;
+use ebbflow_runtime::worker::{ClockGate, JobConfig};
+
+const PARTITIONS: u32 = 4;
+
+fn exact_app(clocks: u64, staleness: u64) -> ExactApp {
+    ExactApp::new(ExactConfig {
+        rows: 40,
+        width: 3,
+        tables: 2,
+        shared_rows: 12,
+        clocks,
+        staleness,
+        clock_delay: std::time::Duration::ZERO,
+    })
+}
+
+fn job(workers: usize, clocks: u64, staleness: u64, process_cache: bool) -> JobConfig {
+    JobConfig {
+        clocks,
+        staleness,
+        workers,
+        partitions: PARTITIONS,
+        keep_params: true,
+        process_cache,
+        ..JobConfig::default()
+    }
+}
+
+/// Rows of every worker's working set per partition: (union over workers, sum over workers).
+fn rows_per_partition<A: App>(app: &A, workers: usize) -> Vec<(u64, u64)> {
+    let mut union: Vec<BTreeSet<(u32, u64)>> = vec![BTreeSet::new(); PARTITIONS as usize];
+    let mut sum = vec![0u64; PARTITIONS as usize];
+    for shard in 0..workers {
+        let set = app.worker(shard, workers).working_set();
+        for (table, keys) in set.tables() {
+            for &key in keys {
+                let p = partition_of(key, PARTITIONS) as usize;
+                union[p].insert((table, key));
+                sum[p] += 1;
+            }
+        }
+    }
+    union
+        .iter()
+        .zip(sum)
+        .map(|(u, s)| (u.len() as u64, s))
+        .collect()
+}
+
+fn moved(metrics: &RuntimeMetrics, direction: &str) -> (u64, u64) {
+    (
+        metrics.rows_moved.with_label_values(&[direction]).get(),
+        metrics.bytes_moved.with_label_values(&[direction]).get(),
+    )
+}
+
+fn assert_exact(report: &RunReport, what: &str) {
+    assert_eq!(
+        report.eval.metric("wrong_values"),
+        Some(0.0),
+        "{what}: {:?}",
+        report.eval
+    );
+    assert_eq!(
+        report.total_stats().loss_sum,
+        0.0,
+        "{what}: ssp bound broken"
+    );
+}
+
+#[test]
+fn two_threads_fetch_shared_rows_once_per_process_per_clock() {
+    let (workers, clocks) = (2, 8);
+    let app = exact_app(clocks, 0);
+    let rows = rows_per_partition(&app, workers);
+    let union: u64 = rows.iter().map(|r| r.0).sum();
+    let sum: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(union < sum, "the workers share rows ({union} < {sum})");
+    let row_bytes = 3 * 4;
+    for process_cache in [true, false] {
+        let metrics = RuntimeMetrics::unregistered();
+        let report =
+            run_single_process(&app, &job(workers, clocks, 0, process_cache), &metrics).unwrap();
+        assert_exact(&report, &format!("process cache {process_cache}"));
+        // BSP refreshes every partition once before each clock.
+        let per_clock = if process_cache { union } else { sum };
+        assert_eq!(
+            moved(&metrics, "pull"),
+            (per_clock * clocks, per_clock * clocks * row_bytes),
+            "process cache {process_cache}: rows and bytes pulled"
+        );
+        assert_eq!(
+            moved(&metrics, "push"),
+            (per_clock * clocks, per_clock * clocks * row_bytes),
+            "process cache {process_cache}: rows and bytes pushed"
+        );
+    }
+}
+
+#[test]
+fn over_tcp_bsp_results_and_traffic_follow_the_process_cache() {
+    // MF: float updates, users disjoint between workers, items shared.
+    let ratings = data::synthetic_ratings(60, 40, 3, 3_000, 0.1, 5)
+        .unwrap()
+        .ratings;
+    let (train, test) = ratings.split(0.2, 42).unwrap();
+    let app = MfApp::new(train, test, MfConfig::default()).unwrap();
+    let (workers, clocks) = (2, 6);
+    let rows = rows_per_partition(&app, workers);
+    let union: u64 = rows.iter().map(|r| r.0).sum();
+    let sum: u64 = rows.iter().map(|r| r.1).sum();
+    let mut results = Vec::new();
+    for process_cache in [true, false] {
+        let metrics = RuntimeMetrics::unregistered();
+        let report =
+            run_loopback(&app, &job(workers, clocks, 0, process_cache), 2, &metrics).unwrap();
+        let per_clock = if process_cache { union } else { sum };
+        assert_eq!(moved(&metrics, "pull").0, per_clock * clocks);
+        assert_eq!(moved(&metrics, "push").0, per_clock * clocks);
+        results.push(report);
+    }
+    let (shared, alone) = (&results[0], &results[1]);
+    assert!(
+        (shared.eval.loss - alone.eval.loss).abs() < 1e-5,
+        "test rmse {} vs {}",
+        shared.eval.loss,
+        alone.eval.loss
+    );
+    let (a, b) = (
+        shared.params.as_ref().unwrap(),
+        alone.params.as_ref().unwrap(),
+    );
+    for spec in app.tables() {
+        let (table, mut row_a) = (spec.id, vec![0.0f32; spec.width]);
+        let mut row_b = row_a.clone();
+        for key in a.keys(table) {
+            assert!(a.read_row(table, key, &mut row_a) && b.read_row(table, key, &mut row_b));
+            for (x, y) in row_a.iter().zip(&row_b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + x.abs()),
+                    "{table}/{key}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ssp_threads_sharing_a_process_cache_stay_exact_and_within_bounds() {
+    for staleness in [1, 2] {
+        let app = exact_app(12, staleness);
+        let metrics = RuntimeMetrics::unregistered();
+        let report = run_single_process(&app, &job(3, 12, staleness, true), &metrics).unwrap();
+        assert_exact(&report, &format!("staleness {staleness}"));
+        let tcp = run_loopback(&app, &job(3, 12, staleness, true), 2, &metrics).unwrap();
+        assert_exact(&tcp, &format!("staleness {staleness} over tcp"));
+    }
+}
+
+/// Serves `partitions` of a job on a fresh loopback server.
+fn serve(
+    runtime: &tokio::runtime::Runtime,
+    app: &ExactApp,
+    config: &JobConfig,
+    hosted: &[(u32, u64)],
+    secret: &[u8],
+) -> ServerHandle {
+    let state = Arc::new(ServerState::new(
+        hosted,
+        config.partitions,
+        &app.tables(),
+        config.workers as u32,
+        config.optimizer,
+        config.staleness == 0,
+    ));
+    ServerHandle::loopback(
+        runtime.handle(),
+        state,
+        secret,
+        config.wait_timeout,
+        &RuntimeMetrics::unregistered(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_pool_keeps_its_process_cache_across_segments_and_repulls_only_moved_partitions() {
+    let (workers, clocks) = (2, 6);
+    let app = exact_app(clocks, 0);
+    let config = job(workers, clocks, 0, true);
+    let rows = rows_per_partition(&app, workers);
+    let union: u64 = rows.iter().map(|r| r.0).sum();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let secret = b"pool-secret".to_vec();
+    // Partitions 0 and 2 on server 0, 1 and 3 on server 1.
+    let map = PartitionMap::round_robin(PARTITIONS, &[0, 1]).unwrap();
+    let servers = [
+        serve(&runtime, &app, &config, &[(0, 1), (2, 1)], &secret),
+        serve(&runtime, &app, &config, &[(1, 1), (3, 1)], &secret),
+    ];
+    let addrs: NodeAddrs = [(0, servers[0].addr), (1, servers[1].addr)].into();
+    let client = ClientConfig {
+        secret: secret.clone(),
+        node: 0,
+        max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
+        timeout: config.wait_timeout,
+    };
+    let metrics = RuntimeMetrics::unregistered();
+    let pool = WorkerPool::start(
+        &app,
+        &app.tables(),
+        &client,
+        &config,
+        &metrics,
+        Instant::now(),
+    )
+    .unwrap();
+    let first = pool
+        .run_segment(&SegmentPlan {
+            gate: Arc::new(ClockGate::range(0, 3)),
+            map: map.clone(),
+            addrs: addrs.clone(),
+        })
+        .unwrap();
+    assert_eq!(first.len(), workers);
+    // The first segment pulls everything at its start and after each of its clocks.
+    assert_eq!(moved(&metrics, "pull").0, 4 * union);
+
+    // Partition 1 moves from server 1 to server 0 at the boundary.
+    let image = servers[1].state.take(1).unwrap();
+    servers[0]
+        .state
+        .install(image, 2, &app.tables(), config.optimizer, true)
+        .unwrap();
+    let mut entries = map.entries().to_vec();
+    entries[1] = PartitionEntry { owner: 0, epoch: 2 };
+    let moved_map = PartitionMap::from_entries(entries).unwrap();
+    pool.run_segment(&SegmentPlan {
+        gate: Arc::new(ClockGate::range(3, clocks)),
+        map: moved_map.clone(),
+        addrs: addrs.clone(),
+    })
+    .unwrap();
+    // The second: only the moved partition at its start, then everything after clocks 3 and 4.
+    assert_eq!(moved(&metrics, "pull").0, 4 * union + rows[1].0 + 2 * union);
+    pool.stop();
+
+    let snapshot = fetch_snapshot(&moved_map, &addrs, &app.tables(), &client).unwrap();
+    let eval = app.evaluate(&snapshot);
+    assert_eq!(eval.metric("wrong_values"), Some(0.0), "{eval:?}");
+    for server in servers {
+        server.stop(runtime.handle());
+    }
+}
