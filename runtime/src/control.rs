@@ -9,7 +9,10 @@
 //! - [`ProcessFleet`] is the coordinator's side: the [`Fleet`] the controller's loop
 //!   ([`crate::elastic::run_elastic_on`]) acts on. A node whose connection breaks (its process was
 //!   killed, its instance taken) is *lost*: the survivors abandon their state at once and the run
-//!   rolls back to the BackupPS copy, which the coordinator holds on the reliable tier.
+//!   rolls back to the BackupPS copy, which the coordinator holds on the reliable tier. So is a
+//!   node declared failed for lack of heartbeats ([`crate::heartbeat`]): a node that hangs with
+//!   its sockets open never answers, so every exchange with it runs on a helper thread the
+//!   fleet stops waiting for once the node is declared failed, and no further request goes to it.
 //!
 //! Partition copies go through the coordinator (old owner → coordinator → new owner) rather than
 //! straight between the two nodes; on one machine or within a zone that costs a second copy of
@@ -27,6 +30,7 @@ use crate::app::{App, TableSpec};
 use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
 use crate::elastic::{Fleet, FleetError, Interrupt, SegmentOutcome, SegmentSpec};
 use crate::frame::FrameError;
+use crate::heartbeat::Heartbeats;
 use crate::local::RunError;
 use crate::message::{Cursor, Message, Values, put_keys, put_u32};
 use crate::metrics::RuntimeMetrics;
@@ -470,6 +474,44 @@ fn call(
     }
 }
 
+/// Why an exchange with a node ended without an answer.
+#[derive(Debug, thiserror::Error)]
+enum ExchangeError {
+    /// The connection failed or the node refused.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The node was declared failed for lack of heartbeats.
+    #[error("no heartbeat for {0:?}: declared failed")]
+    Silent(Duration),
+}
+
+fn connect(client: &ClientConfig, addr: SocketAddr) -> Result<Connection, ClientError> {
+    Connection::connect(
+        addr,
+        &client.secret,
+        client.node,
+        client.max_frame_bytes,
+        client.timeout,
+    )
+}
+
+/// One request/answer over `connection` (a new connection when `None`); the connection comes
+/// back with the answer.
+fn exchange_now(
+    client: &ClientConfig,
+    addr: SocketAddr,
+    connection: Option<Connection>,
+    request: &ControlRequest,
+    payload: &[u8],
+) -> Result<(Connection, ControlResponse, Vec<u8>), ClientError> {
+    let mut connection = match connection {
+        Some(connection) => connection,
+        None => connect(client, addr)?,
+    };
+    let (answer, payload) = call(&mut connection, request, payload)?;
+    Ok((connection, answer, payload))
+}
+
 /// A member node as the coordinator sees it.
 struct Link {
     name: String,
@@ -489,6 +531,8 @@ pub struct ProcessFleet {
     run_start_unix: f64,
     /// The coordinator's metrics: clocks run and loss, from the workers' reports.
     metrics: RuntimeMetrics,
+    /// Nodes declared failed for lack of heartbeats are lost (`None`: only broken connections).
+    heartbeats: Option<Arc<Heartbeats>>,
 }
 
 impl ProcessFleet {
@@ -515,22 +559,82 @@ impl ProcessFleet {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             metrics,
+            heartbeats: None,
+        }
+    }
+
+    /// Treats the nodes `heartbeats` declares failed as lost.
+    pub fn with_heartbeats(mut self, heartbeats: Arc<Heartbeats>) -> Self {
+        self.heartbeats = Some(heartbeats);
+        self
+    }
+
+    /// Whether node `name` was declared failed for lack of heartbeats.
+    fn silent(&self, name: &str) -> Option<ExchangeError> {
+        let heartbeats = self.heartbeats.as_ref()?;
+        heartbeats
+            .has_failed(name, Instant::now())
+            .then(|| ExchangeError::Silent(heartbeats.timeout()))
+    }
+
+    fn name(&self, node: NodeId) -> &str {
+        self.links.get(&node).map_or("", |l| l.name.as_str())
+    }
+
+    /// One request to node `name` at `addr`. Without heartbeats this waits for the answer (or
+    /// the connection's timeout); with them the exchange runs on a helper thread and the wait
+    /// ends as soon as the node is declared failed (the thread then ends on its own when the
+    /// connection does).
+    fn exchange(
+        &self,
+        name: &str,
+        addr: SocketAddr,
+        connection: Option<Connection>,
+        request: &ControlRequest,
+        payload: &[u8],
+    ) -> Result<(Connection, ControlResponse, Vec<u8>), ExchangeError> {
+        let Some(heartbeats) = &self.heartbeats else {
+            return Ok(exchange_now(
+                &self.client,
+                addr,
+                connection,
+                request,
+                payload,
+            )?);
+        };
+        if let Some(silent) = self.silent(name) {
+            return Err(silent);
+        }
+        let (send, answer) = std::sync::mpsc::channel();
+        let (client, request, payload) = (self.client.clone(), request.clone(), payload.to_vec());
+        std::thread::Builder::new()
+            .name("control-call".into())
+            .spawn(move || {
+                let _ = send.send(exchange_now(&client, addr, connection, &request, &payload));
+            })
+            .map_err(|source| ClientError::Exchange { addr, source })?;
+        loop {
+            match answer.recv_timeout(Duration::from_millis(10)) {
+                Ok(outcome) => return Ok(outcome?),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if heartbeats.has_failed(name, Instant::now()) {
+                        return Err(ExchangeError::Silent(heartbeats.timeout()));
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(ClientError::Exchange {
+                        addr,
+                        source: std::io::Error::other("the control call ended without an answer"),
+                    }
+                    .into());
+                }
+            }
         }
     }
 
     /// Which node runs each logical worker now.
     pub fn assignment(&self) -> &BTreeMap<u32, NodeId> {
         &self.assignment
-    }
-
-    fn connect(&self, addr: SocketAddr) -> Result<Connection, ClientError> {
-        Connection::connect(
-            addr,
-            &self.client.secret,
-            self.client.node,
-            self.client.max_frame_bytes,
-            self.client.timeout,
-        )
     }
 
     fn lost(node: NodeId, error: impl std::fmt::Display) -> FleetError {
@@ -547,34 +651,28 @@ impl ProcessFleet {
         request: &ControlRequest,
         payload: &[u8],
     ) -> Result<(ControlResponse, Vec<u8>), FleetError> {
-        let addr = self
+        let (addr, name) = self
             .links
             .get(&node)
-            .map(|l| l.addr)
+            .map(|l| (l.addr, l.name.clone()))
             .ok_or_else(|| Self::lost(node, "not a member"))?;
-        let mut connection = match self.links.get_mut(&node).and_then(|l| l.connection.take()) {
-            Some(connection) => connection,
-            None => self.connect(addr).map_err(|e| Self::lost(node, e))?,
-        };
-        match call(&mut connection, request, payload) {
-            Ok((ControlResponse::Failed { category, message }, _)) => {
+        let connection = self.links.get_mut(&node).and_then(|l| l.connection.take());
+        match self.exchange(&name, addr, connection, request, payload) {
+            Ok((connection, answer, payload)) => {
                 if let Some(link) = self.links.get_mut(&node) {
                     link.connection = Some(connection);
                 }
-                Err(RunError::RunCluster {
-                    reason: format!("node {node} refused ({category}): {message}"),
+                match answer {
+                    ControlResponse::Failed { category, message } => Err(RunError::RunCluster {
+                        reason: format!("node {node} refused ({category}): {message}"),
+                    }
+                    .into()),
+                    answer => Ok((answer, payload)),
                 }
-                .into())
             }
-            Ok(answer) => {
-                if let Some(link) = self.links.get_mut(&node) {
-                    link.connection = Some(connection);
-                }
-                Ok(answer)
-            }
-            Err(ClientError::Refused {
+            Err(ExchangeError::Client(ClientError::Refused {
                 category, message, ..
-            }) => Err(RunError::RunCluster {
+            })) => Err(RunError::RunCluster {
                 reason: format!("node {node} refused ({category}): {message}"),
             }
             .into()),
@@ -633,16 +731,15 @@ impl ProcessFleet {
         &self,
         nodes: &[(NodeId, SocketAddr)],
         request: &ControlRequest,
-    ) -> Vec<(NodeId, Result<ControlResponse, ClientError>)> {
+    ) -> Vec<(NodeId, Result<ControlResponse, ExchangeError>)> {
         std::thread::scope(|scope| {
             let handles: Vec<_> = nodes
                 .iter()
                 .map(|&(node, addr)| {
                     scope.spawn(move || {
                         let answer = self
-                            .connect(addr)
-                            .and_then(|mut c| call(&mut c, request, &[]))
-                            .map(|(answer, _)| answer);
+                            .exchange(self.name(node), addr, None, request, &[])
+                            .map(|(_, answer, _)| answer);
                         (node, answer)
                     })
                 })
@@ -660,7 +757,10 @@ impl Fleet for ProcessFleet {
             .get(name)
             .copied()
             .ok_or_else(|| Self::lost(id, format!("node {name} never announced an address")))?;
-        let connection = self.connect(addr).map_err(|e| Self::lost(id, e))?;
+        // A cheap request proves the node answers (a hung one is declared failed meanwhile).
+        let (connection, _, _) = self
+            .exchange(name, addr, None, &ControlRequest::Clocks, &[])
+            .map_err(|e| Self::lost(id, e))?;
         self.links.insert(
             id,
             Link {
@@ -679,6 +779,9 @@ impl Fleet for ProcessFleet {
         }
         if let Some(link) = self.links.remove(&id) {
             self.directory.lock().remove(&link.name);
+            if let Some(heartbeats) = &self.heartbeats {
+                heartbeats.forget(&link.name);
+            }
             tracing::info!(node = id, name = %link.name, "node released");
         }
         self.assignment.retain(|_, node| *node != id);
@@ -818,13 +921,21 @@ impl Fleet for ProcessFleet {
                     .map(|&(node, addr)| {
                         scope.spawn(move || {
                             let outcome = (|| {
-                                let mut connection =
-                                    this.connect(addr).map_err(|e| Self::lost(node, e))?;
+                                let name = this.name(node);
+                                let request = ControlRequest::Await { wait_ms: 200 };
+                                let mut connection = None;
                                 loop {
-                                    let request = ControlRequest::Await { wait_ms: 200 };
-                                    match call(&mut connection, &request, &[]) {
-                                        Ok((ControlResponse::Running, _)) => continue,
-                                        Ok((answer, _)) => return Ok(answer),
+                                    match this.exchange(
+                                        name,
+                                        addr,
+                                        connection.take(),
+                                        &request,
+                                        &[],
+                                    ) {
+                                        Ok((kept, ControlResponse::Running, _)) => {
+                                            connection = Some(kept);
+                                        }
+                                        Ok((_, answer, _)) => return Ok(answer),
                                         Err(error) => return Err(Self::lost(node, error)),
                                     }
                                 }

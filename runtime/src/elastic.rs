@@ -42,6 +42,7 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::app::{App, TableSpec, validate_tables};
+use crate::bandwidth::NodeBandwidth;
 use crate::client::ClientConfig;
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
@@ -65,6 +66,23 @@ impl Default for StageThresholds {
         Self {
             stage2_above: 1.0,
             stage3_above: 15.0,
+        }
+    }
+}
+
+impl StageThresholds {
+    /// Thresholds that pick `stage` (1, 2 or 3) whenever any transient node is present, for
+    /// measuring one stage against another at the same ratio; without transient nodes a run is
+    /// always in stage 1.
+    pub fn forced(stage: u8) -> Self {
+        let (stage2_above, stage3_above) = match stage {
+            0 | 1 => (f64::INFINITY, f64::INFINITY),
+            2 => (f64::NEG_INFINITY, f64::INFINITY),
+            _ => (f64::NEG_INFINITY, f64::NEG_INFINITY),
+        };
+        Self {
+            stage2_above,
+            stage3_above,
         }
     }
 }
@@ -682,11 +700,13 @@ pub trait Fleet {
 pub struct LocalFleet {
     runtime: tokio::runtime::Runtime,
     pool: Option<WorkerPool>,
-    servers: BTreeMap<NodeId, ServerHandle>,
+    servers: BTreeMap<NodeId, (ServerHandle, Option<Arc<NodeBandwidth>>)>,
     secret: Vec<u8>,
     specs: Vec<TableSpec>,
     job: JobConfig,
     metrics: RuntimeMetrics,
+    /// Per-node data-plane bandwidth in Mbit/s (0: unlimited).
+    bandwidth_mbps: f64,
 }
 
 impl LocalFleet {
@@ -721,7 +741,15 @@ impl LocalFleet {
             specs,
             job: job.clone(),
             metrics: metrics.clone(),
+            bandwidth_mbps: 0.0,
         })
+    }
+
+    /// Limits every node's data-plane server to `mbps` megabits per second each way (0:
+    /// unlimited); the BackupPS copies a server sends count against its limit too.
+    pub fn with_bandwidth_limit(mut self, mbps: f64) -> Self {
+        self.bandwidth_mbps = mbps;
+        self
     }
 }
 
@@ -731,7 +759,7 @@ impl Fleet for LocalFleet {
     }
 
     fn release(&mut self, id: NodeId) {
-        if let Some(handle) = self.servers.remove(&id) {
+        if let Some((handle, _)) = self.servers.remove(&id) {
             handle.stop(self.runtime.handle());
         }
     }
@@ -746,7 +774,7 @@ impl Fleet for LocalFleet {
     ) -> Result<(), FleetError> {
         let image = from
             .and_then(|node| self.servers.get(&node))
-            .and_then(|server| server.state.take(partition))
+            .and_then(|(server, _)| server.state.take(partition))
             .unwrap_or_else(|| fallback.clone());
         let strict = self.job.staleness == 0;
         let server = match self.servers.entry(to) {
@@ -760,20 +788,27 @@ impl Fleet for LocalFleet {
                     self.job.optimizer,
                     strict,
                 ));
-                let handle = ServerHandle::loopback(
+                let bandwidth = NodeBandwidth::from_mbps(self.bandwidth_mbps);
+                let config = crate::server::ServerConfig {
+                    wait_timeout: self.job.wait_timeout,
+                    bandwidth: bandwidth.clone(),
+                    ..crate::server::ServerConfig::with_secret(self.secret.clone())
+                };
+                let handle = ServerHandle::start(
                     self.runtime.handle(),
+                    ([127, 0, 0, 1], 0).into(),
                     state,
-                    &self.secret,
-                    self.job.wait_timeout,
-                    &self.metrics,
+                    config,
+                    self.metrics.clone(),
                 )
                 .map_err(|e| RunError::RunCluster {
                     reason: format!("binding a node's data-plane server failed: {e}"),
                 })?;
-                entry.insert(handle)
+                entry.insert((handle, bandwidth))
             }
         };
         server
+            .0
             .state
             .install(image, epoch, &self.specs, self.job.optimizer, strict)?;
         Ok(())
@@ -792,7 +827,7 @@ impl Fleet for LocalFleet {
     }
 
     fn abandon_all(&mut self) {
-        for (_, handle) in std::mem::take(&mut self.servers) {
+        for (_, (handle, _)) in std::mem::take(&mut self.servers) {
             handle.state.abandon();
             handle.stop(self.runtime.handle());
         }
@@ -812,7 +847,7 @@ impl Fleet for LocalFleet {
             addrs: self
                 .servers
                 .iter()
-                .map(|(node, handle)| (*node, handle.addr))
+                .map(|(node, (handle, _))| (*node, handle.addr))
                 .collect(),
         };
         let gate = plan.gate.clone();
@@ -841,23 +876,29 @@ impl Fleet for LocalFleet {
         Ok(self
             .servers
             .values()
-            .flat_map(|server| server.state.visible_clocks())
+            .flat_map(|(server, _)| server.state.visible_clocks())
             .collect())
     }
 
     fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
-        Ok(self
-            .servers
-            .values()
-            .flat_map(|server| server.state.images())
-            .collect())
+        let mut images = Vec::new();
+        for (server, bandwidth) in self.servers.values() {
+            let these = server.state.images();
+            if let Some(bandwidth) = bandwidth {
+                // The copy leaves the node over its data plane, as a node process's would.
+                let bytes: usize = these.iter().map(PartitionImage::parameter_bytes).sum();
+                bandwidth.outbound.acquire_blocking(bytes);
+            }
+            images.extend(these);
+        }
+        Ok(images)
     }
 
     fn finish(&mut self) {
         if let Some(pool) = self.pool.take() {
             pool.stop();
         }
-        for (_, handle) in std::mem::take(&mut self.servers) {
+        for (_, (handle, _)) in std::mem::take(&mut self.servers) {
             handle.stop(self.runtime.handle());
         }
     }
@@ -1359,6 +1400,13 @@ mod tests {
         assert_eq!(choose_stage(16, 1, &t), 3);
         assert_eq!(choose_stage(30, 2, &t), 2);
         assert_eq!(choose_stage(32, 2, &t), 3);
+        for stage in 1..=3 {
+            let forced = StageThresholds::forced(stage);
+            for (transient, reliable) in [(1, 1), (3, 1), (7, 1), (63, 1)] {
+                assert_eq!(choose_stage(transient, reliable, &forced), stage);
+            }
+            assert_eq!(choose_stage(0, 1, &forced), 1, "no transient node: stage 1");
+        }
     }
 
     #[test]

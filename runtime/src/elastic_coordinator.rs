@@ -6,6 +6,9 @@
 //! - `POST /notice` (`Authorization: Bearer <secret>`): "node X leaves at T" — the partitions it
 //!   hosts move at the next boundary if T is still ahead, else the run rolls back.
 //! - `POST /stop` (bearer): stop at the next boundary, keeping what was trained.
+//! - `POST /heartbeat` (bearer): a node is alive. A node silent for the heartbeat timeout is
+//!   declared failed ([`crate::heartbeat`]): the fleet treats it like a broken connection and its
+//!   later heartbeats are answered `fenced`.
 //! - `GET /status`, `GET /metrics`.
 //!
 //! Handlers only validate and turn requests into [`ElasticEvent`]s on the controller's
@@ -22,14 +25,15 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use ebbflow_runtime_api::{
-    Ack, ElasticProgress, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo, NoticeRequest,
-    NoticeResponse, StatusResponse,
+    Ack, ElasticProgress, HeartbeatRequest, HeartbeatResponse, JobPhase, JobResult, JoinRequest,
+    JoinResponse, NodeInfo, NoticeRequest, NoticeResponse, StatusResponse,
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
 
 use crate::coordinator::{AdminError, check_bearer};
 use crate::elastic::ElasticEvent;
+use crate::heartbeat::{Beat, Heartbeats};
 use crate::message::secrets_match;
 
 #[derive(Debug, Default)]
@@ -66,11 +70,13 @@ pub struct ElasticService {
     started: tokio::sync::Notify,
     registry: Registry,
     metrics: crate::metrics::RuntimeMetrics,
+    heartbeats: Arc<Heartbeats>,
 }
 
 impl ElasticService {
     /// A service for the job described by `job` (nodes must present the same description),
-    /// waiting for `reliable_expected` reliable nodes.
+    /// waiting for `reliable_expected` reliable nodes; every node that joins is watched by
+    /// `heartbeats`.
     pub fn new(
         secret: String,
         job: String,
@@ -78,6 +84,7 @@ impl ElasticService {
         directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
         registry: Registry,
         metrics: crate::metrics::RuntimeMetrics,
+        heartbeats: Arc<Heartbeats>,
     ) -> Arc<Self> {
         Arc::new(Self {
             secret,
@@ -89,6 +96,29 @@ impl ElasticService {
             started: tokio::sync::Notify::new(),
             registry,
             metrics,
+            heartbeats,
+        })
+    }
+
+    /// Handles a heartbeat: a member that was declared failed is told it is fenced.
+    pub fn heartbeat(&self, request: HeartbeatRequest) -> Result<HeartbeatResponse, AdminError> {
+        let m = self.members.lock();
+        if !m.nodes.iter().any(|n| n.0 == request.name) {
+            return Err(AdminError::LookupNode(request.name));
+        }
+        let fenced = match self
+            .heartbeats
+            .beat(&request.name, std::time::Instant::now())
+        {
+            Beat::Fenced => {
+                tracing::warn!(name = %request.name, "heartbeat of a node declared failed: fenced");
+                true
+            }
+            Beat::Alive | Beat::Untracked => false,
+        };
+        Ok(HeartbeatResponse {
+            phase: m.phase.unwrap_or(JobPhase::Joining),
+            fenced,
         })
     }
 
@@ -116,6 +146,15 @@ impl ElasticService {
             ));
         }
         let mut m = self.members.lock();
+        if self
+            .heartbeats
+            .has_failed(&request.name, std::time::Instant::now())
+        {
+            return Err(AdminError::Validate(format!(
+                "node {} was declared failed (no heartbeat); join under a new name",
+                request.name
+            )));
+        }
         if let Some(index) = m.nodes.iter().position(|n| n.0 == request.name) {
             if m.nodes[index].2 == addr {
                 return Ok(JoinResponse { node: index as u32 });
@@ -143,6 +182,8 @@ impl ElasticService {
             }
         }
         self.directory.lock().insert(request.name.clone(), addr);
+        self.heartbeats
+            .track(&request.name, std::time::Instant::now());
         m.nodes.push((request.name.clone(), request.reliable, addr));
         tracing::info!(name = %request.name, reliable = request.reliable, %addr, "node joined");
         if !training && reliable_now + u32::from(request.reliable) == self.reliable_expected {
@@ -286,6 +327,7 @@ impl ElasticService {
                     .max(0) as u32,
                 partitions_migrated: self.metrics.partitions_migrated.get(),
                 rollbacks: self.metrics.rollbacks.get(),
+                heartbeat_failures: self.heartbeats.failures(),
             }),
         }
     }
@@ -315,6 +357,15 @@ async fn stop_handler(
     Ok(Json(s.stop()))
 }
 
+async fn heartbeat_handler(
+    State(s): State<Arc<ElasticService>>,
+    headers: HeaderMap,
+    Json(request): Json<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, AdminError> {
+    check_bearer(&headers, &s.secret, "heartbeat")?;
+    s.heartbeat(request).map(Json)
+}
+
 async fn status_handler(State(s): State<Arc<ElasticService>>) -> Json<StatusResponse> {
     Json(s.status())
 }
@@ -330,6 +381,7 @@ pub fn router(service: Arc<ElasticService>) -> axum::Router {
         .route("/join", post(join_handler))
         .route("/notice", post(notice_handler))
         .route("/stop", post(stop_handler))
+        .route("/heartbeat", post(heartbeat_handler))
         .route("/metrics", get(metrics_handler))
         .with_state(service)
 }
@@ -381,21 +433,41 @@ pub struct ElasticJob {
     pub join_timeout: Duration,
 }
 
+/// The events a job's controller acts on: the sender (joins and notices from the admin API,
+/// a stop from the caller) and the controller's end.
+pub type JobFeed = (
+    std::sync::mpsc::Sender<ElasticEvent>,
+    crate::elastic::LiveFeed,
+);
+
 /// Serves the admin API on `listener` and runs the job over the node processes that join:
 /// waits for the reliable nodes, then trains elastically, switching transient nodes in and out
 /// as they join and leave. Every node is released (its process exits) at the end. Joins and
 /// notices reach the controller through `feed`; the caller may send more events on its sender
-/// (a stop on Ctrl-C or at a wall-clock limit).
+/// (a stop on Ctrl-C or at a wall-clock limit). Nodes silent for the default heartbeat timeout
+/// ([`crate::heartbeat::HeartbeatConfig`]) are declared failed.
 pub fn run_elastic_job<A: crate::app::App>(
     app: &A,
     job: ElasticJob,
     listener: std::net::TcpListener,
     registry: Registry,
     metrics: &crate::metrics::RuntimeMetrics,
-    feed: (
-        std::sync::mpsc::Sender<ElasticEvent>,
-        crate::elastic::LiveFeed,
-    ),
+    feed: JobFeed,
+) -> Result<crate::elastic::ElasticReport, ElasticJobError> {
+    let timeout = crate::heartbeat::HeartbeatConfig::default().timeout;
+    run_elastic_job_with(app, job, timeout, listener, registry, metrics, feed)
+}
+
+/// As [`run_elastic_job`], declaring a node failed after `heartbeat_timeout` without a heartbeat
+/// (zero: only a broken connection loses a node).
+pub fn run_elastic_job_with<A: crate::app::App>(
+    app: &A,
+    job: ElasticJob,
+    heartbeat_timeout: Duration,
+    listener: std::net::TcpListener,
+    registry: Registry,
+    metrics: &crate::metrics::RuntimeMetrics,
+    feed: JobFeed,
 ) -> Result<crate::elastic::ElasticReport, ElasticJobError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -403,6 +475,24 @@ pub fn run_elastic_job<A: crate::app::App>(
         .build()
         .map_err(ElasticJobError::Serve)?;
     let directory = Arc::new(Mutex::new(BTreeMap::new()));
+    let heartbeats = Arc::new(
+        Heartbeats::new(heartbeat_timeout, &registry).unwrap_or_else(|error| {
+            tracing::warn!(%error, "heartbeat failures are not exported");
+            Heartbeats::unregistered(heartbeat_timeout)
+        }),
+    );
+    if !heartbeat_timeout.is_zero() {
+        // Declares silent nodes even while nobody asks about them (the metric, the logs).
+        let watched = heartbeats.clone();
+        let every = (heartbeat_timeout / 4).max(Duration::from_millis(10));
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                watched.sweep(std::time::Instant::now());
+            }
+        });
+    }
     let service = ElasticService::new(
         job.secret.clone(),
         job.job.clone(),
@@ -410,6 +500,7 @@ pub fn run_elastic_job<A: crate::app::App>(
         directory.clone(),
         registry,
         metrics.clone(),
+        heartbeats.clone(),
     );
     listener
         .set_nonblocking(true)
@@ -457,7 +548,8 @@ pub fn run_elastic_job<A: crate::app::App>(
         config.job.workers as u32,
         config.job.wait_timeout,
         metrics.clone(),
-    );
+    )
+    .with_heartbeats(heartbeats);
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {
@@ -498,6 +590,39 @@ mod tests {
     }
 
     #[test]
+    fn heartbeats_keep_a_node_alive_and_a_silent_one_is_fenced() {
+        let service = ElasticService::new(
+            "s".into(),
+            "exact/10".into(),
+            1,
+            Arc::new(Mutex::new(BTreeMap::new())),
+            Registry::new(),
+            crate::metrics::RuntimeMetrics::unregistered(),
+            Arc::new(Heartbeats::unregistered(Duration::from_millis(1))),
+        );
+        let beat = |name: &str| {
+            service.heartbeat(HeartbeatRequest {
+                name: name.to_owned(),
+            })
+        };
+        assert!(matches!(beat("zz"), Err(AdminError::LookupNode(_))));
+        service.join(join("a", true, 1)).unwrap();
+        let answer = beat("a").unwrap();
+        assert_eq!(answer.phase, JobPhase::Joining);
+        assert!(!answer.fenced);
+        // Silent past the (1 ms) timeout: declared failed, fenced, and cannot join again.
+        let silent_until = std::time::Instant::now() + Duration::from_millis(5);
+        while std::time::Instant::now() < silent_until {
+            std::hint::spin_loop();
+        }
+        assert!(beat("a").unwrap().fenced);
+        assert!(
+            matches!(service.join(join("a", true, 1)), Err(AdminError::Validate(m)) if m.contains("declared failed"))
+        );
+        assert_eq!(service.status().nodes.len(), 1);
+    }
+
+    #[test]
     fn joins_are_checked_and_become_events_once_training() {
         let directory = Arc::new(Mutex::new(BTreeMap::new()));
         let service = ElasticService::new(
@@ -507,6 +632,7 @@ mod tests {
             directory.clone(),
             Registry::new(),
             crate::metrics::RuntimeMetrics::unregistered(),
+            Arc::new(Heartbeats::unregistered(Duration::from_secs(60))),
         );
         let mut wrong = join("a", true, 1);
         wrong.secret = "x".into();

@@ -1,12 +1,17 @@
 //! An elastic job's node process: serves its data plane with an [`Agent`], joins the
-//! coordinator, turns SIGTERM and instance-metadata interruptions into notices, and lives until
-//! the coordinator lets it go (it exits 0), its grace period ends (exit 143), or the job is over.
+//! coordinator, turns SIGTERM and instance-metadata interruptions into notices, sends the
+//! coordinator a heartbeat every interval, and lives until the coordinator lets it go (it exits
+//! 0), its grace period ends (exit 143), the job is over, or the coordinator answers a heartbeat
+//! with "fenced" (the node was silent too long and was declared failed: it drops its state and
+//! fails).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ebbflow_runtime_api::{JobPhase, JoinRequest, JoinResponse, StatusResponse};
+use ebbflow_runtime_api::{
+    HeartbeatRequest, HeartbeatResponse, JobPhase, JoinRequest, JoinResponse,
+};
 use prometheus::Registry;
 
 use crate::app::App;
@@ -32,6 +37,14 @@ pub enum ElasticNodeError {
     /// The coordinator refused the node or could not be reached.
     #[error("{0}")]
     Coordinator(String),
+    /// The coordinator declared this node failed (its heartbeats stopped): it was fenced.
+    #[error(
+        "fenced: the coordinator declared node {name} failed (no heartbeat in time); its state is dropped"
+    )]
+    Fenced {
+        /// The node.
+        name: String,
+    },
 }
 
 impl ElasticNodeError {
@@ -40,6 +53,7 @@ impl ElasticNodeError {
         match self {
             ElasticNodeError::Setup { .. } => "setup",
             ElasticNodeError::Coordinator(_) => "coordinator",
+            ElasticNodeError::Fenced { .. } => "fenced",
         }
     }
 }
@@ -139,10 +153,38 @@ pub struct ElasticNodeSettings {
     pub notices: NoticeSources,
 }
 
-/// Runs a node of an elastic job until the coordinator releases it (see the module docs).
+/// How a node process talks to the network beyond its job settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeOptions {
+    /// Time between heartbeats to the coordinator.
+    pub heartbeat_interval: Duration,
+    /// The node's data-plane bandwidth in Mbit/s each way (0: unlimited).
+    pub bandwidth_limit_mbps: f64,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: crate::heartbeat::HeartbeatConfig::default().interval,
+            bandwidth_limit_mbps: 0.0,
+        }
+    }
+}
+
+/// Runs a node of an elastic job until the coordinator releases it (see the module docs), with
+/// the default [`NodeOptions`].
 pub fn run_elastic_node<A: App>(
     app: A,
     settings: ElasticNodeSettings,
+) -> Result<(), ElasticNodeError> {
+    run_elastic_node_with(app, settings, NodeOptions::default())
+}
+
+/// As [`run_elastic_node`] with `options`.
+pub fn run_elastic_node_with<A: App>(
+    app: A,
+    settings: ElasticNodeSettings,
+    options: NodeOptions,
 ) -> Result<(), ElasticNodeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -198,9 +240,10 @@ pub fn run_elastic_node<A: App>(
     let server_config = ServerConfig {
         wait_timeout: config.wait_timeout,
         agent: Some(agent),
+        bandwidth: crate::bandwidth::NodeBandwidth::from_mbps(options.bandwidth_limit_mbps),
         ..ServerConfig::with_secret(secret.clone().into_bytes())
     };
-    let server = ServerHandle::serve(rt.handle(), listener, state, server_config, metrics)
+    let server = ServerHandle::serve(rt.handle(), listener, state.clone(), server_config, metrics)
         .map_err(setup("serving the data plane"))?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -241,31 +284,47 @@ pub fn run_elastic_node<A: App>(
     }
     tracing::info!(name = %settings.notices.name, %advertise, reliable = settings.reliable, "joined");
     watch_for_notices(&rt, &settings.notices, &http)?;
-    // Serve until the coordinator lets this node go, or the job is over without it.
+    // Serve until the coordinator lets this node go, or the job is over without it; a heartbeat
+    // every interval tells the coordinator this process still runs.
+    let name = settings.notices.name.clone();
+    let beat = HeartbeatRequest { name: name.clone() };
+    let bearer = ebbflow_runtime_api::bearer(&settings.notices.secret);
+    let heartbeat_wait = (options.heartbeat_interval * 4).max(Duration::from_secs(2));
     let mut unreachable_since: Option<Instant> = None;
     let outcome = loop {
-        match released.recv_timeout(Duration::from_millis(500)) {
+        match released.recv_timeout(options.heartbeat_interval) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 tracing::info!("released by the coordinator");
                 break Ok(());
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        let status = rt.block_on(async {
-            http.get(format!("{base}/status"))
+        let answer = rt.block_on(async {
+            http.post(format!("{base}/heartbeat"))
+                .header("authorization", &bearer)
+                .timeout(heartbeat_wait)
+                .json(&beat)
                 .send()
                 .await?
-                .json::<StatusResponse>()
+                .error_for_status()?
+                .json::<HeartbeatResponse>()
                 .await
         });
-        match status {
-            Ok(status)
+        match answer {
+            Ok(answer) if answer.fenced => {
+                // Declared failed while silent: whatever this node holds is of an abandoned
+                // timeline. Drop it before anything else is served, then leave.
+                let dropped = state.abandon();
+                tracing::error!(dropped, "fenced by the coordinator: state dropped, exiting");
+                break Err(ElasticNodeError::Fenced { name });
+            }
+            Ok(answer)
                 if matches!(
-                    status.phase,
+                    answer.phase,
                     JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
                 ) =>
             {
-                tracing::info!(phase = ?status.phase, "the job is over");
+                tracing::info!(phase = ?answer.phase, "the job is over");
                 break Ok(());
             }
             Ok(_) => unreachable_since = None,

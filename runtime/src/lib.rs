@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod apps;
+pub mod bandwidth;
 pub mod client;
 pub mod cluster;
 pub mod control;
@@ -22,6 +23,7 @@ pub mod elastic_coordinator;
 pub mod elastic_node;
 pub mod exact;
 pub mod frame;
+pub mod heartbeat;
 pub mod local;
 pub mod message;
 pub mod metrics;

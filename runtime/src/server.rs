@@ -8,7 +8,8 @@
 //! (wrong epoch, unknown partition) are answered with an `Error` message instead.
 //!
 //! Store operations that touch many values run on the blocking pool, so the async workers never
-//! stall on a large batch.
+//! stall on a large batch. With a bandwidth limit ([`ServerConfig::bandwidth`]) every byte read
+//! and written waits for its tokens, as if the node sat behind a NIC of that speed.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::bandwidth::{NodeBandwidth, TokenBucket};
 use crate::control::{ControlRequest, NodeAgent};
 use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
 use crate::message::{Message, Values, secrets_match};
@@ -44,6 +46,8 @@ pub struct ServerConfig {
     /// Answers `Control` frames (a node process of an elastic run); without one they are
     /// refused.
     pub agent: Option<Arc<dyn NodeAgent>>,
+    /// The node's data-plane bandwidth, shared by all its connections (`None`: unlimited).
+    pub bandwidth: Option<Arc<NodeBandwidth>>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -54,6 +58,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("wait_timeout", &self.wait_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("agent", &self.agent.is_some())
+            .field("bandwidth_mbps", &self.bandwidth.as_ref().map(|b| b.mbps))
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +73,7 @@ impl ServerConfig {
             wait_timeout: Duration::from_secs(600),
             handshake_timeout: Duration::from_secs(10),
             agent: None,
+            bandwidth: None,
         }
     }
 }
@@ -165,11 +171,13 @@ pub async fn run(
     while handlers.join_next().await.is_some() {}
 }
 
-/// Reads one frame into `buf`; `Ok(None)` at a clean end of stream.
+/// Reads one frame into `buf`; `Ok(None)` at a clean end of stream. Bytes read wait for
+/// `limit`'s tokens.
 async fn read_frame(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     max: usize,
+    limit: Option<&TokenBucket>,
 ) -> Result<Option<Bytes>, ConnectionError> {
     loop {
         match check(buf, max) {
@@ -180,17 +188,33 @@ async fn read_frame(
                 } else if buf.capacity() == buf.len() {
                     buf.reserve(4096);
                 }
-                if stream.read_buf(buf).await.map_err(ConnectionError::Read)? == 0 {
+                let read = stream.read_buf(buf).await.map_err(ConnectionError::Read)?;
+                if read == 0 {
                     return if buf.is_empty() {
                         Ok(None)
                     } else {
                         Err(ConnectionError::Truncate)
                     };
                 }
+                if let Some(limit) = limit {
+                    limit.acquire(read).await;
+                }
             }
             Err(error) => return Err(error.into()),
         }
     }
+}
+
+/// Writes `out` to the peer once `limit` grants its bytes.
+async fn write_frame(
+    stream: &mut TcpStream,
+    out: &[u8],
+    limit: Option<&TokenBucket>,
+) -> Result<(), ConnectionError> {
+    if let Some(limit) = limit {
+        limit.acquire(out.len()).await;
+    }
+    stream.write_all(out).await.map_err(ConnectionError::Write)
 }
 
 async fn serve_connection(
@@ -200,10 +224,12 @@ async fn serve_connection(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let _ = stream.set_nodelay(true);
+    let inbound = config.bandwidth.as_deref().map(|b| &b.inbound);
+    let outbound = config.bandwidth.as_deref().map(|b| &b.outbound);
     let mut buf = BytesMut::with_capacity(1 << 16);
     let hello = tokio::time::timeout(
         config.handshake_timeout,
-        read_frame(&mut stream, &mut buf, config.max_frame_bytes),
+        read_frame(&mut stream, &mut buf, config.max_frame_bytes, inbound),
     )
     .await
     .map_err(|_| ConnectionError::Handshake)??;
@@ -217,13 +243,10 @@ async fn serve_connection(
     tracing::debug!(node, "peer authenticated");
     let mut out = Vec::with_capacity(1 << 16);
     Message::Welcome.encode(&mut out);
-    stream
-        .write_all(&out)
-        .await
-        .map_err(ConnectionError::Write)?;
+    write_frame(&mut stream, &out, outbound).await?;
     loop {
         let frame = tokio::select! {
-            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes) => frame?,
+            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes, inbound) => frame?,
             _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
         };
         let Some(frame) = frame else { return Ok(()) };
@@ -244,10 +267,7 @@ async fn serve_connection(
             Message::Control { .. } => {
                 out.clear();
                 out = control(config.agent.clone(), frame, out).await?;
-                stream
-                    .write_all(&out)
-                    .await
-                    .map_err(ConnectionError::Write)?;
+                write_frame(&mut stream, &out, outbound).await?;
                 continue;
             }
             other => return Err(ConnectionError::Unexpected(other.kind())),
@@ -283,10 +303,7 @@ async fn serve_connection(
                 .map_err(|_| ConnectionError::Unexpected("panicking"))?
             }
         };
-        stream
-            .write_all(&out)
-            .await
-            .map_err(ConnectionError::Write)?;
+        write_frame(&mut stream, &out, outbound).await?;
     }
 }
 

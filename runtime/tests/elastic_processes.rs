@@ -1,7 +1,8 @@
 //! Elasticity across real node processes (issue 4): `ebbflow-runtime elastic-node` processes join
 //! a coordinator on 127.0.0.1, leave on SIGTERM (a notice with their grace period) and die on
-//! SIGKILL (a failure without notice), while the integer-exact app trains. The final table must
-//! be exactly the expected one: no update lost, none applied twice.
+//! SIGKILL (a failure without notice) or hang on SIGSTOP (found by heartbeat, fenced when it
+//! resumes), while the integer-exact app trains. The final table must be exactly the expected
+//! one: no update lost, none applied twice.
 //!
 //! The coordinator runs in the test process (`run_elastic_job`, the same code the
 //! `elastic-coordinator` subcommand runs) so the test can read its report; every node is a
@@ -12,8 +13,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use ebbflow_runtime::elastic::{ElasticConfig, ElasticReport, StageThresholds};
-use ebbflow_runtime::elastic_coordinator::{ElasticJob, ElasticJobError, run_elastic_job};
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, ElasticJobError, run_elastic_job_with};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::heartbeat::HeartbeatConfig;
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
 use ebbflow_runtime_api::{JobPhase, StatusResponse};
@@ -71,15 +73,24 @@ impl Job {
     }
 }
 
+type CoordinatorThread = std::thread::JoinHandle<Result<ElasticReport, ElasticJobError>>;
+
 /// A coordinator running `job` on a thread of this process; returns its URL and the thread.
-fn coordinator(
+fn coordinator(job: &Job, reliable: u32, backup_every: u64) -> (String, CoordinatorThread) {
+    let registry = prometheus::Registry::new();
+    let timeout = HeartbeatConfig::default().timeout;
+    coordinator_with(job, reliable, backup_every, timeout, registry)
+}
+
+/// As [`coordinator`], declaring nodes failed after `heartbeat_timeout` of silence, with its
+/// metrics on `registry`.
+fn coordinator_with(
     job: &Job,
     reliable: u32,
     backup_every: u64,
-) -> (
-    String,
-    std::thread::JoinHandle<Result<ElasticReport, ElasticJobError>>,
-) {
+    heartbeat_timeout: Duration,
+    registry: prometheus::Registry,
+) -> (String, CoordinatorThread) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = job.app();
@@ -104,11 +115,12 @@ fn coordinator(
         join_timeout: Duration::from_secs(60),
     };
     let handle = std::thread::spawn(move || {
-        run_elastic_job(
+        run_elastic_job_with(
             &app,
             settings,
+            heartbeat_timeout,
             listener,
-            prometheus::Registry::new(),
+            registry,
             &RuntimeMetrics::unregistered(),
             ebbflow_runtime::elastic::LiveFeed::new(),
         )
@@ -117,10 +129,23 @@ fn coordinator(
 }
 
 fn node(job: &Job, url: &str, name: &str, transient: bool, grace_seconds: u64) -> Child {
+    node_with(job, url, name, transient, grace_seconds, &[])
+}
+
+/// As [`node`] with further flags.
+fn node_with(
+    job: &Job,
+    url: &str,
+    name: &str,
+    transient: bool,
+    grace_seconds: u64,
+    extra: &[&str],
+) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"));
     command
         .arg("elastic-node")
         .args(job.flags())
+        .args(extra)
         .args(["--coordinator", url, "--name", name])
         .args(["--grace-seconds", &grace_seconds.to_string()])
         .env("EBBFLOW_JOB_SECRET", SECRET)
@@ -346,4 +371,69 @@ fn a_node_started_for_another_job_is_refused() {
     assert_exact(&report);
     let (exit, _) = wait_exit(&mut r0, Duration::from_secs(10));
     assert!(exit.success());
+}
+
+fn heartbeat_failures(status: &StatusResponse) -> u64 {
+    status.progress.as_ref().map_or(0, |p| p.heartbeat_failures)
+}
+
+#[test]
+fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resumes() {
+    let job = Job {
+        clocks: 300,
+        staleness: 0,
+        partitions: 6,
+        workers: 3,
+    };
+    let registry = prometheus::Registry::new();
+    let (url, coordinator) =
+        coordinator_with(&job, 1, 4, Duration::from_millis(2000), registry.clone());
+    let beat_fast = ["--heartbeat-interval-ms", "200"];
+    let mut r0 = node_with(&job, &url, "r0", false, 30, &beat_fast);
+    // t0 joins first of the transient nodes, so it is the longest-lived: an ActivePS.
+    let mut t0 = node_with(&job, &url, "t0", true, 30, &beat_fast);
+    wait_for(&url, "t0 to join", |s| {
+        s.nodes.iter().any(|n| n.name == "t0")
+    });
+    let mut t1 = node_with(&job, &url, "t1", true, 30, &beat_fast);
+    let mut t2 = node_with(&job, &url, "t2", true, 30, &beat_fast);
+    let before = wait_for(&url, "stage 2 with every node", |s| {
+        s.progress.as_ref().is_some_and(|p| p.stage == 2) && transient(s) == 3 && clock(s) >= 20
+    });
+    assert_eq!(
+        heartbeat_failures(&before),
+        0,
+        "no false alarm before the hang"
+    );
+
+    // The process hangs with its sockets open: nothing breaks, only its heartbeats stop.
+    signal(&t0, "STOP");
+    let declared = wait_for(&url, "the heartbeat timeout", |s| {
+        heartbeat_failures(s) >= 1
+    });
+    assert_eq!(heartbeat_failures(&declared), 1);
+    // It resumes after being declared failed: the coordinator fences it, it drops its state
+    // and exits with an error; what it still sent belongs to an abandoned epoch.
+    signal(&t0, "CONT");
+    let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(30));
+    assert!(!exit.success(), "a fenced node fails: {exit:?}");
+    assert!(stderr.contains("fenced"), "{stderr}");
+    wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1) && transient(s) == 2
+    });
+
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert!(report.rollbacks >= 1);
+    assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+    let exported = registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == "ebbflow_runtime_heartbeat_failures_total")
+        .map(|f| f.get_metric()[0].get_counter().get_value());
+    assert_eq!(exported, Some(1.0));
+    for child in [&mut r0, &mut t1, &mut t2] {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
 }

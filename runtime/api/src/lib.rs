@@ -175,6 +175,23 @@ pub struct NoticeResponse {
     pub new: bool,
 }
 
+/// A node process's heartbeat (`POST /heartbeat`, bearer job secret): it is alive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// Name of the node (as in [`JoinRequest::name`]).
+    pub name: String,
+}
+
+/// The coordinator's answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Job phase (a node exits once the job is over).
+    pub phase: JobPhase,
+    /// The node was declared failed (silent too long): it must drop its state and exit, and
+    /// nothing it sends is applied.
+    pub fenced: bool,
+}
+
 /// Plain acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
@@ -230,6 +247,9 @@ pub struct ElasticProgress {
     pub partitions_migrated: u64,
     /// Rollbacks to the BackupPS copy so far.
     pub rollbacks: u64,
+    /// Nodes declared failed because their heartbeats stopped.
+    #[serde(default)]
+    pub heartbeat_failures: u64,
 }
 
 /// Error body of a failed request.

@@ -12,9 +12,9 @@ use ebbflow_runtime::apps::NamedApp;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
 use ebbflow_runtime::elastic::{ElasticConfig, StageThresholds};
-use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job_with};
 use ebbflow_runtime::elastic_node::{
-    ElasticNodeSettings, NoticeSources, run_elastic_node, watch_for_notices,
+    ElasticNodeSettings, NodeOptions, NoticeSources, run_elastic_node_with, watch_for_notices,
 };
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::local::{peak_rss_bytes, run_single_process};
@@ -130,6 +130,10 @@ enum Command {
         /// Seconds to wait for the reliable nodes.
         #[arg(long, default_value_t = 600)]
         join_timeout_seconds: u64,
+        /// Milliseconds without a heartbeat after which a node is declared failed (its
+        /// partitions roll back to the BackupPS copy and it is fenced); 0 turns this off.
+        #[arg(long, default_value_t = 5000)]
+        heartbeat_timeout_ms: u64,
         /// The job's shared secret.
         #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
         secret: String,
@@ -167,6 +171,13 @@ enum Command {
         /// The job's shared secret.
         #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
         secret: String,
+        /// Milliseconds between heartbeats to the coordinator.
+        #[arg(long, default_value_t = 500)]
+        heartbeat_interval_ms: u64,
+        /// The node's data-plane bandwidth in Mbit/s each way, enforced by a token bucket on
+        /// every byte its server reads and writes (0: unlimited).
+        #[arg(long, default_value_t = 0.0)]
+        bandwidth_limit_mbps: f64,
         #[command(flatten)]
         notices: NoticeArgs,
         #[command(flatten)]
@@ -425,6 +436,7 @@ fn main() -> anyhow::Result<()> {
             stage2_above,
             stage3_above,
             join_timeout_seconds,
+            heartbeat_timeout_ms,
             secret,
             report_out,
             app,
@@ -451,6 +463,7 @@ fn main() -> anyhow::Result<()> {
                 },
                 listen,
                 report_out,
+                heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
             };
             with_app(&app, job.clocks, job.staleness, task)
         }
@@ -464,10 +477,19 @@ fn main() -> anyhow::Result<()> {
             advertise,
             metrics_listen,
             secret,
+            heartbeat_interval_ms,
+            bandwidth_limit_mbps,
             notices,
             app,
         } => {
+            if !(bandwidth_limit_mbps.is_finite() && bandwidth_limit_mbps >= 0.0) {
+                bail!("--bandwidth-limit-mbps must be 0 (unlimited) or a positive number");
+            }
             let task = ElasticNodeTask {
+                options: NodeOptions {
+                    heartbeat_interval: Duration::from_millis(heartbeat_interval_ms.max(10)),
+                    bandwidth_limit_mbps,
+                },
                 settings: ElasticNodeSettings {
                     job: elastic_job_config(&job, &elastic),
                     job_id: job_id(&job, &elastic, &app),
@@ -488,6 +510,7 @@ struct ElasticCoordinatorTask {
     job: ElasticJob,
     listen: SocketAddr,
     report_out: Option<PathBuf>,
+    heartbeat_timeout: Duration,
 }
 
 impl AppTask for ElasticCoordinatorTask {
@@ -500,9 +523,10 @@ impl AppTask for ElasticCoordinatorTask {
         // The launcher reads this line to learn the port.
         println!("listening on {bound}");
         tracing::info!(%bound, reliable = self.job.reliable_nodes, "elastic coordinator listening");
-        let report = run_elastic_job(
+        let report = run_elastic_job_with(
             &app,
             self.job,
+            self.heartbeat_timeout,
             listener,
             registry,
             &metrics,
@@ -536,11 +560,12 @@ impl AppTask for ElasticCoordinatorTask {
 /// An elastic node's life once the app is built.
 struct ElasticNodeTask {
     settings: ElasticNodeSettings,
+    options: NodeOptions,
 }
 
 impl AppTask for ElasticNodeTask {
     fn run<A: App>(self, app: A) -> anyhow::Result<()> {
-        Ok(run_elastic_node(app, self.settings)?)
+        Ok(run_elastic_node_with(app, self.settings, self.options)?)
     }
 }
 
