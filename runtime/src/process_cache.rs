@@ -346,15 +346,19 @@ impl ProcessCache {
     }
 
     /// Adds `worker`'s deltas of `clock` (its views, mapped by `runs`) to the group's buffer; the
-    /// last member to contribute pushes the clock for the whole group.
+    /// last member to contribute pushes the clock for the whole group. With `reading_next` the
+    /// caller reads next and the wake-up of the members waiting for the push is left to that
+    /// read (returns whether it is owed), which usually wakes them once with a fresh copy instead
+    /// of twice: on a busy machine every wake-up costs a scheduling delay.
     pub(crate) fn contribute<T: Transport>(
         &self,
         transport: &mut T,
         clock: u64,
         views: &[PartitionView],
         runs: &[Vec<Run>],
+        reading_next: bool,
         metrics: &RuntimeMetrics,
-    ) -> Result<(), WorkerError> {
+    ) -> Result<bool, WorkerError> {
         let mut shared = self.shared.lock();
         if let Some(reason) = &shared.failed {
             return Err(WorkerError::PeerFailed {
@@ -385,7 +389,7 @@ impl ProcessCache {
         }
         *contributed += 1;
         if *contributed < self.members.len() {
-            return Ok(());
+            return Ok(false);
         }
         let (_, mut sums, _) = shared.pending.swap_remove(index);
         drop(shared);
@@ -413,14 +417,17 @@ impl ProcessCache {
         let mut shared = self.shared.lock();
         shared.pushed = shared.pushed.max(clock + 1);
         shared.spare.push(sums);
-        self.changed.notify_all();
-        Ok(())
+        if !reading_next {
+            self.changed.notify_all();
+        }
+        Ok(reading_next)
     }
 
     /// Fills `incoming` of every view that needs it (stale, older than `min_clock`, installed
     /// under an older registration, or all with `force`) from the group's copies, fetching a copy
     /// under the leader's id where none will do; sets `needs_pull` on exactly those views.
-    /// `done` is the number of clocks this thread has contributed.
+    /// `done` is the number of clocks this thread has contributed; `owed` says it owes the group
+    /// the wake-up of its last push ([`ProcessCache::contribute`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read<T: Transport>(
         &self,
@@ -428,6 +435,7 @@ impl ProcessCache {
         min_clock: u64,
         done: u64,
         force: bool,
+        mut owed: bool,
         views: &mut [PartitionView],
         runs: &[Vec<Run>],
         scratch: &mut Vec<PartitionView>,
@@ -452,6 +460,9 @@ impl ProcessCache {
                 });
             }
             if shared.pushed < done {
+                if std::mem::take(&mut owed) {
+                    self.changed.notify_all();
+                }
                 self.wait(&mut shared, deadline, "their clock's pushes")?;
                 continue;
             }
@@ -484,6 +495,9 @@ impl ProcessCache {
                 }
             }
             if !fetch {
+                if std::mem::take(&mut owed) {
+                    self.changed.notify_all();
+                }
                 if !waiting {
                     return Ok(());
                 }
@@ -524,6 +538,7 @@ impl ProcessCache {
                 }
             }
             self.changed.notify_all();
+            owed = false;
             if let Err(error) = pulled {
                 drop(shared);
                 self.fail(format!("fetching the process cache failed: {error}"));

@@ -499,7 +499,8 @@ impl<W: AppWorker> WorkerLoop<W> {
     }
 
     /// Pulls every view older than `min_clock` (or every view, with `force`); `done` is the
-    /// number of clocks this worker has pushed.
+    /// number of clocks this worker has pushed, `owed` whether it owes its process cache a
+    /// wake-up.
     #[allow(clippy::too_many_arguments)]
     fn refresh<T: Transport>(
         &mut self,
@@ -507,6 +508,7 @@ impl<W: AppWorker> WorkerLoop<W> {
         min_clock: u64,
         done: u64,
         force: bool,
+        owed: bool,
         report: &mut WorkerReport,
         metrics: &RuntimeMetrics,
     ) -> Result<(), WorkerError> {
@@ -517,6 +519,7 @@ impl<W: AppWorker> WorkerLoop<W> {
                 min_clock,
                 done,
                 force,
+                owed,
                 &mut self.views,
                 &shared.runs,
                 &mut shared.scratch,
@@ -553,17 +556,24 @@ impl<W: AppWorker> WorkerLoop<W> {
         Ok(())
     }
 
-    /// Sends this clock's deltas: straight to the servers, or into the process cache.
+    /// Sends this clock's deltas: straight to the servers, or into the process cache; returns
+    /// whether the refresh that follows (`reading_next`) owes the cache a wake-up.
     fn push<T: Transport>(
         &mut self,
         transport: &mut T,
         clock: u64,
+        reading_next: bool,
         metrics: &RuntimeMetrics,
-    ) -> Result<(), WorkerError> {
+    ) -> Result<bool, WorkerError> {
         if let Some(shared) = &self.shared {
-            return shared
-                .cache
-                .contribute(transport, clock, &self.views, &shared.runs, metrics);
+            return shared.cache.contribute(
+                transport,
+                clock,
+                &self.views,
+                &shared.runs,
+                reading_next,
+                metrics,
+            );
         }
         transport.push(self.worker_id, clock, &self.views)?;
         metrics
@@ -574,7 +584,7 @@ impl<W: AppWorker> WorkerLoop<W> {
             .bytes_moved
             .with_label_values(&["push"])
             .inc_by(self.pushed_bytes);
-        Ok(())
+        Ok(false)
     }
 
     /// Runs the clocks `gate` lets this worker run. The first pull refreshes what is stale for
@@ -621,7 +631,15 @@ impl<W: AppWorker> WorkerLoop<W> {
         } else {
             first.saturating_sub(config.staleness)
         };
-        self.refresh(transport, first_bound, first, force, &mut report, metrics)?;
+        self.refresh(
+            transport,
+            first_bound,
+            first,
+            force,
+            false,
+            &mut report,
+            metrics,
+        )?;
 
         for clock in first..config.clocks {
             if !gate.try_start(clock) {
@@ -632,10 +650,19 @@ impl<W: AppWorker> WorkerLoop<W> {
             for view in &mut self.views {
                 collect_delta(&mut self.cache, view);
             }
-            self.push(transport, clock, metrics)?;
-            if clock + 1 < config.clocks {
+            let reading_next = clock + 1 < config.clocks;
+            let owed = self.push(transport, clock, reading_next, metrics)?;
+            if reading_next {
                 let min_clock = (clock + 1).saturating_sub(config.staleness);
-                self.refresh(transport, min_clock, clock + 1, false, &mut report, metrics)?;
+                self.refresh(
+                    transport,
+                    min_clock,
+                    clock + 1,
+                    false,
+                    owed,
+                    &mut report,
+                    metrics,
+                )?;
             }
             metrics.iterations.inc();
             metrics
