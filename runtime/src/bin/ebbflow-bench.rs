@@ -6,6 +6,8 @@
 //! - the parameter server with one worker, in-process and over TCP loopback (`run_loopback`:
 //!   one data-plane server and one worker thread in this process): updates/s over the same clocks
 //!   (ratio to the bare loop), time to the same quality, parameter bytes and this process's RSS;
+//! - two worker threads in one process (in-process server and over TCP loopback), with and without
+//!   the per-process read cache: rows and bytes pulled and pushed per clock, and updates/s;
 //! - the peers a user would pick instead (PyTorch on CPU, scikit-surprise, scikit-learn, the `lda`
 //!   package) through `bench/*.py` in the benchmark's own venv, on the very same split;
 //!
@@ -141,21 +143,106 @@ impl Mode {
             Mode::Loopback => "ps over TCP loopback (1 server, 1 worker)",
         }
     }
+
+    fn short(self) -> &'static str {
+        match self {
+            Mode::InProcess => "ps in-process",
+            Mode::Loopback => "ps over TCP loopback (1 server)",
+        }
+    }
 }
 
 fn run_ps<A: App>(app: &A, mode: Mode, clocks: u64) -> anyhow::Result<RunReport> {
+    run_ps_with(app, mode, clocks, 1, true, &RuntimeMetrics::unregistered())
+}
+
+fn run_ps_with<A: App>(
+    app: &A,
+    mode: Mode,
+    clocks: u64,
+    workers: usize,
+    process_cache: bool,
+    metrics: &RuntimeMetrics,
+) -> anyhow::Result<RunReport> {
     let config = JobConfig {
         clocks,
         staleness: 0,
-        workers: 1,
+        workers,
         partitions: 4,
+        process_cache,
         ..JobConfig::default()
     };
-    let metrics = RuntimeMetrics::unregistered();
     Ok(match mode {
-        Mode::InProcess => run_single_process(app, &config, &metrics)?,
-        Mode::Loopback => run_loopback(app, &config, 1, &metrics)?,
+        Mode::InProcess => run_single_process(app, &config, metrics)?,
+        Mode::Loopback => run_loopback(app, &config, 1, metrics)?,
     })
+}
+
+/// Two worker threads in one process, with and without the process cache: data moved per clock
+/// (from the runtime's own counters) and best-of-`repeat` updates/s.
+fn measure_process_cache<A: App>(
+    report: &mut Report,
+    name: &'static str,
+    app: &A,
+    clocks: u64,
+    repeat: usize,
+) -> anyhow::Result<()> {
+    for mode in [Mode::InProcess, Mode::Loopback] {
+        let mut rates = Vec::new();
+        for process_cache in [false, true] {
+            let mut best = 0.0f64;
+            let mut moved = [0u64; 4];
+            for _ in 0..repeat.max(1) {
+                let metrics = RuntimeMetrics::unregistered();
+                let run = run_ps_with(app, mode, clocks, 2, process_cache, &metrics)?;
+                best = best.max(run.updates_per_second);
+                moved = [
+                    metrics.rows_moved.with_label_values(&["pull"]).get(),
+                    metrics.bytes_moved.with_label_values(&["pull"]).get(),
+                    metrics.rows_moved.with_label_values(&["push"]).get(),
+                    metrics.bytes_moved.with_label_values(&["push"]).get(),
+                ];
+            }
+            let per_clock = |n: u64| n as f64 / clocks as f64;
+            let cache = if process_cache {
+                "process cache"
+            } else {
+                "per-thread caches"
+            };
+            report.add(
+                name,
+                format!(
+                    "{}, 2 worker threads, {cache}: per clock pulled rows / KiB, pushed rows / KiB",
+                    mode.short()
+                ),
+                format!(
+                    "{:.0} / {:.1}, {:.0} / {:.1}",
+                    per_clock(moved[0]),
+                    per_clock(moved[1]) / 1024.0,
+                    per_clock(moved[2]),
+                    per_clock(moved[3]) / 1024.0
+                ),
+            );
+            report.add(
+                name,
+                format!(
+                    "{}, 2 worker threads, {cache}: updates/s ({clocks} clocks, best of {repeat})",
+                    mode.short()
+                ),
+                rate(best),
+            );
+            rates.push(best);
+        }
+        report.add(
+            name,
+            format!(
+                "{}, 2 worker threads: process cache / per-thread updates/s",
+                mode.short()
+            ),
+            format!("{:.2}", rates[1] / rates[0]),
+        );
+    }
+    Ok(())
 }
 
 /// Resident set size of this process in bytes (`VmRSS`), if readable.
@@ -200,6 +287,44 @@ where
     if !bare.reached {
         bail!("{name}: the bare loop did not reach the target in {max_clocks} clocks");
     }
+    measure_throughput(report, name, app, throughput_clocks, repeat)?;
+    // The PS with one BSP worker runs the same math; allow a few extra clocks for float noise.
+    for clocks in bare.clocks.max(1)..=bare.clocks + 5 {
+        let run = run_ps(app, Mode::InProcess, clocks)?;
+        let quality = target.value(&run.eval);
+        if target.reached(quality) {
+            report.add(
+                name,
+                format!(
+                    "ps in-process, 1 worker: time to {} {}",
+                    target.metric,
+                    target.goal_text()
+                ),
+                format!(
+                    "{} ({clocks} clocks, {} {quality:.4})",
+                    seconds(run.elapsed_seconds),
+                    target.metric
+                ),
+            );
+            return Ok(run.elapsed_seconds);
+        }
+    }
+    bail!("{name}: the parameter server did not reach the target")
+}
+
+/// Updates/s of the bare loop, of the PS with one worker (in-process and over TCP loopback) and
+/// of two worker threads with and without the process cache, over `throughput_clocks` clocks.
+fn measure_throughput<A>(
+    report: &mut Report,
+    name: &'static str,
+    app: &A,
+    throughput_clocks: u64,
+    repeat: usize,
+) -> anyhow::Result<()>
+where
+    A: App,
+    A::Worker: BareWorker,
+{
     let bare_rate = bare_updates_per_second(app, throughput_clocks, repeat);
     report.add(
         name,
@@ -242,28 +367,7 @@ where
             );
         }
     }
-    // The PS with one BSP worker runs the same math; allow a few extra clocks for float noise.
-    for clocks in bare.clocks.max(1)..=bare.clocks + 5 {
-        let run = run_ps(app, Mode::InProcess, clocks)?;
-        let quality = target.value(&run.eval);
-        if target.reached(quality) {
-            report.add(
-                name,
-                format!(
-                    "ps in-process, 1 worker: time to {} {}",
-                    target.metric,
-                    target.goal_text()
-                ),
-                format!(
-                    "{} ({clocks} clocks, {} {quality:.4})",
-                    seconds(run.elapsed_seconds),
-                    target.metric
-                ),
-            );
-            return Ok(run.elapsed_seconds);
-        }
-    }
-    bail!("{name}: the parameter server did not reach the target")
+    measure_process_cache(report, name, app, throughput_clocks, repeat)
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -534,7 +638,8 @@ impl Bench {
             ],
         );
         let Some(peer) = peer else {
-            return Ok(());
+            // No peer to set the quality target: throughput figures only.
+            return measure_throughput(&mut self.report, "lda", &app, 200, self.args.repeat);
         };
         let theirs = peer["per_token_log_likelihood"]
             .as_f64()
