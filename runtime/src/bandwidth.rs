@@ -3,10 +3,15 @@
 //!
 //! It stands in for the network of a real cluster when every node runs on one machine: the
 //! stage-1 bottleneck of seed 003 §4.5.3 (every worker talking to the few ParamServs on the
-//! reliable tier) only shows when a node's bandwidth is finite. The limit applies to the
-//! server side of every exchange, so it also covers a node's BackupPS copies and partition
-//! hand-offs; a worker's own outbound pushes count against the server that receives them.
+//! reliable tier) only shows when a node's bandwidth is finite. A server charges every frame it
+//! reads to its node's inbound bucket and every frame it writes to its outbound bucket, so the
+//! limit also covers a node's BackupPS copies and partition hand-offs. When the server also knows
+//! where the worker on the other end runs ([`WorkerPlacement`], the in-process fleet), the
+//! exchange is charged to both nodes — or to neither when worker and server share a node, as
+//! traffic that never leaves the machine. A node process knows only its own side.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -93,6 +98,93 @@ impl NodeBandwidth {
     }
 }
 
+/// A worker's node and that node's bandwidth (`None`: unlimited).
+type Placed = (u32, Option<Arc<NodeBandwidth>>);
+
+/// Which node each logical worker runs on, and that node's bandwidth (the in-process fleet sets
+/// it at every segment).
+#[derive(Debug, Default)]
+pub struct WorkerPlacement {
+    workers: parking_lot::RwLock<BTreeMap<u32, Placed>>,
+}
+
+impl WorkerPlacement {
+    /// Worker `worker` runs on `node`, whose bandwidth is `bandwidth`.
+    pub fn place(&self, worker: u32, node: u32, bandwidth: Option<Arc<NodeBandwidth>>) {
+        self.workers.write().insert(worker, (node, bandwidth));
+    }
+
+    /// The node and bandwidth of `worker`, if placed.
+    fn lookup(&self, worker: u32) -> Option<Placed> {
+        self.workers.read().get(&worker).cloned()
+    }
+}
+
+/// The bandwidth one exchange between a server and a peer crosses.
+#[derive(Debug, Default)]
+pub struct Link {
+    server: Option<Arc<NodeBandwidth>>,
+    peer: Option<Arc<NodeBandwidth>>,
+}
+
+impl Link {
+    /// The link between the server of node `node` (bandwidth `server`) and the peer that sent
+    /// a frame of `worker` (`None`: not a worker's frame, or no placement known).
+    pub fn between(
+        server: Option<&Arc<NodeBandwidth>>,
+        placement: Option<&(u32, Arc<WorkerPlacement>)>,
+        worker: Option<u32>,
+    ) -> Self {
+        let peer = placement
+            .zip(worker)
+            .and_then(|((node, placement), worker)| {
+                placement
+                    .lookup(worker)
+                    .map(|(at, bandwidth)| (at == *node, bandwidth))
+            });
+        match peer {
+            // Worker and server share a node: nothing crosses a NIC.
+            Some((true, _)) => Self::default(),
+            Some((false, bandwidth)) => Self {
+                server: server.cloned(),
+                peer: bandwidth,
+            },
+            None => Self {
+                server: server.cloned(),
+                peer: None,
+            },
+        }
+    }
+
+    /// Waits until `bytes` sent by the peer may be taken in.
+    pub async fn receive(&self, bytes: usize) {
+        let server = self.server.as_deref().map(|b| &b.inbound);
+        let peer = self.peer.as_deref().map(|b| &b.outbound);
+        both(server, peer, bytes).await;
+    }
+
+    /// Waits until `bytes` may be sent to the peer.
+    pub async fn send(&self, bytes: usize) {
+        let server = self.server.as_deref().map(|b| &b.outbound);
+        let peer = self.peer.as_deref().map(|b| &b.inbound);
+        both(server, peer, bytes).await;
+    }
+}
+
+/// Reserves `bytes` on both buckets at once and waits for the slower.
+async fn both(a: Option<&TokenBucket>, b: Option<&TokenBucket>, bytes: usize) {
+    let now = Instant::now();
+    let wait = [a, b]
+        .into_iter()
+        .flatten()
+        .map(|bucket| bucket.reserve(now, bytes))
+        .max()
+        .unwrap_or_default();
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +248,45 @@ mod tests {
             let expected = (20_000_000.0 - burst) / 10_000_000.0;
             assert!((seconds - expected).abs() < 0.01, "{seconds} vs {expected}");
         }
+    }
+
+    #[test]
+    fn an_exchange_is_charged_to_both_nodes_or_to_neither() {
+        let server = NodeBandwidth::from_mbps(8.0).unwrap();
+        let worker_node = NodeBandwidth::from_mbps(8.0).unwrap();
+        let placement = Arc::new(WorkerPlacement::default());
+        placement.place(0, 1, Some(worker_node.clone()));
+        placement.place(1, 7, Some(server.clone()));
+        let at_node_7 = (7, placement);
+        let now = Instant::now();
+        // Worker 0 on node 1: both ends pay; worker 1 shares node 7 with the server: free.
+        let remote = Link::between(Some(&server), Some(&at_node_7), Some(0));
+        assert!(remote.server.is_some() && remote.peer.is_some());
+        let local = Link::between(Some(&server), Some(&at_node_7), Some(1));
+        assert!(local.server.is_none() && local.peer.is_none());
+        // Unknown worker or no placement: the server's side only.
+        let unknown = Link::between(Some(&server), Some(&at_node_7), Some(9));
+        assert!(unknown.server.is_some() && unknown.peer.is_none());
+        let control = Link::between(Some(&server), None, None);
+        assert!(control.server.is_some() && control.peer.is_none());
+        // The worker node's outbound is spent by what the server receives from it.
+        let before = worker_node.outbound.reserve(now, 1);
+        assert_eq!(before, Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_link_waits_for_the_slower_end() {
+        let fast = NodeBandwidth::from_mbps(800.0).unwrap();
+        let slow = NodeBandwidth::from_mbps(8.0).unwrap();
+        let placement = Arc::new(WorkerPlacement::default());
+        placement.place(0, 1, Some(slow.clone()));
+        let link = Link::between(Some(&fast), Some(&(2, placement)), Some(0));
+        // 1 MB/s at the worker's end: 164 kB past its 64 KiB burst take about 0.1 s.
+        let start = Instant::now();
+        link.receive(164_000).await;
+        let elapsed = start.elapsed().as_secs_f64();
+        let expected = (164_000.0 - 64.0 * 1024.0) / 1_000_000.0;
+        assert!(elapsed >= expected * 0.95, "{elapsed} s < {expected} s");
     }
 
     #[tokio::test]

@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::app::{App, TableSpec, validate_tables};
-use crate::bandwidth::NodeBandwidth;
+use crate::bandwidth::{NodeBandwidth, WorkerPlacement};
 use crate::client::ClientConfig;
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
@@ -681,6 +681,8 @@ pub trait Fleet {
     fn retire_idle(&mut self, owners: &BTreeSet<NodeId>);
     /// Every node drops its partitions (a rollback restores them from the BackupPS copy).
     fn abandon_all(&mut self);
+    /// The reliable nodes that receive the BackupPS copies of the next segment (none in stage 1).
+    fn set_backups(&mut self, _backups: &[NodeId]) {}
     /// Runs one segment; `interrupt` ends it early at a clock boundary.
     fn run_segment(
         &mut self,
@@ -700,13 +702,19 @@ pub trait Fleet {
 pub struct LocalFleet {
     runtime: tokio::runtime::Runtime,
     pool: Option<WorkerPool>,
-    servers: BTreeMap<NodeId, (ServerHandle, Option<Arc<NodeBandwidth>>)>,
+    servers: BTreeMap<NodeId, ServerHandle>,
     secret: Vec<u8>,
     specs: Vec<TableSpec>,
     job: JobConfig,
     metrics: RuntimeMetrics,
     /// Per-node data-plane bandwidth in Mbit/s (0: unlimited).
     bandwidth_mbps: f64,
+    /// Each node's bandwidth (when limited), shared by its server and its workers.
+    bandwidths: BTreeMap<NodeId, Arc<NodeBandwidth>>,
+    /// Which node each logical worker runs on, for the servers' accounting.
+    placement: Arc<WorkerPlacement>,
+    /// Where the BackupPS copies land.
+    backups: Vec<NodeId>,
 }
 
 impl LocalFleet {
@@ -742,14 +750,28 @@ impl LocalFleet {
             job: job.clone(),
             metrics: metrics.clone(),
             bandwidth_mbps: 0.0,
+            bandwidths: BTreeMap::new(),
+            placement: Arc::new(WorkerPlacement::default()),
+            backups: Vec::new(),
         })
     }
 
-    /// Limits every node's data-plane server to `mbps` megabits per second each way (0:
-    /// unlimited); the BackupPS copies a server sends count against its limit too.
+    /// Limits every node to `mbps` megabits per second each way (0: unlimited), as if each sat
+    /// behind its own NIC: a worker's exchange with a server on another node is charged to
+    /// both nodes (within a node to neither), and a BackupPS copy to the ActivePS that sends it
+    /// and the reliable node that receives it.
     pub fn with_bandwidth_limit(mut self, mbps: f64) -> Self {
         self.bandwidth_mbps = mbps;
         self
+    }
+
+    fn bandwidth(&mut self, node: NodeId) -> Option<Arc<NodeBandwidth>> {
+        if let Some(bandwidth) = self.bandwidths.get(&node) {
+            return Some(bandwidth.clone());
+        }
+        let bandwidth = NodeBandwidth::from_mbps(self.bandwidth_mbps)?;
+        self.bandwidths.insert(node, bandwidth.clone());
+        Some(bandwidth)
     }
 }
 
@@ -759,7 +781,7 @@ impl Fleet for LocalFleet {
     }
 
     fn release(&mut self, id: NodeId) {
-        if let Some((handle, _)) = self.servers.remove(&id) {
+        if let Some(handle) = self.servers.remove(&id) {
             handle.stop(self.runtime.handle());
         }
     }
@@ -774,9 +796,10 @@ impl Fleet for LocalFleet {
     ) -> Result<(), FleetError> {
         let image = from
             .and_then(|node| self.servers.get(&node))
-            .and_then(|(server, _)| server.state.take(partition))
+            .and_then(|server| server.state.take(partition))
             .unwrap_or_else(|| fallback.clone());
         let strict = self.job.staleness == 0;
+        let bandwidth = self.bandwidth(to);
         let server = match self.servers.entry(to) {
             std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::btree_map::Entry::Vacant(entry) => {
@@ -788,10 +811,10 @@ impl Fleet for LocalFleet {
                     self.job.optimizer,
                     strict,
                 ));
-                let bandwidth = NodeBandwidth::from_mbps(self.bandwidth_mbps);
                 let config = crate::server::ServerConfig {
                     wait_timeout: self.job.wait_timeout,
-                    bandwidth: bandwidth.clone(),
+                    bandwidth,
+                    placement: Some((to, self.placement.clone())),
                     ..crate::server::ServerConfig::with_secret(self.secret.clone())
                 };
                 let handle = ServerHandle::start(
@@ -804,11 +827,10 @@ impl Fleet for LocalFleet {
                 .map_err(|e| RunError::RunCluster {
                     reason: format!("binding a node's data-plane server failed: {e}"),
                 })?;
-                entry.insert((handle, bandwidth))
+                entry.insert(handle)
             }
         };
         server
-            .0
             .state
             .install(image, epoch, &self.specs, self.job.optimizer, strict)?;
         Ok(())
@@ -827,7 +849,7 @@ impl Fleet for LocalFleet {
     }
 
     fn abandon_all(&mut self) {
-        for (_, (handle, _)) in std::mem::take(&mut self.servers) {
+        for (_, handle) in std::mem::take(&mut self.servers) {
             handle.state.abandon();
             handle.stop(self.runtime.handle());
         }
@@ -838,6 +860,13 @@ impl Fleet for LocalFleet {
         spec: &SegmentSpec,
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
+        if !spec.worker_nodes.is_empty() {
+            for worker in 0..self.job.workers as u32 {
+                let node = spec.worker_nodes[worker as usize % spec.worker_nodes.len()];
+                let bandwidth = self.bandwidth(node);
+                self.placement.place(worker, node, bandwidth);
+            }
+        }
         let Some(pool) = &self.pool else {
             return Err(RunError::JoinWorker { worker: u32::MAX }.into());
         };
@@ -847,7 +876,7 @@ impl Fleet for LocalFleet {
             addrs: self
                 .servers
                 .iter()
-                .map(|(node, (handle, _))| (*node, handle.addr))
+                .map(|(node, handle)| (*node, handle.addr))
                 .collect(),
         };
         let gate = plan.gate.clone();
@@ -876,18 +905,41 @@ impl Fleet for LocalFleet {
         Ok(self
             .servers
             .values()
-            .flat_map(|(server, _)| server.state.visible_clocks())
+            .flat_map(|server| server.state.visible_clocks())
             .collect())
     }
 
     fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
         let mut images = Vec::new();
-        for (server, bandwidth) in self.servers.values() {
+        for (node, server) in &self.servers {
             let these = server.state.images();
-            if let Some(bandwidth) = bandwidth {
-                // The copy leaves the node over its data plane, as a node process's would.
-                let bytes: usize = these.iter().map(PartitionImage::parameter_bytes).sum();
-                bandwidth.outbound.acquire_blocking(bytes);
+            // Each partition's copy goes from its server to a BackupPS node, over both NICs
+            // unless they are one node; the copies are sent one after another.
+            for image in &these {
+                let Some(backup) = self
+                    .backups
+                    .get(image.partition as usize % self.backups.len().max(1))
+                else {
+                    break;
+                };
+                if backup == node {
+                    continue;
+                }
+                let bytes = image.parameter_bytes();
+                let now = Instant::now();
+                let wait = [
+                    self.bandwidths
+                        .get(node)
+                        .map(|b| b.outbound.reserve(now, bytes)),
+                    self.bandwidths
+                        .get(backup)
+                        .map(|b| b.inbound.reserve(now, bytes)),
+                ]
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap_or_default();
+                std::thread::sleep(wait);
             }
             images.extend(these);
         }
@@ -898,9 +950,13 @@ impl Fleet for LocalFleet {
         if let Some(pool) = self.pool.take() {
             pool.stop();
         }
-        for (_, (handle, _)) in std::mem::take(&mut self.servers) {
+        for (_, handle) in std::mem::take(&mut self.servers) {
             handle.stop(self.runtime.handle());
         }
+    }
+
+    fn set_backups(&mut self, backups: &[NodeId]) {
+        self.backups = backups.to_vec();
     }
 }
 
@@ -1207,6 +1263,7 @@ fn run_boundary(
     };
     let end = next_event.min(next_backup.max(clock + 1)).min(job.clocks);
     let moved = moved_partitions(controller.layout.as_ref(), &layout);
+    fleet.set_backups(&layout.backups);
     metrics.stage.set(i64::from(layout.stage));
     let reliable_now = controller.members.iter().filter(|m| m.reliable).count();
     metrics

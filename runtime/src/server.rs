@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::bandwidth::{NodeBandwidth, TokenBucket};
+use crate::bandwidth::{Link, NodeBandwidth, WorkerPlacement};
 use crate::control::{ControlRequest, NodeAgent};
 use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
 use crate::message::{Message, Values, secrets_match};
@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub agent: Option<Arc<dyn NodeAgent>>,
     /// The node's data-plane bandwidth, shared by all its connections (`None`: unlimited).
     pub bandwidth: Option<Arc<NodeBandwidth>>,
+    /// This server's node and where the job's workers run, when they live in this process: a
+    /// worker's exchange is then charged to its node's bandwidth too, or to none within a node.
+    pub placement: Option<(u32, Arc<WorkerPlacement>)>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -74,6 +77,7 @@ impl ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             agent: None,
             bandwidth: None,
+            placement: None,
         }
     }
 }
@@ -171,13 +175,11 @@ pub async fn run(
     while handlers.join_next().await.is_some() {}
 }
 
-/// Reads one frame into `buf`; `Ok(None)` at a clean end of stream. Bytes read wait for
-/// `limit`'s tokens.
+/// Reads one frame into `buf`; `Ok(None)` at a clean end of stream.
 async fn read_frame(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     max: usize,
-    limit: Option<&TokenBucket>,
 ) -> Result<Option<Bytes>, ConnectionError> {
     loop {
         match check(buf, max) {
@@ -188,16 +190,12 @@ async fn read_frame(
                 } else if buf.capacity() == buf.len() {
                     buf.reserve(4096);
                 }
-                let read = stream.read_buf(buf).await.map_err(ConnectionError::Read)?;
-                if read == 0 {
+                if stream.read_buf(buf).await.map_err(ConnectionError::Read)? == 0 {
                     return if buf.is_empty() {
                         Ok(None)
                     } else {
                         Err(ConnectionError::Truncate)
                     };
-                }
-                if let Some(limit) = limit {
-                    limit.acquire(read).await;
                 }
             }
             Err(error) => return Err(error.into()),
@@ -205,15 +203,13 @@ async fn read_frame(
     }
 }
 
-/// Writes `out` to the peer once `limit` grants its bytes.
+/// Writes `out` to the peer once `link` grants its bytes.
 async fn write_frame(
     stream: &mut TcpStream,
     out: &[u8],
-    limit: Option<&TokenBucket>,
+    link: &Link,
 ) -> Result<(), ConnectionError> {
-    if let Some(limit) = limit {
-        limit.acquire(out.len()).await;
-    }
+    link.send(out.len()).await;
     stream.write_all(out).await.map_err(ConnectionError::Write)
 }
 
@@ -224,12 +220,12 @@ async fn serve_connection(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let _ = stream.set_nodelay(true);
-    let inbound = config.bandwidth.as_deref().map(|b| &b.inbound);
-    let outbound = config.bandwidth.as_deref().map(|b| &b.outbound);
+    // Frames that are not a worker's (hello, control) cross this node's NIC only.
+    let own = Link::between(config.bandwidth.as_ref(), None, None);
     let mut buf = BytesMut::with_capacity(1 << 16);
     let hello = tokio::time::timeout(
         config.handshake_timeout,
-        read_frame(&mut stream, &mut buf, config.max_frame_bytes, inbound),
+        read_frame(&mut stream, &mut buf, config.max_frame_bytes),
     )
     .await
     .map_err(|_| ConnectionError::Handshake)??;
@@ -243,35 +239,41 @@ async fn serve_connection(
     tracing::debug!(node, "peer authenticated");
     let mut out = Vec::with_capacity(1 << 16);
     Message::Welcome.encode(&mut out);
-    write_frame(&mut stream, &out, outbound).await?;
+    own.receive(hello.len()).await;
+    write_frame(&mut stream, &out, &own).await?;
     loop {
         let frame = tokio::select! {
-            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes, inbound) => frame?,
+            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes) => frame?,
             _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
         };
         let Some(frame) = frame else { return Ok(()) };
         // Headers only: cheap, and rejects client-illegal kinds before any work.
-        let wait = match Message::decode(&frame[HEADER_BYTES..])? {
+        let (wait, worker) = match Message::decode(&frame[HEADER_BYTES..])? {
             Message::Pull {
                 partition,
                 min_clock,
+                worker,
                 ..
-            } => Some((partition, None, min_clock)),
+            } => (Some((partition, None, min_clock)), Some(worker)),
             Message::Push {
                 partition,
                 worker,
                 clock,
                 ..
-            } => Some((partition, Some(worker), clock)),
-            Message::Register { .. } | Message::Dump { .. } => None,
+            } => (Some((partition, Some(worker), clock)), Some(worker)),
+            Message::Register { worker, .. } => (None, Some(worker)),
+            Message::Dump { .. } => (None, None),
             Message::Control { .. } => {
+                own.receive(frame.len()).await;
                 out.clear();
                 out = control(config.agent.clone(), frame, out).await?;
-                write_frame(&mut stream, &out, outbound).await?;
+                write_frame(&mut stream, &out, &own).await?;
                 continue;
             }
             other => return Err(ConnectionError::Unexpected(other.kind())),
         };
+        let link = Link::between(config.bandwidth.as_ref(), config.placement.as_ref(), worker);
+        link.receive(frame.len()).await;
         out.clear();
         // Reads wait for their clock; BSP pushes wait for their gate (the frame stays unread
         // behind this one in the socket meanwhile, so waiting costs no server memory).
@@ -303,7 +305,7 @@ async fn serve_connection(
                 .map_err(|_| ConnectionError::Unexpected("panicking"))?
             }
         };
-        write_frame(&mut stream, &out, outbound).await?;
+        write_frame(&mut stream, &out, &link).await?;
     }
 }
 

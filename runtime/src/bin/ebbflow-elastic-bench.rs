@@ -8,6 +8,12 @@
 //!    4 transient nodes (stage 2, two ActivePSs); one ActivePS leaves with notice. Prints the time
 //!    from the notice until every affected partition serves from its new owner, and checks the
 //!    table is exact.
+//! 3. **Stages under limited bandwidth** (`--stages`, run alone): MF on a fixed number of nodes
+//!    at transient:reliable ratios 1:1, 3:1 and 7:1, each ratio in stage 1, 2 and 3 (forced with
+//!    `StageThresholds::forced`), every node limited to `--bandwidth-limit-mbps` each way (a
+//!    worker's exchange with a server on another node is charged to both nodes, within a node to
+//!    neither; a BackupPS copy to its sender and its receiver). Prints seconds per iteration per
+//!    (ratio, stage), the winner per ratio and stage 1's time over the best.
 //!
 //! Every node is a thread of this process with its own TCP data-plane server on 127.0.0.1 (the
 //! in-process elastic engine, `ebbflow_runtime::elastic`): joins add no cores here, so the figures
@@ -22,7 +28,8 @@ use clap::Parser;
 
 use ebbflow_runtime::apps::named::{NamedApp, build_named_app};
 use ebbflow_runtime::elastic::{
-    ElasticConfig, ElasticEvent, ScheduledEvent, StageThresholds, run_elastic,
+    ElasticConfig, ElasticEvent, LocalFleet, ScheduledEvent, StageThresholds, run_elastic,
+    run_elastic_on,
 };
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -44,6 +51,21 @@ struct Args {
     /// Parameter bytes of the notice-to-safe run (MiB).
     #[arg(long, default_value_t = 64)]
     mib: u64,
+    /// Run only the stage comparison under limited bandwidth.
+    #[arg(long)]
+    stages: bool,
+    /// Stage comparison: every node's bandwidth in Mbit/s each way.
+    #[arg(long, default_value_t = 100.0)]
+    bandwidth_limit_mbps: f64,
+    /// Stage comparison: nodes (reliable + transient), the same at every ratio.
+    #[arg(long, default_value_t = 8)]
+    nodes: usize,
+    /// Stage comparison: iterations per run (the first two are not counted).
+    #[arg(long, default_value_t = 30)]
+    stage_clocks: u64,
+    /// Stage comparison: clocks between BackupPS copies in stages 2 and 3.
+    #[arg(long, default_value_t = 5)]
+    backup_every: u64,
 }
 
 fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
@@ -73,7 +95,8 @@ fn stall_ratio(seconds: &[f64], iteration: usize) -> f64 {
     seconds[iteration] / median(&mut neighbours)
 }
 
-fn fig_4_15(args: &Args) -> anyhow::Result<()> {
+/// MF on MovieLens 100K with `--data`, else on the seeded synthetic set; and its name.
+fn mf_app(args: &Args) -> anyhow::Result<(&'static str, ebbflow_runtime::apps::mf::MfApp)> {
     let name = if args.data.is_some() {
         "mf"
     } else {
@@ -82,6 +105,11 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
     let NamedApp::Mf(app) = build_named_app(name, args.data.as_deref())? else {
         bail!("{name} is not matrix factorization");
     };
+    Ok((name, app))
+}
+
+fn fig_4_15(args: &Args) -> anyhow::Result<()> {
+    let (name, app) = mf_app(args)?;
     let clocks = 50;
     let config = ElasticConfig {
         job: JobConfig {
@@ -240,8 +268,90 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Mean seconds per iteration of one MF run with `reliable` + `transient` nodes in `stage`.
+fn seconds_per_iteration(
+    args: &Args,
+    app: &ebbflow_runtime::apps::mf::MfApp,
+    reliable: usize,
+    transient: usize,
+    stage: u8,
+) -> anyhow::Result<f64> {
+    let config = ElasticConfig {
+        job: JobConfig {
+            clocks: args.stage_clocks,
+            staleness: 0,
+            // One logical worker per node (stage 3 moves the reliable tier's to transient nodes).
+            workers: args.nodes,
+            // The paper's partitioning: half the most nodes there can be.
+            partitions: args.nodes.div_ceil(2) as u32,
+            // Each logical worker stands for one node's worker, with its own traffic: the
+            // per-process cache would merge the whole in-process fleet into one group.
+            process_cache: false,
+            ..JobConfig::default()
+        },
+        thresholds: StageThresholds::forced(stage),
+        backup_every: args.backup_every,
+        reliable: names("od", 0..reliable),
+        transient: names("spot", 0..transient),
+    };
+    let metrics = RuntimeMetrics::unregistered();
+    let mut fleet = LocalFleet::start(app, &config.job, &metrics, std::time::Instant::now())?
+        .with_bandwidth_limit(args.bandwidth_limit_mbps);
+    let report = run_elastic_on(app, &config, &[], None, &mut fleet, &metrics)?;
+    let ran: Vec<u8> = report.segments.iter().map(|s| s.stage).collect();
+    if ran.iter().any(|&s| s != stage) {
+        bail!("asked for stage {stage}, ran {ran:?}");
+    }
+    let counted = &report.run.clock_seconds[2.min(report.run.clock_seconds.len())..];
+    Ok(counted.iter().sum::<f64>() / counted.len().max(1) as f64)
+}
+
+fn stages(args: &Args) -> anyhow::Result<()> {
+    let (name, app) = mf_app(args)?;
+    println!(
+        "## stages 1, 2, 3 at {} Mbit/s per node ({name}, {} nodes, {} logical workers, BSP, \
+         BackupPS copy every {} clocks, mean of iterations 2..{})",
+        args.bandwidth_limit_mbps, args.nodes, args.nodes, args.backup_every, args.stage_clocks
+    );
+    println!();
+    println!(
+        "| transient:reliable | nodes (R + T) | stage 1 s/it | stage 2 s/it | stage 3 s/it | \
+         winner | stage 1 ÷ best |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for ratio in [1usize, 3, 7] {
+        let reliable = (args.nodes / (ratio + 1)).max(1);
+        let transient = args.nodes - reliable;
+        let mut times = Vec::new();
+        for stage in 1..=3u8 {
+            times.push(seconds_per_iteration(
+                args, &app, reliable, transient, stage,
+            )?);
+        }
+        let (best_stage, best) = times
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, t)| (i + 1, *t))
+            .context("three stages ran")?;
+        println!(
+            "| {ratio}:1 | {reliable} + {transient} | {:.4} | {:.4} | {:.4} | \
+             stage {best_stage} | {:.2} |",
+            times[0],
+            times[1],
+            times[2],
+            times[0] / best
+        );
+    }
+    println!();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.stages {
+        return stages(&args);
+    }
     fig_4_15(&args)?;
     notice_to_safe(&args)?;
     Ok(())
