@@ -20,10 +20,16 @@
 //!   and an empty push for every other member, so every logical worker still advances its own
 //!   clock count (`completed[w]`, part of partition images) once per clock, exactly once.
 //!
-//! A group's pushes only go out when all its members finished the clock, so the threads of one
-//! process are at most one clock apart at the servers; SSP between processes is unchanged and a
-//! thread may still run ahead on its own copy as far as its staleness bound allows. The group
-//! must be rebuilt when its members change (the union changes) and after any failure.
+//! A group's push of a clock goes out when all its members finished that clock, so at the servers
+//! the group advances with its slowest thread. A thread that needs a fresher copy first waits for
+//! the group's pushes of the clocks it finished (its own writes must be in the copy); otherwise it
+//! runs ahead on its own copy as far as its staleness bound allows, so SSP between groups (and its
+//! bounds for every thread) is unchanged. A thread only waits for a fetch in flight whose clock it
+//! has completed itself, so no wait depends on the waiter's own future push. The attribution of a
+//! member's updates to the leader's identity is exact wherever a group's clocks are applied or
+//! dropped together (segment boundaries, migrations, rollbacks): docs/elasticity.md. The group is
+//! rebuilt when its members change (the union changes) and after any failure; a job with a
+//! stateful server optimizer does not use one (its rule must see each worker's delta alone).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -54,6 +60,15 @@ struct Layout {
 /// A contiguous stretch of values a thread's view shares with the union batch:
 /// `(offset in the view, offset in the union, values)`.
 pub(crate) type Run = (usize, usize, usize);
+
+/// A member thread's buffers for [`ProcessCache::read`], allocated once.
+#[derive(Debug, Default)]
+pub(crate) struct ReadScratch {
+    /// Union-sized receive buffers for the fetches the thread makes (on first use).
+    views: Vec<PartitionView>,
+    /// Per partition: whether the thread's view is settled in the current read.
+    done: Vec<bool>,
+}
 
 /// The group's copy of one partition.
 #[derive(Debug)]
@@ -438,7 +453,7 @@ impl ProcessCache {
         mut owed: bool,
         views: &mut [PartitionView],
         runs: &[Vec<Run>],
-        scratch: &mut Vec<PartitionView>,
+        scratch: &mut ReadScratch,
         metrics: &RuntimeMetrics,
     ) -> Result<(), WorkerError> {
         let deadline = Instant::now() + self.wait_timeout;
@@ -452,7 +467,12 @@ impl ProcessCache {
                     || view.generation != part.generation);
         }
         // Copied views are done; `needs_pull` stays set on them for the caller's install.
-        let mut done_views: Vec<bool> = views.iter().map(|v| !v.needs_pull).collect();
+        let ReadScratch {
+            views: fetches,
+            done: done_views,
+        } = scratch;
+        done_views.clear();
+        done_views.extend(views.iter().map(|v| !v.needs_pull));
         loop {
             if let Some(reason) = &shared.failed {
                 return Err(WorkerError::PeerFailed {
@@ -487,10 +507,10 @@ impl ProcessCache {
                     waiting = true;
                 } else {
                     part.fetching.push((min_clock, includes));
-                    if scratch.is_empty() {
-                        *scratch = bare_views(&self.layouts, false);
+                    if fetches.is_empty() {
+                        *fetches = bare_views(&self.layouts, false);
                     }
-                    scratch[p].needs_pull = true;
+                    fetches[p].needs_pull = true;
                     fetch = true;
                 }
             }
@@ -505,10 +525,10 @@ impl ProcessCache {
                 continue;
             }
             drop(shared);
-            let pulled = transport.pull(self.leader, min_clock, scratch);
+            let pulled = transport.pull(self.leader, min_clock, fetches);
             shared = self.shared.lock();
             let (mut rows, mut values) = (0u64, 0usize);
-            for fetched in scratch.iter_mut().filter(|v| v.needs_pull) {
+            for fetched in fetches.iter_mut().filter(|v| v.needs_pull) {
                 fetched.needs_pull = false;
                 let p = fetched.partition as usize;
                 let part = &mut shared.parts[p];

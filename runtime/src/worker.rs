@@ -30,7 +30,7 @@ use crate::app::{AppError, AppWorker, ClockStats, RowCache, TableId, TableSpec, 
 use crate::metrics::RuntimeMetrics;
 use crate::optimizer::Optimizer;
 use crate::partition::{PartitionId, partition_of};
-use crate::process_cache::{ProcessCache, Route, Run};
+use crate::process_cache::{ProcessCache, ReadScratch, Route, Run};
 use crate::store::StoreError;
 
 /// Settings of one training job.
@@ -375,8 +375,8 @@ struct Attached {
     cache: Arc<ProcessCache>,
     /// Per partition: where the thread's view lies in the union batch.
     runs: Vec<Vec<Run>>,
-    /// Union-sized receive buffers for the fetches this thread makes (allocated on first use).
-    scratch: Vec<PartitionView>,
+    /// Buffers for reads through the cache.
+    scratch: ReadScratch,
 }
 
 /// One worker thread's state across the segments of a run: its app worker (data shard), row
@@ -467,7 +467,7 @@ impl<W: AppWorker> WorkerLoop<W> {
             Attached {
                 cache: cache.clone(),
                 runs,
-                scratch: Vec::new(),
+                scratch: ReadScratch::default(),
             }
         });
     }
@@ -589,27 +589,9 @@ impl<W: AppWorker> WorkerLoop<W> {
 
     /// Runs the clocks `gate` lets this worker run. The first pull refreshes what is stale for
     /// the first clock (everything, with `force`); after each clock but the job's last, the
-    /// copies the next clock needs are pulled, so a following segment starts warm. A failure is
-    /// passed on to the threads sharing the process cache.
+    /// copies the next clock needs are pulled, so a following segment starts warm. On a failure
+    /// the caller fails the process cache too, so the threads sharing it stop waiting.
     pub(crate) fn run<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        config: &JobConfig,
-        gate: &ClockGate,
-        force: bool,
-        metrics: &RuntimeMetrics,
-        run_start: Instant,
-    ) -> Result<WorkerReport, WorkerError> {
-        let result = self.run_clocks(transport, config, gate, force, metrics, run_start);
-        if let (Err(error), Some(shared)) = (&result, &self.shared) {
-            shared
-                .cache
-                .fail(format!("worker {} failed: {error}", self.worker_id));
-        }
-        result
-    }
-
-    fn run_clocks<T: Transport>(
         &mut self,
         transport: &mut T,
         config: &JobConfig,
@@ -716,23 +698,21 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     metrics: &RuntimeMetrics,
     run_start: Instant,
 ) -> Result<WorkerReport, WorkerError> {
-    let built = WorkerLoop::new(worker_id, app_worker, working_set, specs, config.partitions);
-    let mut worker = match (built, shared) {
-        (Ok(worker), _) => worker,
-        (Err(error), Some((cache, _))) => {
-            cache.fail(format!("worker {worker_id} failed: {error}"));
-            return Err(error);
-        }
-        (Err(error), None) => return Err(error),
-    };
-    match shared {
-        Some((cache, routes)) => {
-            worker.attach(Some(cache));
-            cache.begin_segment(transport, 1, gate.first(), routes)?;
-        }
-        None => worker.register(transport, None)?,
+    let result = WorkerLoop::new(worker_id, app_worker, working_set, specs, config.partitions)
+        .and_then(|mut worker| {
+            match shared {
+                Some((cache, routes)) => {
+                    worker.attach(Some(cache));
+                    cache.begin_segment(transport, 1, gate.first(), routes)?;
+                }
+                None => worker.register(transport, None)?,
+            }
+            worker.run(transport, config, gate, true, metrics, run_start)
+        });
+    if let (Err(error), Some((cache, _))) = (&result, shared) {
+        cache.fail(format!("worker {worker_id} failed: {error}"));
     }
-    worker.run(transport, config, gate, true, metrics, run_start)
+    result
 }
 
 #[cfg(test)]
