@@ -111,7 +111,7 @@ impl Metrics {
                     "Wall time of one TrainingJob reconcile run",
                 )
                 .buckets(vec![
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 ]),
             )?,
             notices_sent: IntCounterVec::new(

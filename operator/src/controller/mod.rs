@@ -25,7 +25,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
     runtime::{
-        Controller,
+        Controller, WatchStreamExt,
         controller::Action,
         events::{Event, EventType, Recorder},
         finalizer::{self, finalizer},
@@ -1253,7 +1253,16 @@ pub async fn run(
         warn!("the notice relay's caches are already in use; controller not started");
         return;
     };
-    let controller = Controller::new(jobs, watcher::Config::default().any_semantic())
+    // As `Controller::new`, with the jobs' managed fields dropped from the cache: the status
+    // applies make them several kilobytes per job, and nothing here reads them.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let job_events = kube::runtime::reflector(
+        writer,
+        watcher(jobs, watcher::Config::default().any_semantic())
+            .modify(|job| job.managed_fields_mut().clear()),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(job_events, reader)
         .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.debounce));
     // The relay lives exactly as long as this controller (a stopped operator must not keep
     // delivering notices), so it runs beside it rather than as a detached task. It also owns

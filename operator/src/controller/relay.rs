@@ -603,11 +603,15 @@ pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]
         ctx.config.coordinator_url_override.as_deref(),
     );
     let now = Timestamp::now();
-    for notice in &undelivered {
-        if super::notify(ctx, job, &base, token.as_deref(), notice, now).await {
-            ctx.metrics.notices_relayed.inc();
-        }
-    }
+    // All at once: a notice must not wait for the one before it (and its event) to be through.
+    let delivered = futures::future::join_all(
+        undelivered
+            .iter()
+            .map(|notice| super::notify(ctx, job, &base, token.as_deref(), notice, now)),
+    )
+    .await;
+    let relayed = delivered.into_iter().filter(|&delivered| delivered).count();
+    ctx.metrics.notices_relayed.inc_by(relayed as u64);
 }
 
 #[cfg(test)]
