@@ -2,8 +2,9 @@
 # The operator at scale on a kwok cluster (issue 7's benchmark): JOBS TrainingJobs of PODS pods
 # over ON_DEMAND + SPOT kwok nodes, then INTERRUPT spot nodes tainted the NTH way.
 #
-# Usage: scripts/bench-scale.sh [JOBS PODS ON_DEMAND SPOT INTERRUPT]   (default 50 20 50 150 20;
-#        the issue's full size is 500 20 250 750 100)
+# Usage: scripts/bench-scale.sh [JOBS PODS ON_DEMAND SPOT INTERRUPT [BENCH FLAGS...]]
+#        (default 50 20 50 150 20; the issue's full size is 500 20 250 750 100). Further flags go
+#        to ebbflow-scale-bench, e.g. `--operator WRAPPER` to run the operator under a profiler.
 #
 # Beside the run, every 10 s: the machine's available memory and its five largest processes, and
 # the API server's request counters by resource and verb (the ten largest), in
@@ -31,7 +32,7 @@ trap cleanup EXIT
 kubeconfig="$(EBBFLOW_ONDEMAND_NODES="$on_demand" EBBFLOW_SPOT_NODES="$spot" scripts/cluster.sh up "$name")"
 echo "==> $jobs jobs x $pods pods over $on_demand on-demand + $spot spot kwok nodes (samples: $log)" >&2
 EBBFLOW_KUBECONFIG="$kubeconfig" RUST_LOG=warn "$CARGO_TARGET_DIR/release/ebbflow-scale-bench" \
-  --jobs "$jobs" --pods "$pods" --interrupt "$interrupt" &
+  --jobs "$jobs" --pods "$pods" --interrupt "$interrupt" "${@:6}" &
 bench=$!
 (
   : >"$log"
