@@ -193,6 +193,10 @@ pub trait NodeAgent: Send + Sync {
     fn control(&self, request: ControlRequest, payload: &[u8]) -> (ControlResponse, Vec<u8>);
 }
 
+/// How long an abandon waits for the running segment's workers to stop before leaving them
+/// behind.
+const ABANDON_GRACE: Duration = Duration::from_secs(2);
+
 /// The segment a node is running.
 struct Running {
     gate: Arc<ClockGate>,
@@ -207,7 +211,9 @@ pub struct Agent<A: App> {
     job: JobConfig,
     client: ClientConfig,
     metrics: RuntimeMetrics,
-    pool: Arc<Mutex<Option<WorkerPool>>>,
+    /// The worker pool; replaced by a fresh one when an abandoned segment does not stop in
+    /// time (its stuck thread keeps the old one).
+    pool: Mutex<Arc<Mutex<Option<WorkerPool>>>>,
     running: Mutex<Option<Running>>,
     /// Where the last finished segment ended (a pause after it finished answers this).
     last_end: Mutex<u64>,
@@ -233,7 +239,7 @@ impl<A: App> Agent<A> {
             job,
             client,
             metrics,
-            pool: Arc::new(Mutex::new(None)),
+            pool: Mutex::new(Arc::new(Mutex::new(None))),
             running: Mutex::new(None),
             last_end: Mutex::new(0),
             shutdown: Mutex::new(Some(shutdown)),
@@ -269,7 +275,8 @@ impl<A: App> Agent<A> {
         let addrs: NodeAddrs = order.addrs.iter().copied().collect();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         {
-            let mut pool = self.pool.lock();
+            let pool = self.pool.lock().clone();
+            let mut pool = pool.lock();
             let pool = pool.get_or_insert_with(|| {
                 let now_unix = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -295,7 +302,7 @@ impl<A: App> Agent<A> {
             addrs,
         };
         let (send, result) = std::sync::mpsc::channel();
-        let pool = self.pool.clone();
+        let pool = self.pool.lock().clone();
         std::thread::Builder::new()
             .name("segment".into())
             .spawn(move || {
@@ -403,9 +410,21 @@ impl<A: App> NodeAgent for Agent<A> {
                 let running = self.running.lock().take();
                 let dropped = self.state.abandon();
                 if let Some(running) = running {
-                    // No clock starts any more and every wait fails: the workers stop soon.
+                    // No clock starts any more and every wait fails: the workers stop soon,
+                    // unless one is blocked on a node that hangs (it answers nothing and closes
+                    // nothing). Such a segment keeps its pool until its reads time out; the
+                    // next segment starts on a fresh pool (the workers rebuild their shards).
                     running.gate.end_at(0);
-                    let _ = running.result.recv_timeout(self.job.wait_timeout);
+                    let grace = ABANDON_GRACE.min(self.job.wait_timeout);
+                    if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        running.result.recv_timeout(grace)
+                    {
+                        *self.pool.lock() = Arc::new(Mutex::new(None));
+                        tracing::warn!(
+                            grace_ms = grace.as_millis() as u64,
+                            "the abandoned segment did not stop: its workers are left behind"
+                        );
+                    }
                 }
                 tracing::warn!(dropped, "state abandoned: the job rolls back");
                 ControlResponse::Done

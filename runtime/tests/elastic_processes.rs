@@ -412,15 +412,20 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
         heartbeat_failures(s) >= 1
     });
     assert_eq!(heartbeat_failures(&declared), 1);
+    // The run goes on without it while it is still stopped: rolled back to the BackupPS copy,
+    // training again on the survivors.
+    let rolled_back = wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1) && transient(s) == 2
+    });
+    wait_for(&url, "progress after the rollback", |s| {
+        clock(s) > clock(&rolled_back)
+    });
     // It resumes after being declared failed: the coordinator fences it, it drops its state
     // and exits with an error; what it still sent belongs to an abandoned epoch.
     signal(&t0, "CONT");
     let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(30));
     assert!(!exit.success(), "a fenced node fails: {exit:?}");
     assert!(stderr.contains("fenced"), "{stderr}");
-    wait_for(&url, "the rollback", |s| {
-        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1) && transient(s) == 2
-    });
 
     let report = coordinator.join().unwrap().expect("the job finishes");
     assert_exact(&report);
