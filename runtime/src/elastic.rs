@@ -860,16 +860,20 @@ impl Fleet for LocalFleet {
         spec: &SegmentSpec,
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
+        let mut nodes = BTreeMap::new();
         if !spec.worker_nodes.is_empty() {
             for worker in 0..self.job.workers as u32 {
                 let node = spec.worker_nodes[worker as usize % spec.worker_nodes.len()];
                 let bandwidth = self.bandwidth(node);
                 self.placement.place(worker, node, bandwidth);
+                nodes.insert(worker, node);
             }
         }
         let Some(pool) = &self.pool else {
             return Err(RunError::JoinWorker { worker: u32::MAX }.into());
         };
+        // Workers of one simulated node share a process cache, as in a node process.
+        pool.set_nodes(nodes);
         let plan = SegmentPlan {
             gate: Arc::new(ClockGate::range(spec.first, spec.end)),
             map: spec.map.clone(),

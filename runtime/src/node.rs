@@ -320,7 +320,8 @@ pub struct SegmentPlan {
 /// stale, so a segment boundary costs what actually moved. A pool may hold any subset of the
 /// job's logical workers (a node process holds the ones assigned to it) and change it between
 /// segments. Its threads share one [`ProcessCache`] (if the job does), kept across segments
-/// while the pool's workers stay the same and nothing failed.
+/// while the pool's workers stay the same and nothing failed; a pool that stands for several
+/// node processes ([`WorkerPool::set_nodes`]) keeps one per node.
 pub struct WorkerPool {
     workers: BTreeMap<u32, PoolWorker>,
     report: std::sync::mpsc::Sender<(u32, Result<WorkerReport, RunError>)>,
@@ -330,7 +331,10 @@ pub struct WorkerPool {
     config: JobConfig,
     metrics: RuntimeMetrics,
     run_start: Instant,
-    shared: parking_lot::Mutex<Option<Arc<ProcessCache>>>,
+    /// The process caches of the last segment.
+    shared: parking_lot::Mutex<Vec<Arc<ProcessCache>>>,
+    /// The node each worker stands for (none set: all on one node, this process).
+    nodes: parking_lot::Mutex<BTreeMap<u32, NodeId>>,
     segments: std::sync::atomic::AtomicU64,
 }
 
@@ -346,6 +350,44 @@ struct PoolSegment {
     plan: SegmentPlan,
     shared: Option<Arc<ProcessCache>>,
     seq: u64,
+    registered: Arc<Registered>,
+}
+
+/// Holds a pool's workers back until every one of them registered for the segment: a process
+/// cache whose members changed registers new batches with partitions that did not move, and a
+/// BSP push of the segment's first clock must wait for the new batch's read (a registration
+/// resets it), not slip in before the registration.
+#[derive(Debug)]
+struct Registered {
+    expected: usize,
+    state: parking_lot::Mutex<(usize, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl Registered {
+    fn new(expected: usize) -> Self {
+        Self {
+            expected,
+            state: parking_lot::Mutex::new((0, false)),
+            changed: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Records this worker's registration (`ok`) and waits for the others; false if any failed
+    /// or `timeout` passed.
+    fn arrive(&self, ok: bool, timeout: std::time::Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock();
+        state.0 += 1;
+        state.1 |= !ok;
+        self.changed.notify_all();
+        while state.0 < self.expected && !state.1 {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return false;
+            }
+        }
+        !state.1
+    }
 }
 
 impl WorkerPool {
@@ -382,7 +424,8 @@ impl WorkerPool {
             config: config.clone(),
             metrics: metrics.clone(),
             run_start,
-            shared: parking_lot::Mutex::new(None),
+            shared: parking_lot::Mutex::new(Vec::new()),
+            nodes: parking_lot::Mutex::new(BTreeMap::new()),
             segments: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -454,15 +497,21 @@ impl WorkerPool {
                 drop(set);
                 let mut transport: Option<RemoteTransport> = None;
                 while let Ok(segment) = segments.recv() {
-                    let PoolSegment { plan, shared, seq } = segment;
+                    let PoolSegment {
+                        plan,
+                        shared,
+                        seq,
+                        registered,
+                    } = segment;
                     let Some(worker_loop) = state.as_mut() else {
+                        registered.arrive(false, config.wait_timeout);
                         if let Some(cache) = &shared {
                             cache.fail(format!("worker {worker} has no state"));
                         }
                         let _ = report.send((worker, Err(RunError::JoinWorker { worker })));
                         continue;
                     };
-                    let outcome = (|| {
+                    let mut prepare = || {
                         let changed = match transport.as_mut() {
                             Some(transport) => Some(
                                 transport
@@ -488,19 +537,29 @@ impl WorkerPool {
                                     plan.gate.first(),
                                     &routes_of(&plan.map, &plan.addrs),
                                 )
-                                .map_err(fail)?,
+                                .map_err(fail),
                             // Back on its own after sharing: its server batches are the group's.
                             None if !alone_before => {
-                                worker_loop.register(transport, None).map_err(fail)?
+                                worker_loop.register(transport, None).map_err(fail)
                             }
                             None => worker_loop
                                 .register(transport, changed.as_deref())
-                                .map_err(fail)?,
+                                .map_err(fail),
                         }
+                    };
+                    let prepared = prepare();
+                    let everyone = registered.arrive(prepared.is_ok(), config.wait_timeout);
+                    let outcome = prepared.and_then(|()| {
+                        if !everyone {
+                            return Err(fail(WorkerError::PeerFailed {
+                                reason: "another worker of this pool did not register".into(),
+                            }));
+                        }
+                        let transport = transport.as_mut().expect("connected when prepared");
                         worker_loop
                             .run(transport, &config, &plan.gate, false, &metrics, run_start)
                             .map_err(fail)
-                    })();
+                    });
                     if let Err(error) = &outcome {
                         // Its connections may be mid-exchange: start clean next time.
                         transport = None;
@@ -521,38 +580,65 @@ impl WorkerPool {
         })
     }
 
-    /// The process cache for the next segment: the current one while the workers held are its
-    /// members and nothing failed, else a new one (or none, if the job does not share).
-    fn shared_cache(&self) -> Option<Arc<ProcessCache>> {
-        let members: Vec<(u32, &WorkingSet)> = self
-            .workers
-            .iter()
-            .map(|(id, held)| (*id, &held.working_set))
-            .collect();
-        let mut shared = self.shared.lock();
-        let keep = shared.as_ref().is_some_and(|cache| {
-            !cache.failed() && cache.members().iter().eq(members.iter().map(|(id, _)| id))
-        });
-        if !keep {
-            *shared = process_cache_for(&self.config, &self.specs, &members);
+    /// Says which node each worker stands for from the next segment on: the in-process fleet
+    /// simulates node processes with one pool, and the workers of one node (only) share a
+    /// process cache, as they would in a node process. Workers not named are on node 0.
+    pub fn set_nodes(&self, nodes: BTreeMap<u32, NodeId>) {
+        *self.nodes.lock() = nodes;
+    }
+
+    /// The process cache of each worker for the next segment: per node, the current one while
+    /// that node's workers are its members and nothing failed, else a new one (or none, if the
+    /// job does not share).
+    fn shared_caches(&self) -> BTreeMap<u32, Arc<ProcessCache>> {
+        let nodes = self.nodes.lock().clone();
+        let mut by_node: BTreeMap<NodeId, Vec<(u32, &WorkingSet)>> = BTreeMap::new();
+        for (id, held) in &self.workers {
+            let node = nodes.get(id).copied().unwrap_or(0);
+            by_node
+                .entry(node)
+                .or_default()
+                .push((*id, &held.working_set));
         }
-        shared.clone()
+        let mut shared = self.shared.lock();
+        let mut kept = Vec::new();
+        let mut caches = BTreeMap::new();
+        for members in by_node.values() {
+            let ids = members.iter().map(|(id, _)| id);
+            let cache = shared
+                .iter()
+                .find(|cache| !cache.failed() && cache.members().iter().eq(ids.clone()))
+                .cloned()
+                .or_else(|| process_cache_for(&self.config, &self.specs, members));
+            if let Some(cache) = cache {
+                for (id, _) in members {
+                    caches.insert(*id, cache.clone());
+                }
+                kept.push(cache);
+            }
+        }
+        *shared = kept;
+        caches
     }
 
     /// Runs one segment on every worker held; returns their reports in worker order.
     pub fn run_segment(&self, plan: &SegmentPlan) -> Result<Vec<WorkerReport>, RunError> {
-        let shared = self.shared_cache();
+        let caches = self.shared_caches();
         let seq = self
             .segments
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
+        let registered = Arc::new(Registered::new(self.workers.len()));
         for (&worker, held) in &self.workers {
+            let shared = caches.get(&worker).cloned();
             let segment = PoolSegment {
                 plan: plan.clone(),
                 shared: shared.clone(),
                 seq,
+                registered: registered.clone(),
             };
             if held.command.send(segment).is_err() {
+                registered.arrive(false, std::time::Duration::ZERO);
                 if let Some(cache) = &shared {
                     cache.fail(format!("worker {worker} is gone"));
                 }

@@ -385,6 +385,9 @@ impl PartitionStore {
         }
         let len = batch.len;
         self.batches[w] = Some(batch);
+        // A new batch is read afresh (a process cache's new union, say): until then, BSP pushes
+        // wait for this worker's read again.
+        self.read_clock[w] = None;
         Ok(len)
     }
 

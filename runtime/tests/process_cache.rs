@@ -46,9 +46,18 @@ fn job(workers: usize, clocks: u64, staleness: u64, process_cache: bool) -> JobC
 
 /// Rows of every worker's working set per partition: (union over workers, sum over workers).
 fn rows_per_partition<A: App>(app: &A, workers: usize) -> Vec<(u64, u64)> {
+    rows_of_shards(app, workers, 0..workers)
+}
+
+/// As [`rows_per_partition`] over the shards `shards` of `workers`.
+fn rows_of_shards<A: App>(
+    app: &A,
+    workers: usize,
+    shards: std::ops::Range<usize>,
+) -> Vec<(u64, u64)> {
     let mut union: Vec<BTreeSet<(u32, u64)>> = vec![BTreeSet::new(); PARTITIONS as usize];
     let mut sum = vec![0u64; PARTITIONS as usize];
-    for shard in 0..workers {
+    for shard in shards {
         let set = app.worker(shard, workers).working_set();
         for (table, keys) in set.tables() {
             for &key in keys {
@@ -201,6 +210,104 @@ fn serve(
     .unwrap()
 }
 
+/// Two loopback servers (partitions 0 and 2 on node 0, 1 and 3 on node 1) and a worker pool.
+struct PoolFixture {
+    runtime: tokio::runtime::Runtime,
+    servers: [ServerHandle; 2],
+    map: PartitionMap,
+    addrs: NodeAddrs,
+    client: ClientConfig,
+    metrics: RuntimeMetrics,
+    pool: WorkerPool,
+}
+
+impl PoolFixture {
+    fn start(app: &ExactApp, config: &JobConfig) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let secret = b"pool-secret".to_vec();
+        let map = PartitionMap::round_robin(PARTITIONS, &[0, 1]).unwrap();
+        let servers = [
+            serve(&runtime, app, config, &[(0, 1), (2, 1)], &secret),
+            serve(&runtime, app, config, &[(1, 1), (3, 1)], &secret),
+        ];
+        let addrs: NodeAddrs = [(0, servers[0].addr), (1, servers[1].addr)].into();
+        let client = ClientConfig {
+            secret,
+            node: 0,
+            max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: config.wait_timeout,
+        };
+        let metrics = RuntimeMetrics::unregistered();
+        let pool = WorkerPool::start(
+            app,
+            &app.tables(),
+            &client,
+            config,
+            &metrics,
+            Instant::now(),
+        )
+        .unwrap();
+        Self {
+            runtime,
+            servers,
+            map,
+            addrs,
+            client,
+            metrics,
+            pool,
+        }
+    }
+
+    fn segment(&self, map: &PartitionMap, first: u64, end: u64) {
+        self.pool
+            .run_segment(&SegmentPlan {
+                gate: Arc::new(ClockGate::range(first, end)),
+                map: map.clone(),
+                addrs: self.addrs.clone(),
+            })
+            .unwrap();
+    }
+
+    /// Stops everything; the exact app's count of wrong values in the final table.
+    fn finish(self, app: &ExactApp, map: &PartitionMap) -> Option<f64> {
+        self.pool.stop();
+        let snapshot = fetch_snapshot(map, &self.addrs, &app.tables(), &self.client).unwrap();
+        for server in self.servers {
+            server.stop(self.runtime.handle());
+        }
+        app.evaluate(&snapshot).metric("wrong_values")
+    }
+}
+
+#[test]
+fn a_pool_standing_for_two_nodes_keeps_one_process_cache_per_node() {
+    let (workers, clocks) = (4, 4);
+    let app = exact_app(clocks, 0);
+    let config = job(workers, clocks, 0, true);
+    let fixture = PoolFixture::start(&app, &config);
+    fixture
+        .pool
+        .set_nodes([(0, 5), (1, 5), (2, 6), (3, 6)].into());
+    fixture.segment(&fixture.map, 0, clocks);
+    let per_node: u64 = [0..2, 2..4]
+        .into_iter()
+        .map(|shards| {
+            rows_of_shards(&app, workers, shards)
+                .iter()
+                .map(|r| r.0)
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(per_node > rows_per_partition(&app, workers).iter().map(|r| r.0).sum());
+    assert_eq!(moved(&fixture.metrics, "pull").0, per_node * clocks);
+    let map = fixture.map.clone();
+    assert_eq!(fixture.finish(&app, &map), Some(0.0));
+}
+
 #[test]
 fn a_pool_keeps_its_process_cache_across_segments_and_repulls_only_moved_partitions() {
     let (workers, clocks) = (2, 6);
@@ -208,69 +315,25 @@ fn a_pool_keeps_its_process_cache_across_segments_and_repulls_only_moved_partiti
     let config = job(workers, clocks, 0, true);
     let rows = rows_per_partition(&app, workers);
     let union: u64 = rows.iter().map(|r| r.0).sum();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let secret = b"pool-secret".to_vec();
-    // Partitions 0 and 2 on server 0, 1 and 3 on server 1.
-    let map = PartitionMap::round_robin(PARTITIONS, &[0, 1]).unwrap();
-    let servers = [
-        serve(&runtime, &app, &config, &[(0, 1), (2, 1)], &secret),
-        serve(&runtime, &app, &config, &[(1, 1), (3, 1)], &secret),
-    ];
-    let addrs: NodeAddrs = [(0, servers[0].addr), (1, servers[1].addr)].into();
-    let client = ClientConfig {
-        secret: secret.clone(),
-        node: 0,
-        max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
-        timeout: config.wait_timeout,
-    };
-    let metrics = RuntimeMetrics::unregistered();
-    let pool = WorkerPool::start(
-        &app,
-        &app.tables(),
-        &client,
-        &config,
-        &metrics,
-        Instant::now(),
-    )
-    .unwrap();
-    let first = pool
-        .run_segment(&SegmentPlan {
-            gate: Arc::new(ClockGate::range(0, 3)),
-            map: map.clone(),
-            addrs: addrs.clone(),
-        })
-        .unwrap();
-    assert_eq!(first.len(), workers);
+    let fixture = PoolFixture::start(&app, &config);
+    fixture.segment(&fixture.map, 0, 3);
     // The first segment pulls everything at its start and after each of its clocks.
-    assert_eq!(moved(&metrics, "pull").0, 4 * union);
+    assert_eq!(moved(&fixture.metrics, "pull").0, 4 * union);
 
     // Partition 1 moves from server 1 to server 0 at the boundary.
-    let image = servers[1].state.take(1).unwrap();
-    servers[0]
+    let image = fixture.servers[1].state.take(1).unwrap();
+    fixture.servers[0]
         .state
         .install(image, 2, &app.tables(), config.optimizer, true)
         .unwrap();
-    let mut entries = map.entries().to_vec();
+    let mut entries = fixture.map.entries().to_vec();
     entries[1] = PartitionEntry { owner: 0, epoch: 2 };
     let moved_map = PartitionMap::from_entries(entries).unwrap();
-    pool.run_segment(&SegmentPlan {
-        gate: Arc::new(ClockGate::range(3, clocks)),
-        map: moved_map.clone(),
-        addrs: addrs.clone(),
-    })
-    .unwrap();
+    fixture.segment(&moved_map, 3, clocks);
     // The second: only the moved partition at its start, then everything after clocks 3 and 4.
-    assert_eq!(moved(&metrics, "pull").0, 4 * union + rows[1].0 + 2 * union);
-    pool.stop();
-
-    let snapshot = fetch_snapshot(&moved_map, &addrs, &app.tables(), &client).unwrap();
-    let eval = app.evaluate(&snapshot);
-    assert_eq!(eval.metric("wrong_values"), Some(0.0), "{eval:?}");
-    for server in servers {
-        server.stop(runtime.handle());
-    }
+    assert_eq!(
+        moved(&fixture.metrics, "pull").0,
+        4 * union + rows[1].0 + 2 * union
+    );
+    assert_eq!(fixture.finish(&app, &moved_map), Some(0.0));
 }
