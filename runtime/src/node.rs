@@ -401,12 +401,21 @@ impl WorkerPool {
         run_start: Instant,
     ) -> Result<Self, RunError> {
         let mut pool = Self::empty(specs, client, config, metrics, run_start);
+        // One process holds every worker: its groups' registrations are ordered by
+        // [`Registered`], so they may share process caches.
+        pool.config.process_cache = config.process_cache;
         let all: Vec<u32> = (0..config.workers as u32).collect();
         pool.ensure(app, &all)?;
         Ok(pool)
     }
 
-    /// A pool with no worker yet.
+    /// A pool with no worker yet, for a node process that the coordinator assigns workers
+    /// (`ensure`). Its threads keep per-thread caches: when a segment changes which workers a
+    /// process holds, the group's new union batch must be registered with every server before
+    /// any member reads under the group's identity, and across processes nothing orders that
+    /// registration against another process's reads and partition installs yet (`ebbflow
+    /// run`'s stormy schedule hit it as a `lookup_batch` refusal). [`WorkerPool::start`], one
+    /// process holding every worker, shares.
     pub fn empty(
         specs: &[TableSpec],
         client: &ClientConfig,
@@ -421,7 +430,10 @@ impl WorkerPool {
             results,
             specs: specs.to_vec(),
             client: client.clone(),
-            config: config.clone(),
+            config: JobConfig {
+                process_cache: false,
+                ..config.clone()
+            },
             metrics: metrics.clone(),
             run_start,
             shared: parking_lot::Mutex::new(Vec::new()),
