@@ -14,9 +14,16 @@
 //!   its sockets open never answers, so every exchange with it runs on a helper thread the
 //!   fleet stops waiting for once the node is declared failed, and no further request goes to it.
 //!
-//! Partition copies go through the coordinator (old owner → coordinator → new owner) rather than
-//! straight between the two nodes; on one machine or within a zone that costs a second copy of
-//! the moving partitions only.
+//! A partition that moves between two live nodes goes straight from the old owner to the new
+//! one: the coordinator sends the new owner a [`ControlRequest::Fetch`], the new owner asks the
+//! old one's data plane (authenticated with the job secret) for a [`ControlRequest::HandOver`]
+//! and installs the image. The old owner stops serving the partition at the hand-over but keeps
+//! the image until the boundary is over (the next segment starts, or the run rolls back), so a
+//! fetch that fails loses nothing: the coordinator then takes the image from the old owner
+//! ([`ControlRequest::Take`] also answers from what was handed over) and installs it itself
+//! (old owner → coordinator → new owner). Restores from the coordinator's BackupPS copy (the
+//! first layout, a rollback) come from the coordinator. `ebbflow_runtime_partition_bytes_total`
+//! counts image bytes by path (`direct`, `relayed`, `restore`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -24,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use prometheus::{IntCounterVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, TableSpec};
@@ -43,10 +51,29 @@ use crate::worker::{ClockGate, JobConfig, WorkerReport};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ControlRequest {
-    /// Stop hosting these partitions; their images come back in the payload.
+    /// Stop hosting these partitions; their images come back in the payload (a partition
+    /// already handed over at this boundary comes from what the node kept of it).
     Take {
         /// The partitions.
         partitions: Vec<PartitionId>,
+    },
+    /// Fetch `partition`'s image from the node whose data plane is at `from` (a
+    /// [`ControlRequest::HandOver`]) and host it at `epoch`; answered
+    /// [`ControlResponse::Fetched`].
+    Fetch {
+        /// The partition.
+        partition: PartitionId,
+        /// Its epoch here.
+        epoch: u64,
+        /// Data-plane address of its current owner.
+        from: SocketAddr,
+    },
+    /// Stop hosting `partition` and send its image (in the payload) to the node that asks; the
+    /// image is kept until the next segment or an abandon, for a [`ControlRequest::Take`] if
+    /// the asker fails to install it.
+    HandOver {
+        /// The partition.
+        partition: PartitionId,
     },
     /// Images of every hosted partition (the BackupPS copy), without releasing them.
     Copy,
@@ -100,6 +127,11 @@ pub struct SegmentOrder {
 pub enum ControlResponse {
     /// Done.
     Done,
+    /// A [`ControlRequest::Fetch`] installed the partition.
+    Fetched {
+        /// Bytes of the image that came from the old owner.
+        bytes: u64,
+    },
     /// `count` partition images are in the payload.
     Images {
         /// Images in the payload.
@@ -218,6 +250,9 @@ pub struct Agent<A: App> {
     /// Where the last finished segment ended (a pause after it finished answers this).
     last_end: Mutex<u64>,
     shutdown: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// Images handed over at this boundary, kept until the next segment starts or the run
+    /// rolls back (the coordinator takes one back if its fetch failed).
+    handed_over: Mutex<BTreeMap<PartitionId, PartitionImage>>,
 }
 
 impl<A: App> Agent<A> {
@@ -243,10 +278,71 @@ impl<A: App> Agent<A> {
             running: Mutex::new(None),
             last_end: Mutex::new(0),
             shutdown: Mutex::new(Some(shutdown)),
+            handed_over: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Installs `image` at `epoch`.
+    fn install(&self, image: PartitionImage, epoch: u64) -> Result<(), ControlResponse> {
+        if image.partition >= self.job.partitions {
+            return Err(ControlResponse::failed(
+                "install",
+                format!("partition {} is outside the job", image.partition),
+            ));
+        }
+        self.state
+            .install(
+                image,
+                epoch,
+                &self.specs,
+                self.job.optimizer,
+                self.job.staleness == 0,
+            )
+            .map_err(|error| ControlResponse::failed(error.category(), error))
+    }
+
+    /// Fetches `partition` from the node at `from` and hosts it at `epoch`.
+    fn fetch(&self, partition: PartitionId, epoch: u64, from: SocketAddr) -> ControlResponse {
+        let fetched = connect(&self.client, from).and_then(|mut connection| {
+            call(
+                &mut connection,
+                &ControlRequest::HandOver { partition },
+                &[],
+            )
+        });
+        let payload = match fetched {
+            Err(error) => return ControlResponse::failed("fetch", error),
+            Ok((ControlResponse::Images { count: 1 }, payload)) => payload,
+            Ok((other, _)) => {
+                return ControlResponse::failed(
+                    "fetch",
+                    format!("the owner at {from} answered {other:?}"),
+                );
+            }
+        };
+        let image = match decode_images(&payload) {
+            Ok(mut images) if images.len() == 1 && images[0].partition == partition => {
+                images.remove(0)
+            }
+            Ok(_) => {
+                return ControlResponse::failed(
+                    "fetch",
+                    format!("the owner at {from} sent other images than partition {partition}"),
+                );
+            }
+            Err(error) => return ControlResponse::failed("decode_images", error),
+        };
+        match self.install(image, epoch) {
+            Ok(()) => ControlResponse::Fetched {
+                bytes: payload.len() as u64,
+            },
+            Err(answer) => answer,
         }
     }
 
     fn start_segment(&self, order: SegmentOrder) -> Result<(), String> {
+        // Every partition of the boundary is placed: what was handed over is installed.
+        self.handed_over.lock().clear();
         {
             let mut running = self.running.lock();
             if let Some(current) = running.as_ref() {
@@ -346,14 +442,17 @@ impl<A: App> Agent<A> {
 
 impl<A: App> NodeAgent for Agent<A> {
     fn control(&self, request: ControlRequest, payload: &[u8]) -> (ControlResponse, Vec<u8>) {
-        let strict = self.job.staleness == 0;
         let mut out = Vec::new();
         let answer = match request {
             ControlRequest::Take { partitions } => {
                 let mut images = Vec::with_capacity(partitions.len());
                 let mut missing = None;
                 for partition in partitions {
-                    match self.state.take(partition) {
+                    let image = self
+                        .state
+                        .take(partition)
+                        .or_else(|| self.handed_over.lock().remove(&partition));
+                    match image {
                         Some(image) => images.push(image),
                         None => missing = Some(partition),
                     }
@@ -369,6 +468,22 @@ impl<A: App> NodeAgent for Agent<A> {
                     },
                 }
             }
+            ControlRequest::HandOver { partition } => match self.state.take(partition) {
+                Some(image) => {
+                    encode_images(std::slice::from_ref(&image), &mut out);
+                    self.handed_over.lock().insert(partition, image);
+                    ControlResponse::Images { count: 1 }
+                }
+                None => ControlResponse::failed(
+                    "lookup_partition",
+                    format!("partition {partition} is not hosted here"),
+                ),
+            },
+            ControlRequest::Fetch {
+                partition,
+                epoch,
+                from,
+            } => self.fetch(partition, epoch, from),
             ControlRequest::Copy => {
                 let images = self.state.images();
                 encode_images(&images, &mut out);
@@ -385,21 +500,8 @@ impl<A: App> NodeAgent for Agent<A> {
                 Ok(images) => {
                     let mut answer = ControlResponse::Done;
                     for (image, epoch) in images.into_iter().zip(epochs) {
-                        if image.partition >= self.job.partitions {
-                            answer = ControlResponse::failed(
-                                "install",
-                                format!("partition {} is outside the job", image.partition),
-                            );
-                            break;
-                        }
-                        if let Err(error) = self.state.install(
-                            image,
-                            epoch,
-                            &self.specs,
-                            self.job.optimizer,
-                            strict,
-                        ) {
-                            answer = ControlResponse::failed(error.category(), error);
+                        if let Err(failed) = self.install(image, epoch) {
+                            answer = failed;
                             break;
                         }
                     }
@@ -409,6 +511,7 @@ impl<A: App> NodeAgent for Agent<A> {
             ControlRequest::Abandon => {
                 let running = self.running.lock().take();
                 let dropped = self.state.abandon();
+                self.handed_over.lock().clear();
                 if let Some(running) = running {
                     // No clock starts any more and every wait fails: the workers stop soon,
                     // unless one is blocked on a node that hangs (it answers nothing and closes
@@ -531,6 +634,73 @@ fn exchange_now(
     Ok((connection, answer, payload))
 }
 
+/// How a partition image reached its new owner (the `path` label of
+/// `ebbflow_runtime_partition_bytes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImagePath {
+    /// Straight from the old owner's data plane to the new owner's.
+    Direct,
+    /// From the old owner through the coordinator (the fallback of a failed fetch).
+    Relayed,
+    /// From the coordinator's own copy: the first layout, a rollback to the BackupPS copy.
+    Restore,
+}
+
+impl ImagePath {
+    /// Static label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ImagePath::Direct => "direct",
+            ImagePath::Relayed => "relayed",
+            ImagePath::Restore => "restore",
+        }
+    }
+}
+
+/// Bytes of partition images placed on new owners, by [`ImagePath`].
+#[derive(Clone)]
+pub struct PartitionBytes {
+    bytes: IntCounterVec,
+}
+
+impl PartitionBytes {
+    fn counter() -> IntCounterVec {
+        IntCounterVec::new(
+            Opts::new(
+                "ebbflow_runtime_partition_bytes_total",
+                "bytes of partition images placed on their new owner, by path \
+                 (direct: node to node; relayed: through the coordinator; restore: from the \
+                 coordinator's copy)",
+            ),
+            &["path"],
+        )
+        .expect("a valid metric")
+    }
+
+    /// A counter registered on `registry`.
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let bytes = Self::counter();
+        registry.register(Box::new(bytes.clone()))?;
+        Ok(Self { bytes })
+    }
+
+    /// A counter nobody exports (tests, benches).
+    pub fn unregistered() -> Self {
+        Self {
+            bytes: Self::counter(),
+        }
+    }
+
+    fn add(&self, path: ImagePath, bytes: u64) {
+        self.bytes.with_label_values(&[path.label()]).inc_by(bytes);
+    }
+
+    /// Bytes placed through `path` so far.
+    pub fn get(&self, path: ImagePath) -> u64 {
+        self.bytes.with_label_values(&[path.label()]).get()
+    }
+}
+
 /// A member node as the coordinator sees it.
 struct Link {
     name: String,
@@ -552,6 +722,8 @@ pub struct ProcessFleet {
     metrics: RuntimeMetrics,
     /// Nodes declared failed for lack of heartbeats are lost (`None`: only broken connections).
     heartbeats: Option<Arc<Heartbeats>>,
+    /// Bytes of partition images placed, by path.
+    partition_bytes: PartitionBytes,
 }
 
 impl ProcessFleet {
@@ -579,7 +751,14 @@ impl ProcessFleet {
                 .map_or(0.0, |d| d.as_secs_f64()),
             metrics,
             heartbeats: None,
+            partition_bytes: PartitionBytes::unregistered(),
         }
+    }
+
+    /// Counts the bytes of placed partition images on `bytes`.
+    pub fn with_partition_bytes(mut self, bytes: PartitionBytes) -> Self {
+        self.partition_bytes = bytes;
+        self
     }
 
     /// Treats the nodes `heartbeats` declares failed as lost.
@@ -814,17 +993,43 @@ impl Fleet for ProcessFleet {
         from: Option<NodeId>,
         fallback: &PartitionImage,
     ) -> Result<(), FleetError> {
-        let payload = match from {
-            Some(node) if self.links.contains_key(&node) => {
+        let old = from.and_then(|node| self.links.get(&node).map(|l| (node, l.addr)));
+        if let Some((node, addr)) = old
+            && node != to
+        {
+            // Straight from the old owner to the new one.
+            let fetch = ControlRequest::Fetch {
+                partition,
+                epoch,
+                from: addr,
+            };
+            match self.request(to, &fetch, &[]) {
+                Ok((ControlResponse::Fetched { bytes }, _)) => {
+                    self.partition_bytes.add(ImagePath::Direct, bytes);
+                    return Ok(());
+                }
+                Ok((other, _)) => {
+                    tracing::warn!(partition, from = node, to, answer = ?other,
+                        "direct fetch answered unexpectedly: relaying the partition");
+                }
+                Err(error @ FleetError::Lost { .. }) => return Err(error),
+                Err(error) => {
+                    tracing::warn!(partition, from = node, to, %error,
+                        "direct fetch failed: relaying the partition");
+                }
+            }
+        }
+        let (payload, path) = match old {
+            Some((node, _)) => {
                 let request = ControlRequest::Take {
                     partitions: vec![partition],
                 };
-                self.request(node, &request, &[])?.1
+                (self.request(node, &request, &[])?.1, ImagePath::Relayed)
             }
-            _ => {
+            None => {
                 let mut out = Vec::new();
                 encode_images(std::slice::from_ref(fallback), &mut out);
-                out
+                (out, ImagePath::Restore)
             }
         };
         self.request(
@@ -834,6 +1039,7 @@ impl Fleet for ProcessFleet {
             },
             &payload,
         )?;
+        self.partition_bytes.add(path, payload.len() as u64);
         Ok(())
     }
 
@@ -1091,6 +1297,106 @@ mod tests {
         let mut huge = Vec::new();
         put_u32(&mut huge, u32::MAX);
         assert!(decode_images(&huge).is_err());
+    }
+
+    #[test]
+    fn partition_bytes_are_exported_by_path() {
+        let registry = Registry::new();
+        let bytes = PartitionBytes::new(&registry).unwrap();
+        bytes.add(ImagePath::Direct, 10);
+        bytes.add(ImagePath::Direct, 5);
+        assert_eq!(bytes.get(ImagePath::Direct), 15);
+        assert_eq!(bytes.get(ImagePath::Relayed), 0);
+        let text = crate::metrics::render(&registry);
+        assert!(
+            text.contains(r#"ebbflow_runtime_partition_bytes_total{path="direct"} 15"#),
+            "{text}"
+        );
+    }
+
+    fn agent(hosted: &[(PartitionId, u64)]) -> Agent<crate::exact::ExactApp> {
+        let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
+        let job = JobConfig {
+            partitions: 4,
+            workers: 2,
+            ..JobConfig::default()
+        };
+        let state = Arc::new(ServerState::new(
+            hosted,
+            job.partitions,
+            &app.tables(),
+            job.workers as u32,
+            job.optimizer,
+            job.staleness == 0,
+        ));
+        let client = ClientConfig {
+            secret: b"s".to_vec(),
+            node: 0,
+            max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: Duration::from_secs(1),
+        };
+        let (shutdown, _) = std::sync::mpsc::channel();
+        Agent::new(
+            app,
+            state,
+            job,
+            client,
+            RuntimeMetrics::unregistered(),
+            shutdown,
+        )
+    }
+
+    #[test]
+    fn a_handed_over_partition_is_kept_until_taken_back_or_abandoned() {
+        let old = agent(&[(1, 3)]);
+        let (answer, payload) = old.control(ControlRequest::HandOver { partition: 1 }, &[]);
+        assert!(matches!(answer, ControlResponse::Images { count: 1 }));
+        let handed = decode_images(&payload).unwrap();
+        assert!(old.state.visible_clocks().is_empty(), "it stopped serving");
+        // The fetch failed: the coordinator takes the same image back.
+        let take = ControlRequest::Take {
+            partitions: vec![1],
+        };
+        let (answer, payload) = old.control(take.clone(), &[]);
+        assert!(matches!(answer, ControlResponse::Images { count: 1 }));
+        assert_eq!(decode_images(&payload).unwrap(), handed);
+        let (answer, _) = old.control(take.clone(), &[]);
+        assert!(
+            matches!(answer, ControlResponse::Failed { .. }),
+            "taken once"
+        );
+        // A rollback drops what was handed over.
+        let old = agent(&[(2, 1)]);
+        old.control(ControlRequest::HandOver { partition: 2 }, &[]);
+        old.control(ControlRequest::Abandon, &[]);
+        let (answer, _) = old.control(
+            ControlRequest::Take {
+                partitions: vec![2],
+            },
+            &[],
+        );
+        assert!(matches!(answer, ControlResponse::Failed { .. }));
+    }
+
+    #[test]
+    fn a_fetch_from_nowhere_fails_and_installs_nothing() {
+        let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let from = unused.local_addr().unwrap();
+        drop(unused);
+        let new = agent(&[]);
+        let (answer, _) = new.control(
+            ControlRequest::Fetch {
+                partition: 1,
+                epoch: 4,
+                from,
+            },
+            &[],
+        );
+        assert!(
+            matches!(&answer, ControlResponse::Failed { category, .. } if category == "fetch"),
+            "{answer:?}"
+        );
+        assert!(new.state.visible_clocks().is_empty());
     }
 
     #[test]

@@ -493,6 +493,10 @@ pub fn run_elastic_job_with<A: crate::app::App>(
             }
         });
     }
+    let partition_bytes = crate::control::PartitionBytes::new(&registry).unwrap_or_else(|error| {
+        tracing::warn!(%error, "partition bytes are not exported");
+        crate::control::PartitionBytes::unregistered()
+    });
     let service = ElasticService::new(
         job.secret.clone(),
         job.job.clone(),
@@ -549,7 +553,8 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         config.job.wait_timeout,
         metrics.clone(),
     )
-    .with_heartbeats(heartbeats);
+    .with_heartbeats(heartbeats)
+    .with_partition_bytes(partition_bytes);
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {

@@ -186,7 +186,11 @@ fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> S
                 "the job ended before {what}: {status:?}"
             );
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:?}",
+            status(url)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -438,6 +442,86 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
         .map(|f| f.get_metric()[0].get_counter().get_value());
     assert_eq!(exported, Some(1.0));
     for child in [&mut r0, &mut t1, &mut t2] {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+/// `ebbflow_runtime_partition_bytes_total{path}` on `registry`.
+fn partition_bytes(registry: &prometheus::Registry, path: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "ebbflow_runtime_partition_bytes_total")
+        .flat_map(|f| f.get_metric().iter())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == path))
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+#[test]
+fn a_partial_eviction_moves_partitions_straight_between_nodes() {
+    let job = Job {
+        clocks: 1500,
+        staleness: 1,
+        partitions: 8,
+        workers: 4,
+    };
+    let registry = prometheus::Registry::new();
+    let (url, coordinator) = coordinator_with(
+        &job,
+        1,
+        5,
+        HeartbeatConfig::default().timeout,
+        registry.clone(),
+    );
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    // t0 is admitted first, so it is the longest-lived transient node: an ActivePS in stage 2.
+    let mut t0 = node(&job, &url, "t0", true, 30);
+    wait_for(&url, "t0 switched in", |s| transient(s) == 1);
+    let mut others: Vec<Child> = ["t1", "t2", "t3"]
+        .iter()
+        .map(|name| node(&job, &url, name, true, 30))
+        .collect();
+    let before = wait_for(&url, "stage 2", |s| {
+        // The migration counter grows once the boundary's partitions are placed.
+        transient(s) == 4
+            && s.progress
+                .as_ref()
+                .is_some_and(|p| p.stage == 2 && p.partitions_migrated > 0)
+    })
+    .progress
+    .unwrap();
+    // Stage 1 -> 2 moved partitions from r0 to the ActivePSs, node to node.
+    let direct_before = partition_bytes(&registry, "direct");
+    assert!(direct_before > 0.0, "stage 2 moved partitions directly");
+
+    // Partial eviction with notice: t0's partitions go straight to surviving ActivePSs.
+    signal(&t0, "TERM");
+    let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(20));
+    assert!(exit.success(), "t0 released cleanly: {exit:?} {stderr}");
+    let after = wait_for(&url, "the partial eviction", |s| transient(s) == 3)
+        .progress
+        .unwrap();
+    assert_eq!(after.stage, 2, "3 transient : 1 reliable stays stage 2");
+    assert!(after.partitions_migrated > before.partitions_migrated);
+    assert!(
+        partition_bytes(&registry, "direct") > direct_before,
+        "t0's partitions moved directly"
+    );
+    assert_eq!(
+        partition_bytes(&registry, "relayed"),
+        0.0,
+        "no image went through the coordinator"
+    );
+
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert_eq!(report.rollbacks, 0);
+    assert_eq!(report.events.get("notice"), Some(&1), "{:?}", report.events);
+    assert!(!report.notice_to_safe_seconds.is_empty());
+    assert_eq!(partition_bytes(&registry, "relayed"), 0.0);
+    for child in std::iter::once(&mut r0).chain(others.iter_mut()) {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
