@@ -166,6 +166,11 @@ struct Flags {
     #[arg(long, default_value_t = 1000)]
     reconcile_debounce_ms: u64,
 
+    /// Reconciles run at once across jobs (0: no limit); bounds the operator's memory at
+    /// hundreds of jobs. Eviction notices do not wait for it, they take the notice relay.
+    #[arg(long, default_value_t = 16)]
+    max_concurrent_reconciles: u16,
+
     /// Reconcile the TrainingJobs of this namespace only (default: every namespace).
     #[arg(long, env = "EBBFLOW_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -341,6 +346,7 @@ async fn main() -> anyhow::Result<()> {
     config.status_interval = Duration::from_secs(flags.status_interval_seconds);
     config.namespace = flags.watch_namespace.clone();
     config.debounce = Duration::from_millis(flags.reconcile_debounce_ms);
+    config.max_concurrent_reconciles = flags.max_concurrent_reconciles;
     config.interruption_poll = Duration::from_secs(flags.ec2_interruption_poll_seconds.max(1));
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),

@@ -82,6 +82,10 @@ pub struct Config {
     /// created, scheduled and started changes many times a second, and one reconcile after the
     /// burst does the work of all. Notices do not wait for it: they take the relay.
     pub debounce: Duration,
+    /// Reconciles run at once, across jobs (0: no limit). Each holds its job's pods, plan and
+    /// API responses; at hundreds of jobs on a slow API server, unbounded, they made the peak
+    /// memory of a 500-job run swing from 210 to 370 MiB. Notices do not wait for it.
+    pub max_concurrent_reconciles: u16,
 }
 
 impl Config {
@@ -101,6 +105,7 @@ impl Config {
             namespace: None,
             interruption_poll: Duration::from_secs(5),
             debounce: Duration::from_secs(1),
+            max_concurrent_reconciles: 16,
         }
     }
 }
@@ -1262,8 +1267,11 @@ pub async fn run(
             .modify(|job| job.managed_fields_mut().clear()),
     )
     .applied_objects();
-    let controller = Controller::for_stream(job_events, reader)
-        .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.debounce));
+    let controller = Controller::for_stream(job_events, reader).with_config(
+        kube::runtime::controller::Config::default()
+            .debounce(ctx.config.debounce)
+            .concurrency(ctx.config.max_concurrent_reconciles),
+    );
     // The relay lives exactly as long as this controller (a stopped operator must not keep
     // delivering notices), so it runs beside it rather than as a detached task. It also owns
     // the Node watch: jobs are requeued only when what the reconcile reads of a node changes
