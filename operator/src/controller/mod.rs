@@ -1249,10 +1249,7 @@ pub async fn run(
     let client = ctx.client.clone();
     // One namespace (--watch-namespace) or all of them; Nodes are cluster-scoped either way.
     let namespace = ctx.config.namespace.as_deref();
-    let jobs: Api<TrainingJob> = match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    };
+    let jobs: Api<TrainingJob> = relay::scoped(&client, namespace);
     // The children's watches are the relay's: one watch per kind for the whole operator.
     let Some(children) = ctx.caches.subscribe() else {
         warn!("the notice relay's caches are already in use; controller not started");

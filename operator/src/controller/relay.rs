@@ -155,12 +155,11 @@ impl Caches {
         }
         Some(
             self.pods
-                .state()
-                .iter()
-                .filter(|pod| {
+                .state_filter(|pod| {
                     pod.metadata.namespace.as_deref() == Some(namespace)
                         && pod.labels().get(plan::JOB_LABEL).map(String::as_str) == Some(job)
                 })
+                .iter()
                 .map(|pod| pod.as_ref().clone())
                 .collect(),
         )
@@ -516,7 +515,7 @@ fn requeue_owner(requeue: &mpsc::UnboundedSender<ObjectRef<TrainingJob>>, child:
 }
 
 /// `K`s of one namespace, or of every namespace.
-fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+pub(super) fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     <K as kube::Resource>::DynamicType: Default,
@@ -564,11 +563,15 @@ pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]
         return;
     }
     let coordinator_ready = ctx.config.coordinator_url_override.is_some()
-        || ctx.caches.pods.state().iter().any(|pod| {
-            pod.namespace().as_deref() == Some(namespace.as_str())
-                && pod.labels().get(plan::JOB_LABEL) == Some(&name)
-                && plan::is_ready_coordinator(pod)
-        });
+        || ctx
+            .caches
+            .pods
+            .find(|pod| {
+                pod.namespace().as_deref() == Some(namespace.as_str())
+                    && pod.labels().get(plan::JOB_LABEL) == Some(&name)
+                    && plan::is_ready_coordinator(pod)
+            })
+            .is_some();
     if !coordinator_ready {
         return;
     }
