@@ -1094,7 +1094,6 @@ impl Fleet for ProcessFleet {
             }
         }
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
-        let over = std::sync::atomic::AtomicBool::new(false);
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
         let this = &*self;
         let abort = |node: NodeId, reason: String| {
@@ -1115,10 +1114,7 @@ impl Fleet for ProcessFleet {
             std::thread::scope(|scope| {
                 // An interrupt ends the segment at the highest clock any process started.
                 scope.spawn(|| {
-                    while !over.load(std::sync::atomic::Ordering::Acquire) {
-                        if !interrupt.wait(Duration::from_millis(5)) {
-                            continue;
-                        }
+                    if interrupt.next() {
                         let paused = this.broadcast(&addrs, &ControlRequest::Pause);
                         let mut end = spec.first;
                         for (node, answer) in paused {
@@ -1138,7 +1134,6 @@ impl Fleet for ProcessFleet {
                                 abort(node, error.to_string());
                             }
                         }
-                        break;
                     }
                 });
                 let handles: Vec<_> = addrs
@@ -1173,7 +1168,7 @@ impl Fleet for ProcessFleet {
                     })
                     .collect();
                 let results = handles.into_iter().filter_map(|h| h.join().ok()).collect();
-                over.store(true, std::sync::atomic::Ordering::Release);
+                interrupt.close();
                 results
             });
         let lost = lost.into_inner();

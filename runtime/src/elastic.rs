@@ -560,14 +560,6 @@ impl LiveFeed {
         )
     }
 
-    /// Events waiting now, with their arrival.
-    fn drain(&self, into: &mut Vec<(ElasticEvent, Instant)>) {
-        let receiver = self.events.lock();
-        while let Ok(event) = receiver.try_recv() {
-            into.push((event, Instant::now()));
-        }
-    }
-
     /// Waits up to `timeout` for one event; `Err(())` once the sender is gone.
     fn wait(&self, timeout: Duration) -> Result<Option<ElasticEvent>, ()> {
         match self.events.lock().recv_timeout(timeout) {
@@ -578,31 +570,42 @@ impl LiveFeed {
     }
 }
 
-/// Asks the running segment to end at its next clock boundary (an event arrived).
+/// Asks the running segment to end at its next clock boundary (an event arrived). The fleet
+/// watches it with [`Interrupt::next`] while the segment runs and [`Interrupt::close`]s it when the
+/// segment is over, which wakes the watcher at once (a polling watcher would hold the boundary up
+/// by its polling period).
 #[derive(Debug, Default)]
 pub struct Interrupt {
-    requested: parking_lot::Mutex<bool>,
+    /// (requested, closed).
+    state: parking_lot::Mutex<(bool, bool)>,
     changed: parking_lot::Condvar,
 }
 
 impl Interrupt {
     /// Requests the end of the segment.
     pub fn request(&self) {
-        *self.requested.lock() = true;
+        self.state.lock().0 = true;
         self.changed.notify_all();
     }
 
-    /// Waits up to `timeout` for a request; true if one was made.
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let mut requested = self.requested.lock();
-        if !*requested {
-            let _ = self.changed.wait_for(&mut requested, timeout);
+    /// Blocks until the end of the segment is requested (true) or the segment is over (false).
+    pub fn next(&self) -> bool {
+        let mut state = self.state.lock();
+        while !state.0 && !state.1 {
+            self.changed.wait(&mut state);
         }
-        *requested
+        state.0 && !state.1
     }
 
+    /// The segment is over: wakes [`Interrupt::next`].
+    pub fn close(&self) {
+        self.state.lock().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Opens it for the next segment, with no request pending.
     fn reset(&self) {
-        *self.requested.lock() = false;
+        *self.state.lock() = (false, false);
     }
 }
 
@@ -884,18 +887,14 @@ impl Fleet for LocalFleet {
                 .collect(),
         };
         let gate = plan.gate.clone();
-        let over = std::sync::atomic::AtomicBool::new(false);
         let outcome = std::thread::scope(|scope| {
             scope.spawn(|| {
-                while !over.load(std::sync::atomic::Ordering::Acquire) {
-                    if interrupt.wait(Duration::from_millis(5)) {
-                        gate.end_soon();
-                        break;
-                    }
+                if interrupt.next() {
+                    gate.end_soon();
                 }
             });
             let outcome = pool.run_segment(&plan);
-            over.store(true, std::sync::atomic::Ordering::Release);
+            interrupt.close();
             outcome
         });
         let reports = outcome?;
@@ -1040,16 +1039,50 @@ pub fn run_elastic_on<A: App>(
     metrics: &RuntimeMetrics,
 ) -> Result<ElasticReport, ElasticError> {
     validate_elastic(app, config, events)?;
-    let outcome = run_controller(app, config, events, feed, fleet, metrics);
+    let arrivals = Arrivals::default();
+    let outcome = std::thread::scope(|scope| {
+        if let Some(feed) = feed {
+            // Forwards live events for the whole run: each one is queued for the next boundary
+            // and ends the running segment at its next clock boundary.
+            scope.spawn(|| {
+                while !arrivals.over.load(std::sync::atomic::Ordering::Acquire) {
+                    match feed.wait(Duration::from_millis(20)) {
+                        Ok(Some(event)) => {
+                            arrivals.queued.lock().push((event, Instant::now()));
+                            arrivals.interrupt.request();
+                        }
+                        Ok(None) => {}
+                        Err(()) => break,
+                    }
+                }
+            });
+        }
+        let outcome = run_controller(app, config, events, &arrivals, fleet, metrics);
+        arrivals
+            .over
+            .store(true, std::sync::atomic::Ordering::Release);
+        outcome
+    });
     fleet.finish();
     outcome
+}
+
+/// Live events forwarded from a [`LiveFeed`] while a run lasts.
+#[derive(Debug, Default)]
+struct Arrivals {
+    /// Arrived events not yet applied, with their arrival.
+    queued: Mutex<Vec<(ElasticEvent, Instant)>>,
+    /// Ends the running segment when an event arrives.
+    interrupt: Interrupt,
+    /// The run is over: the forwarder stops.
+    over: std::sync::atomic::AtomicBool,
 }
 
 fn run_controller<A: App>(
     app: &A,
     config: &ElasticConfig,
     events: &[ScheduledEvent],
-    feed: Option<&LiveFeed>,
+    arrivals: &Arrivals,
     fleet: &mut dyn Fleet,
     metrics: &RuntimeMetrics,
 ) -> Result<ElasticReport, ElasticError> {
@@ -1107,7 +1140,6 @@ fn run_controller<A: App>(
     let mut admitted: BTreeMap<NodeId, String> = BTreeMap::new();
     // A node was lost mid-segment: the survivors' state is abandoned, so the run rolls back.
     let mut force_rollback = false;
-    let interrupt = Interrupt::default();
 
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     while controller.clock < job.clocks {
@@ -1121,9 +1153,7 @@ fn run_controller<A: App>(
             }
         }
         due.append(&mut arrived);
-        if let Some(feed) = feed {
-            feed.drain(&mut due);
-        }
+        due.append(&mut arrivals.queued.lock());
         let mut lost = Vec::new();
         for (event, received) in &due {
             lost.extend(controller.apply(event, *received));
@@ -1182,9 +1212,7 @@ fn run_controller<A: App>(
             &mut merged,
             events,
             &done,
-            feed,
-            &interrupt,
-            &mut arrived,
+            arrivals,
         ) {
             Ok(()) => {}
             Err(FleetError::Lost { nodes, reason }) => {
@@ -1239,9 +1267,7 @@ fn run_boundary(
     merged: &mut [WorkerReport],
     events: &[ScheduledEvent],
     done: &[bool],
-    feed: Option<&LiveFeed>,
-    interrupt: &Interrupt,
-    arrived: &mut Vec<(ElasticEvent, Instant)>,
+    arrivals: &Arrivals,
 ) -> Result<(), FleetError> {
     let job = &config.job;
     let metrics = controller.metrics;
@@ -1337,28 +1363,14 @@ fn run_boundary(
         map,
         worker_nodes: layout.worker_nodes.clone(),
     };
+    let interrupt = &arrivals.interrupt;
     interrupt.reset();
-    let over = std::sync::atomic::AtomicBool::new(false);
-    let outcome = std::thread::scope(|scope| {
-        if let Some(feed) = feed {
-            // An arrival ends the segment at the next clock boundary.
-            scope.spawn(|| {
-                while !over.load(std::sync::atomic::Ordering::Acquire) {
-                    match feed.wait(Duration::from_millis(5)) {
-                        Ok(Some(event)) => {
-                            arrived.push((event, Instant::now()));
-                            interrupt.request();
-                        }
-                        Ok(None) => {}
-                        Err(()) => break,
-                    }
-                }
-            });
-        }
-        let outcome = fleet.run_segment(&spec, interrupt);
-        over.store(true, std::sync::atomic::Ordering::Release);
-        outcome
-    });
+    // An event that arrived since the boundary began ends this segment at once (the forwarder
+    // queues before it requests, so none slips between the reset and this check).
+    if !arrivals.queued.lock().is_empty() {
+        interrupt.request();
+    }
+    let outcome = fleet.run_segment(&spec, interrupt);
     let teardown_start = Instant::now();
     let SegmentOutcome { end, reports } = outcome?;
     if let Some(&(partition, clock)) = fleet
