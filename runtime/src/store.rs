@@ -142,6 +142,27 @@ pub enum StoreError {
         /// The partition.
         partition: PartitionId,
     },
+    /// A BackupPS copy was asked for a clock the partition has already gone past.
+    #[error(
+        "partition {partition} cannot copy clock {clock} for its BackupPS: updates of clock {clock} \
+         or later are applied (visible clock {visible})"
+    )]
+    BackupTooLate {
+        /// The partition.
+        partition: PartitionId,
+        /// The clock asked for.
+        clock: u64,
+        /// The visible clock.
+        visible: u64,
+    },
+    /// A BackupPS copy awaited is no longer armed (the segment ended before its clock).
+    #[error("partition {partition} has no BackupPS copy armed at clock {clock}")]
+    BackupDisarmed {
+        /// The partition.
+        partition: PartitionId,
+        /// The clock awaited.
+        clock: u64,
+    },
 }
 
 impl StoreError {
@@ -160,6 +181,8 @@ impl StoreError {
             StoreError::RestoreImage { .. } => "restore_image",
             StoreError::WaitClock { .. } => "wait_clock",
             StoreError::Abandoned { .. } => "abandoned",
+            StoreError::BackupTooLate { .. } => "backup_too_late",
+            StoreError::BackupDisarmed { .. } => "backup_disarmed",
         }
     }
 }
@@ -212,7 +235,7 @@ impl PartitionImage {
 }
 
 /// One table's rows within a partition.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct TableRows {
     spec: TableSpec,
     index: HashMap<u64, u32>,
@@ -245,10 +268,32 @@ impl TableRows {
 }
 
 /// A worker's registered batch: for each table (position in `tables`), its rows in push order.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Batch {
     segments: Vec<(usize, Vec<u32>)>,
     len: usize,
+}
+
+/// A BackupPS copy armed at a clock (see [`PartitionStore::arm_backup`]).
+#[derive(Debug)]
+enum Backup {
+    /// Waiting for the partition to reach `clock`. `shadow` is the partition as it was before
+    /// the first push of clock `clock` or later (SSP lets a fast worker push ahead of the
+    /// slowest); from then on it receives only the pushes of earlier clocks.
+    Pending {
+        clock: u64,
+        shadow: Option<Box<PartitionStore>>,
+    },
+    /// The partition's image at exactly `clock`.
+    Ready { clock: u64, image: PartitionImage },
+}
+
+impl Backup {
+    fn clock(&self) -> u64 {
+        match self {
+            Backup::Pending { clock, .. } | Backup::Ready { clock, .. } => *clock,
+        }
+    }
 }
 
 /// The rows and clocks of one partition.
@@ -266,6 +311,8 @@ pub struct PartitionStore {
     strict: bool,
     /// Per worker: the latest clock it was served a read for.
     read_clock: Vec<Option<u64>>,
+    /// BackupPS copies armed at clocks ahead, in clock order.
+    backups: Vec<Backup>,
 }
 
 /// Whether a push may be applied now.
@@ -311,6 +358,7 @@ impl PartitionStore {
             visible_clock: 0,
             strict,
             read_clock: vec![None; num_workers as usize],
+            backups: Vec::new(),
         }
     }
 
@@ -468,7 +516,7 @@ impl PartitionStore {
         worker: u32,
         clock: u64,
         len: usize,
-        apply: impl FnOnce(&mut Self, usize),
+        apply: impl Fn(&mut Self, usize),
     ) -> Result<(PushOutcome, bool), StoreError> {
         let expected_len = self.batch_len(worker)?;
         if len != expected_len {
@@ -491,12 +539,145 @@ impl PartitionStore {
             PushGate::Open => {}
         }
         let w = worker as usize;
+        if !self.backups.is_empty() {
+            self.shadow_push(w, clock, &apply);
+        }
+        let advanced = self.apply_counted(w, apply);
+        if !self.backups.is_empty() {
+            self.settle_backups();
+        }
+        Ok((PushOutcome::Accepted, advanced))
+    }
+
+    /// Applies worker `w`'s push and counts its clock; returns whether the visible clock
+    /// advanced.
+    fn apply_counted(&mut self, w: usize, apply: impl FnOnce(&mut Self, usize)) -> bool {
         apply(self, w);
         self.completed[w] += 1;
         let min = self.completed.iter().copied().min().unwrap_or(0);
         let advanced = min > self.visible_clock;
         self.visible_clock = min;
-        Ok((PushOutcome::Accepted, advanced))
+        advanced
+    }
+
+    /// Before worker `w`'s push of `clock` is applied: every pending BackupPS copy of a later
+    /// clock gets the push too; one at `clock` or earlier is forked off first (the first push
+    /// it must not contain).
+    fn shadow_push(&mut self, w: usize, clock: u64, apply: &impl Fn(&mut Self, usize)) {
+        let mut backups = std::mem::take(&mut self.backups);
+        for backup in &mut backups {
+            let Backup::Pending { clock: at, shadow } = backup else {
+                continue;
+            };
+            match shadow {
+                Some(shadow) if clock < *at => {
+                    shadow.apply_counted(w, apply);
+                }
+                Some(_) => {}
+                None if clock >= *at => *shadow = Some(Box::new(self.fork())),
+                None => {}
+            }
+        }
+        self.backups = backups;
+    }
+
+    /// Pending BackupPS copies whose clock every worker reached become ready.
+    fn settle_backups(&mut self) {
+        let mut backups = std::mem::take(&mut self.backups);
+        for backup in &mut backups {
+            let Backup::Pending { clock, shadow } = backup else {
+                continue;
+            };
+            let clock = *clock;
+            let image = match shadow.take() {
+                Some(shadow) if shadow.visible_clock >= clock => shadow.into_image(),
+                Some(shadow) => {
+                    *backup = Backup::Pending {
+                        clock,
+                        shadow: Some(shadow),
+                    };
+                    continue;
+                }
+                None if self.visible_clock >= clock => self.image(),
+                None => continue,
+            };
+            *backup = Backup::Ready { clock, image };
+        }
+        self.backups = backups;
+    }
+
+    /// A copy of the rows, optimizer state, batches and clocks (no backups of its own).
+    fn fork(&self) -> PartitionStore {
+        PartitionStore {
+            partition: self.partition,
+            num_partitions: self.num_partitions,
+            epoch: self.epoch,
+            optimizer: self.optimizer,
+            tables: self.tables.clone(),
+            batches: self.batches.clone(),
+            completed: self.completed.clone(),
+            visible_clock: self.visible_clock,
+            strict: self.strict,
+            read_clock: self.read_clock.clone(),
+            backups: Vec::new(),
+        }
+    }
+
+    /// Arms a BackupPS copy at `clock`: the partition's image with every update of clocks below
+    /// `clock` and none other, taken in the background while workers go on (no barrier), for
+    /// [`PartitionStore::take_backup`]. Arming a clock already armed does nothing.
+    pub fn arm_backup(&mut self, clock: u64) -> Result<(), StoreError> {
+        if self.backups.iter().any(|b| b.clock() == clock) {
+            return Ok(());
+        }
+        let ahead = self.completed.iter().copied().max().unwrap_or(0);
+        if self.visible_clock > clock || ahead > clock {
+            return Err(StoreError::BackupTooLate {
+                partition: self.partition,
+                clock,
+                visible: self.visible_clock,
+            });
+        }
+        let at = self.backups.partition_point(|b| b.clock() < clock);
+        self.backups.insert(
+            at,
+            Backup::Pending {
+                clock,
+                shadow: None,
+            },
+        );
+        self.settle_backups();
+        Ok(())
+    }
+
+    /// Whether the BackupPS copy at `clock` is ready; an error if none is armed there.
+    pub fn backup_ready(&self, clock: u64) -> Result<bool, StoreError> {
+        match self.backups.iter().find(|b| b.clock() == clock) {
+            Some(Backup::Ready { .. }) => Ok(true),
+            Some(Backup::Pending { .. }) => Ok(false),
+            None => Err(StoreError::BackupDisarmed {
+                partition: self.partition,
+                clock,
+            }),
+        }
+    }
+
+    /// Takes the ready BackupPS copy at `clock` (and drops any of earlier clocks).
+    pub fn take_backup(&mut self, clock: u64) -> Option<PartitionImage> {
+        let at = self
+            .backups
+            .iter()
+            .position(|b| matches!(b, Backup::Ready { clock: c, .. } if *c == clock))?;
+        let mut taken = self.backups.drain(..=at);
+        match taken.next_back() {
+            Some(Backup::Ready { image, .. }) => Some(image),
+            _ => None,
+        }
+    }
+
+    /// Drops every armed BackupPS copy (the segment is over).
+    pub fn disarm_backups(&mut self) {
+        self.backups.clear();
     }
 
     fn apply_le(&mut self, w: usize, bytes: &[u8]) {
@@ -602,6 +783,24 @@ impl PartitionStore {
         self.tables.iter().map(|t| t.data.len() * 4).sum()
     }
 
+    /// The partition's rows, optimizer state and per-worker clocks, moved out.
+    fn into_image(self) -> PartitionImage {
+        PartitionImage {
+            partition: self.partition,
+            tables: self
+                .tables
+                .into_iter()
+                .map(|t| TableImage {
+                    table: t.spec.id,
+                    keys: t.keys,
+                    data: t.data,
+                    state: t.state,
+                })
+                .collect(),
+            completed: self.completed,
+        }
+    }
+
     /// A copy of the partition's rows, optimizer state and per-worker clocks.
     pub fn image(&self) -> PartitionImage {
         PartitionImage {
@@ -702,6 +901,7 @@ impl PartitionStore {
             visible_clock,
             strict,
             read_clock: vec![None; num_workers],
+            backups: Vec::new(),
         })
     }
 }
@@ -1038,6 +1238,55 @@ impl ServerState {
         })
     }
 
+    /// Arms a BackupPS copy at `clock` on every hosted partition (see
+    /// [`PartitionStore::arm_backup`]); returns the partitions armed.
+    pub fn arm_backups(&self, clock: u64) -> Result<Vec<PartitionId>, StoreError> {
+        let slots: Vec<Arc<Slot>> = self.slots.read().iter().flatten().cloned().collect();
+        let mut armed = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let mut store = slot.store.lock();
+            store.arm_backup(clock)?;
+            armed.push(store.partition());
+            drop(store);
+            slot.notify();
+        }
+        Ok(armed)
+    }
+
+    /// Blocks until `partition`'s BackupPS copy at `clock` is ready and takes it. Fails at once
+    /// if it is disarmed ([`ServerState::disarm_backups`]) or the partition abandoned.
+    pub fn wait_backup_blocking(
+        &self,
+        partition: PartitionId,
+        clock: u64,
+        timeout: std::time::Duration,
+    ) -> Result<PartitionImage, StoreError> {
+        self.wait_blocking(
+            partition,
+            timeout,
+            |store| store.backup_ready(clock),
+            |store| StoreError::WaitClock {
+                partition,
+                clock,
+                visible: store.visible_clock(),
+            },
+        )?;
+        self.slot(partition)?
+            .store
+            .lock()
+            .take_backup(clock)
+            .ok_or(StoreError::BackupDisarmed { partition, clock })
+    }
+
+    /// Drops every armed BackupPS copy and wakes their waiters (the segment is over).
+    pub fn disarm_backups(&self) {
+        let slots: Vec<Arc<Slot>> = self.slots.read().iter().flatten().cloned().collect();
+        for slot in slots {
+            slot.store.lock().disarm_backups();
+            slot.notify();
+        }
+    }
+
     /// Partitions hosted here, ascending.
     pub fn hosted(&self) -> Vec<PartitionId> {
         let slots = self.slots.read();
@@ -1094,6 +1343,88 @@ mod tests {
             store.register(worker, &[(0, keys.clone())]).unwrap();
         }
         store
+    }
+
+    /// Values of a worker-independent push: worker `w`, clock `c`.
+    fn delta(w: u32, c: u64) -> [f32; 4] {
+        [(1 + w) as f32 * 100.0 + c as f32; 4]
+    }
+
+    #[test]
+    fn a_backup_copy_under_ssp_holds_exactly_the_clocks_below_it() {
+        // Worker 0 runs three clocks ahead of worker 1 (SSP): the copy at clock 2 must hold
+        // clocks 0 and 1 of both and nothing of worker 0's clocks 2 and 3.
+        let mut store = two_workers(false);
+        store.arm_backup(2).unwrap();
+        let mut reference = two_workers(false);
+        for c in 0..4 {
+            store.push(0, c, &delta(0, c)).unwrap();
+            if c < 2 {
+                reference.push(0, c, &delta(0, c)).unwrap();
+            }
+        }
+        assert_eq!(store.backup_ready(2), Ok(false));
+        store.push(1, 0, &delta(1, 0)).unwrap();
+        reference.push(1, 0, &delta(1, 0)).unwrap();
+        assert_eq!(store.backup_ready(2), Ok(false));
+        store.push(1, 1, &delta(1, 1)).unwrap();
+        reference.push(1, 1, &delta(1, 1)).unwrap();
+        assert_eq!(store.backup_ready(2), Ok(true));
+        // Later pushes change the live partition, not the copy.
+        store.push(1, 2, &delta(1, 2)).unwrap();
+        let copy = store.take_backup(2).unwrap();
+        assert_eq!(copy, reference.image());
+        assert_eq!(copy.visible_clock(), 2);
+        assert_ne!(copy, store.image());
+        assert_eq!(store.take_backup(2), None);
+    }
+
+    #[test]
+    fn a_backup_copy_under_bsp_is_taken_when_the_clock_completes() {
+        let mut store = two_workers(true);
+        store.arm_backup(1).unwrap();
+        store.arm_backup(2).unwrap();
+        for c in 0..3 {
+            for w in 0..2 {
+                store.pull_rows(w, c, |_| {}).unwrap();
+            }
+            for w in 0..2 {
+                store.push(w, c, &delta(w, c)).unwrap();
+            }
+            if c == 0 {
+                assert_eq!(store.backup_ready(1), Ok(true));
+                assert_eq!(store.backup_ready(2), Ok(false));
+            }
+        }
+        let one = store.take_backup(1).unwrap();
+        assert_eq!(one.completed, vec![1, 1]);
+        let two = store.take_backup(2).unwrap();
+        assert_eq!(two.completed, vec![2, 2]);
+        // Clock 0 gives 100 + 200, clock 1 adds 101 + 201.
+        assert_eq!(two.tables[0].data, vec![602.0; 4]);
+        assert_eq!(one.tables[0].data, vec![300.0; 4]);
+    }
+
+    #[test]
+    fn a_backup_copy_too_late_or_disarmed_is_an_error() {
+        let mut store = two_workers(false);
+        store.push(0, 0, &delta(0, 0)).unwrap();
+        store.push(0, 1, &delta(0, 1)).unwrap();
+        // Worker 0 already pushed clock 1: a copy at clock 1 would contain it.
+        assert!(matches!(
+            store.arm_backup(1),
+            Err(StoreError::BackupTooLate { clock: 1, .. })
+        ));
+        store.arm_backup(2).unwrap();
+        store.disarm_backups();
+        assert!(matches!(
+            store.backup_ready(2),
+            Err(StoreError::BackupDisarmed { clock: 2, .. })
+        ));
+        // Arming the current boundary of a quiet partition is ready at once.
+        let mut quiet = two_workers(true);
+        quiet.arm_backup(0).unwrap();
+        assert_eq!(quiet.take_backup(0).unwrap(), quiet.image());
     }
 
     #[test]
