@@ -271,6 +271,69 @@ impl BillingModel {
             price_usd_hr * expected_uptime_s / HOUR
         }
     }
+
+    /// Expected charge in USD for one instance of age `age_s` kept for the next `horizon_s`
+    /// seconds (renewed at every billing boundary in between), at `price_usd_hr`: eq. 4.1
+    /// applied to each billing period the horizon covers, each weighted by the probability
+    /// that the instance is still running then.
+    ///
+    /// `survival(t)` is the probability that the instance still runs at age `t` given that it
+    /// runs at `age_s`; `uptime(t0, t1)` its expected running seconds between ages `t0` and
+    /// `t1` on the same condition. Per period:
+    ///
+    /// - `aws-hourly-2016`: an hour is charged unless the instance is evicted before the hour
+    ///   ends, so the part of each hour inside the horizon costs `P · part · S(hour end)`;
+    /// - `aws`: the part of the first hour inside the horizon costs `P · part · S(1 h)` (an
+    ///   interruption in the first hour refunds it), every later second `P` while it runs;
+    /// - `gcp`, `fixed`: `P` while it runs.
+    ///
+    /// With a horizon that ends at the next boundary this is [`BillingModel::expected_charge`].
+    pub fn expected_charge_over(
+        &self,
+        price_usd_hr: f64,
+        age_s: f64,
+        horizon_s: f64,
+        survival: &dyn Fn(f64) -> f64,
+        uptime: &dyn Fn(f64, f64) -> f64,
+    ) -> f64 {
+        let end = age_s + horizon_s.max(0.0);
+        match self {
+            Self::AwsHourly2016 => {
+                let mut usd = 0.0;
+                let mut from = age_s;
+                while from < end {
+                    let hour_end = ((from / HOUR).floor() + 1.0) * HOUR;
+                    let to = hour_end.min(end);
+                    usd += price_usd_hr * (to - from) / HOUR * survival(hour_end);
+                    from = to;
+                }
+                usd
+            }
+            Self::Aws => {
+                let mut usd = 0.0;
+                if age_s < HOUR {
+                    usd += price_usd_hr * (end.min(HOUR) - age_s) / HOUR * survival(HOUR);
+                }
+                let paid_from = age_s.max(HOUR);
+                if end > paid_from {
+                    usd += price_usd_hr * uptime(paid_from, end) / HOUR;
+                }
+                usd
+            }
+            Self::Gcp | Self::Fixed => price_usd_hr * uptime(age_s, end) / HOUR,
+        }
+    }
+
+    /// What terminating an instance of age `age_s` now still costs in USD: the rest of its
+    /// started hour under `aws-hourly-2016` (a terminated partial hour is charged in full;
+    /// nothing on an hour mark), nothing under the per-second models.
+    pub fn release_charge(&self, price_usd_hr: f64, age_s: f64) -> f64 {
+        let into_hour = age_s.rem_euclid(HOUR);
+        match self {
+            Self::AwsHourly2016 if into_hour > 0.0 => price_usd_hr * (HOUR - into_hour) / HOUR,
+            Self::AwsHourly2016 | Self::Aws | Self::Gcp | Self::Fixed => 0.0,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1224,7 +1224,11 @@ impl Fleet for ProcessFleet {
         if loss_count > 0 {
             self.metrics.loss.set(loss_sum / loss_count as f64);
         }
-        Ok(SegmentOutcome { end, reports })
+        Ok(SegmentOutcome {
+            end,
+            reports,
+            backup: None,
+        })
     }
 
     fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {

@@ -620,6 +620,9 @@ pub struct SegmentSpec {
     pub map: PartitionMap,
     /// Nodes that run workers in this segment.
     pub worker_nodes: Vec<NodeId>,
+    /// Clocks in `(first, end]` at which a fleet that [`Fleet::streams_backups`] copies every
+    /// partition to the BackupPSs in the background while workers go on (ascending).
+    pub backup_clocks: Vec<u64>,
 }
 
 /// What a segment did: where it ended and, per logical worker, its report.
@@ -629,6 +632,9 @@ pub struct SegmentOutcome {
     pub end: u64,
     /// (logical worker, report).
     pub reports: Vec<(u32, WorkerReport)>,
+    /// The latest BackupPS copy taken in the background: its clock and every partition's
+    /// image at it, in partition order.
+    pub backup: Option<(u64, Vec<PartitionImage>)>,
 }
 
 /// Errors of a fleet operation.
@@ -686,6 +692,12 @@ pub trait Fleet {
     fn abandon_all(&mut self);
     /// The reliable nodes that receive the BackupPS copies of the next segment (none in stage 1).
     fn set_backups(&mut self, _backups: &[NodeId]) {}
+    /// Whether the fleet copies partitions to the BackupPSs in the background during a segment
+    /// ([`SegmentSpec::backup_clocks`]); if not, the controller ends segments at BackupPS copy
+    /// points and gathers the images at the boundary.
+    fn streams_backups(&self) -> bool {
+        false
+    }
     /// Runs one segment; `interrupt` ends it early at a clock boundary.
     fn run_segment(
         &mut self,
@@ -887,20 +899,50 @@ impl Fleet for LocalFleet {
                 .collect(),
         };
         let gate = plan.gate.clone();
-        let outcome = std::thread::scope(|scope| {
+        // Armed before any worker starts, so no copy can be too late.
+        let servers: Vec<(NodeId, Arc<ServerState>)> = self
+            .servers
+            .iter()
+            .map(|(node, handle)| (*node, handle.state.clone()))
+            .collect();
+        for clock in &spec.backup_clocks {
+            for (_, state) in &servers {
+                state.arm_backups(*clock)?;
+            }
+        }
+        let ended = std::sync::atomic::AtomicU64::new(u64::MAX);
+        let copier = BackupCopier {
+            servers: &servers,
+            bandwidths: &self.bandwidths,
+            backups: &self.backups,
+            wait: self.job.wait_timeout,
+        };
+        let (outcome, backup) = std::thread::scope(|scope| {
             scope.spawn(|| {
                 if interrupt.next() {
                     gate.end_soon();
                 }
             });
+            let copies = scope.spawn(|| copier.run(&spec.backup_clocks, &ended));
             let outcome = pool.run_segment(&plan);
             interrupt.close();
-            outcome
+            // Copies at clocks past the end will never be ready: the copier stops before them.
+            let end = gate.end();
+            ended.store(end, std::sync::atomic::Ordering::Release);
+            for (_, state) in &servers {
+                state.disarm_backups(end + 1);
+            }
+            let backup = copies.join().unwrap_or(None);
+            (outcome, backup)
         });
+        for (_, state) in &servers {
+            state.disarm_backups(0);
+        }
         let reports = outcome?;
         Ok(SegmentOutcome {
             end: gate.end(),
             reports: pool.ids().into_iter().zip(reports).collect(),
+            backup,
         })
     }
 
@@ -916,33 +958,9 @@ impl Fleet for LocalFleet {
         let mut images = Vec::new();
         for (node, server) in &self.servers {
             let these = server.state.images();
-            // Each partition's copy goes from its server to a BackupPS node, over both NICs
-            // unless they are one node; the copies are sent one after another.
+            // The copies are sent one after another.
             for image in &these {
-                let Some(backup) = self
-                    .backups
-                    .get(image.partition as usize % self.backups.len().max(1))
-                else {
-                    break;
-                };
-                if backup == node {
-                    continue;
-                }
-                let bytes = image.parameter_bytes();
-                let now = Instant::now();
-                let wait = [
-                    self.bandwidths
-                        .get(node)
-                        .map(|b| b.outbound.reserve(now, bytes)),
-                    self.bandwidths
-                        .get(backup)
-                        .map(|b| b.inbound.reserve(now, bytes)),
-                ]
-                .into_iter()
-                .flatten()
-                .max()
-                .unwrap_or_default();
-                std::thread::sleep(wait);
+                charge_backup_copy(&self.bandwidths, &self.backups, *node, image);
             }
             images.extend(these);
         }
@@ -961,6 +979,96 @@ impl Fleet for LocalFleet {
     fn set_backups(&mut self, backups: &[NodeId]) {
         self.backups = backups.to_vec();
     }
+
+    fn streams_backups(&self) -> bool {
+        true
+    }
+}
+
+/// Takes a [`LocalFleet`]'s BackupPS copies in the background during a segment.
+struct BackupCopier<'a> {
+    servers: &'a [(NodeId, Arc<ServerState>)],
+    bandwidths: &'a BTreeMap<NodeId, Arc<NodeBandwidth>>,
+    backups: &'a [NodeId],
+    wait: Duration,
+}
+
+impl BackupCopier<'_> {
+    /// Collects the copies at `clocks` in turn, each once every partition reached its clock;
+    /// returns the latest complete one. Stops at the first clock past `ended` (the segment's
+    /// end once known) or that is disarmed.
+    fn run(
+        &self,
+        clocks: &[u64],
+        ended: &std::sync::atomic::AtomicU64,
+    ) -> Option<(u64, Vec<PartitionImage>)> {
+        let mut latest = None;
+        for &clock in clocks {
+            if clock > ended.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            let mut images = Vec::new();
+            for (node, state) in self.servers {
+                for partition in state.hosted() {
+                    // However long the clocks take: the end of the segment disarms the wait.
+                    let image = loop {
+                        match state.wait_backup_blocking(partition, clock, self.wait) {
+                            Err(StoreError::WaitClock { .. }) => continue,
+                            other => break other,
+                        }
+                    };
+                    match image {
+                        Ok(image) => {
+                            self.charge(*node, &image);
+                            images.push(image);
+                        }
+                        Err(error) => {
+                            tracing::debug!(clock, partition, %error, "BackupPS copy dropped");
+                            return latest;
+                        }
+                    }
+                }
+            }
+            images.sort_by_key(|image| image.partition);
+            latest = Some((clock, images));
+        }
+        latest
+    }
+
+    fn charge(&self, node: NodeId, image: &PartitionImage) {
+        charge_backup_copy(self.bandwidths, self.backups, node, image);
+    }
+}
+
+/// Waits for `image`'s BackupPS copy to cross the NICs of `node` (its server) and of the
+/// BackupPS node it goes to (none if they are one node, or bandwidth is unlimited).
+fn charge_backup_copy(
+    bandwidths: &BTreeMap<NodeId, Arc<NodeBandwidth>>,
+    backups: &[NodeId],
+    node: NodeId,
+    image: &PartitionImage,
+) {
+    let Some(backup) = backups.get(image.partition as usize % backups.len().max(1)) else {
+        return;
+    };
+    if *backup == node {
+        return;
+    }
+    let bytes = image.parameter_bytes();
+    let now = Instant::now();
+    let wait = [
+        bandwidths
+            .get(&node)
+            .map(|b| b.outbound.reserve(now, bytes)),
+        bandwidths
+            .get(backup)
+            .map(|b| b.inbound.reserve(now, bytes)),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or_default();
+    std::thread::sleep(wait);
 }
 
 /// Trains `app` elastically through `events` (see the module docs). Every worker and server is a
@@ -1291,7 +1399,25 @@ fn run_boundary(
     } else {
         controller.backup_clock + config.backup_every
     };
-    let end = next_event.min(next_backup.max(clock + 1)).min(job.clocks);
+    // A fleet that copies to the BackupPSs in the background runs until the next event; any
+    // other ends the segment at the next copy point and copies at the boundary.
+    let streams = layout.stage > 1 && fleet.streams_backups();
+    let end = if streams {
+        next_event.min(job.clocks)
+    } else {
+        next_event.min(next_backup.max(clock + 1)).min(job.clocks)
+    };
+    let backup_clocks: Vec<u64> = if streams {
+        let mut at = next_backup;
+        while at <= clock {
+            at += config.backup_every;
+        }
+        std::iter::successors(Some(at), |c| Some(c + config.backup_every))
+            .take_while(|c| *c <= end)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let moved = moved_partitions(controller.layout.as_ref(), &layout);
     fleet.set_backups(&layout.backups);
     metrics.stage.set(i64::from(layout.stage));
@@ -1362,6 +1488,7 @@ fn run_boundary(
         end,
         map,
         worker_nodes: layout.worker_nodes.clone(),
+        backup_clocks,
     };
     let interrupt = &arrivals.interrupt;
     interrupt.reset();
@@ -1372,7 +1499,17 @@ fn run_boundary(
     }
     let outcome = fleet.run_segment(&spec, interrupt);
     let teardown_start = Instant::now();
-    let SegmentOutcome { end, reports } = outcome?;
+    let SegmentOutcome {
+        end,
+        reports,
+        backup,
+    } = outcome?;
+    // A copy taken in the background counts only once its segment succeeded: the workers'
+    // reports of a failed segment are lost, so its clocks must all be redone.
+    if let Some((at, images)) = backup {
+        controller.backup = images;
+        controller.backup_clock = at;
+    }
     if let Some(&(partition, clock)) = fleet
         .visible_clocks()?
         .iter()

@@ -675,9 +675,10 @@ impl PartitionStore {
         }
     }
 
-    /// Drops every armed BackupPS copy (the segment is over).
-    pub fn disarm_backups(&mut self) {
-        self.backups.clear();
+    /// Drops the BackupPS copies armed at clocks `from` and later (the segment ended before
+    /// them; 0: all).
+    pub fn disarm_backups(&mut self, from: u64) {
+        self.backups.retain(|b| b.clock() < from);
     }
 
     fn apply_le(&mut self, w: usize, bytes: &[u8]) {
@@ -1278,11 +1279,12 @@ impl ServerState {
             .ok_or(StoreError::BackupDisarmed { partition, clock })
     }
 
-    /// Drops every armed BackupPS copy and wakes their waiters (the segment is over).
-    pub fn disarm_backups(&self) {
+    /// Drops the BackupPS copies armed at clocks `from` and later on every hosted partition
+    /// and wakes their waiters (0: all).
+    pub fn disarm_backups(&self, from: u64) {
         let slots: Vec<Arc<Slot>> = self.slots.read().iter().flatten().cloned().collect();
         for slot in slots {
-            slot.store.lock().disarm_backups();
+            slot.store.lock().disarm_backups(from);
             slot.notify();
         }
     }
@@ -1416,7 +1418,7 @@ mod tests {
             Err(StoreError::BackupTooLate { clock: 1, .. })
         ));
         store.arm_backup(2).unwrap();
-        store.disarm_backups();
+        store.disarm_backups(0);
         assert!(matches!(
             store.backup_ready(2),
             Err(StoreError::BackupDisarmed { clock: 2, .. })

@@ -257,16 +257,11 @@ impl Bidder<'_> {
         let info = &input.pools[pool];
         let on_demand = info.on_demand_usd_hr?;
         let rate_each = input.app.transient_rate(info.vcpus);
-        let (price, window, beta, uptime) = match capacity {
-            CapacityType::OnDemand => {
-                let window = self.config.horizon_seconds;
-                (on_demand, window, 0.0, window)
-            }
+        let horizon = self.config.horizon_seconds;
+        let (price, beta, uptime, charge) = match capacity {
+            CapacityType::OnDemand => (on_demand, 0.0, horizon, on_demand * horizon / 3600.0),
             CapacityType::Spot => {
                 let quote = input.market.quotes.get(pool)?;
-                let window = self
-                    .billing
-                    .decision_window(age, self.config.horizon_seconds);
                 match (quote.buyable_price(), max_price) {
                     (Some(price), Some(max_price)) if price <= max_price => {
                         let delta = (max_price - price) / on_demand;
@@ -276,22 +271,24 @@ impl Bidder<'_> {
                             .up_since
                             .filter(|since| *since <= launched)
                             .map(|since| (launched - since) as f64);
-                        let beta = self.eviction.beta(pool, delta, run_age, age, window);
-                        let uptime = self
-                            .eviction
-                            .expected_uptime(pool, delta, run_age, age, window);
-                        (price, window, beta, uptime)
+                        let model = self.eviction;
+                        let survival = |t: f64| model.survival(pool, delta, run_age, age, t - age);
+                        let uptime_to =
+                            |t: f64| model.expected_uptime(pool, delta, run_age, age, t - age);
+                        let uptime = uptime_to(age + horizon);
+                        let charge = self.billing.expected_charge_over(
+                            price,
+                            age,
+                            horizon,
+                            &survival,
+                            &|t0, t1| uptime_to(t1) - uptime_to(t0),
+                        );
+                        (price, 1.0 - survival(age + horizon), uptime, charge)
                     }
                     // unavailable, unpriced or above its max price: it is going away now
-                    _ => (quote.price.unwrap_or(0.0), window, 1.0, 0.0),
+                    _ => (quote.price.unwrap_or(0.0), 1.0, 0.0, 0.0),
                 }
             }
-        };
-        let charge = match capacity {
-            CapacityType::OnDemand => price * window / 3600.0,
-            CapacityType::Spot => self
-                .billing
-                .expected_charge(price, age, window, beta, uptime),
         };
         let useful = if adding {
             (uptime - input.app.sigma_seconds).max(0.0)
@@ -305,8 +302,35 @@ impl Bidder<'_> {
             survive: 1.0 - beta,
             count,
             spend_per_hour: count * price,
-            expected_rate: count * rate_each * useful / window.max(1.0),
+            expected_rate: count * rate_each * useful / horizon.max(1.0),
         })
+    }
+
+    /// What releasing `allocation` now still costs: no work, no capacity, and the rest of a
+    /// started billing period where the billing model charges it in full.
+    fn release_term(&self, input: &BidderInput<'_>, allocation: &Allocation) -> Term {
+        let age = (input.now - allocation.launched_at).max(0) as f64;
+        let price = match allocation.capacity {
+            CapacityType::Spot => input
+                .market
+                .quotes
+                .get(allocation.pool)
+                .and_then(|q| q.price),
+            CapacityType::OnDemand => input
+                .pools
+                .get(allocation.pool)
+                .and_then(|p| p.on_demand_usd_hr),
+        };
+        Term {
+            cost: f64::from(allocation.count)
+                * self.billing.release_charge(price.unwrap_or(0.0), age),
+            work: 0.0,
+            rate: 0.0,
+            survive: 1.0,
+            count: 0.0,
+            spend_per_hour: 0.0,
+            expected_rate: 0.0,
+        }
     }
 
     /// `E = C / W` of `footprint` plus the reliable tier (eqs. 4.2–4.4).
@@ -345,7 +369,8 @@ impl Bidder<'_> {
         let now = input.now;
         let lead = self.config.boundary_lead_seconds;
         let mut current = Footprint::empty();
-        let mut terms: Vec<(u64, Term, Option<Term>)> = Vec::new();
+        // (allocation, its term, whether it is up for renewal now)
+        let mut terms: Vec<(&Allocation, Term, bool)> = Vec::new();
         for allocation in input.allocations {
             let age = (now - allocation.launched_at).max(0) as f64;
             let count = f64::from(allocation.count);
@@ -361,26 +386,14 @@ impl Bidder<'_> {
                 continue;
             };
             current = current.with(&term);
-            // the allocation as renewed past its boundary, if the boundary is near or the
-            // model has none (per-second billing can stop at any time)
+            // weigh keeping it if its billing boundary is near or the model has none
+            // (per-second billing can stop at any time)
             let boundary = self.billing.next_boundary(allocation.launched_at, now);
-            let renewal = match (allocation.capacity, boundary) {
-                (CapacityType::Spot, Some(b)) if b - now <= lead => {
-                    let renewed_age = (b - allocation.launched_at) as f64;
-                    self.term(
-                        input,
-                        allocation.pool,
-                        allocation.capacity,
-                        count,
-                        allocation.max_price,
-                        renewed_age,
-                        false,
-                    )
-                }
-                (_, None) | (CapacityType::OnDemand, _) => Some(term),
-                _ => None,
+            let renewable = match (allocation.capacity, boundary) {
+                (CapacityType::Spot, Some(b)) => b - now <= lead,
+                (_, None) | (CapacityType::OnDemand, _) => true,
             };
-            terms.push((allocation.id, term, renewal));
+            terms.push((allocation, term, renewable));
         }
         let before = self.cost_per_work(input, &current);
 
@@ -453,33 +466,40 @@ impl Bidder<'_> {
             }
         }
 
-        // releases before billing boundaries: keep an allocation only if renewing it is no
-        // worse than dropping it or replacing it by the best fresh candidate of the same size
-        // (under `aws` a fresh instance is again refunded if interrupted in its first hour)
+        // releases before billing boundaries: keep an allocation (over the horizon, renewed at
+        // its boundaries) only if that is no worse than releasing it now — paying what a
+        // release still costs — alone or with the best fresh candidate of the same size in its
+        // place (under `aws` a fresh instance is again refunded if interrupted in its first hour)
         let mut footprint = current;
-        let mut release = Vec::new();
-        for (id, _term, renewal) in &terms {
-            let Some(renewal) = renewal else { continue };
+        let mut release: Vec<u64> = Vec::new();
+        let mut released = Footprint::empty();
+        for (allocation, term, renewable) in &terms {
+            if !renewable {
+                continue;
+            }
+            let id = allocation.id;
             let others = terms
                 .iter()
-                .filter(|(other, _, _)| other != id && !release.contains(other))
-                .fold(Footprint::empty(), |f, (_, t, _)| f.with(t));
-            let with = self.cost_per_work(input, &others.with(renewal));
-            let mut without = self.cost_per_work(input, &others);
+                .filter(|(other, _, _)| other.id != id && !release.contains(&other.id))
+                .fold(released, |f, (_, t, _)| f.with(t));
+            let with = self.cost_per_work(input, &others.with(term));
+            let dropped = others.with(&self.release_term(input, allocation));
+            let mut without = self.cost_per_work(input, &dropped);
             for &(pool, capacity, max_price) in
                 candidates.iter().filter(|c| c.1 == CapacityType::Spot)
             {
                 if let Some(fresh) =
-                    self.term(input, pool, capacity, renewal.count, max_price, 0.0, true)
+                    self.term(input, pool, capacity, term.count, max_price, 0.0, true)
                 {
-                    without = without.min(self.cost_per_work(input, &others.with(&fresh)));
+                    without = without.min(self.cost_per_work(input, &dropped.with(&fresh)));
                 }
             }
             let rate_without = others.expected_rate + self.reliable_rate(input, &others);
             let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
             if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
-                release.push(*id);
-                footprint = others;
+                release.push(id);
+                released = released.with(&self.release_term(input, allocation));
+                footprint = dropped;
             }
         }
 
