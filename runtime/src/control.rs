@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::{App, TableSpec};
 use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
-use crate::elastic::{Fleet, FleetError, Interrupt, SegmentOutcome, SegmentSpec};
+use crate::elastic::{Fleet, FleetError, Interrupt, SegmentOutcome, SegmentSpec, ShardLoads};
 use crate::frame::FrameError;
 use crate::heartbeat::Heartbeats;
 use crate::local::RunError;
@@ -119,6 +119,10 @@ pub struct SegmentOrder {
     pub addrs: Vec<(NodeId, SocketAddr)>,
     /// The run's start (Unix seconds), so per-clock times line up across processes.
     pub run_start_unix: f64,
+    /// Logical workers this node is the second holder of: it loads their data shards in the
+    /// background, so it can take one over at once if its node leaves.
+    #[serde(default)]
+    pub standby: Vec<u32>,
 }
 
 /// A node's answer.
@@ -155,6 +159,10 @@ pub enum ControlResponse {
         end: u64,
         /// (logical worker, report).
         reports: Vec<(u32, WorkerReport)>,
+        /// Workers this segment started here: how many loaded their shard then, and how many
+        /// took it preloaded.
+        #[serde(default)]
+        shards: ShardLoads,
     },
     /// The request failed.
     Failed {
@@ -233,11 +241,20 @@ const ABANDON_GRACE: Duration = Duration::from_secs(2);
 struct Running {
     gate: Arc<ClockGate>,
     result: std::sync::mpsc::Receiver<Result<Vec<(u32, WorkerReport)>, RunError>>,
+    /// The workers it started, by shard source.
+    shards: ShardLoads,
 }
+
+/// Data shards a node loads in the background for the workers it is the second holder of.
+type Preloaded<W> = Arc<Mutex<BTreeMap<u32, W>>>;
 
 /// A node process's [`NodeAgent`]: its partitions, its workers, its part of each segment.
 pub struct Agent<A: App> {
-    app: A,
+    app: Arc<A>,
+    /// Shards preloaded for the workers this node is the second holder of.
+    preloaded: Preloaded<A::Worker>,
+    /// Workers whose shard a background thread is loading now.
+    preloading: Arc<Mutex<BTreeSet<u32>>>,
     specs: Vec<TableSpec>,
     state: Arc<ServerState>,
     job: JobConfig,
@@ -268,7 +285,9 @@ impl<A: App> Agent<A> {
     ) -> Self {
         let specs = app.tables();
         Self {
-            app,
+            app: Arc::new(app),
+            preloaded: Arc::new(Mutex::new(BTreeMap::new())),
+            preloading: Arc::new(Mutex::new(BTreeSet::new())),
             specs,
             state,
             job,
@@ -370,6 +389,7 @@ impl<A: App> Agent<A> {
         }
         let addrs: NodeAddrs = order.addrs.iter().copied().collect();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
+        let shards;
         {
             let pool = self.pool.lock().clone();
             let mut pool = pool.lock();
@@ -389,9 +409,18 @@ impl<A: App> Agent<A> {
                     run_start,
                 )
             });
-            pool.ensure(&self.app, &order.workers)
+            let preloaded = &self.preloaded;
+            let (started, from_preloaded) = pool
+                .ensure_with(&*self.app, &order.workers, |worker| {
+                    preloaded.lock().remove(&worker)
+                })
                 .map_err(|e| e.to_string())?;
+            shards = ShardLoads {
+                built: started - from_preloaded,
+                preloaded: from_preloaded,
+            };
         }
+        self.preload(&order.standby, &order.workers);
         let plan = SegmentPlan {
             gate: gate.clone(),
             map,
@@ -412,8 +441,57 @@ impl<A: App> Agent<A> {
                 let _ = send.send(outcome);
             })
             .map_err(|e| format!("starting the segment thread failed: {e}"))?;
-        *self.running.lock() = Some(Running { gate, result });
+        *self.running.lock() = Some(Running {
+            gate,
+            result,
+            shards,
+        });
         Ok(())
+    }
+
+    /// Keeps preloaded shards for exactly the `standby` workers this node does not run, loading
+    /// the missing ones on a background thread (the segment does not wait for it).
+    fn preload(&self, standby: &[u32], running: &[u32]) {
+        let wanted: BTreeSet<u32> = standby
+            .iter()
+            .copied()
+            .filter(|w| !running.contains(w) && (*w as usize) < self.job.workers)
+            .collect();
+        self.preloaded.lock().retain(|w, _| wanted.contains(w));
+        let missing: Vec<u32> = {
+            let held = self.preloaded.lock();
+            let mut loading = self.preloading.lock();
+            let missing: Vec<u32> = wanted
+                .iter()
+                .copied()
+                .filter(|w| !held.contains_key(w) && !loading.contains(w))
+                .collect();
+            loading.extend(&missing);
+            missing
+        };
+        if missing.is_empty() {
+            return;
+        }
+        let (app, preloaded, loading) = (
+            self.app.clone(),
+            self.preloaded.clone(),
+            self.preloading.clone(),
+        );
+        let workers = self.job.workers;
+        let spawned = std::thread::Builder::new()
+            .name("preload".into())
+            .spawn(move || {
+                for worker in missing {
+                    let shard = app.worker(worker as usize, workers);
+                    preloaded.lock().insert(worker, shard);
+                    loading.lock().remove(&worker);
+                    tracing::debug!(worker, "data shard preloaded");
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "could not start preloading data shards");
+            self.preloading.lock().clear();
+        }
     }
 
     fn await_segment(&self, wait: Duration) -> ControlResponse {
@@ -429,10 +507,15 @@ impl<A: App> Agent<A> {
             }
             Ok(outcome) => {
                 let end = current.gate.end();
+                let shards = current.shards;
                 *self.last_end.lock() = end;
                 *running = None;
                 match outcome {
-                    Ok(reports) => ControlResponse::Finished { end, reports },
+                    Ok(reports) => ControlResponse::Finished {
+                        end,
+                        reports,
+                        shards,
+                    },
                     Err(error) => ControlResponse::failed(error.category(), error),
                 }
             }
@@ -708,6 +791,65 @@ struct Link {
     connection: Option<Connection>,
 }
 
+/// Where `workers` logical workers run over `nodes`: each stays on its node in `current` while
+/// that node is in `nodes`; a worker without a node goes to its node in `prefer` if that is
+/// among the least loaded, else to the least loaded; then workers move off a node only while it
+/// has two more than another.
+fn place_workers(
+    workers: u32,
+    current: &BTreeMap<u32, NodeId>,
+    nodes: &[NodeId],
+    prefer: &BTreeMap<u32, NodeId>,
+) -> BTreeMap<u32, NodeId> {
+    let mut assignment: BTreeMap<u32, NodeId> = current
+        .iter()
+        .filter(|(_, node)| nodes.contains(node))
+        .map(|(w, n)| (*w, *n))
+        .collect();
+    let mut load: BTreeMap<NodeId, usize> = nodes.iter().map(|&n| (n, 0)).collect();
+    for node in assignment.values() {
+        *load.entry(*node).or_default() += 1;
+    }
+    for worker in 0..workers {
+        if assignment.contains_key(&worker) {
+            continue;
+        }
+        let Some((&least, &fewest)) = load.iter().min_by_key(|&(&n, &c)| (c, n)) else {
+            return assignment;
+        };
+        let node = prefer
+            .get(&worker)
+            .copied()
+            .filter(|n| load.get(n).is_some_and(|&c| c <= fewest))
+            .unwrap_or(least);
+        *load.entry(node).or_default() += 1;
+        assignment.insert(worker, node);
+    }
+    loop {
+        let (Some((&busy, &most)), Some((&idle, &least))) = (
+            load.iter()
+                .max_by_key(|&(&n, &c)| (c, std::cmp::Reverse(n))),
+            load.iter().min_by_key(|&(&n, &c)| (c, n)),
+        ) else {
+            return assignment;
+        };
+        if most < least + 2 {
+            return assignment;
+        }
+        let Some(worker) = assignment
+            .iter()
+            .rev()
+            .find(|(_, n)| **n == busy)
+            .map(|(w, _)| *w)
+        else {
+            return assignment;
+        };
+        assignment.insert(worker, idle);
+        *load.entry(busy).or_default() -= 1;
+        *load.entry(idle).or_default() += 1;
+    }
+}
+
 /// The coordinator's [`Fleet`] of node processes. Nodes announce their data-plane address when
 /// they join (the admin API fills `directory`); the controller admits them at a boundary.
 pub struct ProcessFleet {
@@ -717,6 +859,9 @@ pub struct ProcessFleet {
     workers: u32,
     /// Which node runs each logical worker.
     assignment: BTreeMap<u32, NodeId>,
+    /// Each logical worker's second holder: another worker node that preloads its data shard
+    /// and takes the worker over when its node leaves.
+    standby: BTreeMap<u32, NodeId>,
     run_start_unix: f64,
     /// The coordinator's metrics: clocks run and loss, from the workers' reports.
     metrics: RuntimeMetrics,
@@ -746,6 +891,7 @@ impl ProcessFleet {
             },
             workers,
             assignment: BTreeMap::new(),
+            standby: BTreeMap::new(),
             run_start_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -879,49 +1025,31 @@ impl ProcessFleet {
     }
 
     /// Balances logical workers over `nodes`, keeping each where it is while its node still
-    /// runs workers.
+    /// runs workers; a worker whose node left goes to its second holder (which preloaded its
+    /// shard) when that is among the least loaded. Then picks every worker's second holder:
+    /// the node it would go to if its own node left now.
     fn assign(&mut self, nodes: &[NodeId]) {
-        let allowed: BTreeSet<NodeId> = nodes.iter().copied().collect();
-        self.assignment.retain(|_, node| allowed.contains(node));
-        let mut load: BTreeMap<NodeId, usize> = nodes.iter().map(|&n| (n, 0)).collect();
-        for node in self.assignment.values() {
-            *load.entry(*node).or_default() += 1;
+        self.assignment = place_workers(self.workers, &self.assignment, nodes, &self.standby);
+        self.standby.clear();
+        if nodes.len() < 2 {
+            return;
         }
-        // Move workers off overloaded nodes only when a node has two more than another.
-        for worker in 0..self.workers {
-            if self.assignment.contains_key(&worker) {
-                continue;
+        for &leaving in nodes {
+            let rest: Vec<NodeId> = nodes.iter().copied().filter(|&n| n != leaving).collect();
+            let placed = place_workers(self.workers, &self.assignment, &rest, &BTreeMap::new());
+            for (&worker, &node) in &self.assignment {
+                if node == leaving
+                    && let Some(&holder) = placed.get(&worker)
+                {
+                    self.standby.insert(worker, holder);
+                }
             }
-            let Some((&node, _)) = load.iter().min_by_key(|&(&n, &c)| (c, n)) else {
-                return;
-            };
-            *load.entry(node).or_default() += 1;
-            self.assignment.insert(worker, node);
         }
-        loop {
-            let (Some((&busy, &most)), Some((&idle, &least))) = (
-                load.iter()
-                    .max_by_key(|&(&n, &c)| (c, std::cmp::Reverse(n))),
-                load.iter().min_by_key(|&(&n, &c)| (c, n)),
-            ) else {
-                return;
-            };
-            if most < least + 2 {
-                return;
-            }
-            let Some(worker) = self
-                .assignment
-                .iter()
-                .rev()
-                .find(|(_, n)| **n == busy)
-                .map(|(w, _)| *w)
-            else {
-                return;
-            };
-            self.assignment.insert(worker, idle);
-            *load.entry(busy).or_default() -= 1;
-            *load.entry(idle).or_default() += 1;
-        }
+    }
+
+    /// Each logical worker's second holder.
+    pub fn standby(&self) -> &BTreeMap<u32, NodeId> {
+        &self.standby
     }
 
     /// Runs `request` on every node in `nodes` over fresh connections, in parallel.
@@ -1079,6 +1207,12 @@ impl Fleet for ProcessFleet {
                 .filter(|(_, n)| **n == node)
                 .map(|(w, _)| *w)
                 .collect();
+            let standby: Vec<u32> = self
+                .standby
+                .iter()
+                .filter(|(_, n)| **n == node)
+                .map(|(w, _)| *w)
+                .collect();
             let order = SegmentOrder {
                 first: spec.first,
                 end: spec.end,
@@ -1086,6 +1220,7 @@ impl Fleet for ProcessFleet {
                 owners: owners.clone(),
                 addrs: addrs.clone(),
                 run_start_unix: self.run_start_unix,
+                standby,
             };
             if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
                 // The others may have started: stop them before reporting.
@@ -1183,16 +1318,27 @@ impl Fleet for ProcessFleet {
             });
         }
         let mut reports = Vec::new();
+        let mut started = ShardLoads::default();
         let mut end = agreed.into_inner().unwrap_or(spec.end);
         for (node, outcome) in results {
             match outcome? {
                 ControlResponse::Finished {
                     end: node_end,
                     reports: node_reports,
+                    shards,
                 } => {
                     if !node_reports.is_empty() {
                         end = node_end;
                     }
+                    started.built += shards.built;
+                    started.preloaded += shards.preloaded;
+                    let loads = &self.metrics.shard_loads;
+                    loads
+                        .with_label_values(&["built"])
+                        .inc_by(u64::from(shards.built));
+                    loads
+                        .with_label_values(&["preloaded"])
+                        .inc_by(u64::from(shards.preloaded));
                     reports.extend(node_reports);
                 }
                 ControlResponse::Failed { category, message } => {
@@ -1228,6 +1374,7 @@ impl Fleet for ProcessFleet {
             end,
             reports,
             backup: None,
+            shards: started,
         })
     }
 
@@ -1411,16 +1558,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn workers_stay_put_and_spread_evenly() {
+    /// A fleet of `workers` logical workers and no node yet.
+    fn fleet_of(workers: u32) -> ProcessFleet {
         let directory = Arc::new(Mutex::new(BTreeMap::new()));
-        let mut fleet = ProcessFleet::new(
+        ProcessFleet::new(
             directory,
             b"s",
-            6,
+            workers,
             Duration::from_secs(1),
             RuntimeMetrics::unregistered(),
-        );
+        )
+    }
+
+    #[test]
+    fn workers_stay_put_and_spread_evenly() {
+        let mut fleet = fleet_of(6);
         fleet.assign(&[0, 1]);
         let count =
             |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();
@@ -1438,5 +1590,37 @@ mod tests {
         assert_eq!(kept, 4, "only the moves needed to balance");
         fleet.assign(&[2]);
         assert_eq!(count(&fleet, 2), 6);
+    }
+
+    #[test]
+    fn a_worker_whose_node_leaves_goes_to_its_second_holder() {
+        let mut fleet = fleet_of(4);
+        fleet.assign(&[1, 2, 3, 4]);
+        // Every worker has a second holder: another worker node, one shard each.
+        assert_eq!(fleet.standby().len(), 4);
+        for (worker, holder) in fleet.standby() {
+            assert_ne!(fleet.assignment()[worker], *holder);
+        }
+        // The holder is where the worker would go: the least loaded of the others.
+        let on_two = fleet.assignment().iter().find(|(_, n)| **n == 2).unwrap().0;
+        assert_eq!(fleet.standby()[on_two], 1);
+        // Node 1 leaves: its worker goes where its shard is preloaded.
+        let (&moved, _) = fleet
+            .assignment()
+            .iter()
+            .find(|(_, node)| **node == 1)
+            .unwrap();
+        let holder = fleet.standby()[&moved];
+        fleet.assign(&[2, 3, 4]);
+        assert_eq!(fleet.assignment()[&moved], holder);
+        // The new layout gives it (and the worker whose holder was node 1) a new second holder.
+        for (worker, holder) in fleet.standby() {
+            assert_ne!(fleet.assignment()[worker], *holder);
+            assert_ne!(*holder, 1);
+        }
+        assert_eq!(fleet.standby().len(), 4);
+        // A single worker node has no second holder.
+        fleet.assign(&[4]);
+        assert!(fleet.standby().is_empty());
     }
 }

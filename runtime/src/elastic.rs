@@ -288,6 +288,15 @@ pub fn plan_layout(
     })
 }
 
+/// Workers a segment started, by where their data shard came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardLoads {
+    /// Loaded when the worker started.
+    pub built: u32,
+    /// Preloaded in the background by the node as the shard's second holder.
+    pub preloaded: u32,
+}
+
 /// One segment of an elastic run, for the report.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SegmentRecord {
@@ -313,6 +322,9 @@ pub struct SegmentRecord {
     pub setup_seconds: f64,
     /// Of which: taking the boundary images and stopping the servers.
     pub teardown_seconds: f64,
+    /// Workers started for this segment, by data-shard source (node processes only: in process
+    /// every worker keeps its shard for the whole run).
+    pub shards: ShardLoads,
 }
 
 /// What an elastic run did.
@@ -635,6 +647,8 @@ pub struct SegmentOutcome {
     /// The latest BackupPS copy taken in the background: its clock and every partition's
     /// image at it, in partition order.
     pub backup: Option<(u64, Vec<PartitionImage>)>,
+    /// Workers started for the segment, by data-shard source.
+    pub shards: ShardLoads,
 }
 
 /// Errors of a fleet operation.
@@ -943,6 +957,7 @@ impl Fleet for LocalFleet {
             end: gate.end(),
             reports: pool.ids().into_iter().zip(reports).collect(),
             backup,
+            shards: ShardLoads::default(),
         })
     }
 
@@ -1503,6 +1518,7 @@ fn run_boundary(
         end,
         reports,
         backup,
+        shards,
     } = outcome?;
     // A copy taken in the background counts only once its segment succeeded: the workers'
     // reports of a failed segment are lost, so its clocks must all be redone.
@@ -1561,6 +1577,7 @@ fn run_boundary(
         seconds: segment_start.elapsed().as_secs_f64(),
         setup_seconds,
         teardown_seconds: teardown_start.elapsed().as_secs_f64(),
+        shards,
     });
     controller.layout = Some(layout);
     Ok(())

@@ -39,6 +39,9 @@ pub struct RuntimeMetrics {
     pub clocks_redone: IntCounter,
     /// Clocks every partition holds at the last segment boundary of an elastic run.
     pub consistent_clock: IntGauge,
+    /// Data shards a worker started from, by source (`built`: loaded when the worker started;
+    /// `preloaded`: loaded in the background beforehand by the shard's second holder).
+    pub shard_loads: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -124,6 +127,13 @@ impl RuntimeMetrics {
                 "ebbflow_runtime_consistent_clock",
                 "clocks every partition holds at the last segment boundary",
             )?,
+            shard_loads: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_shard_loads_total",
+                    "data shards workers started from, by source (built, preloaded)",
+                ),
+                &["source"],
+            )?,
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
         registry.register(Box::new(metrics.stage.clone()))?;
@@ -133,6 +143,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.rollbacks.clone()))?;
         registry.register(Box::new(metrics.clocks_redone.clone()))?;
         registry.register(Box::new(metrics.consistent_clock.clone()))?;
+        registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;

@@ -450,6 +450,19 @@ impl WorkerPool {
     /// Holds exactly the workers `ids` (of the job's `config.workers`): starts the missing ones,
     /// stops the others.
     pub fn ensure<A: App>(&mut self, app: &A, ids: &[u32]) -> Result<(), RunError> {
+        self.ensure_with(app, ids, |_| None).map(|_| ())
+    }
+
+    /// As [`WorkerPool::ensure`], starting a missing worker from `preloaded(worker)` (its data
+    /// shard loaded beforehand) when that has one. Returns the workers started, and how many of
+    /// them from a preloaded shard.
+    pub fn ensure_with<A: App>(
+        &mut self,
+        app: &A,
+        ids: &[u32],
+        mut preloaded: impl FnMut(u32) -> Option<A::Worker>,
+    ) -> Result<(u32, u32), RunError> {
+        let (mut started, mut from_preloaded) = (0, 0);
         let wanted: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
         let gone: Vec<u32> = self
             .workers
@@ -470,14 +483,28 @@ impl WorkerPool {
             if worker as usize >= self.config.workers {
                 return Err(RunError::JoinWorker { worker });
             }
-            let started = self.spawn(app, worker)?;
-            self.workers.insert(worker, started);
+            let shard = preloaded(worker);
+            let source = if shard.is_some() {
+                from_preloaded += 1;
+                "preloaded"
+            } else {
+                "built"
+            };
+            let spawned = self.spawn(app, worker, shard)?;
+            self.metrics.shard_loads.with_label_values(&[source]).inc();
+            self.workers.insert(worker, spawned);
+            started += 1;
         }
-        Ok(())
+        Ok((started, from_preloaded))
     }
 
-    fn spawn<A: App>(&self, app: &A, worker: u32) -> Result<PoolWorker, RunError> {
-        let app_worker = app.worker(worker as usize, self.config.workers);
+    fn spawn<A: App>(
+        &self,
+        app: &A,
+        worker: u32,
+        shard: Option<A::Worker>,
+    ) -> Result<PoolWorker, RunError> {
+        let app_worker = shard.unwrap_or_else(|| app.worker(worker as usize, self.config.workers));
         let working_set = app_worker.working_set();
         let (command, segments) = std::sync::mpsc::channel::<PoolSegment>();
         let (specs, client, config, metrics, report, run_start, set) = (

@@ -12,7 +12,7 @@ use std::io::Read as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use ebbflow_runtime::elastic::{ElasticConfig, ElasticReport, StageThresholds};
+use ebbflow_runtime::elastic::{ElasticConfig, ElasticReport, ShardLoads, StageThresholds};
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, ElasticJobError, run_elastic_job_with};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::heartbeat::HeartbeatConfig;
@@ -114,6 +114,7 @@ fn coordinator_with(
         reliable_nodes: reliable,
         join_timeout: Duration::from_secs(60),
     };
+    let metrics = RuntimeMetrics::register(&registry).unwrap();
     let handle = std::thread::spawn(move || {
         run_elastic_job_with(
             &app,
@@ -121,7 +122,7 @@ fn coordinator_with(
             heartbeat_timeout,
             listener,
             registry,
-            &RuntimeMetrics::unregistered(),
+            &metrics,
             ebbflow_runtime::elastic::LiveFeed::new(),
         )
     });
@@ -447,16 +448,26 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
     }
 }
 
-/// `ebbflow_runtime_partition_bytes_total{path}` on `registry`.
-fn partition_bytes(registry: &prometheus::Registry, path: &str) -> f64 {
+/// Counter `name` on `registry`, summed over the series with a label valued `value`.
+fn counter(registry: &prometheus::Registry, name: &str, value: &str) -> f64 {
     registry
         .gather()
         .iter()
-        .filter(|f| f.name() == "ebbflow_runtime_partition_bytes_total")
+        .filter(|f| f.name() == name)
         .flat_map(|f| f.get_metric().iter())
-        .filter(|m| m.get_label().iter().any(|l| l.value() == path))
+        .filter(|m| m.get_label().iter().any(|l| l.value() == value))
         .map(|m| m.get_counter().get_value())
         .sum()
+}
+
+/// `ebbflow_runtime_partition_bytes_total{path}` on `registry`.
+fn partition_bytes(registry: &prometheus::Registry, path: &str) -> f64 {
+    counter(registry, "ebbflow_runtime_partition_bytes_total", path)
+}
+
+/// `ebbflow_runtime_shard_loads_total{source}` on `registry`.
+fn shard_loads(registry: &prometheus::Registry, source: &str) -> f64 {
+    counter(registry, "ebbflow_runtime_shard_loads_total", source)
 }
 
 #[test]
@@ -519,6 +530,35 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
     assert_exact(&report);
     assert_eq!(report.rollbacks, 0);
     assert_eq!(report.events.get("notice"), Some(&1), "{:?}", report.events);
+    // t0's worker went to its second holder, which had preloaded its shard: the first segment
+    // after the eviction started one worker, from a preloaded shard.
+    let evicted = report
+        .segments
+        .iter()
+        .position(|s| s.transient_nodes == 3)
+        .expect("a segment after the eviction");
+    assert_eq!(report.segments[evicted - 1].transient_nodes, 4);
+    assert_eq!(
+        report.segments[evicted].shards,
+        ShardLoads {
+            built: 0,
+            preloaded: 1
+        },
+        "the segments around the eviction: {:?}",
+        &report.segments[evicted - 1..=evicted]
+    );
+    let started = |source: fn(&ShardLoads) -> u32| {
+        report
+            .segments
+            .iter()
+            .map(|s| f64::from(source(&s.shards)))
+            .sum::<f64>()
+    };
+    assert_eq!(shard_loads(&registry, "built"), started(|s| s.built));
+    assert_eq!(
+        shard_loads(&registry, "preloaded"),
+        started(|s| s.preloaded)
+    );
     assert!(!report.notice_to_safe_seconds.is_empty());
     assert_eq!(partition_bytes(&registry, "relayed"), 0.0);
     for child in std::iter::once(&mut r0).chain(others.iter_mut()) {
