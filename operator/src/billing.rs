@@ -474,6 +474,64 @@ mod tests {
     }
 
     #[test]
+    fn expected_charge_over_a_horizon_weighs_each_period_by_survival() {
+        // survival from age 1800: 0.8 at 3600, 0.5 at 7200, linear in between; uptime is its
+        // integral (trapezoids)
+        let s = |t: f64| {
+            if t <= 1800.0 {
+                1.0
+            } else if t <= 3600.0 {
+                1.0 - 0.2 * (t - 1800.0) / 1800.0
+            } else {
+                (0.8 - 0.3 * (t - 3600.0) / 3600.0).max(0.0)
+            }
+        };
+        let up = |t0: f64, t1: f64| {
+            let n = 10_000;
+            let h = (t1 - t0) / n as f64;
+            (0..n)
+                .map(|i| 0.5 * (s(t0 + i as f64 * h) + s(t0 + (i + 1) as f64 * h)) * h)
+                .sum::<f64>()
+        };
+        let p = 2.0;
+        // hourly: the rest of the current hour pays if it survives to 3600, the next half hour
+        // is half of an hour that pays if it survives to 7200
+        let hourly = BillingModel::AwsHourly2016.expected_charge_over(p, 1800.0, 3600.0, &s, &up);
+        assert!(close(hourly, p * 0.5 * 0.8 + p * 0.5 * 0.5), "{hourly}");
+        // ending at the boundary it is eq. 4.1 over one window
+        let one = BillingModel::AwsHourly2016.expected_charge_over(p, 1800.0, 1800.0, &s, &up);
+        let eq41 = BillingModel::AwsHourly2016.expected_charge(p, 1800.0, 1800.0, 0.2, 0.0);
+        assert!(close(one, eq41), "{one} vs {eq41}");
+        // aws: the rest of the first hour pays if it survives the hour, then per second
+        let aws = BillingModel::Aws.expected_charge_over(p, 1800.0, 3600.0, &s, &up);
+        assert!(
+            close(aws, p * 0.5 * 0.8 + p * up(3600.0, 5400.0) / 3600.0),
+            "{aws}"
+        );
+        // past the first hour, and under gcp, per second while it runs
+        let late = BillingModel::Aws.expected_charge_over(p, 3600.0, 3600.0, &s, &up);
+        assert!(close(late, p * up(3600.0, 7200.0) / 3600.0), "{late}");
+        let gcp = BillingModel::Gcp.expected_charge_over(p, 1800.0, 3600.0, &s, &up);
+        assert!(close(gcp, p * up(1800.0, 5400.0) / 3600.0), "{gcp}");
+        assert!(gcp > aws && aws > hourly, "{gcp} {aws} {hourly}");
+    }
+
+    #[test]
+    fn a_release_pays_the_rest_of_the_hour_only_under_hourly_billing() {
+        assert!(close(
+            BillingModel::AwsHourly2016.release_charge(2.0, 3300.0),
+            2.0 * 300.0 / 3600.0
+        ));
+        assert!(close(
+            BillingModel::AwsHourly2016.release_charge(2.0, 5400.0),
+            1.0
+        ));
+        assert_eq!(BillingModel::AwsHourly2016.release_charge(2.0, 7200.0), 0.0);
+        assert_eq!(BillingModel::Aws.release_charge(2.0, 1800.0), 0.0);
+        assert_eq!(BillingModel::Gcp.release_charge(2.0, 1800.0), 0.0);
+    }
+
+    #[test]
     fn names_round_trip() {
         for model in [
             BillingModel::AwsHourly2016,

@@ -7,15 +7,26 @@
 //! caller applies the decision and calls again at [`Decision::next_decision_at`], after every
 //! eviction, and whenever its inputs change.
 //!
-//! - Expected cost per allocation (eq. 4.1, refunds from the [`BillingModel`]):
-//!   `(1 − β) · P · k · t_r` where an eviction in the window is refunded, else `P · k · E[up]`.
+//! Every term is taken over the same window: the next `horizon_seconds` (one hour by default)
+//! from the decision, for held allocations, candidates and the reliable tier alike.
+//!
+//! - Expected cost per allocation (eq. 4.1, refunds from the [`BillingModel`], see
+//!   [`BillingModel::expected_charge_over`]): each billing period in the window is weighed by
+//!   the probability that the allocation still runs then — `(1 − β) · P · k · t` for a period
+//!   refunded on eviction, `P · k · E[up]` where it is paid while it runs.
+//! - β and `E[up]` come from the pool's state at the decision (current headroom over the price
+//!   and, with availability data, how long the pool has been buyable): evictions belong to the
+//!   pool, so a held instance and a fresh one in the same pool have the same outlook; the
+//!   instance's age only sets its billing periods.
 //! - Expected useful time (eq. 4.2): `Δt_i = ω_i − (1 − Π(1 − β_j)) · λ`, where `ω_i` is the
 //!   expected running time in the window (minus σ for an allocation being added).
 //! - Expected work (eq. 4.3): `Σ k_i · Δt_i · ν_i`, with φ applied to transient nodes and
 //!   reliable nodes idle in AgileML stage 3.
 //! - A candidate (pool, count, max price) is added only if it lowers `E` (eq. 4.4); an
 //!   allocation is released shortly before its billing boundary (or at any decision where the
-//!   model has none) if `E` is lower without it. Reliable nodes are fixed by the spec.
+//!   model has none) if `E` is lower without it, counting what the release still costs (the
+//!   rest of a started hour under `aws-hourly-2016`, where it also waits for the last decision
+//!   before the boundary). Reliable nodes are fixed by the spec.
 //! - Budgets cap spending; a deadline makes the bidder add capacity (on-demand if need be)
 //!   even when that raises `E`.
 
@@ -90,7 +101,8 @@ pub struct BidderConfig {
     pub interval_seconds: i64,
     /// Decide this long before an allocation's billing boundary (default 300).
     pub boundary_lead_seconds: i64,
-    /// Decision window for models without billing boundaries (default one hour).
+    /// Window over which every expected cost and work is taken, from the decision (default one
+    /// hour; longer windows price hours the bidder would not keep: see docs/bidder.md).
     pub horizon_seconds: f64,
     /// Most transient instances held at once.
     pub max_transient: u32,
@@ -174,7 +186,7 @@ pub struct BidderInput<'a> {
     pub job: &'a JobState,
 }
 
-/// Expected cost and work of one allocation over its decision window.
+/// Expected cost and work of one allocation over the decision window.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Term {
     /// Expected USD.
@@ -264,17 +276,20 @@ impl Bidder<'_> {
                 let quote = input.market.quotes.get(pool)?;
                 match (quote.buyable_price(), max_price) {
                     (Some(price), Some(max_price)) if price <= max_price => {
+                        // evictions belong to the pool, not to the instance: a held instance
+                        // is as likely to be evicted next as a fresh one with the same
+                        // headroom in the same pool, so survival is read from now, at the
+                        // current headroom δ and the pool's current run age; the instance's
+                        // own age only sets its billing periods
                         let delta = (max_price - price) / on_demand;
-                        // the pool's buyable run age when this allocation was launched
-                        let launched = input.now - age as Timestamp;
                         let run_age = quote
                             .up_since
-                            .filter(|since| *since <= launched)
-                            .map(|since| (launched - since) as f64);
+                            .filter(|since| *since <= input.now)
+                            .map(|since| (input.now - since) as f64);
                         let model = self.eviction;
-                        let survival = |t: f64| model.survival(pool, delta, run_age, age, t - age);
+                        let survival = |t: f64| model.survival(pool, delta, run_age, 0.0, t - age);
                         let uptime_to =
-                            |t: f64| model.expected_uptime(pool, delta, run_age, age, t - age);
+                            |t: f64| model.expected_uptime(pool, delta, run_age, 0.0, t - age);
                         let uptime = uptime_to(age + horizon);
                         let charge = self.billing.expected_charge_over(
                             price,
@@ -387,10 +402,14 @@ impl Bidder<'_> {
             };
             current = current.with(&term);
             // weigh keeping it if its billing boundary is near or the model has none
-            // (per-second billing can stop at any time)
+            // (per-second billing can stop at any time); where a release still pays the rest of
+            // the period, not before the last decision ahead of the boundary
             let boundary = self.billing.next_boundary(allocation.launched_at, now);
             let renewable = match (allocation.capacity, boundary) {
-                (CapacityType::Spot, Some(b)) => b - now <= lead,
+                (CapacityType::Spot, Some(b)) => {
+                    let pays_rest = self.release_term(input, allocation).cost > 0.0;
+                    b - now <= lead && !(pays_rest && b - now > self.config.interval_seconds)
+                }
                 (_, None) | (CapacityType::OnDemand, _) => true,
             };
             terms.push((allocation, term, renewable));

@@ -192,14 +192,23 @@ fn says_so_when_no_pool_is_feasible() {
 #[test]
 fn releases_before_the_boundary_when_the_price_rose_and_buys_elsewhere() {
     let model = eviction_model();
-    // 57 minutes into its hour, pool STABLE now costs more than on-demand per work
+    // 59 minutes into its hour, pool STABLE now costs more than on-demand per work
+    let decision = Scenario::new(BillingModel::AwsHourly2016)
+        .price(STABLE, Some(5.0), true)
+        .price(CHURNY, Some(0.3), true)
+        .holding(7, STABLE, 8, 10.0, 59 * 60)
+        .decide(&model);
+    assert_eq!(decision.release, vec![7], "{decision:?}");
+    assert_eq!(decision.acquire[0].pool, CHURNY);
+    // 57 minutes in, a release would pay three minutes for nothing and another decision
+    // (in 2 minutes) still comes before the boundary: keep it until then
     let decision = Scenario::new(BillingModel::AwsHourly2016)
         .price(STABLE, Some(5.0), true)
         .price(CHURNY, Some(0.3), true)
         .holding(7, STABLE, 8, 10.0, 57 * 60)
         .decide(&model);
-    assert_eq!(decision.release, vec![7], "{decision:?}");
-    assert_eq!(decision.acquire[0].pool, CHURNY);
+    assert!(decision.release.is_empty(), "{decision:?}");
+    assert_eq!(decision.next_decision_at, 1_000_000 + 120);
     // the same allocation mid-hour is kept: its hour is paid for
     let mut scenario = Scenario::new(BillingModel::AwsHourly2016)
         .price(STABLE, Some(5.0), true)
@@ -291,4 +300,77 @@ fn under_aws_an_instance_about_to_leave_its_free_hour_is_replaced_by_a_fresh_one
     scenario.app.lambda_seconds = 10.0;
     let decision = scenario.decide(&model);
     assert!(decision.release.is_empty(), "{decision:?}");
+}
+
+#[test]
+fn a_held_instance_is_as_likely_to_be_evicted_as_a_fresh_one_in_the_same_pool() {
+    // evictions are the pool's: 25 minutes into a 30-minute up-cycle says nothing about the
+    // instance that the pool's state (run age, headroom) does not, so with the same headroom a
+    // held and a fresh allocation expect the same work and, without refunds, the same cost
+    let model = eviction_model();
+    let scenario = Scenario::new(BillingModel::Gcp);
+    let bidder = Bidder {
+        config: scenario.config.clone(),
+        billing: scenario.billing,
+        eviction: &model,
+    };
+    let input = BidderInput {
+        now: scenario.view.at,
+        pools: &scenario.pools,
+        market: &scenario.view,
+        allocations: &[],
+        reliable: &scenario.reliable,
+        app: &scenario.app,
+        job: &scenario.job,
+    };
+    let term = |age: f64| {
+        bidder
+            .term(
+                &input,
+                CHURNY,
+                CapacityType::Spot,
+                4.0,
+                Some(0.31),
+                age,
+                false,
+            )
+            .unwrap()
+    };
+    let (fresh, held) = (term(0.0), term(25.0 * 60.0));
+    assert!((fresh.work - held.work).abs() < 1e-9, "{fresh:?} {held:?}");
+    assert!((fresh.cost - held.cost).abs() < 1e-9, "{fresh:?} {held:?}");
+    assert!(
+        fresh.survive < 0.5,
+        "the churny pool is mostly evicted within the hour: {fresh:?}"
+    );
+}
+
+#[test]
+fn a_release_pays_the_rest_of_a_started_hour_only_under_hourly_billing() {
+    let model = eviction_model();
+    for (billing, expected) in [
+        (BillingModel::AwsHourly2016, 8.0 * 0.3 * 300.0 / 3600.0),
+        (BillingModel::Aws, 0.0),
+        (BillingModel::Gcp, 0.0),
+    ] {
+        // 55 minutes in: 5 minutes of the hour left
+        let scenario = Scenario::new(billing).holding(7, STABLE, 8, 1.3, 55 * 60);
+        let bidder = Bidder {
+            config: scenario.config.clone(),
+            billing,
+            eviction: &model,
+        };
+        let input = BidderInput {
+            now: scenario.view.at,
+            pools: &scenario.pools,
+            market: &scenario.view,
+            allocations: &scenario.allocations,
+            reliable: &scenario.reliable,
+            app: &scenario.app,
+            job: &scenario.job,
+        };
+        let term = bidder.release_term(&input, &scenario.allocations[0]);
+        assert!((term.cost - expected).abs() < 1e-12, "{billing}: {term:?}");
+        assert_eq!((term.work, term.count), (0.0, 0.0));
+    }
 }

@@ -372,17 +372,12 @@ struct Live {
 #[derive(Default)]
 struct Ledger {
     result: RunResult,
-    tag: &'static str,
 }
 
 impl Ledger {
     fn close(&mut self, live: Live, reason: EndReason) {
         let count = f64::from(live.allocation.count);
-        let launched = live.meter.launched();
         let charge: Charge = live.meter.finish(reason);
-        if std::env::var("EBB_DBG").is_ok() {
-            eprintln!("DBG {} close pool={} n={} launched={} ran={} reason={:?} usd={:.3} paid={:.0} free={:.0} maxp={:?}", self.tag, live.allocation.pool, live.allocation.count, launched, charge.paid_seconds+charge.free_seconds, reason, count*charge.usd, charge.paid_seconds, charge.free_seconds, live.allocation.max_price);
-        }
         self.result.cost_usd += count * charge.usd;
         if live.allocation.capacity == CapacityType::OnDemand {
             self.result.on_demand_hours +=
@@ -415,7 +410,6 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
     };
 
     let mut ledger = Ledger::default();
-    ledger.tag = strategy.name();
     let mut live: Vec<Live> = Vec::new();
     let mut next_id = 0u64;
     // the reliable tier runs throughout (AgileML only), billed like any on-demand instance
