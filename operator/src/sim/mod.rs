@@ -168,6 +168,23 @@ pub struct StartResult {
     pub baseline: RunResult,
     /// Per strategy, in [`Strategy::ALL`] order.
     pub runs: Vec<RunResult>,
+    /// How the market moved under the job.
+    pub movement: Movement,
+}
+
+/// How the market moved while a job ran: the pool the standard strategies start in (the lowest
+/// price at most the on-demand price) against every pool, over standard + AgileML's runtime.
+/// It bounds what moving capacity between pools could save on the trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Movement {
+    /// The start pool's price changed, or it could no longer be bought, before the job ended.
+    pub price_changed: bool,
+    /// Another pool was cheaper per work than the start pool at some slot where both could be
+    /// bought.
+    pub overtaken: bool,
+    /// The share of the start pool's spend (over the slots it could be bought) that holding
+    /// the pool cheapest per work at every slot instead would have saved, with moves free.
+    pub move_saving: f64,
 }
 
 /// Everything a study produced.
@@ -328,7 +345,7 @@ fn run_start(
 ) -> StartResult {
     let work = hours * 3600.0 * ctx.baseline_rate();
     let baseline = on_demand_only(ctx, hours);
-    let runs = Strategy::ALL
+    let runs: Vec<RunResult> = Strategy::ALL
         .iter()
         .map(|&strategy| {
             let result = match strategy {
@@ -340,12 +357,57 @@ fn run_start(
             result
         })
         .collect();
+    let index = Strategy::ALL
+        .iter()
+        .position(|&s| s == Strategy::StandardAgileMl)
+        .unwrap_or(0);
+    let span = (runs[index].runtime_seconds / ctx.grid.step as f64).ceil() as usize;
     StartResult {
         job_hours: hours,
         start: ctx.grid.time(slot),
         baseline,
+        movement: movement(ctx, slot, span.max(1)),
         runs,
     }
+}
+
+/// The standard strategies' pick at `slot`: the lowest current price at most the pool's
+/// on-demand price.
+fn standard_pool(grid: &MarketGrid, slot: usize) -> Option<(usize, f64)> {
+    (0..grid.pools.len())
+        .filter_map(|p| grid.price(p, slot).map(|price| (p, price)))
+        .filter(|&(p, price)| grid.pools[p].on_demand_usd_hr.is_some_and(|od| price <= od))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+/// [`Movement`] over `span` slots from `start`.
+fn movement(ctx: &Context<'_>, start: usize, span: usize) -> Movement {
+    let grid = ctx.grid;
+    let Some((held, first_price)) = standard_pool(grid, start) else {
+        return Movement::default();
+    };
+    let per_work =
+        |pool: usize, price: f64| price / ctx.config.app.transient_rate(grid.pools[pool].vcpus);
+    let mut out = Movement::default();
+    let (mut spend, mut saved) = (0.0, 0.0);
+    for slot in start..(start + span).min(grid.slots) {
+        let Some(price) = grid.price(held, slot) else {
+            out.price_changed = true;
+            continue;
+        };
+        out.price_changed |= price != first_price;
+        let own = per_work(held, price);
+        let best = (0..grid.pools.len())
+            .filter_map(|p| grid.price(p, slot).map(|q| (p, q)))
+            .filter(|&(p, q)| grid.pools[p].on_demand_usd_hr.is_some_and(|od| q <= od))
+            .map(|(p, q)| per_work(p, q))
+            .fold(own, f64::min);
+        out.overtaken |= best < own;
+        spend += own;
+        saved += own - best;
+    }
+    out.move_saving = if spend > 0.0 { saved / spend } else { 0.0 };
+    out
 }
 
 /// `cluster_size` on-demand instances for `hours`: the unit of every relative figure.
@@ -526,13 +588,7 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
             }
             Strategy::StandardCheckpoint | Strategy::StandardAgileMl if live.is_empty() => {
                 // the lowest current market price, bid the on-demand price
-                let cheapest = (0..grid.pools.len())
-                    .filter_map(|p| grid.price(p, slot).map(|price| (p, price)))
-                    .filter(|&(p, price)| {
-                        grid.pools[p].on_demand_usd_hr.is_some_and(|od| price <= od)
-                    })
-                    .min_by(|a, b| a.1.total_cmp(&b.1));
-                if let Some((pool, price)) = cheapest {
+                if let Some((pool, price)) = standard_pool(grid, slot) {
                     let on_demand = grid.pools[pool].on_demand_usd_hr.unwrap_or(price);
                     next_id += 1;
                     let ready_at = if agile {

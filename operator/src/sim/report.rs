@@ -196,7 +196,51 @@ pub fn table(study: &Study, summaries: &[Summary]) -> String {
             yes_no(t.versus_hindsight <= 1.3)
         );
     }
+    for (hours, m) in movement(study) {
+        let _ = writeln!(
+            out,
+            "market under {hours} h jobs (the pool standard starts in, over standard + AgileML's runtime): its price changed in {} of {} starts, another pool was cheaper per work at some point in {}; holding the cheapest pool per work at every slot, moves free, would save {:.3}% of its spend (mean)",
+            m.price_changed,
+            m.starts,
+            m.overtaken,
+            100.0 * m.move_saving
+        );
+    }
     out
+}
+
+/// Counts of [`super::Movement`] over the starts of one job length.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MovementSummary {
+    /// Starts.
+    pub starts: usize,
+    /// Starts whose start pool's price changed during the job.
+    pub price_changed: usize,
+    /// Starts in which another pool became cheaper per work.
+    pub overtaken: usize,
+    /// Mean share of the start pool's spend that free moves to the cheapest pool would save.
+    pub move_saving: f64,
+}
+
+/// [`MovementSummary`] per job length.
+pub fn movement(study: &Study) -> Vec<(f64, MovementSummary)> {
+    let mut lengths: Vec<f64> = study.starts.iter().map(|s| s.job_hours).collect();
+    lengths.sort_by(f64::total_cmp);
+    lengths.dedup();
+    lengths
+        .into_iter()
+        .map(|hours| {
+            let mut m = MovementSummary::default();
+            for s in study.starts.iter().filter(|s| s.job_hours == hours) {
+                m.starts += 1;
+                m.price_changed += usize::from(s.movement.price_changed);
+                m.overtaken += usize::from(s.movement.overtaken);
+                m.move_saving += s.movement.move_saving;
+            }
+            m.move_saving /= m.starts.max(1) as f64;
+            (hours, m)
+        })
+        .collect()
 }
 
 fn yes_no(ok: bool) -> &'static str {

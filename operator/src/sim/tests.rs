@@ -220,3 +220,46 @@ fn real_p3_trace_study_keeps_its_invariants() {
     check_invariants(&study, &config);
     assert!(study.eviction_score.outcomes > 1000);
 }
+
+#[test]
+fn movement_bounds_what_moving_between_pools_could_save() {
+    // pool "x" holds 0.5; pool "y" costs 0.6 for the first hour, then 0.3
+    let samples = |price: &dyn Fn(i64) -> f64| -> Vec<Sample> {
+        (0..24 * 60)
+            .map(|m| Sample {
+                at: m * 60,
+                price: Some(price(m)),
+                available: true,
+            })
+            .collect()
+    };
+    let mut market = synthetic_market();
+    market.gap = GapPolicy::for_interval(60);
+    market.pools.truncate(2);
+    market.pools[0].samples = samples(&|_| 0.5);
+    market.pools[1].samples = samples(&|m| if m < 60 { 0.6 } else { 0.3 });
+    let config = small_config(BillingModel::Aws);
+    let grid = MarketGrid::new(&market, 60).unwrap();
+    let model = EvictionModel::fit(&market, config.eviction.clone()).unwrap();
+    let ctx = Context {
+        grid: &grid,
+        model: &model,
+        config: &config,
+        reference: 0,
+        reliable: ReliableTier {
+            count: 1,
+            vcpus: 4.0,
+            usd_hr: 1.0,
+        },
+    };
+    // two hours from the start: x is held throughout, y is cheaper for the second hour
+    let moved = movement(&ctx, 0, 120);
+    assert!(!moved.price_changed && moved.overtaken, "{moved:?}");
+    assert!((moved.move_saving - 0.5 * 0.4).abs() < 1e-6, "{moved:?}");
+    // the first hour alone: nothing to gain
+    let still = movement(&ctx, 0, 60);
+    assert_eq!(still, Movement::default());
+    // from the second hour the standard pick is y, which nothing undercuts
+    let later = movement(&ctx, 90, 120);
+    assert_eq!(later, Movement::default());
+}
