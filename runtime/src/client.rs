@@ -15,7 +15,7 @@ use crate::frame::{FrameError, HEADER_BYTES, body_len};
 use crate::message::{Message, Values};
 use crate::partition::{PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
-use crate::worker::{PartitionView, Transport, WorkerError};
+use crate::worker::{PartitionView, RegisterBatch, Transport, WorkerError};
 
 /// Errors of the data-plane client.
 #[derive(Debug, Error)]
@@ -106,6 +106,18 @@ impl Connection {
         max_frame_bytes: usize,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
+        Self::open(addr, secret, node, max_frame_bytes, timeout)?.welcomed()
+    }
+
+    /// Connects and sends the hello without waiting for the welcome ([`Connection::welcomed`]),
+    /// so several connections can be opened in one round trip.
+    fn open(
+        addr: SocketAddr,
+        secret: &[u8],
+        node: u32,
+        max_frame_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
         let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(30)))
             .map_err(|source| ClientError::Connect { addr, source })?;
         let exchange = |source| ClientError::Exchange { addr, source };
@@ -123,8 +135,14 @@ impl Connection {
         };
         connection.send(&Message::Hello { secret, node })?;
         connection.flush()?;
-        match connection.recv()? {
-            Message::Welcome => Ok(connection),
+        Ok(connection)
+    }
+
+    /// Waits for the server's welcome to the hello [`Connection::open`] sent.
+    fn welcomed(mut self) -> Result<Self, ClientError> {
+        let addr = self.addr;
+        match self.recv()? {
+            Message::Welcome => Ok(self),
             other => Err(unexpected(addr, &other, "welcome")),
         }
     }
@@ -254,16 +272,30 @@ impl RemoteTransport {
                 .find(|c| c.as_ref().is_some_and(|c| c.addr() == addr))
                 .and_then(Option::take);
             connections.push(match kept {
-                Some(connection) => connection,
-                None => Connection::connect(
-                    addr,
-                    &self.config.secret,
-                    self.config.node,
-                    self.config.max_frame_bytes,
-                    self.config.timeout,
-                )?,
+                Some(connection) => (connection, true),
+                None => (
+                    Connection::open(
+                        addr,
+                        &self.config.secret,
+                        self.config.node,
+                        self.config.max_frame_bytes,
+                        self.config.timeout,
+                    )?,
+                    false,
+                ),
             });
         }
+        // Every new connection's hello is out: now their welcomes.
+        let connections = connections
+            .into_iter()
+            .map(|(connection, welcomed)| {
+                if welcomed {
+                    Ok(connection)
+                } else {
+                    connection.welcomed()
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         self.routes = map
             .entries()
             .iter()
@@ -288,11 +320,51 @@ impl RemoteTransport {
 }
 
 impl Transport for RemoteTransport {
+    fn register_all(
+        &mut self,
+        worker: u32,
+        batches: &[RegisterBatch],
+    ) -> Result<Vec<usize>, WorkerError> {
+        // All requests first, one flush per connection, then the answers in order (each
+        // connection answers in the order it was asked).
+        let mut used = vec![false; self.connections.len()];
+        for (partition, tables, read_through) in batches {
+            let (index, epoch) = self.routes[*partition as usize];
+            used[index] = true;
+            self.connections[index].send(&Message::Register {
+                worker,
+                partition: *partition,
+                epoch,
+                tables: tables.clone(),
+                read_through: *read_through,
+            })?;
+        }
+        for (connection, used) in self.connections.iter_mut().zip(used) {
+            if used {
+                connection.flush()?;
+            }
+        }
+        batches
+            .iter()
+            .map(|(partition, _, _)| {
+                let connection = &mut self.connections[self.routes[*partition as usize].0];
+                let addr = connection.addr();
+                match connection.recv()? {
+                    Message::Registered { partition: p, len } if p == *partition => {
+                        Ok(len as usize)
+                    }
+                    other => Err(unexpected(addr, &other, "registered").into()),
+                }
+            })
+            .collect()
+    }
+
     fn register(
         &mut self,
         worker: u32,
         partition: PartitionId,
         tables: &[(TableId, Vec<u64>)],
+        read_through: Option<u64>,
     ) -> Result<usize, WorkerError> {
         let (index, epoch) = self.routes[partition as usize];
         let connection = &mut self.connections[index];
@@ -301,6 +373,7 @@ impl Transport for RemoteTransport {
             partition,
             epoch,
             tables: tables.to_vec(),
+            read_through,
         })?;
         connection.flush()?;
         let addr = connection.addr();

@@ -123,6 +123,10 @@ pub struct SegmentOrder {
     /// background, so it can take one over at once if its node leaves.
     #[serde(default)]
     pub standby: Vec<u32>,
+    /// No partition was restored from a copy at this boundary: workers' cached rows stay valid
+    /// (see [`SegmentPlan::carried`]).
+    #[serde(default)]
+    pub carried: bool,
 }
 
 /// A node's answer.
@@ -425,6 +429,7 @@ impl<A: App> Agent<A> {
             gate: gate.clone(),
             map,
             addrs,
+            carried: order.carried,
         };
         let (send, result) = std::sync::mpsc::channel();
         let pool = self.pool.lock().clone();
@@ -1221,6 +1226,7 @@ impl Fleet for ProcessFleet {
                 addrs: addrs.clone(),
                 run_start_unix: self.run_start_unix,
                 standby,
+                carried: spec.carried,
             };
             if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
                 // The others may have started: stop them before reporting.

@@ -632,6 +632,9 @@ pub struct SegmentSpec {
     pub map: PartitionMap,
     /// Nodes that run workers in this segment.
     pub worker_nodes: Vec<NodeId>,
+    /// Every partition holds what it held at the end of the previous segment (none was
+    /// restored from a copy): workers' cached rows stay valid.
+    pub carried: bool,
     /// Clocks in `(first, end]` at which a fleet that [`Fleet::streams_backups`] copies every
     /// partition to the BackupPSs in the background while workers go on (ascending).
     pub backup_clocks: Vec<u64>,
@@ -911,6 +914,7 @@ impl Fleet for LocalFleet {
                 .iter()
                 .map(|(node, handle)| (*node, handle.addr))
                 .collect(),
+            carried: spec.carried,
         };
         let gate = plan.gate.clone();
         // Armed before any worker starts, so no copy can be too late.
@@ -1449,6 +1453,7 @@ fn run_boundary(
     // Lay the partitions out: a partition whose owner or epoch changed is copied to its new
     // owner (from its old one, or from the controller's copy after a rollback).
     let segment_start = Instant::now();
+    let carried = location.iter().all(Option::is_some);
     for (p, target) in layout.partitions.iter().enumerate() {
         if location[p] == Some((target.owner, target.epoch)) {
             continue;
@@ -1503,6 +1508,7 @@ fn run_boundary(
         end,
         map,
         worker_nodes: layout.worker_nodes.clone(),
+        carried,
         backup_clocks,
     };
     let interrupt = &arrivals.interrupt;

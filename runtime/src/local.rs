@@ -239,9 +239,10 @@ impl Transport for LocalTransport {
         worker: u32,
         partition: PartitionId,
         tables: &[(TableId, Vec<u64>)],
+        read_through: Option<u64>,
     ) -> Result<usize, WorkerError> {
         Ok(self.state.with_partition(partition, LOCAL_EPOCH, |store| {
-            store.register(worker, tables)
+            store.register_read(worker, tables, read_through)
         })?)
     }
 

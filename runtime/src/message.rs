@@ -84,6 +84,10 @@ pub enum Message<'a> {
         epoch: u64,
         /// Keys per table.
         tables: Vec<(TableId, Vec<u64>)>,
+        /// The worker already holds the partition's rows as of this visible clock (read from
+        /// the partition's previous owner; the move at a clock boundary changed no value), so
+        /// it need not read them again before pushing. On the wire `u64::MAX` is none.
+        read_through: Option<u64>,
     },
     /// Reply to `Register`: the number of values of the batch.
     Registered {
@@ -312,11 +316,13 @@ impl<'a> Message<'a> {
                 for _ in 0..count {
                     tables.push((c.u32("register table id")?, c.keys("register keys")?));
                 }
+                let read_through = Some(c.u64("register read through")?).filter(|&c| c != u64::MAX);
                 Message::Register {
                     worker,
                     partition,
                     epoch,
                     tables,
+                    read_through,
                 }
             }
             REGISTERED => Message::Registered {
@@ -400,6 +406,7 @@ impl<'a> Message<'a> {
                 partition,
                 epoch,
                 tables,
+                read_through,
             } => {
                 out.push(REGISTER);
                 put_u32(out, *worker);
@@ -410,6 +417,7 @@ impl<'a> Message<'a> {
                     put_u32(out, *table);
                     put_keys(out, keys);
                 }
+                put_u64(out, read_through.unwrap_or(u64::MAX));
             }
             Message::Registered { partition, len } => {
                 out.push(REGISTERED);
@@ -558,6 +566,14 @@ mod tests {
             partition: 2,
             epoch: 3,
             tables: vec![(0, vec![5, 9]), (7, vec![])],
+            read_through: None,
+        });
+        round_trip(&Message::Register {
+            worker: 1,
+            partition: 2,
+            epoch: 3,
+            tables: vec![(0, vec![5])],
+            read_through: Some(12),
         });
         round_trip(&Message::Registered {
             partition: 2,

@@ -313,6 +313,9 @@ pub struct SegmentPlan {
     pub map: PartitionMap,
     /// Data-plane address of every owner.
     pub addrs: NodeAddrs,
+    /// Every partition holds what it held at the end of the previous segment (moved or not, but
+    /// not restored from a copy): a worker's cached rows stay valid across the boundary.
+    pub carried: bool,
 }
 
 /// Worker threads that live across the segments of an elastic run: each keeps its data shard,
@@ -578,11 +581,11 @@ impl WorkerPool {
                                 )
                                 .map_err(fail),
                             // Back on its own after sharing: its server batches are the group's.
-                            None if !alone_before => {
-                                worker_loop.register(transport, None).map_err(fail)
-                            }
+                            None if !alone_before => worker_loop
+                                .register(transport, None, plan.carried)
+                                .map_err(fail),
                             None => worker_loop
-                                .register(transport, changed.as_deref())
+                                .register(transport, changed.as_deref(), plan.carried)
                                 .map_err(fail),
                         }
                     };

@@ -313,7 +313,7 @@ impl ProcessCache {
         let registered = (|| {
             for &partition in &changed {
                 let layout = &self.layouts[partition as usize];
-                let len = transport.register(self.leader, partition, &layout.tables)?;
+                let len = transport.register(self.leader, partition, &layout.tables, None)?;
                 if len != layout.len {
                     return Err(WorkerError::RegisterLength {
                         partition,
@@ -322,7 +322,7 @@ impl ProcessCache {
                     });
                 }
                 for &member in self.members.iter().filter(|&&m| m != self.leader) {
-                    let len = transport.register(member, partition, &[])?;
+                    let len = transport.register(member, partition, &[], None)?;
                     if len != 0 {
                         return Err(WorkerError::RegisterLength {
                             partition,

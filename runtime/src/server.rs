@@ -369,8 +369,11 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
             partition,
             epoch,
             tables,
+            read_through,
         } => state
-            .with_partition(partition, epoch, |store| store.register(worker, &tables))
+            .with_partition(partition, epoch, |store| {
+                store.register_read(worker, &tables, read_through)
+            })
             .map(|len| {
                 Message::Registered {
                     partition,

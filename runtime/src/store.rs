@@ -64,6 +64,21 @@ pub enum StoreError {
         /// The table.
         table: TableId,
     },
+    /// A registration claimed a read the partition cannot have served.
+    #[error(
+        "worker {worker} claims to hold partition {partition} as of clock {clock}, \
+         its visible clock is {visible}"
+    )]
+    RegisterReadThrough {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+        /// The clock claimed.
+        clock: u64,
+        /// The partition's visible clock.
+        visible: u64,
+    },
     /// A registration named a key of another partition.
     #[error("key {key} does not belong to partition {partition}")]
     RegisterKey {
@@ -174,6 +189,7 @@ impl StoreError {
             StoreError::LookupWorker { .. } => "lookup_worker",
             StoreError::RegisterTable { .. } => "register_table",
             StoreError::RegisterKey { .. } => "register_key",
+            StoreError::RegisterReadThrough { .. } => "register_read_through",
             StoreError::LookupBatch { .. } => "lookup_batch",
             StoreError::PushLength { .. } => "push_length",
             StoreError::PushClockGap { .. } => "push_clock_gap",
@@ -406,7 +422,28 @@ impl PartitionStore {
         worker: u32,
         tables: &[(TableId, Vec<u64>)],
     ) -> Result<usize, StoreError> {
+        self.register_read(worker, tables, None)
+    }
+
+    /// As [`PartitionStore::register`]; `read_through` says the worker already holds the rows
+    /// as of that visible clock (read from the partition's previous owner at a clock boundary:
+    /// the move changed no value), so BSP pushes need not wait for it to read them again. It
+    /// cannot be ahead of this copy's visible clock.
+    pub fn register_read(
+        &mut self,
+        worker: u32,
+        tables: &[(TableId, Vec<u64>)],
+        read_through: Option<u64>,
+    ) -> Result<usize, StoreError> {
         let w = self.check_worker(worker)?;
+        if let Some(clock) = read_through.filter(|&c| c > self.visible_clock) {
+            return Err(StoreError::RegisterReadThrough {
+                worker,
+                partition: self.partition,
+                clock,
+                visible: self.visible_clock,
+            });
+        }
         let with_state = self.optimizer.has_state();
         let mut batch = Batch::default();
         for (table, keys) in tables {
@@ -434,8 +471,8 @@ impl PartitionStore {
         let len = batch.len;
         self.batches[w] = Some(batch);
         // A new batch is read afresh (a process cache's new union, say): until then, BSP pushes
-        // wait for this worker's read again.
-        self.read_clock[w] = None;
+        // wait for this worker's read again, unless it holds the rows already.
+        self.read_clock[w] = read_through;
         Ok(len)
     }
 
@@ -1350,6 +1387,33 @@ mod tests {
     /// Values of a worker-independent push: worker `w`, clock `c`.
     fn delta(w: u32, c: u64) -> [f32; 4] {
         [(1 + w) as f32 * 100.0 + c as f32; 4]
+    }
+
+    #[test]
+    fn a_registration_that_holds_the_rows_already_counts_as_their_read() {
+        let keys = keys_of(0, 2, 2);
+        let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, Optimizer::Add, true);
+        // A claim ahead of the partition is refused and registers nothing.
+        assert!(matches!(
+            store.register_read(0, &[(0, keys.clone())], Some(1)),
+            Err(StoreError::RegisterReadThrough {
+                clock: 1,
+                visible: 0,
+                ..
+            })
+        ));
+        assert!(store.batch_len(0).is_err());
+        // Both workers hold clock 0's rows (read from the previous owner): BSP pushes of clock
+        // 0 need no new read.
+        for worker in 0..2 {
+            store
+                .register_read(worker, &[(0, keys.clone())], Some(0))
+                .unwrap();
+        }
+        assert_eq!(store.push_gate(0, 0), Ok(PushGate::Open));
+        // Without the claim, the push waits for the read.
+        store.register(1, &[(0, keys.clone())]).unwrap();
+        assert_eq!(store.push_gate(0, 0), Ok(PushGate::Wait));
     }
 
     #[test]

@@ -171,15 +171,35 @@ impl PartitionView {
     }
 }
 
+/// One batch to register: partition, keys per table, and the clock the worker holds its rows at.
+pub(crate) type RegisterBatch = (PartitionId, Vec<(TableId, Vec<u64>)>, Option<u64>);
+
 /// Moves values between a worker and the servers of its partitions.
 pub(crate) trait Transport {
     /// Registers the worker's batch with a partition; returns the server's value count.
+    /// `read_through`: the worker holds the rows as of that visible clock already.
     fn register(
         &mut self,
         worker: u32,
         partition: PartitionId,
         tables: &[(TableId, Vec<u64>)],
+        read_through: Option<u64>,
     ) -> Result<usize, WorkerError>;
+    /// Registers several batches, `(partition, keys per table, read_through)`; returns the
+    /// server's value count of each, in order. A transport may send them all before it waits
+    /// for the answers.
+    fn register_all(
+        &mut self,
+        worker: u32,
+        batches: &[RegisterBatch],
+    ) -> Result<Vec<usize>, WorkerError> {
+        batches
+            .iter()
+            .map(|(partition, tables, read_through)| {
+                self.register(worker, *partition, tables, *read_through)
+            })
+            .collect()
+    }
     /// Pushes every view's `delta` for `clock` (one bulk batch per partition).
     fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView])
     -> Result<(), WorkerError>;
@@ -434,8 +454,9 @@ impl<W: AppWorker> WorkerLoop<W> {
         self.shared.is_none()
     }
 
-    /// Reads and writes through `cache` from now on (`None`: on its own). A different cache than
-    /// before marks every copy stale.
+    /// Reads and writes through `cache` from now on (`None`: on its own). Joining a different
+    /// cache than before marks every copy stale; leaving one keeps the copies (the thread's own
+    /// cache holds what it last read through the group).
     pub(crate) fn attach(&mut self, cache: Option<&Arc<ProcessCache>>) {
         let same = match (&self.shared, cache) {
             (Some(attached), Some(cache)) => Arc::ptr_eq(&attached.cache, cache),
@@ -445,8 +466,10 @@ impl<W: AppWorker> WorkerLoop<W> {
         if same {
             return;
         }
-        for view in &mut self.views {
-            view.stale = true;
+        if cache.is_some() {
+            for view in &mut self.views {
+                view.stale = true;
+            }
         }
         self.shared = cache.map(|cache| {
             let runs = self
@@ -473,19 +496,31 @@ impl<W: AppWorker> WorkerLoop<W> {
     }
 
     /// Registers the worker's batch with the servers of `partitions` (every partition when
-    /// `None`); their cached copies are marked stale so the next segment pulls them (which also
+    /// `None`). With `carried` (every partition holds what it held at the end of the last
+    /// segment: it moved, or stayed, but was not restored) a copy the worker holds stays valid,
+    /// and the registration tells the server it was read (BSP pushes need not wait for a new
+    /// read); otherwise the copies are marked stale so the next segment pulls them (which also
     /// records the read a BSP server waits for before it takes this worker's next push).
     pub(crate) fn register<T: Transport>(
         &mut self,
         transport: &mut T,
         partitions: Option<&[PartitionId]>,
+        carried: bool,
     ) -> Result<(), WorkerError> {
-        for view in &mut self.views {
-            if partitions.is_some_and(|wanted| !wanted.contains(&view.partition)) {
-                continue;
-            }
-            let keys = view_keys(&self.cache, view);
-            let server = transport.register(self.worker_id, view.partition, &keys)?;
+        let chosen: Vec<usize> = (0..self.views.len())
+            .filter(|&i| partitions.is_none_or(|wanted| wanted.contains(&self.views[i].partition)))
+            .collect();
+        let batches: Vec<RegisterBatch> = chosen
+            .iter()
+            .map(|&i| {
+                let view = &self.views[i];
+                let read_through = (carried && !view.stale).then_some(view.visible);
+                (view.partition, view_keys(&self.cache, view), read_through)
+            })
+            .collect();
+        let lens = transport.register_all(self.worker_id, &batches)?;
+        for ((&i, (_, _, read_through)), server) in chosen.iter().zip(&batches).zip(lens) {
+            let view = &mut self.views[i];
             if server != view.len {
                 return Err(WorkerError::RegisterLength {
                     partition: view.partition,
@@ -493,7 +528,7 @@ impl<W: AppWorker> WorkerLoop<W> {
                     worker: view.len,
                 });
             }
-            view.stale = true;
+            view.stale = read_through.is_none();
         }
         Ok(())
     }
@@ -705,7 +740,7 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
                     worker.attach(Some(cache));
                     cache.begin_segment(transport, 1, gate.first(), routes)?;
                 }
-                None => worker.register(transport, None)?,
+                None => worker.register(transport, None, false)?,
             }
             worker.run(transport, config, gate, true, metrics, run_start)
         });

@@ -137,11 +137,25 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     let timeout = Duration::from_secs(60);
     let mut good = Connection::connect(server.addr, SECRET, 1, 1 << 20, timeout).unwrap();
     let key = (0..).find(|&k| partition_of(k, 1) == 0).unwrap();
+    // A claim to hold rows of a clock the partition has not reached is refused.
     good.send(&Message::Register {
         worker: 0,
         partition: 0,
         epoch: 1,
         tables: vec![(0, vec![key])],
+        read_through: Some(3),
+    })
+    .unwrap();
+    good.flush().unwrap();
+    let refused = good.recv().unwrap_err();
+    assert_eq!(refused.category(), "refused");
+    assert!(refused.to_string().contains("clock 3"), "{refused}");
+    good.send(&Message::Register {
+        worker: 0,
+        partition: 0,
+        epoch: 1,
+        tables: vec![(0, vec![key])],
+        read_through: None,
     })
     .unwrap();
     good.flush().unwrap();

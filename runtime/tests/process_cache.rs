@@ -268,6 +268,7 @@ impl PoolFixture {
                 gate: Arc::new(ClockGate::range(first, end)),
                 map: map.clone(),
                 addrs: self.addrs.clone(),
+                carried: false,
             })
             .unwrap();
     }
