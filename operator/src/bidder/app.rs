@@ -1,5 +1,6 @@
-//! The application model BidBrain optimises for (seed 003 table 4.2): ν, φ, σ, λ, and the
-//! calibration that re-estimates them from throughput the runtime measures.
+//! The application model BidBrain optimises for (seed 003 table 4.2): ν, φ, σ, λ, an optional
+//! measured throughput-vs-ratio table that replaces the linear φ term, and the calibration that
+//! re-estimates the terms from throughput the runtime measures.
 
 /// How the application turns instance-time into work.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,20 +34,143 @@ impl Default for AppModel {
     }
 }
 
+/// Share of a node's ν that becomes progress, per tier, for one footprint.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Efficiency {
+    /// Each reliable node's share (1, or 0 in stage 3, under the linear model).
+    pub reliable: f64,
+    /// Each transient node's share (φ under the linear model).
+    pub transient: f64,
+}
+
+/// Measured throughput of a cluster against its transient:reliable node ratio, in the best
+/// AgileML stage at each ratio, relative to a cluster of as many reliable nodes only (so 1 at
+/// ratio 0). Built from a calibration file ([`super::calibration::Calibration`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThroughputTable {
+    /// (transient ÷ reliable nodes, relative throughput): ratios strictly increasing from 0,
+    /// throughputs finite and positive.
+    points: Vec<(f64, f64)>,
+}
+
+impl ThroughputTable {
+    /// A table from `(ratio, relative throughput)` points in any order. The points must include
+    /// ratio 0, have distinct finite non-negative ratios and finite positive throughputs.
+    pub fn new(mut points: Vec<(f64, f64)>) -> Result<Self, String> {
+        if let Some((r, t)) = points
+            .iter()
+            .find(|(r, t)| !(r.is_finite() && *r >= 0.0 && t.is_finite() && *t > 0.0))
+        {
+            return Err(format!(
+                "point ({r}, {t}): a ratio must be finite and ≥ 0, a throughput finite and > 0"
+            ));
+        }
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some(w) = points.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(format!("ratio {} is measured twice", w[0].0));
+        }
+        if points.first().is_none_or(|p| p.0 != 0.0) {
+            return Err(
+                "no reliable-only point (ratio 0), which the others are relative to".into(),
+            );
+        }
+        Ok(Self { points })
+    }
+
+    /// The measured points, by ratio.
+    pub fn points(&self) -> &[(f64, f64)] {
+        &self.points
+    }
+
+    /// Relative throughput at `ratio` transient per reliable node: linear between the measured
+    /// ratios, the nearest measured value outside them (an infinite ratio, transient nodes
+    /// only, reads the highest measured ratio).
+    pub fn relative(&self, ratio: f64) -> f64 {
+        let (first, last) = (self.points[0], self.points[self.points.len() - 1]);
+        if ratio.is_nan() || ratio <= first.0 {
+            return first.1;
+        }
+        if ratio >= last.0 {
+            return last.1;
+        }
+        let i = self.points.partition_point(|p| p.0 <= ratio);
+        let (a, b) = (self.points[i - 1], self.points[i]);
+        a.1 + (b.1 - a.1) * (ratio - a.0) / (b.0 - a.0)
+    }
+
+    /// The highest relative throughput at any ratio.
+    pub fn max_relative(&self) -> f64 {
+        self.points.iter().map(|p| p.1).fold(0.0, f64::max)
+    }
+}
+
 impl AppModel {
-    /// Work per second of one reliable instance with `vcpus`, given the footprint's
-    /// transient and reliable instance counts (zero in stage 3).
-    pub fn reliable_rate(&self, vcpus: f64, transient: f64, reliable: f64) -> f64 {
-        if reliable > 0.0 && transient / reliable > self.stage3_ratio {
-            0.0
-        } else {
-            self.nu_per_vcpu_second * vcpus
+    /// Work per second of one instance with `vcpus` at full efficiency (ν · vCPUs).
+    pub fn node_rate(&self, vcpus: f64) -> f64 {
+        self.nu_per_vcpu_second * vcpus
+    }
+
+    /// The share of ν each tier turns into progress in a footprint of `transient` and
+    /// `reliable` nodes: the one place the bidder (eqs. 4.2–4.4) and the simulator's work rate
+    /// read it. With a measured `throughput` table both tiers run at the table's relative
+    /// throughput at the footprint's ratio (which includes the best stage); without one, the
+    /// linear model: transient nodes at φ, reliable nodes at 1, or 0 above `stage3_ratio`.
+    pub fn efficiency(
+        &self,
+        throughput: Option<&ThroughputTable>,
+        transient: f64,
+        reliable: f64,
+    ) -> Efficiency {
+        match throughput {
+            Some(table) => {
+                let ratio = if transient <= 0.0 {
+                    0.0
+                } else if reliable <= 0.0 {
+                    f64::INFINITY
+                } else {
+                    transient / reliable
+                };
+                let share = table.relative(ratio);
+                Efficiency {
+                    reliable: share,
+                    transient: share,
+                }
+            }
+            None => Efficiency {
+                reliable: if reliable > 0.0 && transient / reliable > self.stage3_ratio {
+                    0.0
+                } else {
+                    1.0
+                },
+                transient: self.phi,
+            },
         }
     }
 
-    /// Work per second of one transient instance with `vcpus`.
+    /// The highest share of ν each tier can reach at any ratio (bounds, e.g. the hindsight
+    /// optimum's).
+    pub fn best_efficiency(&self, throughput: Option<&ThroughputTable>) -> Efficiency {
+        match throughput {
+            Some(table) => Efficiency {
+                reliable: table.max_relative(),
+                transient: table.max_relative(),
+            },
+            None => Efficiency {
+                reliable: 1.0,
+                transient: self.phi,
+            },
+        }
+    }
+
+    /// Work per second of one reliable instance with `vcpus`, given the footprint's
+    /// transient and reliable instance counts (zero in stage 3), under the linear model.
+    pub fn reliable_rate(&self, vcpus: f64, transient: f64, reliable: f64) -> f64 {
+        self.node_rate(vcpus) * self.efficiency(None, transient, reliable).reliable
+    }
+
+    /// Work per second of one transient instance with `vcpus`, under the linear model.
     pub fn transient_rate(&self, vcpus: f64) -> f64 {
-        self.nu_per_vcpu_second * self.phi * vcpus
+        self.node_rate(vcpus) * self.phi
     }
 }
 
@@ -173,6 +297,51 @@ mod tests {
         // nonsense is ignored
         calibrator.record(Measurement::Eviction { seconds: f64::NAN });
         assert!((calibrator.model().lambda_seconds - 30.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn throughput_is_interpolated_between_measured_ratios_and_clamped_outside() {
+        let table =
+            ThroughputTable::new(vec![(7.0, 0.96), (0.0, 1.0), (3.0, 0.55), (1.0, 1.02)]).unwrap();
+        let at = |ratio: f64| table.relative(ratio);
+        assert_eq!(at(0.0), 1.0);
+        assert_eq!(at(1.0), 1.02);
+        assert!((at(0.5) - 1.01).abs() < 1e-12);
+        assert!((at(2.0) - 0.785).abs() < 1e-12);
+        assert!((at(5.0) - 0.755).abs() < 1e-12);
+        assert_eq!(at(7.0), 0.96);
+        assert_eq!(at(32.0), 0.96);
+        assert_eq!(at(f64::INFINITY), 0.96);
+        assert_eq!(at(-1.0), 1.0);
+        assert_eq!(table.max_relative(), 1.02);
+    }
+
+    #[test]
+    fn a_table_needs_a_reliable_only_point_and_sane_values() {
+        assert!(ThroughputTable::new(vec![(1.0, 1.0), (3.0, 0.5)]).is_err());
+        assert!(ThroughputTable::new(vec![(0.0, 1.0), (3.0, 0.5), (3.0, 0.6)]).is_err());
+        assert!(ThroughputTable::new(vec![(0.0, 1.0), (3.0, 0.0)]).is_err());
+        assert!(ThroughputTable::new(vec![(0.0, 1.0), (3.0, f64::NAN)]).is_err());
+        assert!(ThroughputTable::new(vec![(0.0, 1.0), (f64::INFINITY, 0.5)]).is_err());
+        assert!(ThroughputTable::new(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_table_replaces_phi_and_stage_3_for_both_tiers() {
+        let app = AppModel::default();
+        let table = ThroughputTable::new(vec![(0.0, 1.0), (1.0, 1.0), (3.0, 0.5)]).unwrap();
+        let measured = app.efficiency(Some(&table), 2.0, 1.0);
+        assert_eq!(measured.reliable, 0.75);
+        assert_eq!(measured.transient, 0.75);
+        // transient nodes only (no reliable tier): the highest measured ratio
+        assert_eq!(app.efficiency(Some(&table), 8.0, 0.0).transient, 0.5);
+        // no transient nodes: the reliable-only reference
+        assert_eq!(app.efficiency(Some(&table), 0.0, 1.0).reliable, 1.0);
+        // without a table, the linear model
+        let linear = app.efficiency(None, 2.0, 1.0);
+        assert_eq!((linear.reliable, linear.transient), (1.0, 0.9));
+        assert_eq!(app.efficiency(None, 16.0, 1.0).reliable, 0.0);
+        assert_eq!(app.best_efficiency(Some(&table)).reliable, 1.0);
     }
 
     #[test]

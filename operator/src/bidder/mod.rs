@@ -20,8 +20,10 @@
 //!   instance's age only sets its billing periods.
 //! - Expected useful time (eq. 4.2): `Δt_i = ω_i − (1 − Π(1 − β_j)) · λ`, where `ω_i` is the
 //!   expected running time in the window (minus σ for an allocation being added).
-//! - Expected work (eq. 4.3): `Σ k_i · Δt_i · ν_i`, with φ applied to transient nodes and
-//!   reliable nodes idle in AgileML stage 3.
+//! - Expected work (eq. 4.3): `Σ k_i · Δt_i · ν_i`, each tier's ν scaled by
+//!   [`AppModel::efficiency`] at the footprint's transient:reliable ratio: φ for transient nodes
+//!   and reliable nodes idle in AgileML stage 3, or, with a measured [`ThroughputTable`]
+//!   ([`BidderConfig::throughput`]), the table's relative throughput for both tiers.
 //! - A candidate (pool, count, max price) is added only if it lowers `E` (eq. 4.4); an
 //!   allocation is released shortly before its billing boundary (or at any decision where the
 //!   model has none) if `E` is lower without it, counting what the release still costs (the
@@ -31,10 +33,12 @@
 //!   even when that raises `E`.
 
 pub mod app;
+pub mod calibration;
 
 use std::fmt;
 
-pub use app::{AppModel, Calibrator, Measurement, ThroughputFeed};
+pub use app::{AppModel, Calibrator, Efficiency, Measurement, ThroughputFeed, ThroughputTable};
+pub use calibration::{Calibration, CalibrationError};
 
 use crate::billing::BillingModel;
 use crate::eviction::EvictionModel;
@@ -110,6 +114,9 @@ pub struct BidderConfig {
     pub max_price_cap: Option<f64>,
     /// A candidate must lower `E` by at least this fraction (hysteresis, default 0.5%).
     pub min_improvement: f64,
+    /// Measured throughput against the transient:reliable ratio (a calibration file); `None`:
+    /// the application model's linear φ term.
+    pub throughput: Option<ThroughputTable>,
 }
 
 impl Default for BidderConfig {
@@ -121,6 +128,7 @@ impl Default for BidderConfig {
             max_transient: 16,
             max_price_cap: None,
             min_improvement: 0.005,
+            throughput: None,
         }
     }
 }
@@ -191,9 +199,9 @@ pub struct BidderInput<'a> {
 struct Term {
     /// Expected USD.
     cost: f64,
-    /// Σ k · ν' · ω.
+    /// Σ k · ν · ω at full efficiency (the footprint's [`Efficiency`] is applied to the sum).
     work: f64,
-    /// Σ k · ν' (for the λ loss).
+    /// Σ k · ν at full efficiency (for the λ loss).
     rate: f64,
     /// Probability it survives the window (1 − β).
     survive: f64,
@@ -201,7 +209,7 @@ struct Term {
     count: f64,
     /// USD per hour at current prices (budget checks).
     spend_per_hour: f64,
-    /// Expected work per second over the window (deadline checks).
+    /// Expected work per second over the window at full efficiency (deadline checks).
     expected_rate: f64,
 }
 
@@ -268,7 +276,7 @@ impl Bidder<'_> {
     ) -> Option<Term> {
         let info = &input.pools[pool];
         let on_demand = info.on_demand_usd_hr?;
-        let rate_each = input.app.transient_rate(info.vcpus);
+        let rate_each = input.app.node_rate(info.vcpus);
         let horizon = self.config.horizon_seconds;
         let (price, beta, uptime, charge) = match capacity {
             CapacityType::OnDemand => (on_demand, 0.0, horizon, on_demand * horizon / 3600.0),
@@ -358,24 +366,38 @@ impl Bidder<'_> {
         }
     }
 
+    /// Each tier's share of ν with `footprint`'s transient nodes beside the reliable tier.
+    fn efficiency(&self, input: &BidderInput<'_>, footprint: &Footprint) -> Efficiency {
+        input.app.efficiency(
+            self.config.throughput.as_ref(),
+            footprint.transient,
+            f64::from(input.reliable.count),
+        )
+    }
+
+    /// The reliable tier's work per second beside `footprint`.
     fn reliable_rate(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
         let reliable = input.reliable;
         f64::from(reliable.count)
-            * input.app.reliable_rate(
-                reliable.vcpus,
-                footprint.transient,
-                f64::from(reliable.count),
-            )
+            * input.app.node_rate(reliable.vcpus)
+            * self.efficiency(input, footprint).reliable
+    }
+
+    /// Expected work per second of `footprint` and the reliable tier over the window.
+    fn expected_rate(&self, input: &BidderInput<'_>, footprint: &Footprint) -> f64 {
+        footprint.expected_rate * self.efficiency(input, footprint).transient
+            + self.reliable_rate(input, footprint)
     }
 
     fn totals(&self, input: &BidderInput<'_>, footprint: &Footprint) -> (f64, f64) {
         let window = self.config.horizon_seconds;
         let reliable = input.reliable;
+        let share = self.efficiency(input, footprint).transient;
         let reliable_rate = self.reliable_rate(input, footprint);
         let cost = footprint.cost + f64::from(reliable.count) * reliable.usd_hr * window / 3600.0;
         let lambda_loss = (1.0 - footprint.survive) * input.app.lambda_seconds;
-        let work = footprint.work + reliable_rate * window
-            - (footprint.rate + reliable_rate) * lambda_loss;
+        let work = footprint.work * share + reliable_rate * window
+            - (footprint.rate * share + reliable_rate) * lambda_loss;
         (cost, work.max(0.0))
     }
 
@@ -513,7 +535,7 @@ impl Bidder<'_> {
                     without = without.min(self.cost_per_work(input, &dropped.with(&fresh)));
                 }
             }
-            let rate_without = others.expected_rate + self.reliable_rate(input, &others);
+            let rate_without = self.expected_rate(input, &others);
             let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
             if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
                 release.push(id);
@@ -531,7 +553,7 @@ impl Bidder<'_> {
                 break;
             }
             let e_now = self.cost_per_work(input, &footprint);
-            let rate_now = footprint.expected_rate + self.reliable_rate(input, &footprint);
+            let rate_now = self.expected_rate(input, &footprint);
             let pressed = required_rate.is_some_and(|r| rate_now < r);
             let mut best: Option<(f64, AllocationRequest, Footprint)> = None;
             for &(pool, capacity, max_price) in &candidates {
@@ -601,7 +623,7 @@ impl Bidder<'_> {
             }
         }
         if let Some(r) = required_rate {
-            let rate = footprint.expected_rate + self.reliable_rate(input, &footprint);
+            let rate = self.expected_rate(input, &footprint);
             deadline_at_risk |= rate < r;
         }
 

@@ -374,3 +374,45 @@ fn a_release_pays_the_rest_of_a_started_hour_only_under_hourly_billing() {
         assert_eq!((term.work, term.count), (0.0, 0.0));
     }
 }
+
+fn table(points: &[(f64, f64)]) -> ThroughputTable {
+    ThroughputTable::new(points.to_vec()).unwrap()
+}
+
+#[test]
+fn a_throughput_table_scales_expected_work_by_its_value_at_the_footprints_ratio() {
+    // φ = 1 and no stage 3: the linear model is a table that reads 1 everywhere
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Gcp)
+        .price(CHURNY, None, false)
+        .holding(1, STABLE, 4, 1.3, 600);
+    scenario.app.phi = 1.0;
+    scenario.app.stage3_ratio = f64::INFINITY;
+    let linear = scenario.decide(&model).cost_per_work_before;
+    scenario.config.throughput = Some(table(&[(0.0, 1.0), (8.0, 1.0)]));
+    let flat = scenario.decide(&model).cost_per_work_before;
+    assert!((flat - linear).abs() < 1e-12 * linear, "{flat} {linear}");
+    // 4 transient : 1 reliable, halfway between 2:1 (0.5) and 6:1 (0.9): 0.7 of the work,
+    // λ loss included, at the same cost
+    scenario.config.throughput = Some(table(&[(0.0, 1.0), (2.0, 0.5), (6.0, 0.9)]));
+    let measured = scenario.decide(&model).cost_per_work_before;
+    assert!(
+        (measured - linear / 0.7).abs() < 1e-9 * linear,
+        "{measured} vs {}",
+        linear / 0.7
+    );
+}
+
+#[test]
+fn a_table_that_collapses_at_high_ratios_keeps_the_transient_tier_small() {
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Gcp).price(CHURNY, None, false);
+    let held = |decision: &Decision| decision.acquire.iter().map(|a| a.count).sum::<u32>();
+    let linear = scenario.decide(&model);
+    assert_eq!(held(&linear), 8, "{linear:?}");
+    // throughput falls to a tenth from 3:1 on: the bidder stops short of that
+    scenario.config.throughput = Some(table(&[(0.0, 1.0), (1.0, 1.0), (3.0, 0.1)]));
+    let measured = scenario.decide(&model);
+    let count = held(&measured);
+    assert!((1..=2).contains(&count), "{measured:?}");
+}

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{SimConfig, SimError, report};
+use crate::bidder::{Calibration, CalibrationError};
 use crate::billing::{BillingError, BillingModel};
 use crate::market::trace::{
     ReadOptions, TraceError, TraceFile, TraceFormat, detect_format, read_trace,
@@ -47,6 +48,10 @@ pub struct SimulateArgs {
     /// Worker threads (default: available cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Calibration file from `ebbflow-elastic-bench --stages --calibration-out FILE`: the
+    /// measured throughput-vs-ratio table replaces the linear φ term (docs/bidder.md).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// Errors of `ebbflow simulate`.
@@ -75,6 +80,9 @@ pub enum SimulateError {
     /// Outputs could not be written.
     #[error(transparent)]
     WriteOutputs(#[from] report::ReportError),
+    /// The calibration file is unusable.
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
 }
 
 /// Tables beside `trace` recognised by content: (on-demand prices, specs).
@@ -174,6 +182,10 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         args.on_demand.clone(),
         args.specs.clone(),
     )?;
+    let throughput = match &args.calibration {
+        Some(path) => Some(Calibration::load(path)?.throughput_table()),
+        None => None,
+    };
     let billing = match &args.billing {
         Some(name) => name.parse::<BillingModel>()?,
         None if format == Some(TraceFormat::GcpPriceHistory) => BillingModel::Gcp,
@@ -185,6 +197,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         job_hours: args.hours.clone(),
         cluster_size: args.cluster_size,
         billing,
+        throughput,
         ..SimConfig::default()
     };
     if let Some(threads) = args.threads {

@@ -10,7 +10,8 @@
 //! - otherwise a slot's work costs at least the cheapest price per work of any buyable pool
 //!   or of on-demand capacity;
 //! - every slot offers `cluster_size` instances at the highest per-instance rate of any pool,
-//!   with no σ, no λ, and reliable nodes always working;
+//!   with no σ, no λ, and reliable nodes always working; with a measured throughput table,
+//!   both tiers at the table's highest relative throughput at any ratio;
 //! - work may be split across slots freely (fractional knapsack: free slots first, then the
 //!   cheapest), and costs are rounded down to a log-spaced bucket.
 //!
@@ -20,7 +21,7 @@
 //! `D_b`, which keeps the bound valid between grid points.
 
 use super::{Context, MarketGrid, RunResult};
-use crate::bidder::AppModel;
+use crate::bidder::{AppModel, ThroughputTable};
 use crate::billing::BillingModel;
 
 const BUCKETS: usize = 1024;
@@ -36,11 +37,20 @@ pub struct SlotCosts {
     edges: Vec<f64>,
     /// Highest transient work per second of one instance over all pools.
     max_rate: f64,
+    /// Highest share of ν a reliable node reaches at any ratio.
+    reliable_share: f64,
 }
 
 impl SlotCosts {
-    /// Precompute for `grid` under `app` and `billing`.
-    pub fn new(grid: &MarketGrid, app: &AppModel, billing: BillingModel) -> Self {
+    /// Precompute for `grid` under `app` (with its measured `throughput`, if any) and
+    /// `billing`.
+    pub fn new(
+        grid: &MarketGrid,
+        app: &AppModel,
+        throughput: Option<&ThroughputTable>,
+        billing: BillingModel,
+    ) -> Self {
+        let best = app.best_efficiency(throughput);
         let refunds = matches!(billing, BillingModel::Aws | BillingModel::AwsHourly2016);
         let hour_slots = (3600 / grid.step).max(1) as usize;
         let mut free = vec![false; grid.slots];
@@ -49,7 +59,7 @@ impl SlotCosts {
             .pools
             .iter()
             .filter_map(|info| {
-                let rate = app.transient_rate(info.vcpus);
+                let rate = app.node_rate(info.vcpus) * best.transient;
                 info.on_demand_usd_hr
                     .filter(|_| rate > 0.0)
                     .map(|od| od / 3600.0 / rate)
@@ -58,7 +68,7 @@ impl SlotCosts {
         let mut cheapest = vec![on_demand; grid.slots];
         let mut max_rate: f64 = 0.0;
         for (pool, info) in grid.pools.iter().enumerate() {
-            let rate = app.transient_rate(info.vcpus);
+            let rate = app.node_rate(info.vcpus) * best.transient;
             max_rate = max_rate.max(rate);
             // next slot after each slot where the pool is gone or pricier (monotonic stack)
             let mut next_event = vec![usize::MAX; grid.slots];
@@ -124,6 +134,7 @@ impl SlotCosts {
             bucket,
             edges,
             max_rate,
+            reliable_share: best.reliable,
         }
     }
 }
@@ -139,7 +150,7 @@ pub(super) fn lower_bound(
     let step = grid.step as f64;
     let app = &ctx.config.app;
     let reliable_count = f64::from(ctx.reliable.count);
-    let reliable_rate = reliable_count * app.nu_per_vcpu_second * ctx.reliable.vcpus;
+    let reliable_rate = reliable_count * app.node_rate(ctx.reliable.vcpus) * costs.reliable_share;
     let reliable_usd_per_slot = reliable_count * ctx.reliable.usd_hr * step / 3600.0;
     let instances = f64::from(ctx.config.cluster_size);
     let slot_work = instances * costs.max_rate * step;

@@ -21,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::bidder::{
     Allocation, AppModel, Bidder, BidderConfig, BidderInput, JobState, ReliableTier,
+    ThroughputTable,
 };
 use crate::billing::{BillingModel, Charge, EndReason, Meter};
 use crate::eviction::{
@@ -86,6 +87,10 @@ pub struct SimConfig {
     pub train_fraction: f64,
     /// The application (ν, φ, σ, λ).
     pub app: AppModel,
+    /// Measured throughput against the transient:reliable ratio (`--calibration`): replaces
+    /// the linear φ term in the work rate of every strategy, the bidder's (its
+    /// `BidderConfig::throughput` is set to this) and the hindsight bound.
+    pub throughput: Option<ThroughputTable>,
     /// Throughput lost to checkpointing (the paper's 17%).
     pub checkpoint_overhead: f64,
     /// Seconds from an eviction until a checkpointed job runs again (new instances booted and
@@ -110,6 +115,7 @@ impl Default for SimConfig {
             billing: BillingModel::Aws,
             train_fraction: 0.3,
             app: AppModel::default(),
+            throughput: None,
             checkpoint_overhead: 0.17,
             restart_seconds: 300.0,
             bidder: BidderConfig::default(),
@@ -202,6 +208,8 @@ pub struct Study {
     pub train_end: Timestamp,
     /// The eviction model scored on the evaluation slice.
     pub eviction_score: EvictionScore,
+    /// The application model the work rates came from (one line).
+    pub application: String,
     /// Per start and length.
     pub starts: Vec<StartResult>,
 }
@@ -297,7 +305,12 @@ pub fn run_study(
             jobs.push((hours, rng.random_range(first_slot..grid.slots - room)));
         }
     }
-    let hindsight = hindsight::SlotCosts::new(&grid, &config.app, config.billing);
+    let hindsight = hindsight::SlotCosts::new(
+        &grid,
+        &config.app,
+        config.throughput.as_ref(),
+        config.billing,
+    );
 
     let next = AtomicUsize::new(0);
     let threads = config.threads.max(1);
@@ -332,6 +345,7 @@ pub fn run_study(
         step_seconds: step,
         train_end,
         eviction_score,
+        application: describe_application(&config.app, config.throughput.as_ref()),
         starts: results.into_iter().flatten().collect(),
     })
 }
@@ -369,6 +383,32 @@ fn run_start(
         movement: movement(ctx, slot, span.max(1)),
         runs,
     }
+}
+
+/// One line naming the work-rate model: the linear terms, or the measured table.
+fn describe_application(app: &AppModel, throughput: Option<&ThroughputTable>) -> String {
+    let rate = match throughput {
+        None => format!(
+            "linear: transient nodes at φ = {}, reliable nodes idle above {}:1",
+            app.phi, app.stage3_ratio
+        ),
+        Some(table) => {
+            let points: Vec<String> = table
+                .points()
+                .iter()
+                .map(|(ratio, share)| format!("{ratio}:1 {share:.3}"))
+                .collect();
+            format!(
+                "measured throughput ÷ reliable-only by transient:reliable ratio, clamped outside \
+                 ({})",
+                points.join(", ")
+            )
+        }
+    };
+    format!(
+        "application: ν = {} per vCPU-second, σ = {} s, λ = {} s; {rate}",
+        app.nu_per_vcpu_second, app.sigma_seconds, app.lambda_seconds
+    )
 }
 
 /// The standard strategies' pick at `slot`: the lowest current price at most the pool's
@@ -465,6 +505,7 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
     let start = grid.time(start_slot);
     let mut bidder_config = config.bidder.clone();
     bidder_config.max_transient = config.cluster_size;
+    bidder_config.throughput = config.throughput.clone();
     let bidder = Bidder {
         config: bidder_config,
         billing,
@@ -570,7 +611,7 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
                     if buyable {
                         next_id += 1;
                         live.push(Live {
-                            rate_each: app.transient_rate(grid.pools[request.pool].vcpus),
+                            rate_each: app.node_rate(grid.pools[request.pool].vcpus),
                             allocation: Allocation {
                                 id: next_id,
                                 pool: request.pool,
@@ -598,7 +639,7 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
                         t + (config.restart_seconds as i64).max(app.sigma_seconds as i64)
                     };
                     live.push(Live {
-                        rate_each: app.transient_rate(grid.pools[pool].vcpus),
+                        rate_each: app.node_rate(grid.pools[pool].vcpus),
                         allocation: Allocation {
                             id: next_id,
                             pool,
@@ -628,20 +669,18 @@ fn simulate(ctx: &Context<'_>, strategy: Strategy, start_slot: usize, work: f64)
         // progress over [t, t + step)
         let end = t + step;
         let transient_count: f64 = live.iter().map(|l| f64::from(l.allocation.count)).sum();
-        let reliable_rate = if agile {
+        let reliable_count = if agile {
             f64::from(ctx.reliable.count)
-                * app.reliable_rate(
-                    ctx.reliable.vcpus,
-                    transient_count,
-                    f64::from(ctx.reliable.count),
-                )
         } else {
             0.0
         };
+        // the bidder's code: each tier's share of ν at this footprint's ratio
+        let share = app.efficiency(config.throughput.as_ref(), transient_count, reliable_count);
+        let reliable_rate = reliable_count * app.node_rate(ctx.reliable.vcpus) * share.reliable;
         let efficiency = if agile {
-            1.0
+            share.transient
         } else {
-            1.0 / (1.0 + config.checkpoint_overhead)
+            share.transient / (1.0 + config.checkpoint_overhead)
         };
         // (rate, from) pieces: each allocation contributes from when it is ready
         let progress_from = |ready: Timestamp| (ready.max(stall_until).max(t)).min(end);

@@ -143,6 +143,7 @@ pub fn table(study: &Study, summaries: &[Summary]) -> String {
         score.model.log_likelihood,
         score.naive.log_likelihood
     );
+    let _ = writeln!(out, "{}", study.application);
     let mut lengths: Vec<f64> = summaries.iter().map(|s| s.job_hours).collect();
     lengths.dedup();
     for hours in lengths {

@@ -4,6 +4,24 @@ use super::*;
 use crate::market::trace::{ReadOptions, TraceFile, read_trace};
 use crate::market::{GapPolicy, PoolId, PoolInfo, PoolSeries, Sample};
 
+/// A c5.xlarge spot pool (4 vCPUs, on-demand 1 USD/h) in `zone` with `samples`.
+fn pool(zone: &str, samples: Vec<Sample>) -> PoolSeries {
+    PoolSeries {
+        info: PoolInfo {
+            id: PoolId {
+                instance_type: "c5.xlarge".into(),
+                zone: zone.into(),
+                capacity: CapacityType::Spot,
+            },
+            vcpus: 4.0,
+            memory_gib: None,
+            on_demand_usd_hr: Some(1.0),
+        },
+        samples,
+        has_availability: true,
+    }
+}
+
 /// Three pools over ten days, sampled every 3 minutes: a cheap pool that churns in and out of
 /// availability with pseudo-random run lengths, a mid-priced pool whose price steps, and a
 /// dear, stable pool.
@@ -45,20 +63,6 @@ fn synthetic_market() -> Market {
             available: true,
         })
         .collect();
-    let pool = |zone: &str, samples: Vec<Sample>| PoolSeries {
-        info: PoolInfo {
-            id: PoolId {
-                instance_type: "c5.xlarge".into(),
-                zone: zone.into(),
-                capacity: CapacityType::Spot,
-            },
-            vcpus: 4.0,
-            memory_gib: None,
-            on_demand_usd_hr: Some(1.0),
-        },
-        samples,
-        has_availability: true,
-    };
     Market {
         source: "synthetic".into(),
         gap: GapPolicy::for_interval(180),
@@ -262,4 +266,63 @@ fn movement_bounds_what_moving_between_pools_could_save() {
     // from the second hour the standard pick is y, which nothing undercuts
     let later = movement(&ctx, 90, 120);
     assert_eq!(later, Movement::default());
+}
+
+#[test]
+fn a_throughput_table_sets_the_work_rate_as_measured() {
+    // two pools that never move: standard + AgileML holds 8 instances (ratio 8:1) from the start
+    let stable = |zone: &str, price: f64| {
+        let samples = (0..10 * 24 * 20)
+            .map(|tick| Sample {
+                at: tick * 180,
+                price: Some(price),
+                available: true,
+            })
+            .collect();
+        pool(zone, samples)
+    };
+    let market = Market {
+        source: "stable".into(),
+        gap: GapPolicy::for_interval(180),
+        pools: vec![stable("a", 0.3), stable("b", 0.6)],
+    };
+    let mut config = small_config(BillingModel::Aws);
+    config.starts = 3;
+    config.job_hours = vec![2.0];
+    let index = Strategy::ALL
+        .iter()
+        .position(|s| *s == Strategy::StandardAgileMl)
+        .unwrap();
+    // work of 8 on-demand instances × 4 vCPUs × 2 h; the reliable node works from the start,
+    // the transient ones after σ; `share` is each tier's share of ν
+    let work = 2.0 * 3600.0 * 8.0 * 4.0;
+    let sigma = config.app.sigma_seconds;
+    let expected = |reliable_share: f64, transient_share: f64| {
+        let reliable = 4.0 * reliable_share;
+        sigma + (work - sigma * reliable) / (reliable + 32.0 * transient_share)
+    };
+    let runtimes = |config: &SimConfig| -> Vec<f64> {
+        let study = run_study(&market, config, &|| {}).unwrap();
+        study
+            .starts
+            .iter()
+            .map(|s| s.runs[index].runtime_seconds)
+            .collect()
+    };
+    // linear: φ = 0.9 on transient nodes, the reliable node at 1 (8:1 is below stage 3)
+    for runtime in runtimes(&config) {
+        assert!((runtime - expected(1.0, 0.9)).abs() <= 1.0, "{runtime}");
+    }
+    // measured: 8:1 is past the last point (7:1, 0.6), clamped; both tiers at 0.6
+    config.throughput =
+        Some(ThroughputTable::new(vec![(0.0, 1.0), (1.0, 1.0), (3.0, 0.5), (7.0, 0.6)]).unwrap());
+    for runtime in runtimes(&config) {
+        assert!((runtime - expected(0.6, 0.6)).abs() <= 1.0, "{runtime}");
+    }
+    let study = run_study(&market, &config, &|| {}).unwrap();
+    assert!(
+        study.application.contains("7:1 0.600"),
+        "{}",
+        study.application
+    );
 }

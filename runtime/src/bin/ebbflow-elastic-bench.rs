@@ -13,7 +13,10 @@
 //!    `StageThresholds::forced`), every node limited to `--bandwidth-limit-mbps` each way (a
 //!    worker's exchange with a server on another node is charged to both nodes, within a node to
 //!    neither; a BackupPS copy to its sender and its receiver). Prints seconds per iteration per
-//!    (ratio, stage), the winner per ratio and stage 1's time over the best.
+//!    (ratio, stage), the winner per ratio and stage 1's time over the best, after a reliable-only
+//!    run of the same nodes (0:1, stage 1: the reference a ratio's throughput is relative to).
+//!    With `--calibration-out FILE` it also writes what it measured as JSON for `ebbflow simulate
+//!    --calibration` (format `ebbflow-calibration/1`, documented in docs/bidder.md).
 //!
 //! Every node is a thread of this process with its own TCP data-plane server on 127.0.0.1 (the
 //! in-process elastic engine, `ebbflow_runtime::elastic`): joins add no cores here, so the figures
@@ -70,6 +73,9 @@ struct Args {
     /// Stage comparison: clocks between BackupPS copies in stages 2 and 3.
     #[arg(long, default_value_t = 5)]
     backup_every: u64,
+    /// Stage comparison: also write the measurements as a calibration file (JSON) here.
+    #[arg(long)]
+    calibration_out: Option<PathBuf>,
 }
 
 fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
@@ -344,6 +350,9 @@ fn seconds_per_iteration(
 
 fn stages(args: &Args) -> anyhow::Result<()> {
     let (name, app) = mf_app(args)?;
+    if args.nodes < 2 {
+        bail!("--nodes must be at least 2 (a reliable and a transient node)");
+    }
     println!(
         "## stages 1, 2, 3 at {} Mbit/s per node ({name}, {} nodes, {} logical workers, BSP, \
          BackupPS copy every {} clocks, mean of iterations 2..{})",
@@ -352,34 +361,71 @@ fn stages(args: &Args) -> anyhow::Result<()> {
     println!();
     println!(
         "| transient:reliable | nodes (R + T) | stage 1 s/it | stage 2 s/it | stage 3 s/it | \
-         winner | stage 1 ÷ best |"
+         winner | stage 1 ÷ best | throughput ÷ 0:1 |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for ratio in [1usize, 3, 7] {
+    println!("|---|---|---|---|---|---|---|---|");
+    // 0:1 first: every node reliable, one stage (no transient node to move work to)
+    let mut reference = None;
+    let mut measured = Vec::new();
+    for ratio in [0usize, 1, 3, 7] {
         let reliable = (args.nodes / (ratio + 1)).max(1);
         let transient = args.nodes - reliable;
+        let stages_run: &[u8] = if transient == 0 { &[1] } else { &[1, 2, 3] };
         let mut times = Vec::new();
-        for stage in 1..=3u8 {
-            times.push(seconds_per_iteration(
-                args, &app, reliable, transient, stage,
-            )?);
+        for &stage in stages_run {
+            times.push((
+                stage,
+                seconds_per_iteration(args, &app, reliable, transient, stage)?,
+            ));
         }
         let (best_stage, best) = times
             .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, t)| (i + 1, *t))
-            .context("three stages ran")?;
+            .copied()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .context("a stage ran")?;
+        let reference = *reference.get_or_insert(best);
+        let cell = |stage: u8| {
+            times
+                .iter()
+                .find(|t| t.0 == stage)
+                .map_or("—".to_owned(), |t| format!("{:.4}", t.1))
+        };
         println!(
-            "| {ratio}:1 | {reliable} + {transient} | {:.4} | {:.4} | {:.4} | \
-             stage {best_stage} | {:.2} |",
-            times[0],
-            times[1],
-            times[2],
-            times[0] / best
+            "| {ratio}:1 | {reliable} + {transient} | {} | {} | {} | stage {best_stage} | \
+             {:.2} | {:.3} |",
+            cell(1),
+            cell(2),
+            cell(3),
+            times[0].1 / best,
+            reference / best
         );
+        measured.push(serde_json::json!({
+            "reliable_nodes": reliable,
+            "transient_nodes": transient,
+            "stages": times
+                .iter()
+                .map(|(stage, s)| serde_json::json!({"stage": stage, "seconds_per_iteration": s}))
+                .collect::<Vec<_>>(),
+            "best_stage": best_stage,
+        }));
     }
     println!();
+    if let Some(path) = &args.calibration_out {
+        let file = serde_json::json!({
+            "format": "ebbflow-calibration/1",
+            "app": name,
+            "nodes": args.nodes,
+            "bandwidth_mbps_per_node": args.bandwidth_limit_mbps,
+            "clocks": args.stage_clocks,
+            "counted_from_clock": 2,
+            "backup_every": args.backup_every,
+            "ratios": measured,
+        });
+        let text = serde_json::to_string_pretty(&file)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("calibration written to {}", path.display());
+        println!();
+    }
     Ok(())
 }
 
