@@ -401,6 +401,23 @@ impl Bidder<'_> {
         (cost, work.max(0.0))
     }
 
+    /// The instance counts scored for one candidate: the smallest and the largest, and with a
+    /// measured throughput table every count that brings the footprint to a measured ratio
+    /// (the table need not be monotone, so neither is E in the count).
+    fn counts(&self, input: &BidderInput<'_>, footprint: &Footprint, largest: f64) -> Vec<f64> {
+        let mut counts = vec![1.0, largest];
+        if let Some(table) = &self.config.throughput {
+            let reliable = f64::from(input.reliable.count);
+            for &(ratio, _) in table.points() {
+                let count = (ratio * reliable - footprint.transient).round();
+                if count > 1.0 && count < largest {
+                    counts.push(count);
+                }
+            }
+        }
+        counts
+    }
+
     /// Decide what to buy and release (see the module docs).
     pub fn decide(&self, input: &BidderInput<'_>) -> Decision {
         let now = input.now;
@@ -560,8 +577,8 @@ impl Bidder<'_> {
                 if capacity == CapacityType::OnDemand && !pressed {
                     continue;
                 }
-                // E of (footprint + k instances) is monotone in k, so only the smallest and the
-                // largest count can be best
+                // under the linear model E of (footprint + k instances) is monotone in k, so
+                // only the smallest and the largest count can be best (see `counts`)
                 let price = match capacity {
                     CapacityType::Spot => input.market.quotes[pool].price.unwrap_or(f64::INFINITY),
                     CapacityType::OnDemand => {
@@ -578,7 +595,7 @@ impl Bidder<'_> {
                 if largest < 1.0 {
                     continue;
                 }
-                for count in [1.0, largest] {
+                for count in self.counts(input, &footprint, largest) {
                     let Some(term) = self.term(input, pool, capacity, count, max_price, 0.0, true)
                     else {
                         continue;

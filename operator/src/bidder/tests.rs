@@ -416,3 +416,14 @@ fn a_table_that_collapses_at_high_ratios_keeps_the_transient_tier_small() {
     let count = held(&measured);
     assert!((1..=2).contains(&count), "{measured:?}");
 }
+
+#[test]
+fn with_a_table_the_bidder_scores_the_counts_that_reach_each_measured_ratio() {
+    // 4:1 is the only good split: 1 and 8 instances (1:1, 8:1) are both worse than none
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Gcp).price(CHURNY, None, false);
+    scenario.config.throughput = Some(table(&[(0.0, 1.0), (1.0, 0.3), (4.0, 1.0), (8.0, 0.2)]));
+    let decision = scenario.decide(&model);
+    let counts: Vec<u32> = decision.acquire.iter().map(|a| a.count).collect();
+    assert_eq!(counts, vec![4], "{decision:?}");
+}
