@@ -102,6 +102,14 @@ pub enum ControlRequest {
     },
     /// The node leaves the job: its process exits.
     Shutdown,
+    /// The node joined but is not switched in yet: load the data shards of `workers` (the
+    /// workers it will run) in the background.
+    Preload {
+        /// Logical workers.
+        workers: Vec<u32>,
+    },
+    /// How many data shards are still loading.
+    Preloaded,
 }
 
 /// One segment for one node.
@@ -157,6 +165,11 @@ pub enum ControlResponse {
     },
     /// The segment is still running.
     Running,
+    /// Data shards still loading.
+    Preloading {
+        /// Shards not loaded yet.
+        loading: u32,
+    },
     /// The segment finished.
     Finished {
         /// Where it ended.
@@ -650,6 +663,13 @@ impl<A: App> NodeAgent for Agent<A> {
                 }
                 ControlResponse::Done
             }
+            ControlRequest::Preload { workers } => {
+                self.preload(&workers, &[]);
+                ControlResponse::Done
+            }
+            ControlRequest::Preloaded => ControlResponse::Preloading {
+                loading: self.preloading.lock().len() as u32,
+            },
         };
         (answer, out)
     }
@@ -867,6 +887,8 @@ pub struct ProcessFleet {
     /// Each logical worker's second holder: another worker node that preloads its data shard
     /// and takes the worker over when its node leaves.
     standby: BTreeMap<u32, NodeId>,
+    /// Joined nodes not switched in yet, with the workers whose shards they preload.
+    pending: BTreeMap<NodeId, Vec<u32>>,
     run_start_unix: f64,
     /// The coordinator's metrics: clocks run and loss, from the workers' reports.
     metrics: RuntimeMetrics,
@@ -897,6 +919,7 @@ impl ProcessFleet {
             workers,
             assignment: BTreeMap::new(),
             standby: BTreeMap::new(),
+            pending: BTreeMap::new(),
             run_start_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -1116,6 +1139,50 @@ impl Fleet for ProcessFleet {
             tracing::info!(node = id, name = %link.name, "node released");
         }
         self.assignment.retain(|_, node| *node != id);
+        self.pending.remove(&id);
+    }
+
+    fn prepare(&mut self, id: NodeId, worker_nodes: &[NodeId]) -> Result<bool, FleetError> {
+        let placed = place_workers(self.workers, &self.assignment, worker_nodes, &self.standby);
+        let workers: Vec<u32> = placed
+            .iter()
+            .filter(|(_, node)| **node == id)
+            .map(|(worker, _)| *worker)
+            .collect();
+        if workers.is_empty() {
+            return Ok(true);
+        }
+        let request = ControlRequest::Preload {
+            workers: workers.clone(),
+        };
+        match self.request(id, &request, &[])?.0 {
+            ControlResponse::Done => {
+                tracing::info!(node = id, ?workers, "preparing a joined node");
+                self.pending.insert(id, workers);
+                Ok(false)
+            }
+            other => Err(RunError::RunCluster {
+                reason: format!("node {id} answered {other:?} to preload"),
+            }
+            .into()),
+        }
+    }
+
+    fn prepared(&mut self, id: NodeId) -> Result<bool, FleetError> {
+        if !self.pending.contains_key(&id) {
+            return Ok(true);
+        }
+        match self.request(id, &ControlRequest::Preloaded, &[])?.0 {
+            ControlResponse::Preloading { loading: 0 } => {
+                self.pending.remove(&id);
+                Ok(true)
+            }
+            ControlResponse::Preloading { .. } => Ok(false),
+            other => Err(RunError::RunCluster {
+                reason: format!("node {id} answered {other:?} to preloaded"),
+            }
+            .into()),
+        }
     }
 
     fn place(
@@ -1217,6 +1284,7 @@ impl Fleet for ProcessFleet {
                 .iter()
                 .filter(|(_, n)| **n == node)
                 .map(|(w, _)| *w)
+                .chain(self.pending.get(&node).into_iter().flatten().copied())
                 .collect();
             let order = SegmentOrder {
                 first: spec.first,

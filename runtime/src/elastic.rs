@@ -205,6 +205,10 @@ struct Member {
     id: NodeId,
     name: String,
     reliable: bool,
+    /// In the layout. A transient node that joins is prepared first ([`Fleet::prepare`]:
+    /// its data shards load in the background while the others train) and switched in at the
+    /// first boundary after the fleet reports it ready.
+    ready: bool,
 }
 
 /// Where one segment runs: which nodes serve, which hold backups, which run workers, and the
@@ -398,8 +402,20 @@ fn empty_images(num_partitions: u32, specs: &[TableSpec], workers: u32) -> Vec<P
 }
 
 impl<'a> Controller<'a> {
+    /// The members in the layout.
     fn member_list(&self) -> Vec<(NodeId, bool)> {
-        self.members.iter().map(|m| (m.id, m.reliable)).collect()
+        self.members
+            .iter()
+            .filter(|m| m.ready)
+            .map(|m| (m.id, m.reliable))
+            .collect()
+    }
+
+    /// (reliable, transient) members in the layout.
+    fn tiers(&self) -> (usize, usize) {
+        let ready = self.members.iter().filter(|m| m.ready);
+        let reliable = ready.clone().filter(|m| m.reliable).count();
+        (reliable, ready.count() - reliable)
     }
 
     fn add_member(&mut self, name: &str, reliable: bool) -> Result<(), String> {
@@ -415,6 +431,8 @@ impl<'a> Controller<'a> {
             id: self.next_id,
             name: name.to_owned(),
             reliable,
+            // The reliable tier is needed for every layout; the initial members start together.
+            ready: reliable || self.layout.is_none(),
         });
         self.next_id += 1;
         Ok(())
@@ -709,6 +727,16 @@ pub trait Fleet {
     fn abandon_all(&mut self);
     /// The reliable nodes that receive the BackupPS copies of the next segment (none in stage 1).
     fn set_backups(&mut self, _backups: &[NodeId]) {}
+    /// Starts preparing joined node `id` in the background (loading the data shards of the
+    /// workers it would run if the job's worker nodes were `worker_nodes`) while the others
+    /// train; true if it is ready to be switched in now.
+    fn prepare(&mut self, _id: NodeId, _worker_nodes: &[NodeId]) -> Result<bool, FleetError> {
+        Ok(true)
+    }
+    /// Whether joined node `id` finished preparing.
+    fn prepared(&mut self, _id: NodeId) -> Result<bool, FleetError> {
+        Ok(true)
+    }
     /// Whether the fleet copies partitions to the BackupPSs in the background during a segment
     /// ([`SegmentSpec::backup_clocks`]); if not, the controller ends segments at BackupPS copy
     /// points and gathers the images at the boundary.
@@ -1265,6 +1293,8 @@ fn run_controller<A: App>(
     // installed), and which members the fleet knows.
     let mut location: Vec<Option<(NodeId, u64)>> = vec![None; job.partitions as usize];
     let mut admitted: BTreeMap<NodeId, String> = BTreeMap::new();
+    // Joined members whose preparation started, and whether it finished.
+    let mut preparing: BTreeMap<NodeId, bool> = BTreeMap::new();
     // A node was lost mid-segment: the survivors' state is abandoned, so the run rolls back.
     let mut force_rollback = false;
 
@@ -1321,6 +1351,7 @@ fn run_controller<A: App>(
                 Err(other) => return Err(other.into()),
             }
         }
+        prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
         if !lost.is_empty() || std::mem::take(&mut force_rollback) {
             controller.lose(&lost, &specs, workers);
             controller.roll_back();
@@ -1382,6 +1413,75 @@ fn run_controller<A: App>(
     Ok(report)
 }
 
+/// Joined members not in the layout yet: the first time, the fleet starts preparing them for
+/// the layout with every member in it; afterwards it says whether they are ready. They are
+/// switched in together once all are ready (the layout they were prepared for). One that is
+/// lost while preparing held nothing.
+fn prepare_joined(
+    config: &ElasticConfig,
+    controller: &mut Controller<'_>,
+    fleet: &mut dyn Fleet,
+    admitted: &BTreeMap<NodeId, String>,
+    preparing: &mut BTreeMap<NodeId, bool>,
+) -> Result<(), ElasticError> {
+    let pending: Vec<(NodeId, String)> = controller
+        .members
+        .iter()
+        .filter(|m| !m.ready && admitted.contains_key(&m.id))
+        .map(|m| (m.id, m.name.clone()))
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let everyone: Vec<(NodeId, bool)> = controller
+        .members
+        .iter()
+        .map(|m| (m.id, m.reliable))
+        .collect();
+    let prospective = plan_layout(
+        &everyone,
+        config.job.partitions,
+        controller.layout.as_ref().map(|l| l.partitions.as_slice()),
+        &config.thresholds,
+    )
+    .map(|layout| layout.worker_nodes)
+    .unwrap_or_default();
+    let mut switch_in = Vec::new();
+    let mut all_ready = true;
+    for (id, name) in pending {
+        let outcome = match preparing.get(&id) {
+            None => fleet.prepare(id, &prospective),
+            Some(true) => Ok(true),
+            Some(false) => fleet.prepared(id),
+        };
+        match outcome {
+            Ok(ready) => {
+                preparing.insert(id, ready);
+                all_ready &= ready;
+                switch_in.push((id, name));
+            }
+            Err(FleetError::Lost { reason, .. }) => {
+                tracing::warn!(node = %name, %reason, "a joining node was lost while preparing");
+                preparing.remove(&id);
+                if let Ok(Some(_)) = controller.remove_member(&name) {
+                    controller.count_event("fail");
+                }
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+    if all_ready {
+        for (id, name) in switch_in {
+            preparing.remove(&id);
+            if let Some(member) = controller.members.iter_mut().find(|m| m.id == id) {
+                member.ready = true;
+            }
+            tracing::info!(node = %name, "joined node prepared: switching it in");
+        }
+    }
+    Ok(())
+}
+
 /// Lays out and runs one segment from the current boundary.
 #[allow(clippy::too_many_arguments)]
 fn run_boundary(
@@ -1426,6 +1526,12 @@ fn run_boundary(
     } else {
         next_event.min(next_backup.max(clock + 1)).min(job.clocks)
     };
+    // While joined nodes prepare, come back every `backup_every` clocks to switch them in.
+    let end = if controller.members.iter().any(|m| !m.ready) {
+        end.min(clock + config.backup_every)
+    } else {
+        end
+    };
     let backup_clocks: Vec<u64> = if streams {
         let mut at = next_backup;
         while at <= clock {
@@ -1440,7 +1546,7 @@ fn run_boundary(
     let moved = moved_partitions(controller.layout.as_ref(), &layout);
     fleet.set_backups(&layout.backups);
     metrics.stage.set(i64::from(layout.stage));
-    let reliable_now = controller.members.iter().filter(|m| m.reliable).count();
+    let (reliable_now, transient_now) = controller.tiers();
     metrics
         .nodes
         .with_label_values(&["reliable"])
@@ -1448,7 +1554,7 @@ fn run_boundary(
     metrics
         .nodes
         .with_label_values(&["transient"])
-        .set((controller.members.len() - reliable_now) as i64);
+        .set(transient_now as i64);
 
     // Lay the partitions out: a partition whose owner or epoch changed is copied to its new
     // owner (from its old one, or from the controller's copy after a rollback).
@@ -1570,13 +1676,13 @@ fn run_boundary(
         controller.clock = end;
     }
     metrics.consistent_clock.set(end as i64);
-    let reliable_nodes = controller.members.iter().filter(|m| m.reliable).count();
+    let (reliable_nodes, transient_nodes) = controller.tiers();
     controller.report.segments.push(SegmentRecord {
         first_clock: clock,
         end_clock: end,
         stage: layout.stage,
         reliable_nodes,
-        transient_nodes: controller.members.len() - reliable_nodes,
+        transient_nodes,
         servers: layout.servers.len(),
         worker_nodes: layout.worker_nodes.len(),
         partitions_moved: moved,

@@ -547,6 +547,11 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
         "the segments around the eviction: {:?}",
         &report.segments[evicted - 1..=evicted]
     );
+    // t1..t3 were prepared before they were switched in: the workers they took started from
+    // shards they had preloaded.
+    let switched_in = &report.segments[evicted - 1];
+    assert_eq!(switched_in.shards.built, 0, "{switched_in:?}");
+    assert!(switched_in.shards.preloaded > 0, "{switched_in:?}");
     let started = |source: fn(&ShardLoads) -> u32| {
         report
             .segments
