@@ -71,7 +71,14 @@ fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
         quiet: true,
         in_process: false,
         node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
+        calibration: None,
     }
+}
+
+/// The calibration committed from `ebbflow-elastic-bench --stages`.
+fn committed_calibration() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../bench/calibration/mf-movielens100k-8nodes-100mbps.json")
 }
 
 #[test]
@@ -80,13 +87,15 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let dir = tempfile::tempdir().unwrap();
     let trace = p3_trace();
     let out = dir.path().join("out");
-    // A fast clock (one trace hour in a second) so a short job sees several trace hours.
-    let summary = run(&args(
+    // A fast clock (one trace hour in a second) so a short job sees several trace hours; the
+    // bidder values capacity with the runtime's measured throughput table.
+    let mut quickstart = args(
         manifest(dir.path(), 800, 200_000, &trace),
         out.clone(),
         3600.0,
-    ))
-    .unwrap();
+    );
+    quickstart.calibration = Some(committed_calibration());
+    let summary = run(&quickstart).unwrap();
     let rmse = summary.quality["rmse"];
     assert!(rmse < 0.25, "quality target missed: rmse {rmse}");
     assert_eq!(summary.clocks, 800);
@@ -203,6 +212,21 @@ fn bad_input_is_one_clear_error() {
     );
 
     // A nonsense speed.
-    let error = run(&args(good, dir.path().join("o6"), 0.0)).unwrap_err();
+    let error = run(&args(good.clone(), dir.path().join("o6"), 0.0)).unwrap_err();
     assert!(error.to_string().contains("--speed"), "{error}");
+
+    // A malformed calibration file: the error names the file and where.
+    let calibration = dir.path().join("calibration.json");
+    let text = std::fs::read_to_string(committed_calibration())
+        .unwrap()
+        .replacen("\"nodes\": 8", "\"nodes\": \"eight\"", 1);
+    assert!(text.contains("eight"));
+    std::fs::write(&calibration, text).unwrap();
+    let mut calibrated = args(good, dir.path().join("o7"), 360.0);
+    calibrated.calibration = Some(calibration.clone());
+    let error = run(&calibrated).unwrap_err();
+    assert!(matches!(error, RunError::Calibration(_)), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("calibration.json"), "{message}");
+    assert!(message.contains("\"eight\"") && message.contains("line 8"), "{message}");
 }

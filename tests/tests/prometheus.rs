@@ -269,6 +269,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         quiet: true,
         in_process: true,
         node_exe: None,
+        calibration: None,
     };
     let registry = run_registry.clone();
     let summary = tokio::task::spawn_blocking(move || {

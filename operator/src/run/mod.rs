@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// The executable started for each instance (default: this one).
     #[arg(long, hide = true)]
     pub node_exe: Option<PathBuf>,
+    /// Calibration file from `ebbflow-elastic-bench --stages --calibration-out FILE`: the
+    /// bidder values capacity with the measured throughput-vs-ratio table instead of the
+    /// linear φ term (docs/bidder.md), as `ebbflow simulate --calibration` does.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// Arguments of `ebbflow node` (one instance of a local run; started by `ebbflow run`).
@@ -113,6 +118,9 @@ pub enum RunError {
     /// The dataset could not be loaded or the app built.
     #[error("dataset: {0}")]
     LoadData(String),
+    /// The calibration file could not be used (the message names the file and field).
+    #[error("{0}")]
+    Calibration(#[from] crate::bidder::CalibrationError),
     /// The market trace could not be loaded.
     #[error("market trace {path}: {reason}")]
     LoadTrace {
@@ -442,6 +450,10 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             args.speed
         )));
     }
+    let throughput = match &args.calibration {
+        Some(path) => Some(crate::bidder::Calibration::load(path)?.throughput_table()),
+        None => None,
+    };
     let data_dir = args
         .data_dir
         .clone()
@@ -473,7 +485,10 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         .wall_clock_limit
         .as_ref()
         .and_then(|d| d.to_duration());
-    let bidder = crate::jobmarket::bidder_config(&job);
+    let bidder = crate::bidder::BidderConfig {
+        throughput,
+        ..crate::jobmarket::bidder_config(&job)
+    };
     let replay = MarketReplay::new(
         &market.grid,
         &market.model,
