@@ -29,7 +29,7 @@
 //!     billingModel: aws | aws-hourly-2016 | gcp | fixed            (default aws)
 //!     budgetPerHour, budgetTotal, maxPrice                         # USD, > 0
 //!     deadline, decisionInterval (default 2m, ≥ 10s, < deadline)   # durations: 90s, 30m, 1h30m
-//!     overrides: { phi, sigma, lambda, nu }
+//!     overrides: { phi, sigma, lambda, nu, throughput: [{ ratio, relative }] }
 //!   elasticity: { stage2Ratio (default 1) < stage3Ratio (default 15), partitions,
 //!                 backupFlushInterval }
 //!   provisioning:

@@ -701,6 +701,26 @@ pub struct ApplicationTerms {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.000001, max = 1_000_000.0))]
     pub nu: Option<f64>,
+
+    /// Measured relative throughput by transient:reliable node ratio (a calibration: the
+    /// `throughput ÷ 0:1` column `ebbflow-elastic-bench --stages` prints, or the file its
+    /// `--calibration-out` writes). Replaces φ and the stage-3 rule; linear between points,
+    /// clamped outside. Needs a point at ratio 0 (reliable only) and distinct ratios.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub throughput: Option<Vec<ThroughputPoint>>,
+}
+
+/// One measured point of a throughput table: a ratio and the throughput there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ThroughputPoint {
+    /// Transient nodes per reliable node (0: reliable only).
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub ratio: f64,
+    /// The cluster's throughput per node at this ratio, relative to reliable only (ratio 0).
+    #[schemars(range(min = 0.000001, max = 100.0))]
+    pub relative: f64,
 }
 
 // ---------------------------------------------------------------------------------------------

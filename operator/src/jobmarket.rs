@@ -14,7 +14,7 @@ use std::time::Duration;
 use ebbflow_crds::TrainingJob;
 use ebbflow_ec2::{Ec2Api, InstanceTypeInfo, SpotPricePoint, SpotPriceQuery};
 
-use crate::bidder::{AppModel, BidderConfig, ReliableTier};
+use crate::bidder::{AppModel, BidderConfig, ReliableTier, ThroughputTable};
 use crate::billing::{BillingError, BillingModel};
 use crate::eviction::{EvictionConfig, EvictionModel};
 use crate::market::live::{self, LiveMarketError, LiveWindow, OnDemandPrices};
@@ -281,10 +281,27 @@ pub fn app_model(job: &TrainingJob) -> AppModel {
     }
 }
 
-/// The bidder's settings from the spec: decision interval, most transient nodes, max price cap.
+/// The spec's measured throughput table (`bidding.overrides.throughput`), if it has one; an
+/// error names what is wrong with it.
+pub fn throughput_table(job: &TrainingJob) -> Result<Option<ThroughputTable>, String> {
+    let Some(points) = job
+        .spec
+        .bidding
+        .overrides
+        .as_ref()
+        .and_then(|o| o.throughput.as_ref())
+    else {
+        return Ok(None);
+    };
+    ThroughputTable::new(points.iter().map(|p| (p.ratio, p.relative)).collect()).map(Some)
+}
+
+/// The bidder's settings from the spec: decision interval, most transient nodes, max price cap,
+/// the measured throughput table (an invalid one is refused by validation before this runs).
 pub fn bidder_config(job: &TrainingJob) -> BidderConfig {
     let spec = &job.spec;
     BidderConfig {
+        throughput: throughput_table(job).ok().flatten(),
         interval_seconds: spec
             .bidding
             .decision_interval

@@ -60,6 +60,12 @@ pub fn validate(job: &TrainingJob, capabilities: Capabilities) -> Vec<FieldError
             });
         }
     }
+    if let Err(detail) = crate::jobmarket::throughput_table(job) {
+        errors.push(FieldError {
+            field: "spec.bidding.overrides.throughput".to_owned(),
+            detail,
+        });
+    }
     if spec.bidding.decision_interval.to_duration().is_none() {
         errors.push(FieldError {
             field: "spec.bidding.decisionInterval".to_owned(),
@@ -94,6 +100,37 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_throughput_table_needs_a_reliable_only_point_and_distinct_ratios() {
+        use ebbflow_crds::{ApplicationTerms, ThroughputPoint};
+        let with = |points: &[(f64, f64)]| {
+            let mut job = TrainingJob::test("mf").with_transient(4);
+            job.spec.bidding.overrides = Some(ApplicationTerms {
+                throughput: Some(
+                    points
+                        .iter()
+                        .map(|&(ratio, relative)| ThroughputPoint { ratio, relative })
+                        .collect(),
+                ),
+                ..ApplicationTerms::default()
+            });
+            job
+        };
+        let good = with(&[(0.0, 1.0), (1.0, 1.017), (7.0, 0.958)]);
+        assert!(validate(&good, Capabilities::default()).is_empty());
+        let table = crate::jobmarket::bidder_config(&good).throughput.unwrap();
+        assert_eq!(table.points().len(), 3);
+        for bad in [
+            with(&[(1.0, 1.0), (7.0, 0.958)]),
+            with(&[(0.0, 1.0), (3.0, 0.5), (3.0, 0.6)]),
+        ] {
+            let errors = validate(&bad, Capabilities::default());
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_eq!(errors[0].field, "spec.bidding.overrides.throughput");
+            assert!(crate::jobmarket::bidder_config(&bad).throughput.is_none());
+        }
     }
 
     #[test]

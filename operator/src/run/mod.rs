@@ -450,9 +450,13 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             args.speed
         )));
     }
+    // `--calibration` over the spec's `bidding.overrides.throughput`.
+    let spec_table = crate::jobmarket::throughput_table(&job).map_err(|detail| {
+        RunError::Unsupported(format!("spec.bidding.overrides.throughput: {detail}"))
+    })?;
     let throughput = match &args.calibration {
         Some(path) => Some(crate::bidder::Calibration::load(path)?.throughput_table()),
-        None => None,
+        None => spec_table,
     };
     let data_dir = args
         .data_dir
