@@ -228,5 +228,8 @@ fn bad_input_is_one_clear_error() {
     assert!(matches!(error, RunError::Calibration(_)), "{error}");
     let message = error.to_string();
     assert!(message.contains("calibration.json"), "{message}");
-    assert!(message.contains("\"eight\"") && message.contains("line 8"), "{message}");
+    assert!(
+        message.contains("\"eight\"") && message.contains("line 8"),
+        "{message}"
+    );
 }
