@@ -87,15 +87,13 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let dir = tempfile::tempdir().unwrap();
     let trace = p3_trace();
     let out = dir.path().join("out");
-    // A fast clock (one trace hour in a second) so a short job sees several trace hours; the
-    // bidder values capacity with the runtime's measured throughput table.
-    let mut quickstart = args(
+    // A fast clock (one trace hour in a second) so a short job sees several trace hours.
+    let summary = run(&args(
         manifest(dir.path(), 800, 200_000, &trace),
         out.clone(),
         3600.0,
-    );
-    quickstart.calibration = Some(committed_calibration());
-    let summary = run(&quickstart).unwrap();
+    ))
+    .unwrap();
     let rmse = summary.quality["rmse"];
     assert!(rmse < 0.25, "quality target missed: rmse {rmse}");
     assert_eq!(summary.clocks, 800);
