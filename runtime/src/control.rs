@@ -500,10 +500,19 @@ impl<A: App> Agent<A> {
             .name("preload".into())
             .spawn(move || {
                 for worker in missing {
-                    let shard = app.worker(worker as usize, workers);
-                    preloaded.lock().insert(worker, shard);
+                    // A shard that cannot be loaded is not preloaded: the worker loads it when
+                    // it starts (and fails there, visibly), and the node still reports done.
+                    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        app.worker(worker as usize, workers)
+                    }));
+                    match built {
+                        Ok(shard) => {
+                            preloaded.lock().insert(worker, shard);
+                            tracing::debug!(worker, "data shard preloaded");
+                        }
+                        Err(_) => tracing::error!(worker, "preloading the data shard failed"),
+                    }
                     loading.lock().remove(&worker);
-                    tracing::debug!(worker, "data shard preloaded");
                 }
             });
         if let Err(error) = spawned {
@@ -1535,7 +1544,13 @@ mod tests {
     }
 
     fn agent(hosted: &[(PartitionId, u64)]) -> Agent<crate::exact::ExactApp> {
-        let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
+        agent_of(
+            crate::exact::ExactApp::new(crate::exact::ExactConfig::default()),
+            hosted,
+        )
+    }
+
+    fn agent_of<A: App>(app: A, hosted: &[(PartitionId, u64)]) -> Agent<A> {
         let job = JobConfig {
             partitions: 4,
             workers: 2,
@@ -1564,6 +1579,51 @@ mod tests {
             RuntimeMetrics::unregistered(),
             shutdown,
         )
+    }
+
+    /// The exact app with an unreadable shard 1.
+    struct BrokenShard(crate::exact::ExactApp);
+
+    impl App for BrokenShard {
+        type Worker = <crate::exact::ExactApp as App>::Worker;
+        fn tables(&self) -> Vec<TableSpec> {
+            self.0.tables()
+        }
+        fn worker(&self, shard: usize, num_shards: usize) -> Self::Worker {
+            assert_ne!(shard, 1, "shard 1 is unreadable");
+            self.0.worker(shard, num_shards)
+        }
+        fn evaluate(&self, tables: &dyn crate::app::TableReader) -> crate::app::EvalReport {
+            self.0.evaluate(tables)
+        }
+    }
+
+    #[test]
+    fn preloading_finishes_even_when_a_shard_cannot_be_loaded() {
+        let app = BrokenShard(crate::exact::ExactApp::new(
+            crate::exact::ExactConfig::default(),
+        ));
+        let node = agent_of(app, &[]);
+        let (answer, _) = node.control(
+            ControlRequest::Preload {
+                workers: vec![0, 1],
+            },
+            &[],
+        );
+        assert!(matches!(answer, ControlResponse::Done), "{answer:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match node.control(ControlRequest::Preloaded, &[]).0 {
+                ControlResponse::Preloading { loading: 0 } => break,
+                ControlResponse::Preloading { .. } => {
+                    assert!(Instant::now() < deadline, "preloading never finished");
+                    std::thread::yield_now();
+                }
+                other => panic!("preloaded answered {other:?}"),
+            }
+        }
+        let held: Vec<u32> = node.preloaded.lock().keys().copied().collect();
+        assert_eq!(held, vec![0], "shard 0 is preloaded, shard 1 loads at start");
     }
 
     #[test]
