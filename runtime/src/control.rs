@@ -1623,7 +1623,11 @@ mod tests {
             }
         }
         let held: Vec<u32> = node.preloaded.lock().keys().copied().collect();
-        assert_eq!(held, vec![0], "shard 0 is preloaded, shard 1 loads at start");
+        assert_eq!(
+            held,
+            vec![0],
+            "shard 0 is preloaded, shard 1 loads at start"
+        );
     }
 
     #[test]
