@@ -366,21 +366,8 @@ impl Transport for RemoteTransport {
         tables: &[(TableId, Vec<u64>)],
         read_through: Option<u64>,
     ) -> Result<usize, WorkerError> {
-        let (index, epoch) = self.routes[partition as usize];
-        let connection = &mut self.connections[index];
-        connection.send(&Message::Register {
-            worker,
-            partition,
-            epoch,
-            tables: tables.to_vec(),
-            read_through,
-        })?;
-        connection.flush()?;
-        let addr = connection.addr();
-        match connection.recv()? {
-            Message::Registered { partition: p, len } if p == partition => Ok(len as usize),
-            other => Err(unexpected(addr, &other, "registered").into()),
-        }
+        let lens = self.register_all(worker, &[(partition, tables.to_vec(), read_through)])?;
+        Ok(lens[0])
     }
 
     fn push(

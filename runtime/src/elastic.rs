@@ -956,7 +956,6 @@ impl Fleet for LocalFleet {
                 state.arm_backups(*clock)?;
             }
         }
-        let ended = std::sync::atomic::AtomicU64::new(u64::MAX);
         let copier = BackupCopier {
             servers: &servers,
             bandwidths: &self.bandwidths,
@@ -969,12 +968,12 @@ impl Fleet for LocalFleet {
                     gate.end_soon();
                 }
             });
-            let copies = scope.spawn(|| copier.run(&spec.backup_clocks, &ended));
+            let copies = scope.spawn(|| copier.run(&spec.backup_clocks));
             let outcome = pool.run_segment(&plan);
             interrupt.close();
-            // Copies at clocks past the end will never be ready: the copier stops before them.
+            // Copies at clocks past the end will never be ready: disarming them ends the
+            // copier's wait (and any later one) there.
             let end = gate.end();
-            ended.store(end, std::sync::atomic::Ordering::Release);
             for (_, state) in &servers {
                 state.disarm_backups(end + 1);
             }
@@ -1042,18 +1041,11 @@ struct BackupCopier<'a> {
 
 impl BackupCopier<'_> {
     /// Collects the copies at `clocks` in turn, each once every partition reached its clock;
-    /// returns the latest complete one. Stops at the first clock past `ended` (the segment's
-    /// end once known) or that is disarmed.
-    fn run(
-        &self,
-        clocks: &[u64],
-        ended: &std::sync::atomic::AtomicU64,
-    ) -> Option<(u64, Vec<PartitionImage>)> {
+    /// returns the latest complete one. Stops at the first clock that is disarmed (past the
+    /// segment's end).
+    fn run(&self, clocks: &[u64]) -> Option<(u64, Vec<PartitionImage>)> {
         let mut latest = None;
         for &clock in clocks {
-            if clock > ended.load(std::sync::atomic::Ordering::Acquire) {
-                break;
-            }
             let mut images = Vec::new();
             for (node, state) in self.servers {
                 for partition in state.hosted() {
@@ -1066,7 +1058,7 @@ impl BackupCopier<'_> {
                     };
                     match image {
                         Ok(image) => {
-                            self.charge(*node, &image);
+                            charge_backup_copy(self.bandwidths, self.backups, *node, &image);
                             images.push(image);
                         }
                         Err(error) => {
@@ -1080,10 +1072,6 @@ impl BackupCopier<'_> {
             latest = Some((clock, images));
         }
         latest
-    }
-
-    fn charge(&self, node: NodeId, image: &PartitionImage) {
-        charge_backup_copy(self.bandwidths, self.backups, node, image);
     }
 }
 
