@@ -36,7 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::{App, TableSpec};
 use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
-use crate::elastic::{Fleet, FleetError, Interrupt, SegmentOutcome, SegmentSpec, ShardLoads};
+use crate::elastic::{
+    Fleet, FleetError, Interrupt, Salvage, SegmentOutcome, SegmentSpec, ShardLoads,
+};
 use crate::frame::FrameError;
 use crate::heartbeat::Heartbeats;
 use crate::local::RunError;
@@ -44,8 +46,8 @@ use crate::message::{Cursor, Message, Values, put_keys, put_u32};
 use crate::metrics::RuntimeMetrics;
 use crate::node::{SegmentPlan, WorkerPool};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
-use crate::store::{PartitionImage, ServerState, TableImage};
-use crate::worker::{ClockGate, JobConfig, WorkerReport};
+use crate::store::{PartitionImage, ServerState, StoreError, TableImage};
+use crate::worker::{ClockGate, JobConfig, SegmentProgress, WorkerReport};
 
 /// What the coordinator asks of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +97,17 @@ pub enum ControlRequest {
         /// One past the last clock.
         end: u64,
     },
+    /// The node's part of the BackupPS copy at `clock`, taken in the background while the
+    /// segment runs: the images of its hosted partitions at exactly `clock` (in the payload)
+    /// and its workers' reports of the segment's clocks below `clock`, answered
+    /// [`ControlResponse::Copied`] once all are there, or [`ControlResponse::Running`] if
+    /// `wait_ms` passed first (ask again: what was ready is kept).
+    CopyAt {
+        /// The copy's clock (one of the segment's [`SegmentOrder::backup_clocks`]).
+        clock: u64,
+        /// Milliseconds to wait.
+        wait_ms: u64,
+    },
     /// Wait up to `wait_ms` for the running segment to finish.
     Await {
         /// Milliseconds to wait.
@@ -135,6 +148,10 @@ pub struct SegmentOrder {
     /// (see [`SegmentPlan::carried`]).
     #[serde(default)]
     pub carried: bool,
+    /// Clocks at which the node's partitions are copied to the BackupPSs in the background
+    /// ([`ControlRequest::CopyAt`]); armed before the node's workers start.
+    #[serde(default)]
+    pub backup_clocks: Vec<u64>,
 }
 
 /// A node's answer.
@@ -163,8 +180,18 @@ pub enum ControlResponse {
         /// One past the highest clock started here.
         least_end: u64,
     },
-    /// The segment is still running.
+    /// The segment is still running (or a [`ControlRequest::CopyAt`] is not ready yet).
     Running,
+    /// The node's part of the BackupPS copy at `clock`: `count` images in the payload, and
+    /// every worker's report of the segment's clocks below `clock`.
+    Copied {
+        /// The copy's clock.
+        clock: u64,
+        /// Partition images in the payload.
+        count: u32,
+        /// (logical worker, report of the clocks from the segment's first to `clock`).
+        reports: Vec<(u32, WorkerReport)>,
+    },
     /// Data shards still loading.
     Preloading {
         /// Shards not loaded yet.
@@ -262,6 +289,14 @@ struct Running {
     shards: ShardLoads,
 }
 
+/// What a node's background BackupPS copies read of the running (or last) segment.
+#[derive(Clone)]
+struct CopySource {
+    gate: Arc<ClockGate>,
+    progress: Arc<SegmentProgress>,
+    workers: Vec<u32>,
+}
+
 /// Data shards a node loads in the background for the workers it is the second holder of.
 type Preloaded<W> = Arc<Mutex<BTreeMap<u32, W>>>;
 
@@ -287,6 +322,11 @@ pub struct Agent<A: App> {
     /// Images handed over at this boundary, kept until the next segment starts or the run
     /// rolls back (the coordinator takes one back if its fetch failed).
     handed_over: Mutex<BTreeMap<PartitionId, PartitionImage>>,
+    /// The segment the background copies are taken of.
+    copy_source: Mutex<Option<CopySource>>,
+    /// Images of a background copy collected so far, by clock (a [`ControlRequest::CopyAt`]
+    /// that runs out of time keeps what it took).
+    copies: Mutex<BTreeMap<u64, Vec<PartitionImage>>>,
 }
 
 impl<A: App> Agent<A> {
@@ -315,6 +355,8 @@ impl<A: App> Agent<A> {
             last_end: Mutex::new(0),
             shutdown: Mutex::new(Some(shutdown)),
             handed_over: Mutex::new(BTreeMap::new()),
+            copy_source: Mutex::new(None),
+            copies: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -438,14 +480,34 @@ impl<A: App> Agent<A> {
             };
         }
         self.preload(&order.standby, &order.workers);
+        // Copies of this segment are armed before any worker here starts. Another node's
+        // workers may have started already; a copy armed too late is left out (its clock's
+        // copy is then incomplete, and the coordinator keeps the one before).
+        self.copies.lock().clear();
+        self.state.disarm_backups(0);
+        for &clock in &order.backup_clocks {
+            if let Err(error) = self.state.arm_backups(clock) {
+                tracing::warn!(clock, %error, "a BackupPS copy could not be armed");
+                self.state.disarm_backups(clock);
+                break;
+            }
+        }
+        let progress = Arc::new(SegmentProgress::default());
+        *self.copy_source.lock() = Some(CopySource {
+            gate: gate.clone(),
+            progress: progress.clone(),
+            workers: order.workers.clone(),
+        });
         let plan = SegmentPlan {
             gate: gate.clone(),
             map,
             addrs,
             carried: order.carried,
+            progress,
         };
         let (send, result) = std::sync::mpsc::channel();
         let pool = self.pool.lock().clone();
+        let state = self.state.clone();
         std::thread::Builder::new()
             .name("segment".into())
             .spawn(move || {
@@ -456,6 +518,8 @@ impl<A: App> Agent<A> {
                         .map(|reports| pool.ids().into_iter().zip(reports).collect()),
                     None => Ok(Vec::new()),
                 };
+                // Copies past the end will never be ready: their waits end now.
+                state.disarm_backups(plan.gate.end() + 1);
                 let _ = send.send(outcome);
             })
             .map_err(|e| format!("starting the segment thread failed: {e}"))?;
@@ -521,6 +585,60 @@ impl<A: App> Agent<A> {
         }
     }
 
+    /// This node's part of the background BackupPS copy at `clock` (see
+    /// [`ControlRequest::CopyAt`]).
+    fn copy_at(&self, clock: u64, wait: Duration, out: &mut Vec<u8>) -> ControlResponse {
+        let Some(source) = self.copy_source.lock().clone() else {
+            return ControlResponse::failed("no_segment", "no segment is running");
+        };
+        let deadline = Instant::now() + wait;
+        let mut images = self.copies.lock().remove(&clock).unwrap_or_default();
+        for partition in self.state.hosted() {
+            if images.iter().any(|image| image.partition == partition) {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.state.wait_backup_blocking(partition, clock, left) {
+                Ok(image) => images.push(image),
+                Err(StoreError::WaitClock { .. }) => {
+                    self.copies.lock().insert(clock, images);
+                    return ControlResponse::Running;
+                }
+                Err(error) => return ControlResponse::failed(error.category(), error),
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let reports =
+            source
+                .progress
+                .through(&source.workers, source.gate.first(), clock, left, || {
+                    source.gate.end() < clock
+                });
+        match reports {
+            Some(reports) => {
+                images.sort_by_key(|image| image.partition);
+                encode_images(&images, out);
+                self.copies.lock().retain(|at, _| *at > clock);
+                ControlResponse::Copied {
+                    clock,
+                    count: images.len() as u32,
+                    reports,
+                }
+            }
+            None if source.gate.end() < clock => ControlResponse::failed(
+                "backup_disarmed",
+                format!(
+                    "the segment ended at {} before clock {clock}",
+                    source.gate.end()
+                ),
+            ),
+            None => {
+                self.copies.lock().insert(clock, images);
+                ControlResponse::Running
+            }
+        }
+    }
+
     fn await_segment(&self, wait: Duration) -> ControlResponse {
         let mut running = self.running.lock();
         let Some(current) = running.as_ref() else {
@@ -535,7 +653,8 @@ impl<A: App> Agent<A> {
             Ok(outcome) => {
                 let end = current.gate.end();
                 let shards = current.shards;
-                *self.last_end.lock() = end;
+                // A node whose workers ran nothing (it has none) constrains no end.
+                *self.last_end.lock() = current.gate.least_end();
                 *running = None;
                 match outcome {
                     Ok(reports) => ControlResponse::Finished {
@@ -622,6 +741,7 @@ impl<A: App> NodeAgent for Agent<A> {
                 let running = self.running.lock().take();
                 let dropped = self.state.abandon();
                 self.handed_over.lock().clear();
+                self.copies.lock().clear();
                 if let Some(running) = running {
                     // No clock starts any more and every wait fails: the workers stop soon,
                     // unless one is blocked on a node that hangs (it answers nothing and closes
@@ -662,6 +782,9 @@ impl<A: App> NodeAgent for Agent<A> {
                     running.gate.end_at(end);
                 }
                 ControlResponse::Done
+            }
+            ControlRequest::CopyAt { clock, wait_ms } => {
+                self.copy_at(clock, Duration::from_millis(wait_ms.min(10_000)), &mut out)
             }
             ControlRequest::Await { wait_ms } => {
                 self.await_segment(Duration::from_millis(wait_ms.min(10_000)))
@@ -905,6 +1028,73 @@ pub struct ProcessFleet {
     heartbeats: Option<Arc<Heartbeats>>,
     /// Bytes of partition images placed, by path.
     partition_bytes: PartitionBytes,
+    /// Copy partitions to the BackupPSs in the background during segments (else at
+    /// boundaries every `backup_every` clocks).
+    background_copies: bool,
+    /// The latest complete background copy of the last segment, if that segment failed.
+    salvage: Option<Salvage>,
+}
+
+/// The parts of a segment's background BackupPS copies that arrived, by clock and node.
+#[derive(Default)]
+struct CopySets {
+    parts: BTreeMap<u64, BTreeMap<NodeId, (Vec<PartitionImage>, Vec<(u32, WorkerReport)>)>>,
+    latest: Option<Salvage>,
+}
+
+impl CopySets {
+    /// Adds `node`'s part of the copy at `clock`; once every one of `nodes` sent its part and
+    /// the parts hold every one of `partitions` and `workers`, it is the latest complete copy.
+    fn add(
+        &mut self,
+        node: NodeId,
+        clock: u64,
+        images: Vec<PartitionImage>,
+        reports: Vec<(u32, WorkerReport)>,
+        (nodes, partitions, workers): (usize, usize, usize),
+        metrics: &RuntimeMetrics,
+    ) {
+        let parts = self.parts.entry(clock).or_default();
+        parts.insert(node, (images, reports));
+        if parts.len() < nodes {
+            return;
+        }
+        let Some(parts) = self.parts.remove(&clock) else {
+            return;
+        };
+        self.parts.retain(|at, _| *at > clock);
+        let (mut images, mut reports): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for (these, those) in parts.into_values() {
+            images.extend(these);
+            reports.extend(those);
+        }
+        images.sort_by_key(|image| image.partition);
+        images.dedup_by_key(|image| image.partition);
+        reports.sort_by_key(|(worker, _)| *worker);
+        reports.dedup_by_key(|(worker, _)| *worker);
+        if images.len() != partitions || reports.len() != workers {
+            tracing::warn!(
+                clock,
+                images = images.len(),
+                reports = reports.len(),
+                "an incomplete BackupPS copy is not kept"
+            );
+            return;
+        }
+        if self
+            .latest
+            .as_ref()
+            .is_some_and(|latest| latest.clock >= clock)
+        {
+            return;
+        }
+        metrics.consistent_clock.set(clock as i64);
+        self.latest = Some(Salvage {
+            clock,
+            images,
+            reports,
+        });
+    }
 }
 
 impl ProcessFleet {
@@ -935,7 +1125,16 @@ impl ProcessFleet {
             metrics,
             heartbeats: None,
             partition_bytes: PartitionBytes::unregistered(),
+            background_copies: true,
+            salvage: None,
         }
+    }
+
+    /// Copies to the BackupPSs at boundaries every `backup_every` clocks instead of in the
+    /// background (`false`; the benchmarks compare both).
+    pub fn with_background_copies(mut self, on: bool) -> Self {
+        self.background_copies = on;
+        self
     }
 
     /// Counts the bytes of placed partition images on `bytes`.
@@ -1271,6 +1470,7 @@ impl Fleet for ProcessFleet {
         spec: &SegmentSpec,
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
+        self.salvage = None;
         self.assign(&spec.worker_nodes);
         let owners: Vec<(NodeId, u64)> = spec
             .map
@@ -1304,6 +1504,11 @@ impl Fleet for ProcessFleet {
                 run_start_unix: self.run_start_unix,
                 standby,
                 carried: spec.carried,
+                backup_clocks: if self.background_copies {
+                    spec.backup_clocks.clone()
+                } else {
+                    Vec::new()
+                },
             };
             if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
                 // The others may have started: stop them before reporting.
@@ -1313,6 +1518,13 @@ impl Fleet for ProcessFleet {
         }
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
+        let copies = Mutex::new(CopySets::default());
+        let copy_clocks: &[u64] = if self.background_copies {
+            &spec.backup_clocks
+        } else {
+            &[]
+        };
+        let partitions = spec.map.num_partitions() as usize;
         let this = &*self;
         let abort = |node: NodeId, reason: String| {
             let mut lost = lost.lock();
@@ -1354,6 +1566,70 @@ impl Fleet for ProcessFleet {
                         }
                     }
                 });
+                // Background BackupPS copies: every node's part of each copy, while the
+                // workers go on; a copy is complete once every node sent its part.
+                for &(node, addr) in &addrs {
+                    if copy_clocks.is_empty() {
+                        break;
+                    }
+                    let (copies, lost, nodes) = (&copies, &lost, addrs.len());
+                    scope.spawn(move || {
+                        let name = this.name(node);
+                        let mut connection = None;
+                        'clocks: for &clock in copy_clocks {
+                            let request = ControlRequest::CopyAt {
+                                clock,
+                                wait_ms: 200,
+                            };
+                            loop {
+                                if !lost.lock().is_empty() {
+                                    return;
+                                }
+                                match this.exchange(name, addr, connection.take(), &request, &[]) {
+                                    Ok((kept, ControlResponse::Running, _)) => {
+                                        connection = Some(kept);
+                                    }
+                                    Ok((
+                                        kept,
+                                        ControlResponse::Copied { reports, .. },
+                                        payload,
+                                    )) => {
+                                        connection = Some(kept);
+                                        match decode_images(&payload) {
+                                            Ok(images) => copies.lock().add(
+                                                node,
+                                                clock,
+                                                images,
+                                                reports,
+                                                (nodes, partitions, this.workers as usize),
+                                                &this.metrics,
+                                            ),
+                                            Err(error) => tracing::warn!(
+                                                node, clock, %error,
+                                                "a node sent an undecodable BackupPS copy"
+                                            ),
+                                        }
+                                        continue 'clocks;
+                                    }
+                                    Ok((kept, answer, _)) => {
+                                        // Not taken (the segment ended before it, or it was
+                                        // armed too late): the next one may be.
+                                        tracing::debug!(
+                                            node,
+                                            clock,
+                                            ?answer,
+                                            "BackupPS copy skipped"
+                                        );
+                                        connection = Some(kept);
+                                        continue 'clocks;
+                                    }
+                                    // A lost node is the segment's await's to report.
+                                    Err(_) => return,
+                                }
+                            }
+                        }
+                    });
+                }
                 let handles: Vec<_> = addrs
                     .iter()
                     .map(|&(node, addr)| {
@@ -1390,7 +1666,10 @@ impl Fleet for ProcessFleet {
                 results
             });
         let lost = lost.into_inner();
+        let latest = copies.into_inner().latest;
         if !lost.is_empty() {
+            // What the failed segment copied before it failed is where the run rolls back to.
+            self.salvage = latest;
             return Err(FleetError::Lost {
                 nodes: lost.iter().map(|(n, _)| *n).collect(),
                 reason: lost
@@ -1456,7 +1735,7 @@ impl Fleet for ProcessFleet {
         Ok(SegmentOutcome {
             end,
             reports,
-            backup: None,
+            backup: latest.map(|copy| (copy.clock, copy.images)),
             shards: started,
         })
     }
@@ -1484,6 +1763,14 @@ impl Fleet for ProcessFleet {
             })?);
         }
         Ok(images)
+    }
+
+    fn streams_backups(&self) -> bool {
+        self.background_copies
+    }
+
+    fn salvage(&mut self) -> Option<Salvage> {
+        self.salvage.take()
     }
 
     fn finish(&mut self) {
@@ -1662,6 +1949,117 @@ mod tests {
         assert!(matches!(answer, ControlResponse::Failed { .. }));
     }
 
+    fn image(partition: PartitionId) -> PartitionImage {
+        PartitionImage {
+            partition,
+            tables: Vec::new(),
+            completed: Vec::new(),
+        }
+    }
+
+    fn report(first_clock: u64, clocks: usize) -> WorkerReport {
+        WorkerReport {
+            first_clock,
+            stats: vec![Default::default(); clocks],
+            clock_end: vec![0.0; clocks],
+            wait_seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_background_copy_counts_once_every_node_sent_every_partition_and_worker() {
+        let metrics = RuntimeMetrics::unregistered();
+        let mut sets = CopySets::default();
+        // 2 nodes, 3 partitions, 2 workers; segment from clock 10.
+        let shape = (2, 3, 2);
+        sets.add(
+            1,
+            15,
+            vec![image(0), image(2)],
+            vec![(0, report(10, 5))],
+            shape,
+            &metrics,
+        );
+        assert!(sets.latest.is_none(), "node 2's part is missing");
+        sets.add(
+            2,
+            15,
+            vec![image(1)],
+            vec![(1, report(10, 5))],
+            shape,
+            &metrics,
+        );
+        let latest = sets.latest.as_ref().expect("complete");
+        assert_eq!(latest.clock, 15);
+        let partitions: Vec<u32> = latest.images.iter().map(|i| i.partition).collect();
+        assert_eq!(partitions, vec![0, 1, 2]);
+        assert_eq!(latest.reports.len(), 2);
+        assert_eq!(metrics.consistent_clock.get(), 15);
+        // A later copy missing a partition (armed too late somewhere) is not kept.
+        sets.add(
+            1,
+            20,
+            vec![image(0)],
+            vec![(0, report(10, 10))],
+            shape,
+            &metrics,
+        );
+        sets.add(
+            2,
+            20,
+            vec![image(1)],
+            vec![(1, report(10, 10))],
+            shape,
+            &metrics,
+        );
+        assert_eq!(sets.latest.as_ref().unwrap().clock, 15);
+        // Nor one missing a worker's report.
+        sets.add(1, 25, vec![image(0), image(2)], Vec::new(), shape, &metrics);
+        sets.add(
+            2,
+            25,
+            vec![image(1)],
+            vec![(1, report(10, 15))],
+            shape,
+            &metrics,
+        );
+        assert_eq!(sets.latest.as_ref().unwrap().clock, 15);
+        sets.add(
+            2,
+            30,
+            vec![image(1)],
+            vec![(1, report(10, 20))],
+            shape,
+            &metrics,
+        );
+        sets.add(
+            1,
+            30,
+            vec![image(0), image(2)],
+            vec![(0, report(10, 20))],
+            shape,
+            &metrics,
+        );
+        assert_eq!(sets.latest.as_ref().unwrap().clock, 30);
+        assert!(sets.parts.is_empty(), "older parts are dropped");
+    }
+
+    #[test]
+    fn a_copy_without_a_segment_is_refused() {
+        let node = agent(&[(0, 1)]);
+        let (answer, _) = node.control(
+            ControlRequest::CopyAt {
+                clock: 5,
+                wait_ms: 10,
+            },
+            &[],
+        );
+        assert!(
+            matches!(&answer, ControlResponse::Failed { category, .. } if category == "no_segment"),
+            "{answer:?}"
+        );
+    }
+
     #[test]
     fn a_fetch_from_nowhere_fails_and_installs_nothing() {
         let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1690,6 +2088,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(json, r#"{"take":{"partitions":[1,2]}}"#);
+        let json = serde_json::to_string(&ControlRequest::CopyAt {
+            clock: 15,
+            wait_ms: 200,
+        })
+        .unwrap();
+        assert_eq!(json, r#"{"copy_at":{"clock":15,"wait_ms":200}}"#);
         assert_eq!(
             serde_json::from_str::<ControlRequest>(r#""abandon""#).unwrap(),
             ControlRequest::Abandon

@@ -672,6 +672,19 @@ pub struct SegmentOutcome {
     pub shards: ShardLoads,
 }
 
+/// The latest complete background BackupPS copy of a segment that then failed, with every
+/// logical worker's report of the segment's clocks below it: the run rolls back to it rather
+/// than to the copy before the segment, and those clocks are not redone.
+#[derive(Debug)]
+pub struct Salvage {
+    /// The copy's clock.
+    pub clock: u64,
+    /// Every partition's image at `clock`, in partition order.
+    pub images: Vec<PartitionImage>,
+    /// (logical worker, report of the segment's clocks below `clock`), in worker order.
+    pub reports: Vec<(u32, WorkerReport)>,
+}
+
 /// Errors of a fleet operation.
 #[derive(Debug, Error)]
 pub enum FleetError {
@@ -742,6 +755,11 @@ pub trait Fleet {
     /// points and gathers the images at the boundary.
     fn streams_backups(&self) -> bool {
         false
+    }
+    /// After [`Fleet::run_segment`] failed with [`FleetError::Lost`]: the latest complete
+    /// background copy that segment took before it failed, if the fleet keeps one.
+    fn salvage(&mut self) -> Option<Salvage> {
+        None
     }
     /// Runs one segment; `interrupt` ends it early at a clock boundary.
     fn run_segment(
@@ -943,6 +961,7 @@ impl Fleet for LocalFleet {
                 .map(|(node, handle)| (*node, handle.addr))
                 .collect(),
             carried: spec.carried,
+            progress: Arc::default(),
         };
         let gate = plan.gate.clone();
         // Armed before any worker starts, so no copy can be too late.
@@ -1363,6 +1382,22 @@ fn run_controller<A: App>(
             Ok(()) => {}
             Err(FleetError::Lost { nodes, reason }) => {
                 tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
+                // The failed segment's last complete background copy is the newest consistent
+                // point: its clocks, and the workers' results of them, are kept.
+                if let Some(copy) = fleet
+                    .salvage()
+                    .filter(|copy| copy.clock > controller.backup_clock)
+                {
+                    tracing::info!(
+                        clock = copy.clock,
+                        "keeping the failed segment's last BackupPS copy"
+                    );
+                    merge_reports(&mut merged, copy.reports);
+                    controller.backup = copy.images;
+                    controller.backup_clock = copy.clock;
+                    controller.clock = controller.clock.max(copy.clock);
+                    metrics.consistent_clock.set(copy.clock as i64);
+                }
                 let names: Vec<String> = nodes
                     .iter()
                     .filter_map(|id| admitted.get(id).cloned())
@@ -1641,19 +1676,7 @@ fn run_boundary(
         }
         .into());
     }
-    for (worker, report) in reports {
-        let Some(target) = merged.get_mut(worker as usize) else {
-            continue;
-        };
-        for (offset, stats) in report.stats.iter().enumerate() {
-            let at = report.first_clock as usize + offset;
-            if at < target.stats.len() {
-                target.stats[at] = *stats;
-                target.clock_end[at] = report.clock_end[offset];
-            }
-        }
-        target.wait_seconds += report.wait_seconds;
-    }
+    merge_reports(merged, reports);
     let backup_due = layout.stage == 1 || end - controller.backup_clock >= config.backup_every;
     if backup_due {
         // ActivePS → BackupPS: the consistent copy at this boundary.
@@ -1681,6 +1704,23 @@ fn run_boundary(
     });
     controller.layout = Some(layout);
     Ok(())
+}
+
+/// Writes each logical worker's per-clock results of a segment into the run's.
+fn merge_reports(merged: &mut [WorkerReport], reports: Vec<(u32, WorkerReport)>) {
+    for (worker, report) in reports {
+        let Some(target) = merged.get_mut(worker as usize) else {
+            continue;
+        };
+        for (offset, stats) in report.stats.iter().enumerate() {
+            let at = report.first_clock as usize + offset;
+            if at < target.stats.len() {
+                target.stats[at] = *stats;
+                target.clock_end[at] = report.clock_end[offset];
+            }
+        }
+        target.wait_seconds += report.wait_seconds;
+    }
 }
 
 /// Images of every partition from the fleet, in partition order.

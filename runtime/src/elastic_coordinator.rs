@@ -431,6 +431,9 @@ pub struct ElasticJob {
     pub reliable_nodes: u32,
     /// How long to wait for them.
     pub join_timeout: Duration,
+    /// Copy the ActivePSs' partitions to the BackupPS copy in the background while workers run
+    /// (else segments end every `backup_every` clocks for a copy at the boundary).
+    pub background_copies: bool,
 }
 
 /// The events a job's controller acts on: the sender (joins and notices from the admin API,
@@ -554,7 +557,8 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         metrics.clone(),
     )
     .with_heartbeats(heartbeats)
-    .with_partition_bytes(partition_bytes);
+    .with_partition_bytes(partition_bytes)
+    .with_background_copies(job.background_copies);
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {

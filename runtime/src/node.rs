@@ -16,7 +16,7 @@ use crate::process_cache::{ProcessCache, Route};
 use crate::server::{ServerConfig, run};
 use crate::store::ServerState;
 use crate::worker::{
-    ClockGate, JobConfig, WorkerError, WorkerReport, process_cache_for, run_worker,
+    ClockGate, JobConfig, SegmentProgress, WorkerError, WorkerReport, process_cache_for, run_worker,
 };
 
 /// Which workers a node runs and where every partition lives.
@@ -316,6 +316,8 @@ pub struct SegmentPlan {
     /// Every partition holds what it held at the end of the previous segment (moved or not, but
     /// not restored from a copy): a worker's cached rows stay valid across the boundary.
     pub carried: bool,
+    /// The clocks the segment's workers have finished, with their reports so far.
+    pub progress: Arc<SegmentProgress>,
 }
 
 /// Worker threads that live across the segments of an elastic run: each keeps its data shard,
@@ -599,7 +601,15 @@ impl WorkerPool {
                         }
                         let transport = transport.as_mut().expect("connected when prepared");
                         worker_loop
-                            .run(transport, &config, &plan.gate, false, &metrics, run_start)
+                            .run(
+                                transport,
+                                &config,
+                                &plan.gate,
+                                false,
+                                &metrics,
+                                run_start,
+                                Some(&plan.progress),
+                            )
                             .map_err(fail)
                     });
                     if let Err(error) = &outcome {

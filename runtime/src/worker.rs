@@ -285,6 +285,16 @@ impl ClockGate {
         inner.end
     }
 
+    /// One past the highest clock started (`first` if none), at most the end: the least end
+    /// this process can agree to.
+    pub fn least_end(&self) -> u64 {
+        let inner = self.inner.lock();
+        inner
+            .started
+            .map_or(self.first, |started| started + 1)
+            .min(inner.end)
+    }
+
     /// Holds back clocks past the highest started and returns one past it (`first` if none
     /// started): the least end this process can agree to.
     pub fn pause(&self) -> u64 {
@@ -302,6 +312,76 @@ impl ClockGate {
         inner.end = inner.end.min(end.max(self.first));
         inner.paused = false;
         self.resumed.notify_all();
+    }
+}
+
+/// The clocks a running segment's workers have finished, with their reports so far: a node
+/// answers a background BackupPS copy at clock `c` with its workers' reports of the clocks below
+/// `c`, so a segment that fails after the copy is not redone before it (the coordinator has both
+/// the partitions' state and the workers' results of those clocks).
+#[derive(Debug, Default)]
+pub struct SegmentProgress {
+    reports: parking_lot::Mutex<std::collections::BTreeMap<u32, WorkerReport>>,
+    changed: parking_lot::Condvar,
+}
+
+impl SegmentProgress {
+    /// Records that `worker` finished `clock` (the next after what it recorded, from `first`).
+    pub fn record(&self, worker: u32, first: u64, stats: ClockStats, clock_end: f64) {
+        let mut reports = self.reports.lock();
+        let report = reports.entry(worker).or_insert_with(|| WorkerReport {
+            first_clock: first,
+            ..WorkerReport::default()
+        });
+        report.stats.push(stats);
+        report.clock_end.push(clock_end);
+        drop(reports);
+        self.changed.notify_all();
+    }
+
+    /// The reports of `workers` over the clocks below `clock` once every one of them finished
+    /// `clock - 1`; `None` if `timeout` passed first or `gave_up` says the clock will not come.
+    pub fn through(
+        &self,
+        workers: &[u32],
+        first: u64,
+        clock: u64,
+        timeout: Duration,
+        gave_up: impl Fn() -> bool,
+    ) -> Option<Vec<(u32, WorkerReport)>> {
+        let needed = clock.saturating_sub(first) as usize;
+        let deadline = Instant::now() + timeout;
+        let mut reports = self.reports.lock();
+        loop {
+            let done = workers
+                .iter()
+                .all(|w| needed == 0 || reports.get(w).is_some_and(|r| r.stats.len() >= needed));
+            if done {
+                return Some(
+                    workers
+                        .iter()
+                        .map(|w| {
+                            let mut report = reports.get(w).cloned().unwrap_or(WorkerReport {
+                                first_clock: first,
+                                ..WorkerReport::default()
+                            });
+                            report.stats.truncate(needed);
+                            report.clock_end.truncate(needed);
+                            (*w, report)
+                        })
+                        .collect(),
+                );
+            }
+            if gave_up() {
+                return None;
+            }
+            // Short waits: `gave_up` is checked between them.
+            let wake = deadline.min(Instant::now() + Duration::from_millis(20));
+            if self.changed.wait_until(&mut reports, wake).timed_out() && Instant::now() >= deadline
+            {
+                return None;
+            }
+        }
     }
 }
 
@@ -634,6 +714,7 @@ impl<W: AppWorker> WorkerLoop<W> {
         force: bool,
         metrics: &RuntimeMetrics,
         run_start: Instant,
+        progress: Option<&SegmentProgress>,
     ) -> Result<WorkerReport, WorkerError> {
         let first = gate.first();
         let mut report = WorkerReport {
@@ -688,8 +769,12 @@ impl<W: AppWorker> WorkerLoop<W> {
             if let Some(loss) = stats.mean_loss() {
                 metrics.loss.set(loss);
             }
+            let clock_end = run_start.elapsed().as_secs_f64();
             report.stats.push(stats);
-            report.clock_end.push(run_start.elapsed().as_secs_f64());
+            report.clock_end.push(clock_end);
+            if let Some(progress) = progress {
+                progress.record(self.worker_id, first, stats, clock_end);
+            }
             tracing::debug!(
                 worker = self.worker_id,
                 clock,
@@ -742,7 +827,7 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
                 }
                 None => worker.register(transport, None, false)?,
             }
-            worker.run(transport, config, gate, true, metrics, run_start)
+            worker.run(transport, config, gate, true, metrics, run_start, None)
         });
     if let (Err(error), Some((cache, _))) = (&result, shared) {
         cache.fail(format!("worker {worker_id} failed: {error}"));
@@ -754,6 +839,60 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
 mod tests {
     use super::*;
     use crate::app::{RowInit, WorkingSet};
+
+    fn stats(updates: u64) -> ClockStats {
+        ClockStats {
+            updates,
+            loss_sum: 0.0,
+            loss_count: 0,
+        }
+    }
+
+    #[test]
+    fn segment_progress_answers_once_every_worker_finished_the_clock_before() {
+        let progress = Arc::new(SegmentProgress::default());
+        let never = || false;
+        // Segment from clock 10; workers 0 and 1. A copy at 10 needs no clock of the segment.
+        let at_start = progress.through(&[0, 1], 10, 10, Duration::ZERO, never);
+        let at_start = at_start.expect("nothing to wait for");
+        assert!(
+            at_start
+                .iter()
+                .all(|(_, r)| r.stats.is_empty() && r.first_clock == 10)
+        );
+        progress.record(0, 10, stats(1), 0.1);
+        progress.record(0, 10, stats(2), 0.2);
+        progress.record(1, 10, stats(3), 0.15);
+        // Worker 1 has not finished clock 11 yet.
+        assert!(
+            progress
+                .through(&[0, 1], 10, 12, Duration::from_millis(5), never)
+                .is_none()
+        );
+        assert!(
+            progress
+                .through(&[0, 1], 10, 12, Duration::from_secs(5), || true)
+                .is_none(),
+            "a clock that will not come is given up at once"
+        );
+        let waiter = {
+            let progress = progress.clone();
+            std::thread::spawn(move || {
+                progress.through(&[0, 1], 10, 12, Duration::from_secs(30), || false)
+            })
+        };
+        progress.record(1, 10, stats(4), 0.25);
+        progress.record(1, 10, stats(5), 0.35);
+        let reports = waiter.join().unwrap().expect("both finished clock 11");
+        let updates: Vec<(u32, Vec<u64>)> = reports
+            .iter()
+            .map(|(w, r)| (*w, r.stats.iter().map(|s| s.updates).collect()))
+            .collect();
+        // Clock 12 of worker 1 is past the copy: left out.
+        assert_eq!(updates, vec![(0, vec![1, 2]), (1, vec![3, 4])]);
+        assert_eq!(reports[1].1.clock_end, vec![0.15, 0.25]);
+        assert_eq!(reports[1].1.first_clock, 10);
+    }
 
     #[test]
     fn views_cover_the_cache_and_deltas_round_trip() {

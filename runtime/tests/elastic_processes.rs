@@ -113,6 +113,7 @@ fn coordinator_with(
         job: job.id(),
         reliable_nodes: reliable,
         join_timeout: Duration::from_secs(60),
+        background_copies: true,
     };
     let metrics = RuntimeMetrics::register(&registry).unwrap();
     let handle = std::thread::spawn(move || {
@@ -567,6 +568,61 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
     assert!(!report.notice_to_safe_seconds.is_empty());
     assert_eq!(partition_bytes(&registry, "relayed"), 0.0);
     for child in std::iter::once(&mut r0).chain(others.iter_mut()) {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+#[test]
+fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy() {
+    let job = Job {
+        clocks: 400,
+        staleness: 1,
+        partitions: 6,
+        workers: 3,
+    };
+    let (url, coordinator) = coordinator(&job, 1, 5);
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let mut t0 = node(&job, &url, "t0", true, 30);
+    let mut t1 = node(&job, &url, "t1", true, 30);
+    let at = wait_for(&url, "stage 2", |s| {
+        s.progress.as_ref().is_some_and(|p| p.stage == 2) && transient(s) == 2
+    });
+    // The consistent clock moves while the stage-2 segment runs: every node sends its part of
+    // each copy (partitions at the clock, workers' reports below it) in the background.
+    let copied = clock(&wait_for(&url, "background copies", |s| {
+        clock(s) >= clock(&at) + 15
+    }));
+    signal(&t1, "KILL");
+    let (exit, _) = wait_exit(&mut t1, Duration::from_secs(5));
+    assert!(!exit.success());
+    wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1)
+    });
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert_eq!(report.rollbacks, 1, "{:?}", report.segments);
+    // The failed segment is not in the report; the one after it starts where its last
+    // complete copy was, past where the failed segment started, not back at or before it.
+    let ends = std::iter::once(0).chain(report.segments.iter().map(|s| s.end_clock));
+    let resumed = report
+        .segments
+        .iter()
+        .zip(ends)
+        .find(|(segment, before)| segment.first_clock > *before)
+        .map(|(segment, _)| segment.first_clock)
+        .unwrap_or_else(|| panic!("no segment resumed past a failure: {:?}", report.segments));
+    assert!(
+        resumed >= copied,
+        "resumed at {resumed} but clock {copied} was copied before the kill: {:?}",
+        report.segments
+    );
+    // Every clock has every worker's results, the kept ones included.
+    let missing: Vec<usize> = (0..report.run.clock_stats.len())
+        .filter(|&c| report.run.clock_stats[c].updates == 0)
+        .collect();
+    assert!(missing.is_empty(), "clocks without results: {missing:?}");
+    for child in [&mut r0, &mut t0] {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }

@@ -269,6 +269,7 @@ impl PoolFixture {
                 map: map.clone(),
                 addrs: self.addrs.clone(),
                 carried: false,
+                progress: Arc::default(),
             })
             .unwrap();
     }

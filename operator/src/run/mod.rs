@@ -604,6 +604,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             job: job_id(&job),
             reliable_nodes: config.reliable.len() as u32,
             join_timeout: Duration::from_secs(120),
+            background_copies: true,
         };
         let outcome = std::thread::scope(|scope| {
             let training = scope.spawn(|| {

@@ -121,6 +121,10 @@ enum Command {
         /// Clocks between ActivePS -> BackupPS copies (the most a failure can cost).
         #[arg(long, default_value_t = 5)]
         backup_every: u64,
+        /// Take the BackupPS copies at segment boundaries (every node stops every
+        /// --backup-every clocks) instead of in the background while workers run.
+        #[arg(long)]
+        boundary_copies: bool,
         /// Transient:reliable ratio above which stage 2 is used.
         #[arg(long, default_value_t = 1.0)]
         stage2_above: f64,
@@ -433,6 +437,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             reliable_nodes,
             backup_every,
+            boundary_copies,
             stage2_above,
             stage3_above,
             join_timeout_seconds,
@@ -460,6 +465,7 @@ fn main() -> anyhow::Result<()> {
                     job: job_id(&job, &elastic, &app),
                     reliable_nodes,
                     join_timeout: Duration::from_secs(join_timeout_seconds),
+                    background_copies: !boundary_copies,
                 },
                 listen,
                 report_out,
