@@ -371,12 +371,20 @@ impl RowCache {
     }
 }
 
+/// A float that JSON wrote as `null` (serde_json's form of NaN and infinities) is NaN.
+fn f64_or_nan<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    use serde::Deserialize as _;
+    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
+}
+
 /// What one worker did in one clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClockStats {
     /// Units of work done (ratings, examples or tokens processed): the throughput numerator.
     pub updates: u64,
-    /// Sum of training loss terms observed during the clock (0 if the app reports none).
+    /// Sum of training loss terms observed during the clock (0 if the app reports none). A
+    /// diverged model's NaN or infinity travels as JSON `null` and comes back as NaN.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub loss_sum: f64,
     /// Number of loss terms in `loss_sum`.
     pub loss_count: u64,
@@ -455,6 +463,23 @@ pub trait AppWorker: Send + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diverged_loss_survives_json() {
+        let stats = ClockStats {
+            updates: 3,
+            loss_sum: f64::NAN,
+            loss_count: 3,
+        };
+        let json = serde_json::to_string(&stats).unwrap();
+        assert_eq!(json, r#"{"updates":3,"loss_sum":null,"loss_count":3}"#);
+        let back: ClockStats = serde_json::from_str(&json).unwrap();
+        assert!(back.loss_sum.is_nan());
+        assert_eq!((back.updates, back.loss_count), (3, 3));
+        let finite: ClockStats =
+            serde_json::from_str(r#"{"updates":1,"loss_sum":2.5,"loss_count":1}"#).unwrap();
+        assert_eq!(finite.loss_sum, 2.5);
+    }
 
     fn specs() -> Vec<TableSpec> {
         vec![

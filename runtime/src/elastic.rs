@@ -1304,6 +1304,9 @@ fn run_controller<A: App>(
     let mut preparing: BTreeMap<NodeId, bool> = BTreeMap::new();
     // A node was lost mid-segment: the survivors' state is abandoned, so the run rolls back.
     let mut force_rollback = false;
+    // Segments lost in a row, none succeeding in between: a failure that recurs every time
+    // (a node whose answers never decode, say) ends the run instead of rolling back forever.
+    let mut lost_in_a_row = 0u32;
 
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     while controller.clock < job.clocks {
@@ -1379,9 +1382,19 @@ fn run_controller<A: App>(
             &done,
             arrivals,
         ) {
-            Ok(()) => {}
+            Ok(()) => lost_in_a_row = 0,
             Err(FleetError::Lost { nodes, reason }) => {
                 tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
+                lost_in_a_row += 1;
+                if lost_in_a_row >= MAX_LOST_IN_A_ROW {
+                    return Err(ElasticError::Run(RunError::RunCluster {
+                        reason: format!(
+                            "{lost_in_a_row} segments in a row were lost without one finishing \
+                             (consistent clock {}); the last: {reason}",
+                            controller.backup_clock
+                        ),
+                    }));
+                }
                 // The failed segment's last complete background copy is the newest consistent
                 // point: its clocks, and the workers' results of them, are kept.
                 if let Some(copy) = fleet
@@ -1504,6 +1517,9 @@ fn prepare_joined(
     }
     Ok(())
 }
+
+/// Segments lost in a row (no segment finishing in between) after which a run gives up.
+const MAX_LOST_IN_A_ROW: u32 = 10;
 
 /// Lays out and runs one segment from the current boundary.
 #[allow(clippy::too_many_arguments)]
@@ -1756,6 +1772,81 @@ fn moved_partitions(previous: Option<&Layout>, next: &Layout) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fleet whose every segment is lost, as if a node's answers never decoded.
+    struct AlwaysLost {
+        segments: u32,
+    }
+
+    impl Fleet for AlwaysLost {
+        fn admit(&mut self, _id: NodeId, _name: &str) -> Result<(), FleetError> {
+            Ok(())
+        }
+        fn release(&mut self, _id: NodeId) {}
+        fn place(
+            &mut self,
+            _partition: PartitionId,
+            _to: NodeId,
+            _epoch: u64,
+            _from: Option<NodeId>,
+            _fallback: &PartitionImage,
+        ) -> Result<(), FleetError> {
+            Ok(())
+        }
+        fn retire_idle(&mut self, _owners: &BTreeSet<NodeId>) {}
+        fn abandon_all(&mut self) {}
+        fn run_segment(
+            &mut self,
+            _spec: &SegmentSpec,
+            _interrupt: &Interrupt,
+        ) -> Result<SegmentOutcome, FleetError> {
+            self.segments += 1;
+            Err(FleetError::Lost {
+                nodes: vec![0],
+                reason: "undecodable answer".into(),
+            })
+        }
+        fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
+            Ok(Vec::new())
+        }
+        fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
+            Ok(Vec::new())
+        }
+        fn finish(&mut self) {}
+    }
+
+    #[test]
+    fn a_failure_that_recurs_every_segment_ends_the_run_with_its_reason() {
+        let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
+        let config = ElasticConfig {
+            job: JobConfig {
+                clocks: 20,
+                workers: 2,
+                partitions: 2,
+                ..JobConfig::default()
+            },
+            thresholds: StageThresholds::default(),
+            backup_every: 5,
+            reliable: vec!["r0".into()],
+            transient: Vec::new(),
+        };
+        let mut fleet = AlwaysLost { segments: 0 };
+        let error = run_elastic_on(
+            &app,
+            &config,
+            &[],
+            None,
+            &mut fleet,
+            &RuntimeMetrics::unregistered(),
+        )
+        .expect_err("no segment ever finishes");
+        assert_eq!(fleet.segments, MAX_LOST_IN_A_ROW);
+        let text = error.to_string();
+        assert!(
+            text.contains("in a row") && text.contains("undecodable answer"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn stage_follows_the_ratio() {

@@ -23,6 +23,9 @@ use crate::server::ServerConfig;
 use crate::store::ServerState;
 use crate::worker::JobConfig;
 
+/// How long a node keeps trying to reach a coordinator that does not accept connections yet.
+const JOIN_RETRY_FOR: Duration = Duration::from_secs(120);
+
 /// Errors of a node process.
 #[derive(Debug, thiserror::Error)]
 pub enum ElasticNodeError {
@@ -264,12 +267,21 @@ pub fn run_elastic_node_with<A: App>(
         job: settings.job_id,
     };
     let joined = rt.block_on(async {
-        let response = http
-            .post(format!("{base}/join"))
-            .json(&join)
-            .send()
-            .await
-            .map_err(|e| format!("joining {base}: {e}"))?;
+        // The coordinator may not listen yet (pods and processes start in any order): a
+        // connection that fails is tried again for a while; an answer is final.
+        let give_up = tokio::time::Instant::now() + JOIN_RETRY_FOR;
+        let mut pause = Duration::from_millis(50);
+        let response = loop {
+            match http.post(format!("{base}/join")).json(&join).send().await {
+                Ok(response) => break response,
+                Err(error) if error.is_connect() && tokio::time::Instant::now() < give_up => {
+                    tracing::debug!(%error, "the coordinator is not reachable yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(error) => return Err(format!("joining {base}: {error}")),
+            }
+        };
         let status = response.status();
         let body = response.text().await.unwrap_or_default();
         if !status.is_success() {
