@@ -1611,17 +1611,17 @@ impl Fleet for ProcessFleet {
                                         }
                                         continue 'clocks;
                                     }
-                                    Ok((kept, answer, _)) => {
-                                        // Not taken (the segment ended before it, or it was
-                                        // armed too late): the next one may be.
+                                    Ok((_, answer, _)) => {
+                                        // Not taken: the segment ended before it, or it was
+                                        // armed too late (then so were all later ones). No
+                                        // later copy can be complete without this node.
                                         tracing::debug!(
                                             node,
                                             clock,
                                             ?answer,
-                                            "BackupPS copy skipped"
+                                            "background copies end here"
                                         );
-                                        connection = Some(kept);
-                                        continue 'clocks;
+                                        return;
                                     }
                                     // A lost node is the segment's await's to report.
                                     Err(_) => return,
