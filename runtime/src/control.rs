@@ -492,8 +492,9 @@ impl<A: App> Agent<A> {
                 break;
             }
         }
-        let progress = Arc::new(SegmentProgress::default());
-        *self.copy_source.lock() = Some(CopySource {
+        // Workers record their clocks only when copies will ask for them.
+        let progress = (!order.backup_clocks.is_empty()).then(Arc::<SegmentProgress>::default);
+        *self.copy_source.lock() = progress.as_ref().map(|progress| CopySource {
             gate: gate.clone(),
             progress: progress.clone(),
             workers: order.workers.clone(),
@@ -589,7 +590,10 @@ impl<A: App> Agent<A> {
     /// [`ControlRequest::CopyAt`]).
     fn copy_at(&self, clock: u64, wait: Duration, out: &mut Vec<u8>) -> ControlResponse {
         let Some(source) = self.copy_source.lock().clone() else {
-            return ControlResponse::failed("no_segment", "no segment is running");
+            return ControlResponse::failed(
+                "no_segment",
+                "no segment with background copies is running",
+            );
         };
         let deadline = Instant::now() + wait;
         let mut images = self.copies.lock().remove(&clock).unwrap_or_default();
@@ -1212,6 +1216,72 @@ impl ProcessFleet {
         }
     }
 
+    /// Asks `request` of `node` at `addr` on `connection` (a new one when `None`, kept for the
+    /// next call) until the answer is not [`ControlResponse::Running`]; `None` once `stop`
+    /// says so.
+    fn ask_until_answered(
+        &self,
+        node: NodeId,
+        addr: SocketAddr,
+        connection: &mut Option<Connection>,
+        request: &ControlRequest,
+        stop: impl Fn() -> bool,
+    ) -> Result<Option<(ControlResponse, Vec<u8>)>, ExchangeError> {
+        let name = self.name(node);
+        while !stop() {
+            let (kept, answer, payload) =
+                self.exchange(name, addr, connection.take(), request, &[])?;
+            *connection = Some(kept);
+            if !matches!(answer, ControlResponse::Running) {
+                return Ok(Some((answer, payload)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `node`'s parts of a segment's background BackupPS copies at `clocks`, in turn, into
+    /// `copies`, until `stop` says the segment failed. Ends at the first copy the node does not
+    /// take (the segment ended before it, or it was armed too late and so were the later ones):
+    /// no later copy can be complete without this node. A lost node is for the segment's await
+    /// to report.
+    fn copy_in_background(
+        &self,
+        node: NodeId,
+        addr: SocketAddr,
+        clocks: &[u64],
+        copies: &Mutex<CopySets>,
+        shape: (usize, usize, usize),
+        stop: impl Fn() -> bool,
+    ) {
+        let mut connection = None;
+        for &clock in clocks {
+            let request = ControlRequest::CopyAt {
+                clock,
+                wait_ms: 200,
+            };
+            match self.ask_until_answered(node, addr, &mut connection, &request, &stop) {
+                Ok(Some((ControlResponse::Copied { reports, .. }, payload))) => {
+                    match decode_images(&payload) {
+                        Ok(images) => {
+                            copies
+                                .lock()
+                                .add(node, clock, images, reports, shape, &self.metrics)
+                        }
+                        Err(error) => tracing::warn!(
+                            node, clock, %error,
+                            "a node sent an undecodable BackupPS copy"
+                        ),
+                    }
+                }
+                Ok(Some((answer, _))) => {
+                    tracing::debug!(node, clock, ?answer, "background copies end here");
+                    return;
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
     /// Which node runs each logical worker now.
     pub fn assignment(&self) -> &BTreeMap<u32, NodeId> {
         &self.assignment
@@ -1471,6 +1541,11 @@ impl Fleet for ProcessFleet {
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
         self.salvage = None;
+        let copy_clocks: &[u64] = if self.background_copies {
+            &spec.backup_clocks
+        } else {
+            &[]
+        };
         self.assign(&spec.worker_nodes);
         let owners: Vec<(NodeId, u64)> = spec
             .map
@@ -1504,11 +1579,7 @@ impl Fleet for ProcessFleet {
                 run_start_unix: self.run_start_unix,
                 standby,
                 carried: spec.carried,
-                backup_clocks: if self.background_copies {
-                    spec.backup_clocks.clone()
-                } else {
-                    Vec::new()
-                },
+                backup_clocks: copy_clocks.to_vec(),
             };
             if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
                 // The others may have started: stop them before reporting.
@@ -1519,12 +1590,11 @@ impl Fleet for ProcessFleet {
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
         let copies = Mutex::new(CopySets::default());
-        let copy_clocks: &[u64] = if self.background_copies {
-            &spec.backup_clocks
-        } else {
-            &[]
-        };
-        let partitions = spec.map.num_partitions() as usize;
+        let shape = (
+            addrs.len(),
+            spec.map.num_partitions() as usize,
+            self.workers as usize,
+        );
         let this = &*self;
         let abort = |node: NodeId, reason: String| {
             let mut lost = lost.lock();
@@ -1568,92 +1638,28 @@ impl Fleet for ProcessFleet {
                 });
                 // Background BackupPS copies: every node's part of each copy, while the
                 // workers go on; a copy is complete once every node sent its part.
-                for &(node, addr) in &addrs {
-                    if copy_clocks.is_empty() {
-                        break;
+                if !copy_clocks.is_empty() {
+                    for &(node, addr) in &addrs {
+                        let (copies, lost) = (&copies, &lost);
+                        scope.spawn(move || {
+                            this.copy_in_background(node, addr, copy_clocks, copies, shape, || {
+                                !lost.lock().is_empty()
+                            });
+                        });
                     }
-                    let (copies, lost, nodes) = (&copies, &lost, addrs.len());
-                    scope.spawn(move || {
-                        let name = this.name(node);
-                        let mut connection = None;
-                        'clocks: for &clock in copy_clocks {
-                            let request = ControlRequest::CopyAt {
-                                clock,
-                                wait_ms: 200,
-                            };
-                            loop {
-                                if !lost.lock().is_empty() {
-                                    return;
-                                }
-                                match this.exchange(name, addr, connection.take(), &request, &[]) {
-                                    Ok((kept, ControlResponse::Running, _)) => {
-                                        connection = Some(kept);
-                                    }
-                                    Ok((
-                                        kept,
-                                        ControlResponse::Copied { reports, .. },
-                                        payload,
-                                    )) => {
-                                        connection = Some(kept);
-                                        match decode_images(&payload) {
-                                            Ok(images) => copies.lock().add(
-                                                node,
-                                                clock,
-                                                images,
-                                                reports,
-                                                (nodes, partitions, this.workers as usize),
-                                                &this.metrics,
-                                            ),
-                                            Err(error) => tracing::warn!(
-                                                node, clock, %error,
-                                                "a node sent an undecodable BackupPS copy"
-                                            ),
-                                        }
-                                        continue 'clocks;
-                                    }
-                                    Ok((_, answer, _)) => {
-                                        // Not taken: the segment ended before it, or it was
-                                        // armed too late (then so were all later ones). No
-                                        // later copy can be complete without this node.
-                                        tracing::debug!(
-                                            node,
-                                            clock,
-                                            ?answer,
-                                            "background copies end here"
-                                        );
-                                        return;
-                                    }
-                                    // A lost node is the segment's await's to report.
-                                    Err(_) => return,
-                                }
-                            }
-                        }
-                    });
                 }
                 let handles: Vec<_> = addrs
                     .iter()
                     .map(|&(node, addr)| {
                         scope.spawn(move || {
-                            let outcome = (|| {
-                                let name = this.name(node);
-                                let request = ControlRequest::Await { wait_ms: 200 };
-                                let mut connection = None;
-                                loop {
-                                    match this.exchange(
-                                        name,
-                                        addr,
-                                        connection.take(),
-                                        &request,
-                                        &[],
-                                    ) {
-                                        Ok((kept, ControlResponse::Running, _)) => {
-                                            connection = Some(kept);
-                                        }
-                                        Ok((_, answer, _)) => return Ok(answer),
-                                        Err(error) => return Err(Self::lost(node, error)),
-                                    }
-                                }
-                            })();
+                            let request = ControlRequest::Await { wait_ms: 200 };
+                            let outcome = this
+                                .ask_until_answered(node, addr, &mut None, &request, || false)
+                                .map_err(|error| Self::lost(node, error))
+                                // Never stopped: `None` cannot come back.
+                                .map(|answer| {
+                                    answer.map_or(ControlResponse::Running, |(answer, _)| answer)
+                                });
                             if let Err(FleetError::Lost { reason, .. }) = &outcome {
                                 abort(node, reason.clone());
                             }
@@ -1970,77 +1976,37 @@ mod tests {
     fn a_background_copy_counts_once_every_node_sent_every_partition_and_worker() {
         let metrics = RuntimeMetrics::unregistered();
         let mut sets = CopySets::default();
-        // 2 nodes, 3 partitions, 2 workers; segment from clock 10.
-        let shape = (2, 3, 2);
-        sets.add(
-            1,
-            15,
-            vec![image(0), image(2)],
-            vec![(0, report(10, 5))],
-            shape,
-            &metrics,
+        // 2 nodes, 3 partitions, 2 workers; segment from clock 10. A node's part: its
+        // partitions' images and, if it runs one, its worker's report of clocks 10..clock.
+        let mut add = |node: NodeId, clock: u64, partitions: &[u32], worker: Option<u32>| {
+            let reports = worker
+                .map(|w| (w, report(10, (clock - 10) as usize)))
+                .into_iter()
+                .collect();
+            let images = partitions.iter().map(|&p| image(p)).collect();
+            sets.add(node, clock, images, reports, (2, 3, 2), &metrics);
+            sets.latest.as_ref().map(|latest| latest.clock)
+        };
+        assert_eq!(
+            add(1, 15, &[0, 2], Some(0)),
+            None,
+            "node 2's part is missing"
         );
-        assert!(sets.latest.is_none(), "node 2's part is missing");
-        sets.add(
-            2,
-            15,
-            vec![image(1)],
-            vec![(1, report(10, 5))],
-            shape,
-            &metrics,
-        );
+        assert_eq!(add(2, 15, &[1], Some(1)), Some(15));
+        // A later copy missing a partition (armed too late somewhere) is not kept.
+        add(1, 20, &[0], Some(0));
+        assert_eq!(add(2, 20, &[1], Some(1)), Some(15));
+        // Nor one missing a worker's report.
+        add(1, 25, &[0, 2], None);
+        assert_eq!(add(2, 25, &[1], Some(1)), Some(15));
+        add(2, 30, &[1], Some(1));
+        assert_eq!(add(1, 30, &[0, 2], Some(0)), Some(30));
         let latest = sets.latest.as_ref().expect("complete");
-        assert_eq!(latest.clock, 15);
         let partitions: Vec<u32> = latest.images.iter().map(|i| i.partition).collect();
         assert_eq!(partitions, vec![0, 1, 2]);
-        assert_eq!(latest.reports.len(), 2);
-        assert_eq!(metrics.consistent_clock.get(), 15);
-        // A later copy missing a partition (armed too late somewhere) is not kept.
-        sets.add(
-            1,
-            20,
-            vec![image(0)],
-            vec![(0, report(10, 10))],
-            shape,
-            &metrics,
-        );
-        sets.add(
-            2,
-            20,
-            vec![image(1)],
-            vec![(1, report(10, 10))],
-            shape,
-            &metrics,
-        );
-        assert_eq!(sets.latest.as_ref().unwrap().clock, 15);
-        // Nor one missing a worker's report.
-        sets.add(1, 25, vec![image(0), image(2)], Vec::new(), shape, &metrics);
-        sets.add(
-            2,
-            25,
-            vec![image(1)],
-            vec![(1, report(10, 15))],
-            shape,
-            &metrics,
-        );
-        assert_eq!(sets.latest.as_ref().unwrap().clock, 15);
-        sets.add(
-            2,
-            30,
-            vec![image(1)],
-            vec![(1, report(10, 20))],
-            shape,
-            &metrics,
-        );
-        sets.add(
-            1,
-            30,
-            vec![image(0), image(2)],
-            vec![(0, report(10, 20))],
-            shape,
-            &metrics,
-        );
-        assert_eq!(sets.latest.as_ref().unwrap().clock, 30);
+        let workers: Vec<u32> = latest.reports.iter().map(|(w, _)| *w).collect();
+        assert_eq!(workers, vec![0, 1]);
+        assert_eq!(metrics.consistent_clock.get(), 30);
         assert!(sets.parts.is_empty(), "older parts are dropped");
     }
 

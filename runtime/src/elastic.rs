@@ -961,7 +961,8 @@ impl Fleet for LocalFleet {
                 .map(|(node, handle)| (*node, handle.addr))
                 .collect(),
             carried: spec.carried,
-            progress: Arc::default(),
+            // The copier reads the servers, not the workers' progress.
+            progress: None,
         };
         let gate = plan.gate.clone();
         // Armed before any worker starts, so no copy can be too late.

@@ -316,8 +316,9 @@ pub struct SegmentPlan {
     /// Every partition holds what it held at the end of the previous segment (moved or not, but
     /// not restored from a copy): a worker's cached rows stay valid across the boundary.
     pub carried: bool,
-    /// The clocks the segment's workers have finished, with their reports so far.
-    pub progress: Arc<SegmentProgress>,
+    /// Where the segment's workers record each clock they finish (for background BackupPS
+    /// copies across node processes; `None`: nobody reads it).
+    pub progress: Option<Arc<SegmentProgress>>,
 }
 
 /// Worker threads that live across the segments of an elastic run: each keeps its data shard,
@@ -608,7 +609,7 @@ impl WorkerPool {
                                 false,
                                 &metrics,
                                 run_start,
-                                Some(&plan.progress),
+                                plan.progress.as_deref(),
                             )
                             .map_err(fail)
                     });

@@ -288,7 +288,10 @@ impl ClockGate {
     /// One past the highest clock started (`first` if none), at most the end: the least end
     /// this process can agree to.
     pub fn least_end(&self) -> u64 {
-        let inner = self.inner.lock();
+        self.least_end_of(&self.inner.lock())
+    }
+
+    fn least_end_of(&self, inner: &GateState) -> u64 {
         inner
             .started
             .map_or(self.first, |started| started + 1)
@@ -300,10 +303,7 @@ impl ClockGate {
     pub fn pause(&self) -> u64 {
         let mut inner = self.inner.lock();
         inner.paused = true;
-        inner
-            .started
-            .map_or(self.first, |started| started + 1)
-            .min(inner.end)
+        self.least_end_of(&inner)
     }
 
     /// Ends the range at `end` (never later than it was) and releases paused workers.

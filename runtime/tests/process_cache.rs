@@ -269,7 +269,7 @@ impl PoolFixture {
                 map: map.clone(),
                 addrs: self.addrs.clone(),
                 carried: false,
-                progress: Arc::default(),
+                progress: None,
             })
             .unwrap();
     }
