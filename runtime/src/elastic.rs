@@ -793,6 +793,8 @@ pub struct LocalFleet {
     placement: Arc<WorkerPlacement>,
     /// Where the BackupPS copies land.
     backups: Vec<NodeId>,
+    /// Servers let go at a boundary, still closing their connections (awaited at the end).
+    retiring: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl LocalFleet {
@@ -831,6 +833,7 @@ impl LocalFleet {
             bandwidths: BTreeMap::new(),
             placement: Arc::new(WorkerPlacement::default()),
             backups: Vec::new(),
+            retiring: Vec::new(),
         })
     }
 
@@ -859,8 +862,14 @@ impl Fleet for LocalFleet {
     }
 
     fn release(&mut self, id: NodeId) {
-        if let Some(handle) = self.servers.remove(&id) {
-            handle.stop(self.runtime.handle());
+        // At a boundary: the workers wait for the next segment, not for old connections to close.
+        self.retiring.retain(|task| !task.is_finished());
+        if let Some(task) = self
+            .servers
+            .remove(&id)
+            .and_then(ServerHandle::stop_in_background)
+        {
+            self.retiring.push(task);
         }
     }
 
@@ -1039,6 +1048,9 @@ impl Fleet for LocalFleet {
         }
         for (_, handle) in std::mem::take(&mut self.servers) {
             handle.stop(self.runtime.handle());
+        }
+        for task in std::mem::take(&mut self.retiring) {
+            let _ = self.runtime.block_on(task);
         }
     }
 

@@ -216,13 +216,20 @@ impl ServerHandle {
     }
 
     /// Stops accepting, waits for open connections to finish.
-    pub fn stop(mut self, runtime: &tokio::runtime::Handle) {
+    pub fn stop(self, runtime: &tokio::runtime::Handle) {
+        if let Some(task) = self.stop_in_background() {
+            let _ = runtime.block_on(task);
+        }
+    }
+
+    /// Stops accepting and tells the open connections to finish, without waiting for them: the
+    /// returned task ends once they did. A boundary that retires a server (its partitions moved
+    /// away) need not wait for that, since nothing it served is served from it any more.
+    pub fn stop_in_background(mut self) -> Option<tokio::task::JoinHandle<()>> {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        if let Some(task) = self.task.take() {
-            let _ = runtime.block_on(task);
-        }
+        self.task.take()
     }
 }
 

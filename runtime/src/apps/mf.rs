@@ -91,6 +91,15 @@ impl MfApp {
         })
     }
 
+    /// The same data with other hyperparameters (validated as in [`MfApp::new`]).
+    pub fn with_config(&self, config: MfConfig) -> Result<Self, AppsError> {
+        Self::new(
+            Ratings::clone(&self.train),
+            Ratings::clone(&self.test),
+            config,
+        )
+    }
+
     /// Number of training ratings (updates per clock over all workers).
     pub fn train_len(&self) -> usize {
         self.train.entries.len()
