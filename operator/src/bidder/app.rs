@@ -3,7 +3,7 @@
 //! re-estimates the terms from throughput the runtime measures.
 
 /// How the application turns instance-time into work.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct AppModel {
     /// ν: work per vCPU-second on a reliable node (an instance's ν is this times its vCPUs,
     /// seed 003 §4.3 footnote 6).
@@ -204,12 +204,52 @@ pub trait ThroughputFeed {
     fn record(&mut self, measurement: Measurement);
 }
 
-/// Re-estimates ν, φ, σ and λ by exponentially weighted averages, starting from the spec.
+/// Measurements a [`Calibrator`] took into account, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MeasurementCounts {
+    /// Steady intervals taken (for ν or φ).
+    pub steady: u64,
+    /// Of those, intervals with transient nodes kept to read φ once a reliable-only interval
+    /// measures ν.
+    pub waiting: u64,
+    /// Addition delays (σ).
+    pub additions: u64,
+    /// Eviction stalls (λ).
+    pub evictions: u64,
+}
+
+impl MeasurementCounts {
+    /// Every measurement taken.
+    pub fn total(&self) -> u64 {
+        self.steady + self.additions + self.evictions
+    }
+}
+
+/// Steady intervals with transient nodes kept while ν is unmeasured (the oldest go first).
+const MAX_WAITING: usize = 32;
+
+/// Re-estimates ν, φ, σ and λ from measurements, starting from the spec.
+///
+/// Each term is a running mean in which the spec's value counts as one measurement, until the
+/// mean's weight falls to `weight`; from then on an exponentially weighted average with that
+/// weight (so the first measurement moves a term halfway, and old ones fade).
+///
+/// φ is read at the current ν, so it needs ν measured in the measurements' own unit (the spec's
+/// ν may count other work): until a reliable-only interval measures ν, an interval with
+/// transient nodes sets ν at the current φ instead, and waits (at most 32, the newest) to be
+/// read for φ once ν is measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Calibrator {
     model: AppModel,
-    /// Weight of a new measurement (0 < weight ≤ 1).
+    /// Weight of a new measurement once a term has enough of them (0 < weight ≤ 1).
     weight: f64,
+    /// Measurements taken per term: ν, φ, σ, λ.
+    taken: [u64; 4],
+    /// Steady intervals with transient nodes waiting for ν.
+    waiting: std::collections::VecDeque<Measurement>,
+    /// Whether a reliable-only interval has measured ν.
+    nu_measured: bool,
+    counts: MeasurementCounts,
 }
 
 impl Calibrator {
@@ -218,6 +258,10 @@ impl Calibrator {
         Self {
             model: initial,
             weight: weight.clamp(1e-6, 1.0),
+            taken: [0; 4],
+            waiting: std::collections::VecDeque::new(),
+            nu_measured: false,
+            counts: MeasurementCounts::default(),
         }
     }
 
@@ -226,8 +270,36 @@ impl Calibrator {
         &self.model
     }
 
-    fn blend(&self, old: f64, new: f64) -> f64 {
-        old + self.weight * (new - old)
+    /// The measurements taken so far.
+    pub fn counts(&self) -> MeasurementCounts {
+        MeasurementCounts {
+            waiting: self.waiting.len() as u64,
+            ..self.counts
+        }
+    }
+
+    /// Moves term `index` (ν, φ, σ, λ) from `old` towards `new`.
+    fn blend(&mut self, index: usize, old: f64, new: f64) -> f64 {
+        let weight = self.weight.max(1.0 / (self.taken[index] as f64 + 2.0));
+        self.taken[index] += 1;
+        old + weight * (new - old)
+    }
+
+    /// φ from a steady interval with transient nodes at the current ν: the reliable share at
+    /// ν, the rest is φ·ν per transient vCPU.
+    fn read_phi(&mut self, interval: Measurement) {
+        let Measurement::Steady {
+            reliable_vcpus,
+            transient_vcpus,
+            work_per_second,
+        } = interval
+        else {
+            return;
+        };
+        let nu = self.model.nu_per_vcpu_second;
+        let phi = (work_per_second / nu - reliable_vcpus) / transient_vcpus;
+        let phi = self.blend(1, self.model.phi, phi);
+        self.model.phi = phi.clamp(0.01, 1.0);
     }
 }
 
@@ -239,26 +311,50 @@ impl ThroughputFeed for Calibrator {
                 transient_vcpus,
                 work_per_second,
             } => {
-                if !(work_per_second.is_finite() && work_per_second >= 0.0) {
+                let sane = |x: f64| x.is_finite() && x >= 0.0;
+                if !(sane(work_per_second) && sane(reliable_vcpus) && sane(transient_vcpus)) {
                     return;
                 }
-                if transient_vcpus <= 0.0 && reliable_vcpus > 0.0 {
-                    // reliable only: ν directly
-                    let nu = work_per_second / reliable_vcpus;
-                    self.model.nu_per_vcpu_second = self.blend(self.model.nu_per_vcpu_second, nu);
-                } else if transient_vcpus > 0.0 {
-                    // the reliable share at the current ν, the rest is φ·ν per transient vCPU
-                    let nu = self.model.nu_per_vcpu_second;
-                    let phi = (work_per_second / nu - reliable_vcpus) / transient_vcpus;
-                    let phi = self.blend(self.model.phi, phi);
-                    self.model.phi = phi.clamp(0.01, 1.0);
+                if work_per_second <= 0.0 || reliable_vcpus + transient_vcpus <= 0.0 {
+                    // a stall, not a rate (and φ cannot be read at ν = 0)
+                    return;
+                }
+                self.counts.steady += 1;
+                if transient_vcpus <= 0.0 {
+                    // reliable only: ν directly (the first such interval weighs against the
+                    // estimate at φ as one measurement), then φ from whatever waited for it
+                    if !self.nu_measured {
+                        self.nu_measured = true;
+                        self.taken[0] = 0;
+                    }
+                    self.model.nu_per_vcpu_second = self.blend(
+                        0,
+                        self.model.nu_per_vcpu_second,
+                        work_per_second / reliable_vcpus,
+                    );
+                    while let Some(waiting) = self.waiting.pop_front() {
+                        self.read_phi(waiting);
+                    }
+                } else if self.nu_measured {
+                    self.read_phi(measurement);
+                } else {
+                    // ν in the measurements' unit at the current φ, until it is measured
+                    let capacity = reliable_vcpus + self.model.phi * transient_vcpus;
+                    self.model.nu_per_vcpu_second =
+                        self.blend(0, self.model.nu_per_vcpu_second, work_per_second / capacity);
+                    if self.waiting.len() == MAX_WAITING {
+                        self.waiting.pop_front();
+                    }
+                    self.waiting.push_back(measurement);
                 }
             }
             Measurement::Addition { seconds } if seconds.is_finite() && seconds >= 0.0 => {
-                self.model.sigma_seconds = self.blend(self.model.sigma_seconds, seconds);
+                self.model.sigma_seconds = self.blend(2, self.model.sigma_seconds, seconds);
+                self.counts.additions += 1;
             }
             Measurement::Eviction { seconds } if seconds.is_finite() && seconds >= 0.0 => {
-                self.model.lambda_seconds = self.blend(self.model.lambda_seconds, seconds);
+                self.model.lambda_seconds = self.blend(3, self.model.lambda_seconds, seconds);
+                self.counts.evictions += 1;
             }
             Measurement::Addition { .. } | Measurement::Eviction { .. } => {}
         }
@@ -297,6 +393,83 @@ mod tests {
         // nonsense is ignored
         calibrator.record(Measurement::Eviction { seconds: f64::NAN });
         assert!((calibrator.model().lambda_seconds - 30.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn the_spec_counts_as_one_measurement_until_the_weight_floor() {
+        let mut calibrator = Calibrator::new(AppModel::default(), 0.2);
+        calibrator.record(Measurement::Addition { seconds: 160.0 });
+        // halfway from the spec's 60 s
+        assert!((calibrator.model().sigma_seconds - 110.0).abs() < 1e-9);
+        calibrator.record(Measurement::Addition { seconds: 160.0 });
+        // the mean of 60, 160, 160
+        assert!((calibrator.model().sigma_seconds - 380.0 / 3.0).abs() < 1e-9);
+        for _ in 0..3 {
+            calibrator.record(Measurement::Addition { seconds: 160.0 });
+        }
+        // 1/(n + 2) ≤ 0.2 from the fourth measurement on: the floor
+        let before = calibrator.model().sigma_seconds;
+        calibrator.record(Measurement::Addition { seconds: 0.0 });
+        assert!((calibrator.model().sigma_seconds - 0.8 * before).abs() < 1e-9);
+        assert_eq!(calibrator.counts().additions, 6);
+        // the other terms are untouched
+        assert_eq!(calibrator.model().lambda_seconds, 120.0);
+    }
+
+    #[test]
+    fn phi_waits_for_a_measured_nu() {
+        let mut calibrator = Calibrator::new(AppModel::default(), 1.0);
+        // 8 reliable + 8 transient vCPUs at 0.12 work per second: at the spec's ν = 1 that
+        // would read φ < 0; it sets ν at φ = 0.9 instead and waits
+        let mixed = Measurement::Steady {
+            reliable_vcpus: 8.0,
+            transient_vcpus: 8.0,
+            work_per_second: 0.12,
+        };
+        calibrator.record(mixed);
+        assert_eq!(calibrator.model().phi, 0.9);
+        let nu_at_phi = 0.12 / (8.0 + 0.9 * 8.0);
+        assert!((calibrator.model().nu_per_vcpu_second - nu_at_phi).abs() < 1e-12);
+        assert_eq!(calibrator.counts().waiting, 1);
+        assert_eq!(calibrator.counts().total(), 1);
+        // ν = 0.01 per vCPU-second from the reliable tier alone: the waiting interval reads
+        // φ = (0.12 / 0.01 − 8) / 8 = 0.5
+        calibrator.record(Measurement::Steady {
+            reliable_vcpus: 8.0,
+            transient_vcpus: 0.0,
+            work_per_second: 0.08,
+        });
+        let model = calibrator.model();
+        assert!((model.nu_per_vcpu_second - 0.01).abs() < 1e-12, "{model:?}");
+        assert!((model.phi - 0.5).abs() < 1e-9, "{model:?}");
+        assert_eq!(calibrator.counts().waiting, 0);
+        assert_eq!(calibrator.counts().steady, 2);
+        // no progress is a stall, not ν = 0; nonsense is ignored
+        calibrator.record(Measurement::Steady {
+            reliable_vcpus: 8.0,
+            transient_vcpus: 0.0,
+            work_per_second: 0.0,
+        });
+        calibrator.record(Measurement::Steady {
+            reliable_vcpus: f64::NAN,
+            transient_vcpus: 8.0,
+            work_per_second: 1.0,
+        });
+        assert!((calibrator.model().nu_per_vcpu_second - 0.01).abs() < 1e-12);
+        assert_eq!(calibrator.counts().steady, 2);
+    }
+
+    #[test]
+    fn at_most_32_intervals_wait_for_nu() {
+        let mut calibrator = Calibrator::new(AppModel::default(), 0.5);
+        for _ in 0..40 {
+            calibrator.record(Measurement::Steady {
+                reliable_vcpus: 0.0,
+                transient_vcpus: 4.0,
+                work_per_second: 1.0,
+            });
+        }
+        assert_eq!(calibrator.counts().waiting, 32);
     }
 
     #[test]

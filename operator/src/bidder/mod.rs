@@ -37,7 +37,10 @@ pub mod calibration;
 
 use std::fmt;
 
-pub use app::{AppModel, Calibrator, Efficiency, Measurement, ThroughputFeed, ThroughputTable};
+pub use app::{
+    AppModel, Calibrator, Efficiency, Measurement, MeasurementCounts, ThroughputFeed,
+    ThroughputTable,
+};
 pub use calibration::{Calibration, CalibrationError};
 
 use crate::billing::BillingModel;
