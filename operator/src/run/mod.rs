@@ -9,6 +9,7 @@
 //! and nodes still there at their deadline fail. The bill accrues under the job's billing model next to the
 //! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
 
+pub mod calibrate;
 pub mod instances;
 pub mod provisioner;
 pub mod replay;
@@ -33,13 +34,18 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
-use crate::bidder::JobState;
+use crate::bidder::{Calibrator, JobState, ThroughputFeed};
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
 use crate::sim::grid::MarketGrid;
+use calibrate::{Observation, ProbeSettings, ThroughputProbe};
 use provisioner::{Assignment, LiveAllocation, LocalProvisioner};
 use replay::{Bill, MarketReplay, ReplayEvent};
-pub use report::{RunSummary, TimePoint};
+pub use report::{AppModelSummary, RunSummary, TimePoint};
+
+/// Weight of a new measurement in the run's re-estimated application model, once each term has
+/// five (before, a running mean with the spec's value as one measurement).
+const CALIBRATION_WEIGHT: f64 = 0.2;
 
 /// Arguments of `ebbflow run`.
 #[derive(clap::Args, Clone, Debug)]
@@ -499,7 +505,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         bidder,
         market.billing,
         crate::jobmarket::app_model(&job),
-        market.reliable,
+        market.reliable.clone(),
         market.start_slot,
     );
 
@@ -518,6 +524,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     let drive = Drive {
         job: &job,
         reliable: &config.reliable,
+        reliable_vcpus: market.reliable.vcpus,
         grid: &market.grid,
         start_slot: market.start_slot,
         speed: args.speed,
@@ -654,7 +661,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         drop(instances);
         outcome
     };
-    let ((series, bill, trace_seconds), report) = outcome;
+    let (driven, report) = outcome;
     let report: ElasticReport = report?;
     let evaluate_kind = match &app {
         JobApp::Mf(app) => app.tables().len(),
@@ -665,13 +672,18 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     let summary = RunSummary::new(
         &name,
         &report,
-        bill,
-        trace_seconds,
+        driven.bill,
+        driven.trace_seconds,
         started.elapsed().as_secs_f64(),
         interrupted.load(Ordering::Relaxed),
         &out,
-    );
-    report::write(&out, &summary, &series)
+    )
+    .with_app_model(AppModelSummary {
+        spec: crate::jobmarket::app_model(&job),
+        calibrated: driven.calibrator.model().clone(),
+        measurements: driven.calibrator.counts(),
+    });
+    report::write(&out, &summary, &driven.series)
         .map_err(|(path, source)| RunError::WriteOutputs { path, source })?;
     Ok(summary)
 }
@@ -748,6 +760,8 @@ struct Drive<'a> {
     job: &'a TrainingJob,
     /// The reliable tier's instances, started with the job.
     reliable: &'a [String],
+    /// vCPUs of one reliable instance.
+    reliable_vcpus: f64,
     grid: &'a MarketGrid,
     start_slot: usize,
     speed: f64,
@@ -762,9 +776,21 @@ struct Drive<'a> {
     name: &'a str,
 }
 
+/// What the market side of a run ends with.
+struct Driven {
+    /// One sample per replayed slot.
+    series: Vec<TimePoint>,
+    /// The final bill.
+    bill: Bill,
+    /// Trace seconds replayed.
+    trace_seconds: f64,
+    /// The application model re-estimated from the run, with what it was fed.
+    calibrator: Calibrator,
+}
+
 impl Drive<'_> {
-    /// Steps the replay until `finished()`; returns the time series, the final bill and the trace
-    /// seconds replayed.
+    /// Steps the replay until `finished()`, re-estimating the bidder's application model from
+    /// what the runtime does ([`calibrate`]) and deciding with it from then on.
     fn run(
         &self,
         mut replay: MarketReplay<'_>,
@@ -772,7 +798,7 @@ impl Drive<'_> {
         sender: &std::sync::mpsc::Sender<ElasticEvent>,
         metrics: &RuntimeMetrics,
         finished: impl Fn() -> bool,
-    ) -> (Vec<TimePoint>, Bill, f64) {
+    ) -> Driven {
         let bar = if self.quiet {
             ProgressBar::hidden()
         } else {
@@ -793,6 +819,11 @@ impl Drive<'_> {
         let mut slot = self.start_slot;
         let mut stop_sent = false;
         let mut last_bill = Bill::default();
+        let mut probe = ThroughputProbe::new(ProbeSettings::new(self.speed));
+        let mut calibrator = Calibrator::new(replay.app().clone(), CALIBRATION_WEIGHT);
+        // vCPUs of one transient instance: the held pools', else the market's mean
+        let mut transient_vcpus = self.grid.pools.iter().map(|p| p.vcpus).sum::<f64>()
+            / self.grid.pools.len().max(1) as f64;
         loop {
             let t = self.grid.time(slot.min(self.grid.slots.saturating_sub(1)));
             let trace_seconds = (t - start) as f64;
@@ -801,8 +832,14 @@ impl Drive<'_> {
                 let bill = replay.finish(t);
                 series.push(self.point(trace_seconds, started, clock, metrics, bill, evictions));
                 bar.finish_and_clear();
-                return (series, bill, trace_seconds);
+                return Driven {
+                    series,
+                    bill,
+                    trace_seconds,
+                    calibrator,
+                };
             }
+            let mut events = Vec::new();
             if slot < self.grid.slots {
                 let budget_spent = last_bill.spent_usd;
                 let job = JobState {
@@ -811,8 +848,9 @@ impl Drive<'_> {
                     budget_remaining_usd: self.budget_total.map(|b| (b - budget_spent).max(0.0)),
                     budget_per_hour_usd: self.budget_per_hour,
                 };
-                for event in replay.step(slot, &job) {
-                    match event {
+                events = replay.step(slot, &job);
+                for event in &events {
+                    match *event {
                         // the provisioner's business: the plan below
                         ReplayEvent::Acquired { .. } | ReplayEvent::Released { .. } => {}
                         ReplayEvent::Notice {
@@ -840,15 +878,41 @@ impl Drive<'_> {
             last_bill = replay.bill(t);
             let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
             self.publish(&point, &replay, last_bill);
+            let (held, held_vcpus) =
+                replay
+                    .held()
+                    .iter()
+                    .fold((0u32, 0.0), |(count, vcpus), &(pool, n)| {
+                        (
+                            count + n,
+                            vcpus + f64::from(n) * self.grid.pools[pool].vcpus,
+                        )
+                    });
+            if held > 0 {
+                transient_vcpus = held_vcpus / f64::from(held);
+            }
+            let observation = self.observation(&point, metrics, transient_vcpus);
+            let measured = probe.observe(&observation, &events);
+            if !measured.is_empty() {
+                for measurement in measured {
+                    calibrator.record(measurement);
+                }
+                replay.set_app(calibrator.model().clone());
+            }
+            let app = calibrator.model();
             bar.set_position(clock.min(self.clocks));
             bar.set_message(format!(
-                "loss {:.4} | nodes {}+{} | ${:.2} spent vs ${:.2} on-demand | evictions {evictions} | migrated {}",
+                "loss {:.4} | nodes {}+{} | ${:.2} spent vs ${:.2} on-demand | evictions {evictions} | migrated {} | ν {:.3} φ {:.2} σ {:.0}s λ {:.0}s",
                 point.loss,
                 point.reliable_nodes,
                 point.transient_nodes,
                 point.spent_usd,
                 point.on_demand_equivalent_usd,
                 metrics.partitions_migrated.get(),
+                app.nu_per_vcpu_second,
+                app.phi,
+                app.sigma_seconds,
+                app.lambda_seconds,
             ));
             series.push(point);
             if !stop_sent
@@ -938,6 +1002,28 @@ impl Drive<'_> {
             ..Default::default()
         };
         self.job_metrics.observe(self.namespace, self.name, &status);
+    }
+
+    /// What the throughput probe needs from a sample: the consistent clock, ready nodes per
+    /// tier and their vCPUs (`transient_vcpus` per transient instance).
+    fn observation(
+        &self,
+        point: &TimePoint,
+        metrics: &RuntimeMetrics,
+        transient_vcpus: f64,
+    ) -> Observation {
+        let reliable_nodes = point.reliable_nodes.max(0) as u32;
+        let transient_nodes = point.transient_nodes.max(0) as u32;
+        Observation {
+            wall_seconds: point.wall_seconds,
+            clocks: metrics.consistent_clock.get().max(0) as u64,
+            rollbacks: point.rollbacks,
+            stage: point.stage.clamp(0, 3) as u8,
+            reliable_nodes,
+            transient_nodes,
+            reliable_vcpus: f64::from(reliable_nodes) * self.reliable_vcpus,
+            transient_vcpus: f64::from(transient_nodes) * transient_vcpus,
+        }
     }
 
     fn point(

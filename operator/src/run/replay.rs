@@ -289,6 +289,16 @@ impl<'a> MarketReplay<'a> {
         }
     }
 
+    /// The application model the bidder decides with.
+    pub fn app(&self) -> &AppModel {
+        &self.app
+    }
+
+    /// Decide with `app` from the next decision on (a model re-estimated from the run).
+    pub fn set_app(&mut self, app: AppModel) {
+        self.app = app;
+    }
+
     /// The live allocations, each with whether the market gave notice on it.
     pub fn allocations(&self) -> impl Iterator<Item = (&Allocation, bool)> {
         self.live.iter().map(|l| (&l.allocation, l.noticed))

@@ -6,6 +6,7 @@ use std::path::Path;
 use ebbflow_runtime::elastic::ElasticReport;
 
 use super::replay::Bill;
+use crate::bidder::{AppModel, MeasurementCounts};
 
 /// One sample of a run, taken every replayed market slot.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -73,8 +74,23 @@ pub struct RunSummary {
     pub clocks_redone: u64,
     /// Segments of static membership.
     pub segments: usize,
+    /// The bidder's application model: the spec's and as re-estimated from the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_model: Option<AppModelSummary>,
     /// Where the files went.
     pub output_dir: String,
+}
+
+/// The bidder's application model before and after the run re-estimated it (ν in clocks per
+/// vCPU per trace second, σ and λ in trace seconds; `run::calibrate`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AppModelSummary {
+    /// From the spec's `bidding.overrides` (ν in the spec's own unit).
+    pub spec: AppModel,
+    /// As the bidder used it at the end.
+    pub calibrated: AppModel,
+    /// What the calibration was fed.
+    pub measurements: MeasurementCounts,
 }
 
 impl RunSummary {
@@ -117,7 +133,16 @@ impl RunSummary {
             rollbacks: report.rollbacks,
             clocks_redone: report.clocks_redone,
             segments: report.segments.len(),
+            app_model: None,
             output_dir: out.display().to_string(),
+        }
+    }
+
+    /// The summary with the run's application model.
+    pub fn with_app_model(self, app_model: AppModelSummary) -> Self {
+        Self {
+            app_model: Some(app_model),
+            ..self
         }
     }
 
@@ -128,11 +153,27 @@ impl RunSummary {
             .iter()
             .map(|(k, v)| format!("{k} {v:.4}"))
             .collect();
+        let app_model = self.app_model.as_ref().map_or(String::new(), |m| {
+            let (app, fed) = (&m.calibrated, &m.measurements);
+            format!(
+                "bidder model: ν {:.4} clocks per vCPU-second, φ {:.3}, σ {:.0} s, λ {:.0} s \
+                 from {} steady intervals ({} waiting for ν), {} additions, {} eviction stalls\n",
+                app.nu_per_vcpu_second,
+                app.phi,
+                app.sigma_seconds,
+                app.lambda_seconds,
+                fed.steady,
+                fed.waiting,
+                fed.additions,
+                fed.evictions
+            )
+        });
         format!(
             "job {}: {} clocks{} in {:.1} s wall ({:.1} trace hours)\n\
              quality: {}\n\
              cost: ${:.2} vs ${:.2} on-demand equivalent ({:.0}% of it), {:.1} free spot hours\n\
              elasticity: {} events {:?}, {} partitions migrated, {} rollbacks ({} clocks redone), {} segments\n\
+             {}\
              wrote {}/summary.json, timeseries.csv, chart.svg\n",
             self.job,
             self.clocks,
@@ -154,6 +195,7 @@ impl RunSummary {
             self.rollbacks,
             self.clocks_redone,
             self.segments,
+            app_model,
             self.output_dir
         )
     }
