@@ -1424,6 +1424,35 @@ mod tests {
     }
 
     #[test]
+    fn take_moves_the_rows_out_or_copies_them_while_a_request_holds_the_partition() {
+        let mut store = two_workers(false);
+        store.push(0, 0, &delta(0, 0)).unwrap();
+        store.push(1, 0, &delta(1, 0)).unwrap();
+        let expected = store.image();
+        let state = ServerState::from_images(
+            vec![(expected.clone(), 3)],
+            2,
+            &spec(),
+            Optimizer::Add,
+            false,
+        )
+        .unwrap();
+        // Nobody else holds the slot: the image moves out, and the partition is gone.
+        assert_eq!(state.take(0), Some(expected.clone()));
+        assert_eq!(state.take(0), None);
+        assert!(state.image(0).is_none());
+        // A request in flight holds the slot: the image is copied, and the request's waiters
+        // are woken (it finds the partition gone from the table).
+        state
+            .install(expected.clone(), 4, &spec(), Optimizer::Add, false)
+            .unwrap();
+        let in_flight = state.slot(0).unwrap();
+        assert_eq!(state.take(0), Some(expected.clone()));
+        assert_eq!(in_flight.store.lock().image(), expected);
+        assert!(state.slot(0).is_err());
+    }
+
+    #[test]
     fn a_backup_copy_under_ssp_holds_exactly_the_clocks_below_it() {
         // Worker 0 runs three clocks ahead of worker 1 (SSP): the copy at clock 2 must hold
         // clocks 0 and 1 of both and nothing of worker 0's clocks 2 and 3.
