@@ -371,6 +371,9 @@ struct Controller<'a> {
     backup: Vec<PartitionImage>,
     backup_clock: u64,
     layout: Option<Layout>,
+    /// Per partition: the highest epoch a layout placed it at, adopted or not (a segment that
+    /// failed leaves `layout` as it was).
+    epochs: Vec<u64>,
     report: ElasticReport,
     metrics: &'a RuntimeMetrics,
     /// A stop event was applied.
@@ -1274,6 +1277,7 @@ fn run_controller<A: App>(
         clock: 0,
         backup_clock: 0,
         layout: None,
+        epochs: vec![0; job.partitions as usize],
         stopped: false,
         report: ElasticReport {
             run: RunReport::default(),
@@ -1558,13 +1562,26 @@ fn run_boundary(
         .map(|(e, _)| e.at_clock)
         .min()
         .unwrap_or(job.clocks);
-    let layout = plan_layout(
+    let mut layout = plan_layout(
         &controller.member_list(),
         job.partitions,
         controller.layout.as_ref().map(|l| l.partitions.as_slice()),
         &config.thresholds,
     )
     .map_err(|reason| RunError::RunCluster { reason })?;
+    // A partition placed from the controller's copy (a rollback) gets an epoch above every one
+    // it was placed at, so no request of the abandoned timeline reaches it and no worker takes
+    // it for the copy it registered with. `roll_back` bumps the adopted layout's epochs, but
+    // when the first layout's segment failed none was adopted, and planning starts again at 1.
+    for (entry, (&at, &placed)) in layout
+        .partitions
+        .iter_mut()
+        .zip(location.iter().zip(&controller.epochs))
+    {
+        if at.is_none() {
+            entry.epoch = entry.epoch.max(placed + 1);
+        }
+    }
     let next_backup = if layout.stage == 1 {
         job.clocks
     } else {
@@ -1617,6 +1634,7 @@ fn run_boundary(
             continue;
         }
         let from = location[p].map(|(node, _)| node);
+        controller.epochs[p] = controller.epochs[p].max(target.epoch);
         fleet.place(
             p as PartitionId,
             target.owner,
@@ -1789,6 +1807,8 @@ mod tests {
     /// A fleet whose every segment is lost, as if a node's answers never decoded.
     struct AlwaysLost {
         segments: u32,
+        /// (partition, owner, epoch) of every placement, in order.
+        placed: Vec<(PartitionId, NodeId, u64)>,
     }
 
     impl Fleet for AlwaysLost {
@@ -1798,12 +1818,13 @@ mod tests {
         fn release(&mut self, _id: NodeId) {}
         fn place(
             &mut self,
-            _partition: PartitionId,
-            _to: NodeId,
-            _epoch: u64,
+            partition: PartitionId,
+            to: NodeId,
+            epoch: u64,
             _from: Option<NodeId>,
             _fallback: &PartitionImage,
         ) -> Result<(), FleetError> {
+            self.placed.push((partition, to, epoch));
             Ok(())
         }
         fn retire_idle(&mut self, _owners: &BTreeSet<NodeId>) {}
@@ -1843,7 +1864,10 @@ mod tests {
             reliable: vec!["r0".into()],
             transient: Vec::new(),
         };
-        let mut fleet = AlwaysLost { segments: 0 };
+        let mut fleet = AlwaysLost {
+            segments: 0,
+            placed: Vec::new(),
+        };
         let error = run_elastic_on(
             &app,
             &config,
@@ -1858,6 +1882,50 @@ mod tests {
         assert!(
             text.contains("in a row") && text.contains("undecodable answer"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_partition_restored_after_a_failed_first_layout_never_gets_an_epoch_it_had() {
+        // No segment ever succeeds, so no layout is adopted: every rollback restores every
+        // partition from the controller's copy onto the same node. A restored partition at an
+        // epoch it had before would take requests of the abandoned timeline, and node
+        // processes' workers would take it for the copy they registered with (they re-register
+        // only partitions whose server or epoch changed): their BSP pushes then wait forever
+        // for a read by a worker the restored copy does not know.
+        let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
+        let config = ElasticConfig {
+            job: JobConfig {
+                clocks: 20,
+                workers: 2,
+                partitions: 3,
+                ..JobConfig::default()
+            },
+            thresholds: StageThresholds::default(),
+            backup_every: 5,
+            reliable: vec!["r0".into()],
+            transient: Vec::new(),
+        };
+        let mut fleet = AlwaysLost {
+            segments: 0,
+            placed: Vec::new(),
+        };
+        run_elastic_on(
+            &app,
+            &config,
+            &[],
+            None,
+            &mut fleet,
+            &RuntimeMetrics::unregistered(),
+        )
+        .expect_err("no segment ever finishes");
+        assert_eq!(fleet.placed.len(), 3 * MAX_LOST_IN_A_ROW as usize);
+        let distinct: BTreeSet<_> = fleet.placed.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            fleet.placed.len(),
+            "a partition was placed twice on one node at one epoch: {:?}",
+            fleet.placed
         );
     }
 

@@ -591,7 +591,10 @@ impl WorkerPool {
                                 )
                                 .map_err(fail),
                             // Back on its own after sharing: its server batches are the group's.
-                            None if !alone_before => worker_loop
+                            // Nothing carried (a rollback): every partition was restored from a
+                            // copy, which holds no registration, even one that came back at the
+                            // route the worker had (same server, same epoch).
+                            None if !alone_before || !plan.carried => worker_loop
                                 .register(transport, None, plan.carried)
                                 .map_err(fail),
                             None => worker_loop
