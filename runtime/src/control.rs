@@ -327,6 +327,10 @@ pub struct Agent<A: App> {
     /// Images of a background copy collected so far, by clock (a [`ControlRequest::CopyAt`]
     /// that runs out of time keeps what it took).
     copies: Mutex<BTreeMap<u64, Vec<PartitionImage>>>,
+    /// How many segments this node started; held while a segment arms its copies and while a
+    /// finished one disarms those past its end, so a segment left behind by an abandon cannot
+    /// disarm the copies of the segment that replaced it.
+    armed_segment: Arc<Mutex<u64>>,
 }
 
 impl<A: App> Agent<A> {
@@ -357,6 +361,7 @@ impl<A: App> Agent<A> {
             handed_over: Mutex::new(BTreeMap::new()),
             copy_source: Mutex::new(None),
             copies: Mutex::new(BTreeMap::new()),
+            armed_segment: Arc::new(Mutex::new(0)),
         }
     }
 
@@ -483,15 +488,20 @@ impl<A: App> Agent<A> {
         // Copies of this segment are armed before any worker here starts. Another node's
         // workers may have started already; a copy armed too late is left out (its clock's
         // copy is then incomplete, and the coordinator keeps the one before).
-        self.copies.lock().clear();
-        self.state.disarm_backups(0);
-        for &clock in &order.backup_clocks {
-            if let Err(error) = self.state.arm_backups(clock) {
-                tracing::warn!(clock, %error, "a BackupPS copy could not be armed");
-                self.state.disarm_backups(clock);
-                break;
+        let segment = {
+            let mut armed = self.armed_segment.lock();
+            *armed += 1;
+            self.copies.lock().clear();
+            self.state.disarm_backups(0);
+            for &clock in &order.backup_clocks {
+                if let Err(error) = self.state.arm_backups(clock) {
+                    tracing::warn!(clock, %error, "a BackupPS copy could not be armed");
+                    self.state.disarm_backups(clock);
+                    break;
+                }
             }
-        }
+            *armed
+        };
         // Workers record their clocks only when copies will ask for them.
         let progress = (!order.backup_clocks.is_empty()).then(Arc::<SegmentProgress>::default);
         *self.copy_source.lock() = progress.as_ref().map(|progress| CopySource {
@@ -509,6 +519,7 @@ impl<A: App> Agent<A> {
         let (send, result) = std::sync::mpsc::channel();
         let pool = self.pool.lock().clone();
         let state = self.state.clone();
+        let armed_segment = self.armed_segment.clone();
         std::thread::Builder::new()
             .name("segment".into())
             .spawn(move || {
@@ -519,8 +530,7 @@ impl<A: App> Agent<A> {
                         .map(|reports| pool.ids().into_iter().zip(reports).collect()),
                     None => Ok(Vec::new()),
                 };
-                // Copies past the end will never be ready: their waits end now.
-                state.disarm_backups(plan.gate.end() + 1);
+                disarm_after(&armed_segment, segment, &state, plan.gate.end());
                 let _ = send.send(outcome);
             })
             .map_err(|e| format!("starting the segment thread failed: {e}"))?;
@@ -809,6 +819,19 @@ impl<A: App> NodeAgent for Agent<A> {
         };
         (answer, out)
     }
+}
+
+/// A finished segment's copies past its `end` will never be ready: drops them, so their waits
+/// end now, unless a later segment armed its own since (a segment left behind by an abandon
+/// ends after its successor started; those copies are not its to drop). Returns whether it
+/// dropped them.
+fn disarm_after(armed_segment: &Mutex<u64>, segment: u64, state: &ServerState, end: u64) -> bool {
+    let armed = armed_segment.lock();
+    let current = *armed == segment;
+    if current {
+        state.disarm_backups(end + 1);
+    }
+    current
 }
 
 /// One control request/answer over a blocking data-plane connection.
@@ -2008,6 +2031,28 @@ mod tests {
         assert_eq!(workers, vec![0, 1]);
         assert_eq!(metrics.consistent_clock.get(), 30);
         assert!(sets.parts.is_empty(), "older parts are dropped");
+    }
+
+    #[test]
+    fn a_segment_left_behind_does_not_disarm_its_successors_copies() {
+        let node = agent(&[(0, 1)]);
+        node.state.arm_backups(15).unwrap();
+        let pending = |state: &ServerState| {
+            matches!(
+                state.wait_backup_blocking(0, 15, Duration::ZERO),
+                Err(StoreError::WaitClock { .. })
+            )
+        };
+        // Segment 1 ends at 10 after segment 2 armed its copy at 15: the copy stays.
+        let armed = Mutex::new(2);
+        assert!(!disarm_after(&armed, 1, &node.state, 10));
+        assert!(pending(&node.state));
+        // Segment 2 itself ending at 10 drops it.
+        assert!(disarm_after(&armed, 2, &node.state, 10));
+        assert!(matches!(
+            node.state.wait_backup_blocking(0, 15, Duration::ZERO),
+            Err(StoreError::BackupDisarmed { .. })
+        ));
     }
 
     #[test]
