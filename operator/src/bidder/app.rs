@@ -232,7 +232,9 @@ const MAX_WAITING: usize = 32;
 ///
 /// Each term is a running mean in which the spec's value counts as one measurement, until the
 /// mean's weight falls to `weight`; from then on an exponentially weighted average with that
-/// weight (so the first measurement moves a term halfway, and old ones fade).
+/// weight (so the first measurement moves a term halfway, and old ones fade). ν is the
+/// exception: the spec's ν may count another unit of work than the measurements, so the first
+/// measured ν replaces it.
 ///
 /// φ is read at the current ν, so it needs ν measured in the measurements' own unit (the spec's
 /// ν may count other work): until a reliable-only interval measures ν, an interval with
@@ -249,6 +251,8 @@ pub struct Calibrator {
     waiting: std::collections::VecDeque<Measurement>,
     /// Whether a reliable-only interval has measured ν.
     nu_measured: bool,
+    /// Whether ν is still the spec's.
+    nu_from_spec: bool,
     counts: MeasurementCounts,
 }
 
@@ -261,6 +265,7 @@ impl Calibrator {
             taken: [0; 4],
             waiting: std::collections::VecDeque::new(),
             nu_measured: false,
+            nu_from_spec: true,
             counts: MeasurementCounts::default(),
         }
     }
@@ -283,6 +288,17 @@ impl Calibrator {
         let weight = self.weight.max(1.0 / (self.taken[index] as f64 + 2.0));
         self.taken[index] += 1;
         old + weight * (new - old)
+    }
+
+    /// Takes `nu` (measured in the measurements' unit) into ν.
+    fn take_nu(&mut self, nu: f64) {
+        if self.nu_from_spec {
+            self.nu_from_spec = false;
+            self.taken[0] = 1;
+            self.model.nu_per_vcpu_second = nu;
+        } else {
+            self.model.nu_per_vcpu_second = self.blend(0, self.model.nu_per_vcpu_second, nu);
+        }
     }
 
     /// φ from a steady interval with transient nodes at the current ν: the reliable share at
@@ -321,17 +337,13 @@ impl ThroughputFeed for Calibrator {
                 }
                 self.counts.steady += 1;
                 if transient_vcpus <= 0.0 {
-                    // reliable only: ν directly (the first such interval weighs against the
+                    // reliable only: ν directly (the first such interval weighs against an
                     // estimate at φ as one measurement), then φ from whatever waited for it
                     if !self.nu_measured {
                         self.nu_measured = true;
                         self.taken[0] = 0;
                     }
-                    self.model.nu_per_vcpu_second = self.blend(
-                        0,
-                        self.model.nu_per_vcpu_second,
-                        work_per_second / reliable_vcpus,
-                    );
+                    self.take_nu(work_per_second / reliable_vcpus);
                     while let Some(waiting) = self.waiting.pop_front() {
                         self.read_phi(waiting);
                     }
@@ -340,8 +352,7 @@ impl ThroughputFeed for Calibrator {
                 } else {
                     // ν in the measurements' unit at the current φ, until it is measured
                     let capacity = reliable_vcpus + self.model.phi * transient_vcpus;
-                    self.model.nu_per_vcpu_second =
-                        self.blend(0, self.model.nu_per_vcpu_second, work_per_second / capacity);
+                    self.take_nu(work_per_second / capacity);
                     if self.waiting.len() == MAX_WAITING {
                         self.waiting.pop_front();
                     }
@@ -457,6 +468,34 @@ mod tests {
         });
         assert!((calibrator.model().nu_per_vcpu_second - 0.01).abs() < 1e-12);
         assert_eq!(calibrator.counts().steady, 2);
+    }
+
+    #[test]
+    fn the_first_measured_nu_replaces_the_spec_s() {
+        let mut calibrator = Calibrator::new(AppModel::default(), 0.2);
+        let mixed = Measurement::Steady {
+            reliable_vcpus: 8.0,
+            transient_vcpus: 8.0,
+            work_per_second: 0.12,
+        };
+        calibrator.record(mixed);
+        let at_phi = 0.12 / (8.0 + 0.9 * 8.0);
+        assert!((calibrator.model().nu_per_vcpu_second - at_phi).abs() < 1e-12);
+        calibrator.record(mixed);
+        assert!((calibrator.model().nu_per_vcpu_second - at_phi).abs() < 1e-12);
+        // the first reliable-only interval: halfway from the estimate at φ
+        let reliable_only = Measurement::Steady {
+            reliable_vcpus: 8.0,
+            transient_vcpus: 0.0,
+            work_per_second: 0.08,
+        };
+        calibrator.record(reliable_only);
+        let nu = calibrator.model().nu_per_vcpu_second;
+        assert!((nu - (at_phi + 0.01) / 2.0).abs() < 1e-12, "{nu}");
+        // a spec's ν with only reliable-only intervals: replaced at once
+        let mut calibrator = Calibrator::new(AppModel::default(), 0.2);
+        calibrator.record(reliable_only);
+        assert!((calibrator.model().nu_per_vcpu_second - 0.01).abs() < 1e-12);
     }
 
     #[test]

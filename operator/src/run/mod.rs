@@ -895,6 +895,7 @@ impl Drive<'_> {
             let measured = probe.observe(&observation, &events);
             if !measured.is_empty() {
                 for measurement in measured {
+                    tracing::debug!(?measurement, ?observation, "application model measured");
                     calibrator.record(measurement);
                 }
                 replay.set_app(calibrator.model().clone());
