@@ -107,6 +107,20 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
         "{summary:?}"
     );
     assert!(summary.trace_seconds > 0.0);
+    // the bidder's application model was re-estimated from the run: some measurement (a steady
+    // interval of ≥ 20 clocks and half a wall second, or a join) in a run of 800 clocks
+    let app_model = summary.app_model.as_ref().expect("no application model");
+    println!("application model: {app_model:?}");
+    let calibrated = &app_model.calibrated;
+    for term in [
+        calibrated.nu_per_vcpu_second,
+        calibrated.phi,
+        calibrated.sigma_seconds,
+        calibrated.lambda_seconds,
+    ] {
+        assert!(term.is_finite() && term > 0.0, "{app_model:?}");
+    }
+    assert!(app_model.measurements.total() > 0, "{app_model:?}");
     for file in ["summary.json", "timeseries.csv", "chart.svg"] {
         let text = std::fs::read_to_string(out.join(file)).unwrap();
         assert!(text.len() > 100, "{file} is nearly empty");
@@ -114,6 +128,8 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["clocks"], 800);
+    let nu = &json["app_model"]["calibrated"]["nu_per_vcpu_second"];
+    assert!(nu.as_f64().is_some_and(f64::is_finite), "{json}");
     let csv = std::fs::read_to_string(out.join("timeseries.csv")).unwrap();
     assert!(csv.lines().count() > 2, "{csv}");
     assert!(csv.starts_with("wall_seconds,trace_seconds,clock,loss"));
