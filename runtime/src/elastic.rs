@@ -364,11 +364,12 @@ struct Controller<'a> {
     next_id: NodeId,
     /// Left or failed nodes (a later notice for them is a harmless duplicate).
     departed: BTreeSet<String>,
-    /// Authoritative partition images at `clock`.
-    images: Vec<PartitionImage>,
+    /// Authoritative partition images at `clock` (shared with `backup` after a copy, so taking
+    /// the copy costs no second clone; `lose` copies them on write).
+    images: Arc<Vec<PartitionImage>>,
     clock: u64,
     /// The BackupPS copy and its clock.
-    backup: Vec<PartitionImage>,
+    backup: Arc<Vec<PartitionImage>>,
     backup_clock: u64,
     layout: Option<Layout>,
     /// Per partition: the highest epoch a layout placed it at, adopted or not (a segment that
@@ -540,7 +541,10 @@ impl<'a> Controller<'a> {
             return;
         };
         let num_partitions = layout.partitions.len() as u32;
-        for (image, entry) in self.images.iter_mut().zip(&layout.partitions) {
+        for (image, entry) in Arc::make_mut(&mut self.images)
+            .iter_mut()
+            .zip(&layout.partitions)
+        {
             if lost.contains(&entry.owner) {
                 *image = empty_image(image.partition, num_partitions, specs, workers);
             }
@@ -1267,7 +1271,7 @@ fn run_controller<A: App>(
     let specs = app.tables();
     let job = &config.job;
     let workers = job.workers as u32;
-    let images = empty_images(job.partitions, &specs, workers);
+    let images = Arc::new(empty_images(job.partitions, &specs, workers));
     let mut controller = Controller {
         members: Vec::new(),
         next_id: 0,
@@ -1423,7 +1427,7 @@ fn run_controller<A: App>(
                         "keeping the failed segment's last BackupPS copy"
                     );
                     merge_reports(&mut merged, copy.reports);
-                    controller.backup = copy.images;
+                    controller.backup = Arc::new(copy.images);
                     controller.backup_clock = copy.clock;
                     controller.clock = controller.clock.max(copy.clock);
                     metrics.consistent_clock.set(copy.clock as i64);
@@ -1441,13 +1445,13 @@ fn run_controller<A: App>(
         }
     }
     if location.iter().any(Option::is_some) {
-        controller.images = gather_images(fleet, job.partitions)?;
+        controller.images = Arc::new(gather_images(fleet, job.partitions)?);
     }
 
     let mut report = controller.report;
     let mut run = RunReport::from_workers(job.clocks, &merged);
     let mut snapshot = ParamSnapshot::new(specs.clone());
-    for image in &controller.images {
+    for image in controller.images.iter() {
         for table in &image.tables {
             snapshot.add_rows(table.table, &table.keys, &table.data);
         }
@@ -1705,7 +1709,7 @@ fn run_boundary(
     // A copy taken in the background counts only once its segment succeeded: the workers'
     // reports of a failed segment are lost, so its clocks must all be redone.
     if let Some((at, images)) = backup {
-        controller.backup = images;
+        controller.backup = Arc::new(images);
         controller.backup_clock = at;
     }
     if let Some(&(partition, clock)) = fleet
@@ -1727,7 +1731,7 @@ fn run_boundary(
     let backup_due = layout.stage == 1 || end - controller.backup_clock >= config.backup_every;
     if backup_due {
         // ActivePS → BackupPS: the consistent copy at this boundary.
-        controller.images = gather_images(fleet, job.partitions)?;
+        controller.images = Arc::new(gather_images(fleet, job.partitions)?);
         controller.clock = end;
         controller.sync_backup();
     } else {
