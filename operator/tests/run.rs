@@ -99,10 +99,6 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     assert_eq!(summary.clocks, 800);
     assert!(!summary.stopped_early);
     assert!(
-        summary.events.get("join").copied().unwrap_or(0) > 0,
-        "{summary:?}"
-    );
-    assert!(
         summary.cost_usd > 0.0 && summary.cost_usd < summary.on_demand_equivalent_usd,
         "{summary:?}"
     );
@@ -133,6 +129,21 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let csv = std::fs::read_to_string(out.join("timeseries.csv")).unwrap();
     assert!(csv.lines().count() > 2, "{csv}");
     assert!(csv.starts_with("wall_seconds,trace_seconds,clock,loss"));
+    // Spot nodes trained: they joined while training ran, or (on a slow machine) every one of
+    // them registered before the first segment and was laid out with the reliable tier.
+    let joined = summary.events.get("join").copied().unwrap_or(0) > 0;
+    let transient_column = csv
+        .lines()
+        .next()
+        .and_then(|header| header.split(',').position(|c| c == "transient_nodes"))
+        .expect("a transient_nodes column");
+    let trained_on_spot = csv.lines().skip(1).any(|line| {
+        line.split(',')
+            .nth(transient_column)
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|n| n > 0.0)
+    });
+    assert!(joined || trained_on_spot, "{summary:?}\n{csv}");
 }
 
 #[test]

@@ -2,9 +2,14 @@
 //! the replay's events turned into [`Measurement`]s for the bidder's
 //! [`Calibrator`](crate::bidder::Calibrator).
 //!
-//! **Units.** Work is clocks, the unit of the bidder's `remaining_work` in `ebbflow run`; time is
-//! trace seconds (wall seconds × `--speed`), the bidder's clock. So the measured ν is clocks per
-//! vCPU per trace second and σ, λ are trace seconds.
+//! **Units.** Work is clocks, the unit of the bidder's `remaining_work` in `ebbflow run`. A rate
+//! is per trace second (wall seconds × `--speed`), the bidder's clock, so the measured ν is
+//! clocks per vCPU per trace second: the bidder must see how much work a trace hour of this run
+//! buys. The durations σ and λ are wall seconds: they are what the runtime itself takes to
+//! switch a node in or to recover from an eviction, which a real deployment (where trace time is
+//! wall time) would see too. The replay's acceleration does not speed the runtime up, so in
+//! trace seconds a join at `--speed 12000` would take hours, and a bidder told so stops buying
+//! spot capacity: the run would learn from its own fast-forward instead of from the runtime.
 //!
 //! **Progress** is the runtime's consistent clock (the clock every partition holds at the last
 //! segment boundary or background BackupPS copy): it moves every few clocks in every stage,
@@ -206,7 +211,7 @@ impl ThroughputProbe {
                 let since = front.since_wall;
                 self.pending.pop_front();
                 measured.push(Measurement::Addition {
-                    seconds: self.trace_seconds(wall - since),
+                    seconds: wall - since,
                 });
             }
         }
@@ -275,7 +280,7 @@ impl ThroughputProbe {
                     let since = stall.since_wall;
                     self.stall = None;
                     measured.push(Measurement::Eviction {
-                        seconds: self.trace_seconds(now.wall_seconds - since),
+                        seconds: now.wall_seconds - since,
                     });
                 } else {
                     // a rollback after the drop: the clocks it lost are redone inside the stall
@@ -506,7 +511,7 @@ mod tests {
         run.now.transient_nodes = 3;
         run.sample(5, &[]);
         let ready = run.now.wall_seconds;
-        let expected = (ready - bought) * SPEED;
+        let expected = ready - bought;
         assert_eq!(run.delays().len(), 2, "{:?}", run.delays());
         for delay in run.delays() {
             let Measurement::Addition { seconds } = delay else {
@@ -566,7 +571,7 @@ mod tests {
         let Measurement::Eviction { seconds } = delays[1] else {
             panic!("{delays:?}");
         };
-        assert!(close(seconds, (over - evicted) * SPEED), "{seconds}");
+        assert!(close(seconds, over - evicted), "{seconds}");
         // no steady interval spans the stall
         let steady_during = run.steady();
         assert!(steady_during.iter().all(|s| close(s.2, 40.0 / SPEED)));
@@ -605,7 +610,7 @@ mod tests {
             })
             .collect();
         assert_eq!(evictions.len(), 1, "{:?}", run.delays());
-        assert!(close(evictions[0], (over - noticed) * SPEED));
+        assert!(close(evictions[0], over - noticed));
         // allocation 2's eviction fell into the stall and is forgotten: nothing follows
         run.samples(5, 5);
         assert_eq!(run.delays().len(), 3, "{:?}", run.delays());
