@@ -72,6 +72,7 @@ fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
         in_process: false,
         node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
         calibration: None,
+        no_recalibrate: false,
     }
 }
 
@@ -117,6 +118,11 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
         assert!(term.is_finite() && term > 0.0, "{app_model:?}");
     }
     assert!(app_model.measurements.total() > 0, "{app_model:?}");
+    // and the bidder decided with it
+    assert_eq!(
+        app_model.decided_with, app_model.calibrated,
+        "{app_model:?}"
+    );
     for file in ["summary.json", "timeseries.csv", "chart.svg"] {
         let text = std::fs::read_to_string(out.join(file)).unwrap();
         assert!(text.len() > 100, "{file} is nearly empty");
@@ -155,8 +161,15 @@ fn a_run_through_evictions_reaches_the_quality_of_a_calm_one() {
     // Three trace hours a second: joins, notices (some too late at this pace) and failures, each
     // instance a process of its own.
     let stormy = run(&args(job.clone(), dir.path().join("stormy"), 12_000.0)).unwrap();
-    // One trace second a second: the first decision's joins and nothing else.
-    let calm = run(&args(job, dir.path().join("calm"), 1.0)).unwrap();
+    // One trace second a second: the first decision's joins and nothing else. The calm run keeps
+    // the bidder on the spec's model (it still measures the run).
+    let calm = run(&RunArgs {
+        no_recalibrate: true,
+        ..args(job, dir.path().join("calm"), 1.0)
+    })
+    .unwrap();
+    let calm_model = calm.app_model.as_ref().expect("no application model");
+    assert_eq!(calm_model.decided_with, calm_model.spec, "{calm_model:?}");
     let leaves: u64 = ["notice", "late_notice", "fail"]
         .iter()
         .filter_map(|kind| stormy.events.get(*kind))

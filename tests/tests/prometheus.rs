@@ -270,6 +270,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         in_process: true,
         node_exe: None,
         calibration: None,
+        no_recalibrate: false,
     };
     let registry = run_registry.clone();
     let summary = tokio::task::spawn_blocking(move || {

@@ -80,6 +80,10 @@ pub struct RunArgs {
     /// linear φ term (docs/bidder.md), as `ebbflow simulate --calibration` does.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Keep the bidder on the spec's application model: ν, φ, σ and λ are still measured from
+    /// the run and reported in `summary.json`, but no decision uses them.
+    #[arg(long)]
+    pub no_recalibrate: bool,
 }
 
 /// Arguments of `ebbflow node` (one instance of a local run; started by `ebbflow run`).
@@ -528,6 +532,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         grid: &market.grid,
         start_slot: market.start_slot,
         speed: args.speed,
+        recalibrate: !args.no_recalibrate,
         workers: config.job.workers as u64,
         clocks,
         wall_limit,
@@ -682,6 +687,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         spec: crate::jobmarket::app_model(&job),
         calibrated: driven.calibrator.model().clone(),
         measurements: driven.calibrator.counts(),
+        decided_with: driven.decided_with,
     });
     report::write(&out, &summary, &driven.series)
         .map_err(|(path, source)| RunError::WriteOutputs { path, source })?;
@@ -765,6 +771,8 @@ struct Drive<'a> {
     grid: &'a MarketGrid,
     start_slot: usize,
     speed: f64,
+    /// The bidder decides with the re-estimated application model (else with the spec's).
+    recalibrate: bool,
     workers: u64,
     clocks: u64,
     wall_limit: Option<Duration>,
@@ -786,6 +794,8 @@ struct Driven {
     trace_seconds: f64,
     /// The application model re-estimated from the run, with what it was fed.
     calibrator: Calibrator,
+    /// The model the bidder's last decision used.
+    decided_with: crate::bidder::AppModel,
 }
 
 impl Drive<'_> {
@@ -829,6 +839,7 @@ impl Drive<'_> {
             let trace_seconds = (t - start) as f64;
             let clock = metrics.iterations.get() / self.workers.max(1);
             if finished() {
+                let decided_with = replay.app().clone();
                 let bill = replay.finish(t);
                 series.push(self.point(trace_seconds, started, clock, metrics, bill, evictions));
                 bar.finish_and_clear();
@@ -837,6 +848,7 @@ impl Drive<'_> {
                     bill,
                     trace_seconds,
                     calibrator,
+                    decided_with,
                 };
             }
             let mut events = Vec::new();
@@ -898,7 +910,9 @@ impl Drive<'_> {
                     tracing::debug!(?measurement, ?observation, "application model measured");
                     calibrator.record(measurement);
                 }
-                replay.set_app(calibrator.model().clone());
+                if self.recalibrate {
+                    replay.set_app(calibrator.model().clone());
+                }
             }
             let app = calibrator.model();
             bar.set_position(clock.min(self.clocks));

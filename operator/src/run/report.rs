@@ -87,10 +87,13 @@ pub struct RunSummary {
 pub struct AppModelSummary {
     /// From the spec's `bidding.overrides` (ν in the spec's own unit).
     pub spec: AppModel,
-    /// As the bidder used it at the end.
+    /// As re-estimated from the run at its end.
     pub calibrated: AppModel,
     /// What the calibration was fed.
     pub measurements: MeasurementCounts,
+    /// The model the bidder's last decision used: `calibrated`, or `spec` with
+    /// `--no-recalibrate`.
+    pub decided_with: AppModel,
 }
 
 impl RunSummary {
