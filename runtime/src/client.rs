@@ -95,6 +95,9 @@ pub struct Connection {
     out: Vec<u8>,
     body: Vec<u8>,
     max_frame_bytes: usize,
+    /// The hello is out and its welcome not read yet: the next read takes it first, so a
+    /// request can follow the hello without waiting a round trip for the welcome.
+    welcome_pending: bool,
 }
 
 impl Connection {
@@ -132,6 +135,7 @@ impl Connection {
             out: Vec::new(),
             body: Vec::new(),
             max_frame_bytes,
+            welcome_pending: true,
         };
         connection.send(&Message::Hello { secret, node })?;
         connection.flush()?;
@@ -140,9 +144,18 @@ impl Connection {
 
     /// Waits for the server's welcome to the hello [`Connection::open`] sent.
     fn welcomed(mut self) -> Result<Self, ClientError> {
+        self.await_welcome()?;
+        Ok(self)
+    }
+
+    /// Reads the welcome to the hello if it is still pending (a refused hello is an error here).
+    fn await_welcome(&mut self) -> Result<(), ClientError> {
+        if !std::mem::replace(&mut self.welcome_pending, false) {
+            return Ok(());
+        }
         let addr = self.addr;
         match self.recv()? {
-            Message::Welcome => Ok(self),
+            Message::Welcome => Ok(()),
             other => Err(unexpected(addr, &other, "welcome")),
         }
     }
@@ -167,8 +180,10 @@ impl Connection {
         })
     }
 
-    /// Reads the next message; a server `Error` becomes [`ClientError::Refused`].
+    /// Reads the next message (after the welcome, if that is still pending); a server `Error`
+    /// becomes [`ClientError::Refused`].
     pub fn recv(&mut self) -> Result<Message<'_>, ClientError> {
+        self.await_welcome()?;
         let addr = self.addr;
         let mut header = [0u8; HEADER_BYTES];
         self.reader
@@ -272,30 +287,18 @@ impl RemoteTransport {
                 .find(|c| c.as_ref().is_some_and(|c| c.addr() == addr))
                 .and_then(Option::take);
             connections.push(match kept {
-                Some(connection) => (connection, true),
-                None => (
-                    Connection::open(
-                        addr,
-                        &self.config.secret,
-                        self.config.node,
-                        self.config.max_frame_bytes,
-                        self.config.timeout,
-                    )?,
-                    false,
-                ),
+                Some(connection) => connection,
+                None => Connection::open(
+                    addr,
+                    &self.config.secret,
+                    self.config.node,
+                    self.config.max_frame_bytes,
+                    self.config.timeout,
+                )?,
             });
         }
-        // Every new connection's hello is out: now their welcomes.
-        let connections = connections
-            .into_iter()
-            .map(|(connection, welcomed)| {
-                if welcomed {
-                    Ok(connection)
-                } else {
-                    connection.welcomed()
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Every new connection's hello is out; its welcome is read before its first answer, so
+        // the requests that follow (registrations) go out without waiting a round trip for it.
         self.routes = map
             .entries()
             .iter()
@@ -468,4 +471,80 @@ pub fn fetch_snapshot(
     }
     snapshot.finish();
     Ok(snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{RowInit, TableSpec};
+    use crate::metrics::RuntimeMetrics;
+    use crate::node::ServerHandle;
+    use crate::optimizer::Optimizer;
+    use crate::partition::partition_of;
+    use crate::store::ServerState;
+    use crate::worker::Transport;
+    use std::sync::Arc;
+
+    fn serve(runtime: &tokio::runtime::Runtime, secret: &[u8]) -> ServerHandle {
+        let specs = [TableSpec {
+            id: 0,
+            name: "t".into(),
+            width: 2,
+            init: RowInit::Zeros,
+        }];
+        let state = Arc::new(ServerState::new(
+            &[(0, 1)],
+            1,
+            &specs,
+            1,
+            Optimizer::Add,
+            true,
+        ));
+        ServerHandle::loopback(
+            runtime.handle(),
+            state,
+            secret,
+            Duration::from_secs(5),
+            &RuntimeMetrics::unregistered(),
+        )
+        .unwrap()
+    }
+
+    fn transport_to(server: &ServerHandle, secret: &[u8]) -> Result<RemoteTransport, ClientError> {
+        let map = PartitionMap::round_robin(1, &[0]).unwrap();
+        let addrs: NodeAddrs = [(0, server.addr)].into_iter().collect();
+        RemoteTransport::connect(
+            &map,
+            &addrs,
+            &ClientConfig {
+                secret: secret.to_vec(),
+                node: 7,
+                max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+                timeout: Duration::from_secs(5),
+            },
+        )
+    }
+
+    #[test]
+    fn registrations_follow_the_hello_without_waiting_for_the_welcome() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let keys: Vec<u64> = (0..4).filter(|&k| partition_of(k, 1) == 0).collect();
+        let batch = vec![(0, vec![(0, keys.clone())], None)];
+
+        // The welcome is read before the registration's answer.
+        let server = serve(&runtime, b"job");
+        let mut transport = transport_to(&server, b"job").unwrap();
+        assert!(transport.connections[0].welcome_pending);
+        assert_eq!(
+            transport.register_all(0, &batch).unwrap(),
+            vec![keys.len() * 2]
+        );
+        assert!(!transport.connections[0].welcome_pending);
+
+        // A refused hello fails the first exchange, naming the server, and installs nothing.
+        let mut stranger = transport_to(&server, b"not the job").unwrap();
+        let error = stranger.register_all(0, &batch).unwrap_err().to_string();
+        assert!(error.contains(&server.addr.to_string()), "{error}");
+        server.stop(runtime.handle());
+    }
 }
