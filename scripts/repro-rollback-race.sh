@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces the open rollback race of docs/elasticity.md ("what is open"): an exact-app job on
+# Reproduces the rollback race of docs/elasticity.md (fixed in 297d665; kept as a regression
+# loop: before the fix it hung 1 run in 12 to 1 in 8 with two CPU hogs): an exact-app job on
 # 1 reliable + 3 transient `ebbflow-runtime elastic-node` processes; the transient node t0 has no
 # grace period and gets SIGTERM soon after stage 2 starts (a too-late notice, so a rollback). One
 # attempt per call: exits 0 when the job finishes within 20 s, 1 when it hangs. The processes and
