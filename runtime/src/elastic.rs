@@ -365,7 +365,7 @@ struct Controller<'a> {
     /// Left or failed nodes (a later notice for them is a harmless duplicate).
     departed: BTreeSet<String>,
     /// Authoritative partition images at `clock` (shared with `backup` after a copy, so taking
-    /// the copy costs no second clone; `lose` copies them on write).
+    /// the copy costs no second clone).
     images: Arc<Vec<PartitionImage>>,
     clock: u64,
     /// The BackupPS copy and its clock.
@@ -533,22 +533,6 @@ impl<'a> Controller<'a> {
     fn sync_backup(&mut self) {
         self.backup = self.images.clone();
         self.backup_clock = self.clock;
-    }
-
-    /// The state `lost` nodes hosted is gone: their partitions are empty until restored.
-    fn lose(&mut self, lost: &[NodeId], specs: &[TableSpec], workers: u32) {
-        let Some(layout) = &self.layout else {
-            return;
-        };
-        let num_partitions = layout.partitions.len() as u32;
-        for (image, entry) in Arc::make_mut(&mut self.images)
-            .iter_mut()
-            .zip(&layout.partitions)
-        {
-            if lost.contains(&entry.owner) {
-                *image = empty_image(image.partition, num_partitions, specs, workers);
-            }
-        }
     }
 
     fn roll_back(&mut self) {
@@ -1384,7 +1368,8 @@ fn run_controller<A: App>(
         }
         prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
         if !lost.is_empty() || std::mem::take(&mut force_rollback) {
-            controller.lose(&lost, &specs, workers);
+            // The lost nodes' state is gone and the survivors' is abandoned: every partition
+            // comes back from the BackupPS copy.
             controller.roll_back();
             pending_notice = None;
             // Every partition restarts from the BackupPS copy: no server keeps a live one.
@@ -1853,14 +1838,15 @@ mod tests {
         fn finish(&mut self) {}
     }
 
-    #[test]
-    fn a_failure_that_recurs_every_segment_ends_the_run_with_its_reason() {
+    /// Runs the integer-exact app with `partitions` on one reliable node over an
+    /// [`AlwaysLost`] fleet; returns the fleet and the run's error.
+    fn run_always_lost(partitions: u32) -> (AlwaysLost, ElasticError) {
         let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
         let config = ElasticConfig {
             job: JobConfig {
                 clocks: 20,
                 workers: 2,
-                partitions: 2,
+                partitions,
                 ..JobConfig::default()
             },
             thresholds: StageThresholds::default(),
@@ -1881,6 +1867,12 @@ mod tests {
             &RuntimeMetrics::unregistered(),
         )
         .expect_err("no segment ever finishes");
+        (fleet, error)
+    }
+
+    #[test]
+    fn a_failure_that_recurs_every_segment_ends_the_run_with_its_reason() {
+        let (fleet, error) = run_always_lost(2);
         assert_eq!(fleet.segments, MAX_LOST_IN_A_ROW);
         let text = error.to_string();
         assert!(
@@ -1897,32 +1889,7 @@ mod tests {
         // processes' workers would take it for the copy they registered with (they re-register
         // only partitions whose server or epoch changed): their BSP pushes then wait forever
         // for a read by a worker the restored copy does not know.
-        let app = crate::exact::ExactApp::new(crate::exact::ExactConfig::default());
-        let config = ElasticConfig {
-            job: JobConfig {
-                clocks: 20,
-                workers: 2,
-                partitions: 3,
-                ..JobConfig::default()
-            },
-            thresholds: StageThresholds::default(),
-            backup_every: 5,
-            reliable: vec!["r0".into()],
-            transient: Vec::new(),
-        };
-        let mut fleet = AlwaysLost {
-            segments: 0,
-            placed: Vec::new(),
-        };
-        run_elastic_on(
-            &app,
-            &config,
-            &[],
-            None,
-            &mut fleet,
-            &RuntimeMetrics::unregistered(),
-        )
-        .expect_err("no segment ever finishes");
+        let (fleet, _) = run_always_lost(3);
         assert_eq!(fleet.placed.len(), 3 * MAX_LOST_IN_A_ROW as usize);
         let distinct: BTreeSet<_> = fleet.placed.iter().copied().collect();
         assert_eq!(
