@@ -34,13 +34,21 @@ pub struct CoordinatorStatus {
     pub migrations: u64,
     /// Rollbacks to the last consistent clock so far.
     pub rollbacks: u64,
+    /// Reliable member nodes the runtime counts, when an elastic coordinator reports them.
+    pub reliable_nodes: Option<u32>,
+    /// Transient member nodes the runtime counts (joined and not gone), when reported.
+    pub transient_nodes: Option<u32>,
 }
 
 impl From<StatusResponse> for CoordinatorStatus {
+    /// An elastic coordinator's `progress` gives the stage, the iteration (its consistent
+    /// clock: every partition holds it, and it falls back on a rollback), the migration and
+    /// rollback counts and the member nodes per tier; a static coordinator reports none of them.
     fn from(response: StatusResponse) -> Self {
+        let progress = response.progress.as_ref();
         Self {
-            stage: None,
-            iteration: None,
+            stage: progress.map(|p| p.stage),
+            iteration: progress.map(|p| p.clock),
             loss: response.result.as_ref().map(|result| result.loss),
             finished: response.phase == JobPhase::Done,
             reason: (response.phase == JobPhase::Done).then(|| "StopCriterionMet".to_owned()),
@@ -55,8 +63,10 @@ impl From<StatusResponse> for CoordinatorStatus {
                 .iter()
                 .map(|node| node.name.clone())
                 .collect(),
-            migrations: 0,
-            rollbacks: 0,
+            migrations: progress.map_or(0, |p| p.partitions_migrated),
+            rollbacks: progress.map_or(0, |p| p.rollbacks),
+            reliable_nodes: progress.map(|p| p.reliable_nodes),
+            transient_nodes: progress.map(|p| p.transient_nodes),
         }
     }
 }
@@ -237,6 +247,28 @@ mod tests {
         assert_eq!(status.loss, Some(0.25));
         assert_eq!(status.members, ["mf-r-0"]);
         assert!(status.failed.is_none());
+        assert_eq!(
+            (status.stage, status.iteration),
+            (None, None),
+            "a static job"
+        );
+
+        let elastic: StatusResponse = serde_json::from_str(
+            r#"{"phase":"training","expected_nodes":1,"nodes":[],"partitions":[],"notices":[],
+                "result":null,"error":null,
+                "progress":{"clock":40,"stage":2,"reliable_nodes":1,"transient_nodes":6,
+                            "partitions_migrated":16,"rollbacks":1}}"#,
+        )
+        .unwrap();
+        let status = CoordinatorStatus::from(elastic);
+        assert_eq!(status.stage, Some(2));
+        assert_eq!(status.iteration, Some(40));
+        assert_eq!((status.migrations, status.rollbacks), (16, 1));
+        assert_eq!(
+            (status.reliable_nodes, status.transient_nodes),
+            (Some(1), Some(6))
+        );
+        assert!(!status.finished);
 
         let failed = StatusResponse {
             phase: JobPhase::Failed,
