@@ -64,6 +64,11 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostStatus>,
 
+    /// The application model BidBrain decides with: the spec's `bidding.overrides`,
+    /// re-estimated from the job's measured progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_model: Option<AppModelStatus>,
+
     /// Current allocations: instances bought together in one pool at one price.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
@@ -210,6 +215,34 @@ pub struct CostStatus {
     pub free_compute: f64,
     /// USD the same instance-time would have cost on demand.
     pub on_demand_equivalent: f64,
+}
+
+/// BidBrain's application model (seed 003 §4.3) as measured from the job's progress: the
+/// spec's terms moved towards each measurement.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppModelStatus {
+    /// ν: training clocks per vCPU per second of the market's clock (trace seconds for a
+    /// replayed trace).
+    pub nu: f64,
+    /// φ: the share of a transient node's ν that becomes progress.
+    pub phi: f64,
+    /// σ: seconds from buying capacity until the runtime counts it as ready nodes.
+    pub sigma_seconds: f64,
+    /// λ: seconds of lost progress after an eviction (the pause plus clocks redone).
+    pub lambda_seconds: f64,
+    /// Steady intervals measured (for ν and φ).
+    #[serde(default)]
+    pub steady_intervals: u64,
+    /// Additions measured (for σ).
+    #[serde(default)]
+    pub additions: u64,
+    /// Eviction stalls measured (for λ).
+    #[serde(default)]
+    pub evictions: u64,
+    /// False when the operator runs with re-estimation off and decides with the spec's terms.
+    #[serde(default)]
+    pub in_use: bool,
 }
 
 /// Instances bought together in one pool at one price.

@@ -38,6 +38,8 @@ pub struct CoordinatorStatus {
     pub reliable_nodes: Option<u32>,
     /// Transient member nodes the runtime counts (joined and not gone), when reported.
     pub transient_nodes: Option<u32>,
+    /// Transient nodes the runtime switched in so far, when reported.
+    pub transient_nodes_added: Option<u64>,
 }
 
 impl From<StatusResponse> for CoordinatorStatus {
@@ -67,6 +69,7 @@ impl From<StatusResponse> for CoordinatorStatus {
             rollbacks: progress.map_or(0, |p| p.rollbacks),
             reliable_nodes: progress.map(|p| p.reliable_nodes),
             transient_nodes: progress.map(|p| p.transient_nodes),
+            transient_nodes_added: progress.map(|p| p.transient_nodes_added),
         }
     }
 }
@@ -257,7 +260,7 @@ mod tests {
             r#"{"phase":"training","expected_nodes":1,"nodes":[],"partitions":[],"notices":[],
                 "result":null,"error":null,
                 "progress":{"clock":40,"stage":2,"reliable_nodes":1,"transient_nodes":6,
-                            "partitions_migrated":16,"rollbacks":1}}"#,
+                            "transient_nodes_added":7,"partitions_migrated":16,"rollbacks":1}}"#,
         )
         .unwrap();
         let status = CoordinatorStatus::from(elastic);
@@ -268,6 +271,7 @@ mod tests {
             (status.reliable_nodes, status.transient_nodes),
             (Some(1), Some(6))
         );
+        assert_eq!(status.transient_nodes_added, Some(7));
         assert!(!status.finished);
 
         let failed = StatusResponse {

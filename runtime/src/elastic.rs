@@ -431,12 +431,16 @@ impl<'a> Controller<'a> {
                 "node {name} already left the job; join under a new name"
             ));
         }
+        // The reliable tier is needed for every layout; the initial members start together.
+        let ready = reliable || self.layout.is_none();
+        if ready && !reliable {
+            self.metrics.transient_nodes_added.inc();
+        }
         self.members.push(Member {
             id: self.next_id,
             name: name.to_owned(),
             reliable,
-            // The reliable tier is needed for every layout; the initial members start together.
-            ready: reliable || self.layout.is_none(),
+            ready,
         });
         self.next_id += 1;
         Ok(())
@@ -1516,6 +1520,9 @@ fn prepare_joined(
         for (id, name) in switch_in {
             preparing.remove(&id);
             if let Some(member) = controller.members.iter_mut().find(|m| m.id == id) {
+                if !member.ready && !member.reliable {
+                    controller.metrics.transient_nodes_added.inc();
+                }
                 member.ready = true;
             }
             tracing::info!(node = %name, "joined node prepared: switching it in");

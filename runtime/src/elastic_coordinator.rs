@@ -325,6 +325,7 @@ impl ElasticService {
                     .with_label_values(&["transient"])
                     .get()
                     .max(0) as u32,
+                transient_nodes_added: self.metrics.transient_nodes_added.get(),
                 partitions_migrated: self.metrics.partitions_migrated.get(),
                 rollbacks: self.metrics.rollbacks.get(),
                 heartbeat_failures: self.heartbeats.failures(),

@@ -28,6 +28,9 @@ pub struct RuntimeMetrics {
     pub stage: IntGauge,
     /// Member nodes of an elastic run, by tier (`reliable`, `transient`).
     pub nodes: IntGaugeVec,
+    /// Transient nodes switched in (counted as member nodes) so far: their joins, even when
+    /// others leave between two looks at `nodes`.
+    pub transient_nodes_added: IntCounter,
     /// Membership events of an elastic run, by kind (`join`, `notice`, `late_notice`, `fail`,
     /// `rejected`).
     pub elastic_events: IntCounterVec,
@@ -123,6 +126,10 @@ impl RuntimeMetrics {
                 "ebbflow_runtime_clocks_redone_total",
                 "clocks redone after rollbacks",
             )?,
+            transient_nodes_added: IntCounter::new(
+                "ebbflow_runtime_transient_nodes_added_total",
+                "transient nodes switched in to an elastic run",
+            )?,
             consistent_clock: IntGauge::new(
                 "ebbflow_runtime_consistent_clock",
                 "clocks every partition holds at the last segment boundary",
@@ -143,6 +150,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.rollbacks.clone()))?;
         registry.register(Box::new(metrics.clocks_redone.clone()))?;
         registry.register(Box::new(metrics.consistent_clock.clone()))?;
+        registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;

@@ -7,6 +7,10 @@
 //!   tagged with the job, follows a scale-down, and deleting the job terminates them before its
 //!   finalizer lets it go.
 //!
+//! - BidBrain re-estimates a job's application model from a real elastic coordinator's progress
+//!   (the runtime on 127.0.0.1, one in-process node per pod the operator created) and decides
+//!   with it: `status.appModel` shows ν, σ measured and in use.
+//!
 //! Each test runs its own operator scoped to its own namespace. Skipped (with a line saying so)
 //! unless `EBBFLOW_KUBECONFIG` names the cluster that `scripts/cluster.sh up` started; the ec2 test
 //! also needs `EBBFLOW_PYTHON` (a Python with moto, `scripts/setup-python.sh`).
@@ -25,11 +29,17 @@ use ebbflow_operator::controller::{
     bidbrain::{BidBrainConfig, BidBrainPlanner},
 };
 use ebbflow_operator::provision::Ec2Provisioner;
+use ebbflow_runtime::elastic::{ElasticConfig, LiveFeed, StageThresholds};
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
 use ebbflow_tests::cluster::{
     BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until, quickstart_job,
 };
 use ebbflow_tests::operator::{Custom, start_custom};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -259,6 +269,211 @@ async fn bidbrain_buys_trace_pools_and_spot_pods_land_in_them() -> Result<(), Bo
 
     jobs.delete("bidbrain", &DeleteParams::default()).await?;
     wait_deleted(&jobs, "bidbrain").await?;
+    let _ = stop.send(());
+    nodes.delete().await?;
+    test_namespace.delete().await
+}
+
+/// Clocks the calibration test's runtime would run (it is stopped long before).
+const CALIBRATION_CLOCKS: u64 = 1_000_000;
+
+/// The integer-exact app of the calibration test: 10 ms of work per clock.
+fn calibration_app() -> ExactApp {
+    ExactApp::new(ExactConfig {
+        rows: 64,
+        width: 4,
+        tables: 2,
+        shared_rows: 4,
+        clocks: CALIBRATION_CLOCKS,
+        staleness: 0,
+        clock_delay: Duration::from_millis(10),
+    })
+}
+
+fn calibration_job_config() -> JobConfig {
+    JobConfig {
+        clocks: CALIBRATION_CLOCKS,
+        staleness: 0,
+        partitions: 4,
+        workers: 4,
+        wait_timeout: Duration::from_secs(60),
+        ..JobConfig::default()
+    }
+}
+
+/// One elastic node of the calibration test's job, named after its pod, on a thread of this
+/// process (real data plane and admin API on 127.0.0.1); it runs until the coordinator lets it go.
+fn calibration_node(url: &str, secret: &str, name: &str, reliable: bool) {
+    let settings = ElasticNodeSettings {
+        job: calibration_job_config(),
+        job_id: "e2e-calibration".into(),
+        reliable,
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        advertise: None,
+        metrics_listen: None,
+        notices: NoticeSources {
+            coordinator: url.to_owned(),
+            secret: secret.to_owned(),
+            name: name.to_owned(),
+            grace: Duration::from_secs(30),
+            metadata_endpoint: None,
+            metadata_poll: Duration::from_secs(1),
+        },
+    };
+    let name = name.to_owned();
+    std::thread::spawn(move || {
+        if let Err(error) = run_elastic_node(calibration_app(), settings) {
+            eprintln!("node {name}: {error}");
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(), BoxError> {
+    let test = "bidbrain_recalibrates_from_a_real_coordinators_progress";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let test_namespace = TestNamespace::create(&client, "e2e-calibrate").await?;
+    let namespace = test_namespace.name().to_owned();
+    let nodes = P3Nodes::create(&client, "cal").await?;
+    let name = "calibrated";
+
+    // The runtime: a real elastic coordinator on 127.0.0.1 whose secret is the job's token (the
+    // test creates the token Secret; the operator keeps an existing one).
+    let secret = "e2e-calibration-token".to_owned();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut token = Secret::default();
+    token.metadata.name = Some(controller::plan::secret_name(name));
+    token.string_data = Some(BTreeMap::from([(
+        controller::plan::TOKEN_KEY.to_owned(),
+        secret.clone(),
+    )]));
+    secrets.create(&PostParams::default(), &token).await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let registry = prometheus::Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)?;
+    let settings = ElasticJob {
+        config: ElasticConfig {
+            job: calibration_job_config(),
+            thresholds: StageThresholds::default(),
+            backup_every: 10,
+            reliable: Vec::new(),
+            transient: Vec::new(),
+        },
+        secret: secret.clone(),
+        job: "e2e-calibration".into(),
+        reliable_nodes: 1,
+        join_timeout: Duration::from_secs(120),
+        background_copies: true,
+    };
+    let coordinator = std::thread::spawn(move || {
+        run_elastic_job(
+            &calibration_app(),
+            settings,
+            listener,
+            registry,
+            &metrics,
+            LiveFeed::new(),
+        )
+    });
+
+    // The operator decides with BidBrain on the p3 trace at 60 trace seconds per second.
+    let planner = BidBrainPlanner::new(BidBrainConfig {
+        trace_dir: spot_data(),
+        trace_speed: 60.0,
+        ..BidBrainConfig::default()
+    });
+    let stop = start_custom(
+        &client,
+        &prometheus::Registry::new(),
+        &url,
+        Custom {
+            capacity: Arc::new(planner),
+            ec2: None,
+            namespace: Some(namespace.clone()),
+        },
+    )
+    .await?;
+    let mut job = quickstart_job(name, &namespace)?;
+    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
+    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
+    job.spec.bidding.decision_interval = ebbflow_crds::DurationString::new("10s")?;
+    job.spec.stop.iterations = Some(CALIBRATION_CLOCKS);
+    job.spec.transient.min_nodes = 1;
+    job.spec.transient.max_nodes = 3;
+    let spec_model = ebbflow_operator::jobmarket::app_model(&job);
+    apply(&client, &job).await?;
+
+    // The test is the kubelet: every pod of the job the operator creates becomes a node.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
+    let selector = ListParams::default().labels(&format!("{}={name}", controller::plan::JOB_LABEL));
+    let mut started: BTreeSet<String> = BTreeSet::new();
+    let applied = std::time::Instant::now();
+    let deadline = applied + Duration::from_secs(240);
+    let status = loop {
+        for pod in pods.list(&selector).await?.items {
+            let tier = pod
+                .labels()
+                .get(controller::plan::TIER_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            let pod_name = pod.name_any();
+            if pod.metadata.deletion_timestamp.is_none()
+                && (tier == "reliable" || tier == "transient")
+                && started.insert(pod_name.clone())
+            {
+                calibration_node(&url, &secret, &pod_name, tier == "reliable");
+            }
+        }
+        let status = jobs.get(name).await?.status.unwrap_or_default();
+        let measured = status
+            .app_model
+            .as_ref()
+            .is_some_and(|m| m.additions >= 1 && m.steady_intervals >= 1);
+        if measured {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "no calibrated application model in the status after 240 s; nodes started {started:?}, status {status:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    // Progress came from the runtime, and the model decided with was measured from it.
+    let model = status.app_model.clone().expect("measured above");
+    assert!(status.iteration.is_some_and(|i| i > 0), "{status:?}");
+    assert!(status.stage.is_some(), "{status:?}");
+    assert!(model.in_use, "{model:?}");
+    assert!(
+        model.nu > 0.0 && (model.nu - spec_model.nu_per_vcpu_second).abs() > 1e-6,
+        "ν measured in clocks per vCPU per trace second, not the spec's: {model:?}"
+    );
+    assert!(
+        model.sigma_seconds > 0.0 && model.sigma_seconds < spec_model.sigma_seconds,
+        "σ moved from the spec's {} s towards the seconds a node took to join: {model:?}",
+        spec_model.sigma_seconds
+    );
+    eprintln!(
+        "{test}: after {:.1} s: iteration {:?}, stage {:?}, app model {model:?}",
+        applied.elapsed().as_secs_f64(),
+        status.iteration,
+        status.stage
+    );
+
+    // Deleting the job stops the runtime (the operator posts /stop with the token).
+    jobs.delete(name, &DeleteParams::default()).await?;
+    wait_deleted(&jobs, name).await?;
+    let report = tokio::task::spawn_blocking(move || coordinator.join())
+        .await?
+        .map_err(|_| "the coordinator thread panicked")??;
+    assert!(report.stopped_at.is_some(), "stopped by the operator");
     let _ = stop.send(());
     nodes.delete().await?;
     test_namespace.delete().await

@@ -34,6 +34,7 @@
 
 pub mod app;
 pub mod calibration;
+pub mod probe;
 
 use std::fmt;
 

@@ -156,6 +156,12 @@ struct Flags {
     #[arg(long, default_value_t = 600)]
     market_refresh_seconds: u64,
 
+    /// BidBrain decides with the spec's application model (`bidding.overrides`) instead of the
+    /// one re-estimated from each job's progress; the terms are still measured and shown in
+    /// `status.appModel`.
+    #[arg(long)]
+    no_recalibrate: bool,
+
     /// Ask EC2 this often, in seconds, whether the spot instances of jobs in ec2 provisioning
     /// mode are being interrupted (with --ec2-region).
     #[arg(long, default_value_t = 5)]
@@ -321,6 +327,7 @@ async fn main() -> anyhow::Result<()> {
                 trace_speed: flags.trace_speed,
                 live_lookback: Duration::from_secs(flags.market_lookback_hours * 3600),
                 live_refresh: Duration::from_secs(flags.market_refresh_seconds),
+                recalibrate: !flags.no_recalibrate,
                 ..BidBrainConfig::default()
             });
             if let (Some(api), Some(region)) = (&ec2_api, &flags.ec2_region) {

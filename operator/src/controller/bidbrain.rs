@@ -35,11 +35,12 @@ use ebbflow_crds::{BiddingStrategy, CapacityType, MarketKind, TrainingJob};
 use ebbflow_ec2::Ec2Api;
 use k8s_openapi::jiff::Timestamp;
 use parking_lot::Mutex;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::calibration::JobCalibration;
 use super::capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner};
 use super::plan::{CapacityDecision, PoolKey};
-use crate::bidder::{Allocation, Bidder, BidderInput, JobState};
+use crate::bidder::{Allocation, AppModel, Bidder, BidderInput, JobState};
 use crate::jobmarket::{
     LiveSettings, MarketSetup, app_model, bidder_config, fetch_ec2_setup, setup_market,
 };
@@ -60,6 +61,12 @@ pub struct BidBrainConfig {
     pub live_refresh: Duration,
     /// How long a live market is still used while fetching it again fails.
     pub live_max_age: Duration,
+    /// Decide with the application model re-estimated from each job's progress
+    /// ([`super::calibration`]); when false the spec's terms are used (and still measured).
+    pub recalibrate: bool,
+    /// A job's calibration not used for this long is dropped (a job deleted while the operator
+    /// was away).
+    pub calibration_idle: Duration,
 }
 
 impl Default for BidBrainConfig {
@@ -71,6 +78,8 @@ impl Default for BidBrainConfig {
             live_lookback: Duration::from_secs(7 * 24 * 3600),
             live_refresh: Duration::from_secs(600),
             live_max_age: Duration::from_secs(3600),
+            recalibrate: true,
+            calibration_idle: Duration::from_secs(3600),
         }
     }
 }
@@ -130,6 +139,8 @@ pub struct BidBrainPlanner {
     markets: Mutex<HashMap<String, Loaded>>,
     ec2: Option<Ec2MarketSource>,
     live: LiveMarkets,
+    /// Per job (uid): its calibration and when a decision last used it.
+    calibrations: Mutex<HashMap<String, (JobCalibration, Instant)>>,
 }
 
 /// Jobs with equal keys share one market.
@@ -160,6 +171,7 @@ impl BidBrainPlanner {
             markets: Mutex::new(HashMap::new()),
             ec2: None,
             live: LiveMarkets::default(),
+            calibrations: Mutex::new(HashMap::new()),
         }
     }
 
@@ -201,6 +213,61 @@ impl BidBrainPlanner {
         entry.current(&self.config)
     }
 
+    /// Decides `view`'s job on `setup` with its calibrated application model (see
+    /// [`super::calibration`]), and takes the decision into the calibration.
+    fn decide_calibrated(
+        &self,
+        setup: &MarketSetup,
+        clock: MarketClock,
+        view: &CapacityView<'_>,
+    ) -> CapacityDecision {
+        let job = view.job;
+        let key = job_key(job);
+        let spec = app_model(job);
+        // Taken out while deciding: reconciles of one job never run concurrently, and other jobs'
+        // decisions do not wait on this one.
+        let taken = {
+            let mut calibrations = self.calibrations.lock();
+            let idle = self.config.calibration_idle;
+            calibrations.retain(|_, (_, used)| used.elapsed() < idle);
+            calibrations.remove(&key)
+        };
+        let mut calibration = match taken {
+            Some((calibration, _)) if calibration.spec() == &spec => calibration,
+            _ => {
+                let created = job
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(view.now, |t| t.0);
+                JobCalibration::new(spec.clone(), clock.speed(), created)
+            }
+        };
+        let vcpus_of = |key: &PoolKey| {
+            setup
+                .grid
+                .pools
+                .iter()
+                .find(|p| p.id.instance_type == key.0.instance_type && p.id.zone == key.0.zone)
+                .map(|p| p.vcpus)
+        };
+        for measurement in calibration.observe(view, setup.reliable.vcpus, vcpus_of) {
+            debug!(job = ?job.metadata.name, ?measurement, model = ?calibration.model(), "application model measured");
+        }
+        let app = if self.config.recalibrate {
+            calibration.model().clone()
+        } else {
+            spec
+        };
+        let mut decision = decide_on(setup, clock, view, &app);
+        calibration.decided(&decision.transient);
+        decision.app_model = Some(calibration.status(self.config.recalibrate));
+        self.calibrations
+            .lock()
+            .insert(key, (calibration, Instant::now()));
+        decision
+    }
+
     /// The job's market, loaded on first use and shared by jobs with the same market settings.
     fn market(&self, job: &TrainingJob) -> Option<Arc<MarketSetup>> {
         let key = market_key(job);
@@ -240,7 +307,7 @@ impl CapacityPlanner for BidBrainPlanner {
         }
         match (bidding.market.kind, &self.ec2) {
             (MarketKind::Trace, _) => match self.market(job) {
-                Some(setup) => decide_on(
+                Some(setup) => self.decide_calibrated(
                     &setup,
                     MarketClock::Replay {
                         speed: self.config.trace_speed,
@@ -250,11 +317,27 @@ impl CapacityPlanner for BidBrainPlanner {
                 None => hold_spec(view, "MarketUnavailable"),
             },
             (MarketKind::Ec2, Some(source)) => match self.live_market(source, job, view.now) {
-                Ok(setup) => decide_on(&setup, MarketClock::Wall, view),
+                Ok(setup) => self.decide_calibrated(&setup, MarketClock::Wall, view),
                 Err(reason) => hold_spec(view, reason),
             },
             (MarketKind::Ec2 | MarketKind::Gcp, _) => hold_spec(view, "NoMarketView"),
         }
+    }
+
+    fn forget(&self, job: &TrainingJob) {
+        self.calibrations.lock().remove(&job_key(job));
+    }
+}
+
+/// A job's calibration key: its uid, or namespace/name without one.
+fn job_key(job: &TrainingJob) -> String {
+    match &job.metadata.uid {
+        Some(uid) => uid.clone(),
+        None => format!(
+            "{}/{}",
+            job.metadata.namespace.as_deref().unwrap_or_default(),
+            job.metadata.name.as_deref().unwrap_or_default()
+        ),
     }
 }
 
@@ -324,11 +407,13 @@ fn pool_key(info: &market::PoolInfo, capacity: market::CapacityType) -> PoolKey 
     PoolKey::new(&info.id.instance_type, &info.id.zone, capacity)
 }
 
-/// One BidBrain decision for the job in `view` on `setup`'s market (pure).
+/// One BidBrain decision for the job in `view` on `setup`'s market with application model
+/// `app` (pure).
 pub fn decide_on(
     setup: &MarketSetup,
     clock: MarketClock,
     view: &CapacityView<'_>,
+    app: &AppModel,
 ) -> CapacityDecision {
     let job = view.job;
     let grid = &setup.grid;
@@ -412,14 +497,13 @@ pub fn decide_on(
         billing: setup.billing,
         eviction: &setup.model,
     };
-    let app = app_model(job);
     let decision = bidder.decide(&BidderInput {
         now,
         pools: &grid.pools,
         market: &market_view,
         allocations: &allocations,
         reliable: &setup.reliable,
-        app: &app,
+        app,
         job: &state,
     });
 
@@ -500,6 +584,7 @@ pub fn decide_on(
         reason: reason.to_owned(),
         max_prices: prices,
         expected_cost_per_work: cost_per_work.is_finite().then_some(cost_per_work),
+        app_model: None,
     }
 }
 
@@ -778,7 +863,7 @@ mod tests {
                 coordinator: None,
                 now: "2026-11-23T10:04:00Z".parse().unwrap(),
             };
-            let decision = decide_on(&setup, MarketClock::Wall, &view);
+            let decision = decide_on(&setup, MarketClock::Wall, &view, &app_model(&job));
             assert_eq!(decision.reason, "BidBrain", "{decision:?}");
             assert!((1..=4).contains(&decision.total()), "{decision:?}");
             for (pool, bid) in &decision.max_prices {
@@ -913,11 +998,13 @@ mod tests {
             &setup,
             MarketClock::Replay { speed: 1.0 },
             &view("2026-11-23T10:00:00Z"),
+            &app_model(&job),
         );
         let at_end = decide_on(
             &setup,
             MarketClock::Replay { speed: 60.0 },
             &view("2026-11-24T10:00:00Z"),
+            &app_model(&job),
         );
         let last = setup.grid.slots - 1;
         let buyable_last: BTreeSet<PoolKey> = (0..setup.grid.pools.len())

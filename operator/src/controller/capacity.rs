@@ -34,6 +34,9 @@ pub struct CapacityView<'a> {
 pub trait CapacityPlanner: Send + Sync {
     /// The desired transient pods per pool.
     fn decide(&self, view: &CapacityView<'_>) -> CapacityDecision;
+
+    /// Drops what the planner keeps for `job` (it was deleted).
+    fn forget(&self, _job: &TrainingJob) {}
 }
 
 /// The candidate pools of a job: transient instance types × zones (an empty list means "any"),

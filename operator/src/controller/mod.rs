@@ -2,6 +2,7 @@
 //! kube's finalizer helper, with children written by server-side apply under one field manager.
 
 pub mod bidbrain;
+pub mod calibration;
 pub mod capacity;
 pub mod interruptions;
 pub mod plan;
@@ -535,6 +536,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             coordinator: &CoordinatorObservation::NotQueried,
             decision_changes: Vec::new(),
             new_evictions: 0,
+            app_model: None,
             provisioner_error: None,
             now,
         });
@@ -845,6 +847,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         coordinator: &coordinator,
         decision_changes,
         new_evictions,
+        app_model: decision.app_model.clone(),
         provisioner_error: provisioner_error.clone(),
         now,
     });
@@ -1022,6 +1025,8 @@ fn only_progress_differs(a: &TrainingJobStatus, b: &TrainingJobStatus) -> bool {
         status.stage = None;
         status.migrations = 0;
         status.rollbacks = 0;
+        // re-estimated with every measurement of the job's progress
+        status.app_model = None;
         status
     };
     strip(a) == strip(b)
@@ -1083,6 +1088,7 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         .ok_or(Error::InvalidObject("namespace missing"))?;
     let name = job.name_any();
     ctx.metrics.job.forget(&namespace, &name);
+    ctx.capacity.forget(&job);
     let job_ref = ObjectRef::from_obj(job.as_ref());
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let pods = pods_api

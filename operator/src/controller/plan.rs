@@ -146,6 +146,8 @@ pub struct CapacityDecision {
     pub max_prices: BTreeMap<PoolKey, f64>,
     /// The planner's expected cost per unit of work after the decision, when it has a model.
     pub expected_cost_per_work: Option<f64>,
+    /// The application model the planner measured for the job, when it keeps one (BidBrain).
+    pub app_model: Option<ebbflow_crds::AppModelStatus>,
 }
 
 impl CapacityDecision {

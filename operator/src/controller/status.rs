@@ -99,6 +99,8 @@ pub struct StatusInput<'a> {
     pub decision_changes: Vec<BidDecision>,
     /// Evictions first noticed this reconcile.
     pub new_evictions: u64,
+    /// The capacity planner's application model for the job, if it keeps one.
+    pub app_model: Option<ebbflow_crds::AppModelStatus>,
     /// Why the provisioner (ec2 mode) failed this reconcile, if it did.
     pub provisioner_error: Option<String>,
     /// Now.
@@ -213,6 +215,9 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         status.loss = report.loss.or(status.loss);
         status.migrations = status.migrations.max(report.migrations);
         status.rollbacks = status.rollbacks.max(report.rollbacks);
+    }
+    if let Some(model) = &input.app_model {
+        status.app_model = Some(model.clone());
     }
 
     if let Err(message) = &input.validation {

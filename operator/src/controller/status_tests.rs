@@ -56,6 +56,7 @@ fn compute(
         coordinator,
         decision_changes: Vec::new(),
         new_evictions: 0,
+        app_model: None,
         provisioner_error: None,
         now,
     })
@@ -252,6 +253,7 @@ fn invalid_spec_fails_with_the_field_in_the_message() {
         coordinator: &CoordinatorObservation::NotQueried,
         decision_changes: Vec::new(),
         new_evictions: 0,
+        app_model: None,
         provisioner_error: None,
         now: at(0),
     });
@@ -284,6 +286,7 @@ fn decision_log_records_changes_and_stays_bounded() {
         reason: reason.to_owned(),
         max_prices: BTreeMap::from([(b.clone(), 0.25)]),
         expected_cost_per_work: Some(0.5),
+        app_model: None,
     };
     let changes = decision_changes(&before, &decided("Eviction"), at(0));
     assert_eq!(changes.len(), 2);
@@ -318,6 +321,7 @@ fn decision_log_records_changes_and_stays_bounded() {
             coordinator: &CoordinatorObservation::NotQueried,
             decision_changes: decision_changes(&before, &decided(&format!("R{i}")), at(i as i64)),
             new_evictions: 1,
+            app_model: None,
             provisioner_error: None,
             now: at(i as i64),
         });

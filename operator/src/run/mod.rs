@@ -9,7 +9,6 @@
 //! and nodes still there at their deadline fail. The bill accrues under the job's billing model next to the
 //! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
 
-pub mod calibrate;
 pub mod instances;
 pub mod provisioner;
 pub mod replay;
@@ -34,11 +33,11 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
+use crate::bidder::probe::{Observation, ProbeEvent, ProbeSettings, ThroughputProbe};
 use crate::bidder::{Calibrator, JobState, ThroughputFeed};
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
 use crate::sim::grid::MarketGrid;
-use calibrate::{Observation, ProbeSettings, ThroughputProbe};
 use provisioner::{Assignment, LiveAllocation, LocalProvisioner};
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{AppModelSummary, RunSummary, TimePoint};
@@ -800,7 +799,7 @@ struct Driven {
 
 impl Drive<'_> {
     /// Steps the replay until `finished()`, re-estimating the bidder's application model from
-    /// what the runtime does ([`calibrate`]) and deciding with it from then on.
+    /// what the runtime does ([`crate::bidder::probe`]) and deciding with it from then on.
     fn run(
         &self,
         mut replay: MarketReplay<'_>,
@@ -830,6 +829,8 @@ impl Drive<'_> {
         let mut stop_sent = false;
         let mut last_bill = Bill::default();
         let mut probe = ThroughputProbe::new(ProbeSettings::new(self.speed));
+        // the runtime's count of transient nodes switched in, at the last sample
+        let mut added_seen = 0u64;
         let mut calibrator = Calibrator::new(replay.app().clone(), CALIBRATION_WEIGHT);
         // vCPUs of one transient instance: the held pools', else the market's mean
         let mut transient_vcpus = self.grid.pools.iter().map(|p| p.vcpus).sum::<f64>()
@@ -903,7 +904,11 @@ impl Drive<'_> {
             if held > 0 {
                 transient_vcpus = held_vcpus / f64::from(held);
             }
-            let observation = self.observation(&point, metrics, transient_vcpus);
+            let mut observation = self.observation(&point, metrics, transient_vcpus);
+            let added = metrics.transient_nodes_added.get();
+            observation.joined = Some(u32::try_from(added - added_seen).unwrap_or(u32::MAX));
+            added_seen = added;
+            let events: Vec<ProbeEvent> = events.iter().map(probe_event).collect();
             let measured = probe.observe(&observation, &events);
             if !measured.is_empty() {
                 for measurement in measured {
@@ -1020,7 +1025,8 @@ impl Drive<'_> {
     }
 
     /// What the throughput probe needs from a sample: the consistent clock, ready nodes per
-    /// tier and their vCPUs (`transient_vcpus` per transient instance).
+    /// tier and their vCPUs (`transient_vcpus` per transient instance); the caller sets the
+    /// joins since the last sample.
     fn observation(
         &self,
         point: &TimePoint,
@@ -1030,6 +1036,7 @@ impl Drive<'_> {
         let reliable_nodes = point.reliable_nodes.max(0) as u32;
         let transient_nodes = point.transient_nodes.max(0) as u32;
         Observation {
+            joined: None,
             wall_seconds: point.wall_seconds,
             clocks: metrics.consistent_clock.get().max(0) as u64,
             rollbacks: point.rollbacks,
@@ -1064,5 +1071,17 @@ impl Drive<'_> {
             partitions_migrated: metrics.partitions_migrated.get(),
             rollbacks: metrics.rollbacks.get(),
         }
+    }
+}
+
+/// The probe's view of a replay event.
+fn probe_event(event: &ReplayEvent) -> ProbeEvent {
+    match *event {
+        ReplayEvent::Acquired {
+            allocation, count, ..
+        } => ProbeEvent::Acquired { allocation, count },
+        ReplayEvent::Released { allocation } => ProbeEvent::Released { allocation },
+        ReplayEvent::Notice { allocation, .. } => ProbeEvent::Notice { allocation },
+        ReplayEvent::Evicted { allocation } => ProbeEvent::Evicted { allocation },
     }
 }

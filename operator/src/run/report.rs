@@ -82,7 +82,7 @@ pub struct RunSummary {
 }
 
 /// The bidder's application model before and after the run re-estimated it (ν in clocks per
-/// vCPU per trace second, σ and λ in wall seconds; `run::calibrate`).
+/// vCPU per trace second, σ and λ in wall seconds; `bidder::probe`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AppModelSummary {
     /// From the spec's `bidding.overrides` (ν in the spec's own unit).

@@ -243,6 +243,10 @@ pub struct ElasticProgress {
     pub reliable_nodes: u32,
     /// Transient member nodes.
     pub transient_nodes: u32,
+    /// Transient nodes switched in so far (a count that only rises, so joins show even when
+    /// nodes leave at the same time).
+    #[serde(default)]
+    pub transient_nodes_added: u64,
     /// Partitions that changed owner so far.
     pub partitions_migrated: u64,
     /// Rollbacks to the BackupPS copy so far.

@@ -1,15 +1,18 @@
-//! What `ebbflow run` measures for the bidder's application model: the drive loop's samples and
-//! the replay's events turned into [`Measurement`]s for the bidder's
-//! [`Calibrator`](crate::bidder::Calibrator).
+//! What the runtime's progress says about the bidder's application model: samples of a running
+//! job and its capacity events turned into [`Measurement`]s for the
+//! [`Calibrator`](crate::bidder::Calibrator). One probe serves `ebbflow run` (a sample per
+//! replayed slot, events from the replay) and the operator (a sample per BidBrain decision, events
+//! from its decisions and the pods it observes: `controller::calibration`).
 //!
-//! **Units.** Work is clocks, the unit of the bidder's `remaining_work` in `ebbflow run`. A rate
-//! is per trace second (wall seconds × `--speed`), the bidder's clock, so the measured ν is
-//! clocks per vCPU per trace second: the bidder must see how much work a trace hour of this run
-//! buys. The durations σ and λ are wall seconds: they are what the runtime itself takes to
-//! switch a node in or to recover from an eviction, which a real deployment (where trace time is
-//! wall time) would see too. The replay's acceleration does not speed the runtime up, so in
-//! trace seconds a join at `--speed 12000` would take hours, and a bidder told so stops buying
-//! spot capacity: the run would learn from its own fast-forward instead of from the runtime.
+//! **Units.** Work is clocks, the unit of the bidder's `remaining_work`. A rate is per market
+//! second (wall seconds × `speed`: `--speed` in `ebbflow run`, the operator's trace speed, 1 on a
+//! live market), the bidder's clock, so the measured ν is clocks per vCPU per market second: the
+//! bidder must see how much work an hour of its market buys. The durations σ and λ are wall
+//! seconds: they are what the runtime itself takes to switch a node in or to recover from an
+//! eviction, which a real deployment (where market time is wall time) would see too. A replay's
+//! acceleration does not speed the runtime up, so in trace seconds a join at `--speed 12000`
+//! would take hours, and a bidder told so stops buying spot capacity: the run would learn from
+//! its own fast-forward instead of from the runtime.
 //!
 //! **Progress** is the runtime's consistent clock (the clock every partition holds at the last
 //! segment boundary or background BackupPS copy): it moves every few clocks in every stage,
@@ -23,26 +26,59 @@
 //!   rate, and an interval starts at the second such sample after a change, so the switch
 //!   itself is left out. An interval is measured once it spans `min_clocks` and
 //!   `min_wall_seconds`, then the next one starts; shorter remainders are dropped.
-//! - **Addition** (σ): from the slot an allocation was bought until the runtime counts all its
-//!   instances as ready transient nodes (the ready count's rises are credited to allocations in
-//!   the order they were bought). Not measured if it leaves first.
+//! - **Addition** (σ): from the sample an allocation was bought at until the runtime has switched
+//!   in all its instances (joins, the runtime's count of transient nodes switched in or else the
+//!   ready count's rises, are credited to allocations in the order they were bought). Not
+//!   measured if it leaves first.
 //! - **Eviction** (λ): from the notice (or the eviction, without one) of an allocation with a
 //!   ready node until progress passes both the clock before it and the clock at which the
 //!   runtime dropped the node (a smaller ready count, or a rollback): the pause and any clocks
 //!   redone. One stall at a time; evictions during one are part of it.
 //!
 //! Additions and stalls not over within `max_wait_wall_seconds` are dropped. The resolution of
-//! every measurement is one sample (one replayed slot).
+//! every measurement is one sample.
 
 use std::collections::{BTreeSet, VecDeque};
 
-use super::replay::ReplayEvent;
-use crate::bidder::Measurement;
+use super::Measurement;
+
+/// A change of the job's capacity between two samples.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ProbeEvent {
+    /// `count` instances were bought as allocation `allocation`.
+    Acquired {
+        /// Allocation id (unique within the probe's job).
+        allocation: u64,
+        /// Instances.
+        count: u32,
+    },
+    /// The allocation was running before the probe started (an operator that restarted finds
+    /// its pods): its nodes count as ready, no σ is measured for it.
+    Adopted {
+        /// Allocation id.
+        allocation: u64,
+    },
+    /// The bidder released the allocation.
+    Released {
+        /// Allocation id.
+        allocation: u64,
+    },
+    /// The provider announced it takes the allocation back.
+    Notice {
+        /// Allocation id.
+        allocation: u64,
+    },
+    /// The allocation was taken back.
+    Evicted {
+        /// Allocation id.
+        allocation: u64,
+    },
+}
 
 /// When the probe measures.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ProbeSettings {
-    /// Trace seconds per wall second (`--speed`).
+    /// Market seconds per wall second (`--speed`; 1 on a live market).
     pub speed: f64,
     /// Fewest clocks of progress in a steady interval.
     pub min_clocks: u64,
@@ -66,7 +102,7 @@ impl ProbeSettings {
     }
 }
 
-/// One sample of a run, taken once per replayed slot.
+/// One sample of a running job.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Observation {
     /// Wall seconds since the start.
@@ -85,6 +121,10 @@ pub struct Observation {
     pub reliable_vcpus: f64,
     /// vCPUs of the ready transient nodes.
     pub transient_vcpus: f64,
+    /// Transient nodes the runtime switched in since the previous sample, when it counts them
+    /// (its `transient_nodes_added`); else the rise of `transient_nodes` stands for them, which
+    /// misses joins while other nodes leave.
+    pub joined: Option<u32>,
 }
 
 impl Observation {
@@ -163,9 +203,9 @@ impl ThroughputProbe {
         }
     }
 
-    /// Takes the sample `now` and the replay's `events` of the slot it ends; returns what it
+    /// Takes the sample `now` and the `events` since the previous sample; returns what it
     /// measured.
-    pub fn observe(&mut self, now: &Observation, events: &[ReplayEvent]) -> Vec<Measurement> {
+    pub fn observe(&mut self, now: &Observation, events: &[ProbeEvent]) -> Vec<Measurement> {
         let mut measured = Vec::new();
         let sane = |x: f64| x.is_finite() && x >= 0.0;
         if !(sane(now.wall_seconds) && sane(now.reliable_vcpus) && sane(now.transient_vcpus))
@@ -176,9 +216,11 @@ impl ThroughputProbe {
             return measured;
         }
         let last = self.last.replace(*now);
-        if let Some(last) = &last {
-            // rises of the ready count belong to allocations bought before this slot
-            let joined = now.transient_nodes.saturating_sub(last.transient_nodes);
+        // joins belong to allocations bought before this sample
+        let joined = now
+            .joined
+            .or_else(|| last.map(|last| now.transient_nodes.saturating_sub(last.transient_nodes)));
+        if let Some(joined) = joined {
             self.credit_joins(joined, now.wall_seconds, &mut measured);
         }
         let before = last.unwrap_or(*now);
@@ -217,11 +259,9 @@ impl ThroughputProbe {
         }
     }
 
-    fn event(&mut self, event: &ReplayEvent, before: &Observation, wall: f64) {
+    fn event(&mut self, event: &ProbeEvent, before: &Observation, wall: f64) {
         match *event {
-            ReplayEvent::Acquired {
-                allocation, count, ..
-            } => {
+            ProbeEvent::Acquired { allocation, count } => {
                 if count > 0 {
                     self.pending.push_back(Pending {
                         allocation,
@@ -230,12 +270,15 @@ impl ThroughputProbe {
                     });
                 }
             }
-            ReplayEvent::Released { allocation } => self.forget(allocation),
-            ReplayEvent::Notice { allocation, .. } => {
+            ProbeEvent::Adopted { allocation } => {
+                self.working.insert(allocation);
+            }
+            ProbeEvent::Released { allocation } => self.forget(allocation),
+            ProbeEvent::Notice { allocation } => {
                 self.noticed.insert(allocation);
                 self.leaving(allocation, before, wall);
             }
-            ReplayEvent::Evicted { allocation } => {
+            ProbeEvent::Evicted { allocation } => {
                 if !self.noticed.remove(&allocation) {
                     self.leaving(allocation, before, wall);
                 }
@@ -297,6 +340,7 @@ impl ThroughputProbe {
         measured: &mut Vec<Measurement>,
     ) {
         let unsteady = now.clocks < last.clocks
+            || now.joined.is_some_and(|joined| joined > 0)
             || now.rollbacks != last.rollbacks
             || now.footprint() != last.footprint()
             || self.stall.is_some();
@@ -341,6 +385,16 @@ impl ThroughputProbe {
     }
 }
 
+/// The additions and eviction stalls of `measured` (tests).
+#[cfg(test)]
+pub(crate) fn delays(measured: &[Measurement]) -> Vec<Measurement> {
+    measured
+        .iter()
+        .copied()
+        .filter(|m| !matches!(m, Measurement::Steady { .. }))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,7 +432,7 @@ mod tests {
         }
 
         /// Advances one sample with `clocks` more progress and `events` in its slot.
-        fn sample(&mut self, clocks: u64, events: &[ReplayEvent]) -> &mut Self {
+        fn sample(&mut self, clocks: u64, events: &[ProbeEvent]) -> &mut Self {
             self.now.wall_seconds += self.step;
             self.now.clocks += clocks;
             let measured = self.probe.observe(&self.now, events);
@@ -408,11 +462,7 @@ mod tests {
         }
 
         fn delays(&self) -> Vec<Measurement> {
-            self.measured
-                .iter()
-                .copied()
-                .filter(|m| !matches!(m, Measurement::Steady { .. }))
-                .collect()
+            delays(&self.measured)
         }
     }
 
@@ -420,12 +470,8 @@ mod tests {
         (a - b).abs() <= 1e-9 * b.abs().max(1.0)
     }
 
-    fn acquired(allocation: u64, count: u32) -> ReplayEvent {
-        ReplayEvent::Acquired {
-            allocation,
-            pool: 0,
-            count,
-        }
+    fn acquired(allocation: u64, count: u32) -> ProbeEvent {
+        ProbeEvent::Acquired { allocation, count }
     }
 
     #[test]
@@ -525,9 +571,9 @@ mod tests {
     fn an_allocation_that_leaves_before_it_is_ready_measures_nothing() {
         let mut run = Run::new();
         run.sample(5, &[acquired(1, 1)]).samples(3, 5);
-        run.sample(5, &[ReplayEvent::Evicted { allocation: 1 }]);
+        run.sample(5, &[ProbeEvent::Evicted { allocation: 1 }]);
         run.sample(5, &[acquired(2, 1)]);
-        run.sample(5, &[ReplayEvent::Released { allocation: 2 }]);
+        run.sample(5, &[ProbeEvent::Released { allocation: 2 }]);
         // a rise now belongs to nobody
         run.now.transient_nodes = 1;
         run.samples(5, 5);
@@ -552,7 +598,7 @@ mod tests {
         run.now.transient_vcpus = 8.0;
         run.samples(5, 5);
         let clock_before = run.now.clocks;
-        run.sample(0, &[ReplayEvent::Evicted { allocation: 1 }]);
+        run.sample(0, &[ProbeEvent::Evicted { allocation: 1 }]);
         let evicted = run.now.wall_seconds;
         // the runtime rolls back 10 clocks and drops the node
         run.now.transient_nodes = 0;
@@ -584,21 +630,15 @@ mod tests {
         run.now.transient_nodes = 2;
         run.now.transient_vcpus = 16.0;
         run.samples(5, 5);
-        run.sample(
-            5,
-            &[ReplayEvent::Notice {
-                allocation: 1,
-                lead_seconds: 120.0,
-            }],
-        );
+        run.sample(5, &[ProbeEvent::Notice { allocation: 1 }]);
         let noticed = run.now.wall_seconds;
         // the segment ends at the notice (its clocks arrive), then the node is dropped
         run.sample(10, &[]);
         run.now.transient_nodes = 1;
         run.now.transient_vcpus = 8.0;
-        run.sample(0, &[ReplayEvent::Evicted { allocation: 1 }]);
+        run.sample(0, &[ProbeEvent::Evicted { allocation: 1 }]);
         // a second eviction during the stall is part of it
-        run.sample(0, &[ReplayEvent::Evicted { allocation: 2 }]);
+        run.sample(0, &[ProbeEvent::Evicted { allocation: 2 }]);
         run.sample(5, &[]);
         let over = run.now.wall_seconds;
         let evictions: Vec<f64> = run
