@@ -1,6 +1,6 @@
 //! Per-job metrics for the "ebbflow / jobs" dashboard: progress, loss, stage, nodes per tier and
-//! pool, cost against the on-demand equivalent, free compute, evictions, migrations, rollbacks and
-//! notice lead time, one series set per TrainingJob.
+//! pool, cost against the on-demand equivalent, free compute, evictions, migrations, rollbacks,
+//! notice lead time and BidBrain's measured application model, one series set per TrainingJob.
 //!
 //! These are the one place where object names become labels (`namespace`, `trainingjob`): a
 //! per-job dashboard needs them. Cardinality is bounded by the live jobs (plus their pools), and a
@@ -33,6 +33,7 @@ pub struct JobMetrics {
     migrations: GaugeVec,
     rollbacks: GaugeVec,
     notice_lead: GaugeVec,
+    app_model: GaugeVec,
     /// Pool label pairs set per job (to remove them when the job goes or the pool empties).
     pools: Mutex<PoolSeries>,
 }
@@ -78,6 +79,11 @@ impl JobMetrics {
                 "Lead time of the latest eviction notice delivered",
                 &[],
             )?,
+            app_model: gauge(
+                "ebbflow_job_app_model",
+                "BidBrain's application model measured from the job (term: nu, phi, sigma_seconds, lambda_seconds)",
+                &["term"],
+            )?,
             pools: Mutex::new(BTreeMap::new()),
         };
         for collector in metrics.vecs() {
@@ -86,7 +92,7 @@ impl JobMetrics {
         Ok(metrics)
     }
 
-    fn vecs(&self) -> [&GaugeVec; 12] {
+    fn vecs(&self) -> [&GaugeVec; 13] {
         [
             &self.iteration,
             &self.loss,
@@ -100,6 +106,7 @@ impl JobMetrics {
             &self.migrations,
             &self.rollbacks,
             &self.notice_lead,
+            &self.app_model,
         ]
     }
 
@@ -159,6 +166,13 @@ impl JobMetrics {
             .set(status.migrations as f64);
         self.one(&self.rollbacks, namespace, job)
             .set(status.rollbacks as f64);
+        if let Some(model) = &status.app_model {
+            for (term, value) in app_model_terms(model) {
+                self.app_model
+                    .with_label_values(&[namespace, job, term])
+                    .set(value);
+            }
+        }
     }
 
     /// Records the lead time of a notice delivered for `namespace/job`.
@@ -169,12 +183,15 @@ impl JobMetrics {
 
     /// Removes every series of `namespace/job` (the job was deleted).
     pub fn forget(&self, namespace: &str, job: &str) {
-        // The two vectors with more labels refuse the two-label removal; they follow below.
+        // The vectors with more labels refuse the two-label removal; they follow below.
         for vec in self.vecs() {
             let _ = vec.remove_label_values(&[namespace, job]);
         }
         for tier in ["reliable", "transient"] {
             let _ = self.nodes.remove_label_values(&[namespace, job, tier]);
+        }
+        for (term, _) in app_model_terms(&ebbflow_crds::AppModelStatus::default()) {
+            let _ = self.app_model.remove_label_values(&[namespace, job, term]);
         }
         let pools = self
             .pools
@@ -187,6 +204,16 @@ impl JobMetrics {
                 .remove_label_values(&[namespace, job, &instance_type, &zone]);
         }
     }
+}
+
+/// The `term` label values of `ebbflow_job_app_model` and their values in `model`.
+fn app_model_terms(model: &ebbflow_crds::AppModelStatus) -> [(&'static str, f64); 4] {
+    [
+        ("nu", model.nu),
+        ("phi", model.phi),
+        ("sigma_seconds", model.sigma_seconds),
+        ("lambda_seconds", model.lambda_seconds),
+    ]
 }
 
 #[cfg(test)]
@@ -231,6 +258,13 @@ mod tests {
                 on_demand_equivalent: 4.0,
             }),
             evictions: 2,
+            app_model: Some(ebbflow_crds::AppModelStatus {
+                nu: 0.03,
+                phi: 0.9,
+                sigma_seconds: 30.5,
+                lambda_seconds: 120.0,
+                ..ebbflow_crds::AppModelStatus::default()
+            }),
             ..TrainingJobStatus::default()
         };
         metrics.observe("ns", "job", &status);
@@ -242,6 +276,7 @@ mod tests {
             "ebbflow_job_nodes{namespace=\"ns\",tier=\"transient\",trainingjob=\"job\"} 3",
             "ebbflow_job_pool_nodes{instance_type=\"m5.large\",namespace=\"ns\",trainingjob=\"job\",zone=\"b\"} 1",
             "ebbflow_job_notice_lead_seconds{namespace=\"ns\",trainingjob=\"job\"} 95",
+            "ebbflow_job_app_model{namespace=\"ns\",term=\"sigma_seconds\",trainingjob=\"job\"} 30.5",
         ] {
             assert!(
                 before.contains(expected),
