@@ -12,7 +12,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::Namespace,
+    api::core::v1::{Namespace, Secret},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
@@ -95,6 +95,23 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Creates job `job`'s token Secret in `namespace` holding `token`, before the operator makes
+/// one (it keeps an existing token), so a coordinator the test runs can share it.
+pub async fn create_job_token(
+    client: &Client,
+    namespace: &str,
+    job: &str,
+    token: &str,
+) -> Result<(), BoxError> {
+    use ebbflow_operator::controller::plan::{TOKEN_KEY, secret_name};
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(secret_name(job));
+    secret.string_data = Some([(TOKEN_KEY.to_owned(), token.to_owned())].into());
+    secrets.create(&PostParams::default(), &secret).await?;
+    Ok(())
 }
 
 /// Server-side applies the committed TrainingJob CRD (idempotent) and waits until the API

@@ -39,7 +39,7 @@ use ebbflow_tests::cluster::{
     BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until, quickstart_job,
 };
 use ebbflow_tests::operator::{Custom, start_custom};
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -343,14 +343,7 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
     // The runtime: a real elastic coordinator on 127.0.0.1 whose secret is the job's token (the
     // test creates the token Secret; the operator keeps an existing one).
     let secret = "e2e-calibration-token".to_owned();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let mut token = Secret::default();
-    token.metadata.name = Some(controller::plan::secret_name(name));
-    token.string_data = Some(BTreeMap::from([(
-        controller::plan::TOKEN_KEY.to_owned(),
-        secret.clone(),
-    )]));
-    secrets.create(&PostParams::default(), &token).await?;
+    ebbflow_tests::cluster::create_job_token(&client, &namespace, name, &secret).await?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", listener.local_addr()?);
     let registry = prometheus::Registry::new();

@@ -20,8 +20,8 @@ use ebbflow_runtime::app::EvalReport;
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, router};
 use ebbflow_runtime_api::JoinRequest;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
 async fn namespace(client: &Client, prefix: &str) -> Result<String, BoxError> {
@@ -122,15 +122,7 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     // the job's token Secret itself, and the operator keeps an existing token.
     let job = "interrupted";
     let secret = "e2e-interruption-token".to_owned();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let mut token = Secret::default();
-    token.metadata.name = Some(controller::plan::secret_name(job));
-    token.string_data = Some(
-        [(controller::plan::TOKEN_KEY.to_owned(), secret.clone())]
-            .into_iter()
-            .collect(),
-    );
-    secrets.create(&PostParams::default(), &token).await?;
+    ebbflow_tests::cluster::create_job_token(&client, &ns, job, &secret).await?;
     let coordinator = Coordinator::new(
         CoordinatorConfig {
             expected_nodes: 100,

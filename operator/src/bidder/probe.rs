@@ -42,6 +42,11 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::Measurement;
 
+/// Weight of a new measurement in the [`Calibrator`](crate::bidder::Calibrator) that `ebbflow run`
+/// and the operator feed the probe's measurements to, once each term has five (before, a running
+/// mean with the spec's value as one measurement).
+pub const CALIBRATION_WEIGHT: f64 = 0.2;
+
 /// A change of the job's capacity between two samples.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ProbeEvent {
@@ -233,6 +238,18 @@ impl ThroughputProbe {
         }
         self.expire(now.wall_seconds);
         measured
+    }
+
+    /// Takes `events` that happened at the last sample (decisions made right after it);
+    /// returns false, taking nothing, before the first sample.
+    pub fn events_at_last(&mut self, events: &[ProbeEvent]) -> bool {
+        let Some(last) = self.last else {
+            return false;
+        };
+        for event in events {
+            self.event(event, &last, last.wall_seconds);
+        }
+        true
     }
 
     fn trace_seconds(&self, wall_seconds: f64) -> f64 {

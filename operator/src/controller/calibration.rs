@@ -30,11 +30,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::capacity::CapacityView;
 use super::plan::PoolKey;
-use crate::bidder::probe::{Observation, ProbeEvent, ProbeSettings, ThroughputProbe};
+use crate::bidder::probe::{
+    CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
+};
 use crate::bidder::{AppModel, Calibrator, Measurement, MeasurementCounts, ThroughputFeed};
-
-/// Weight of a new measurement once a term has enough of them (as in `ebbflow run`).
-pub const CALIBRATION_WEIGHT: f64 = 0.2;
 
 /// Additions and stalls not over after this many wall seconds are dropped: a real instance
 /// boots, pulls its image and loads its data shard in minutes, not the seconds a local run takes.
@@ -57,8 +56,6 @@ pub struct JobCalibration {
     noticed: BTreeSet<PoolKey>,
     /// Events not yet given to the probe (no coordinator report since).
     events: Vec<ProbeEvent>,
-    /// The last sample the probe took.
-    last: Option<Observation>,
     next_id: u64,
     started: bool,
     /// Pods were alive at the first sample (adopted).
@@ -85,7 +82,6 @@ impl JobCalibration {
             alive: BTreeMap::new(),
             noticed: BTreeSet::new(),
             events: Vec::new(),
-            last: None,
             next_id: 0,
             started: false,
             adopted: false,
@@ -148,7 +144,6 @@ impl JobCalibration {
                     self.adopted = true;
                 }
             }
-            self.alive = view.alive.clone();
         }
         self.pod_changes(view);
 
@@ -198,7 +193,6 @@ impl JobCalibration {
         };
         let events = std::mem::take(&mut self.events);
         let measured = self.probe.observe(&observation, &events);
-        self.last = Some(observation);
         for measurement in &measured {
             self.calibrator.record(*measurement);
         }
@@ -294,19 +288,9 @@ impl JobCalibration {
             }
         }
         self.held.retain(|_, held| !held.is_empty());
-        match self.last {
-            // dated at the decision's own sample
-            Some(last) => {
-                let again = Observation {
-                    joined: Some(0),
-                    ..last
-                };
-                let measured = self.probe.observe(&again, &events);
-                for measurement in measured {
-                    self.calibrator.record(measurement);
-                }
-            }
-            None => self.events.extend(events),
+        // dated at the decision's own sample, or at the first one if there is none yet
+        if !self.probe.events_at_last(&events) {
+            self.events.extend(events);
         }
     }
 }

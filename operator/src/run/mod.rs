@@ -33,7 +33,9 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
-use crate::bidder::probe::{Observation, ProbeEvent, ProbeSettings, ThroughputProbe};
+use crate::bidder::probe::{
+    CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
+};
 use crate::bidder::{Calibrator, JobState, ThroughputFeed};
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
@@ -41,10 +43,6 @@ use crate::sim::grid::MarketGrid;
 use provisioner::{Assignment, LiveAllocation, LocalProvisioner};
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{AppModelSummary, RunSummary, TimePoint};
-
-/// Weight of a new measurement in the run's re-estimated application model, once each term has
-/// five (before, a running mean with the spec's value as one measurement).
-const CALIBRATION_WEIGHT: f64 = 0.2;
 
 /// Arguments of `ebbflow run`.
 #[derive(clap::Args, Clone, Debug)]
@@ -904,10 +902,10 @@ impl Drive<'_> {
             if held > 0 {
                 transient_vcpus = held_vcpus / f64::from(held);
             }
-            let mut observation = self.observation(&point, metrics, transient_vcpus);
             let added = metrics.transient_nodes_added.get();
-            observation.joined = Some(u32::try_from(added - added_seen).unwrap_or(u32::MAX));
+            let joined = u32::try_from(added - added_seen).unwrap_or(u32::MAX);
             added_seen = added;
+            let observation = self.observation(&point, metrics, transient_vcpus, joined);
             let events: Vec<ProbeEvent> = events.iter().map(probe_event).collect();
             let measured = probe.observe(&observation, &events);
             if !measured.is_empty() {
@@ -1025,18 +1023,19 @@ impl Drive<'_> {
     }
 
     /// What the throughput probe needs from a sample: the consistent clock, ready nodes per
-    /// tier and their vCPUs (`transient_vcpus` per transient instance); the caller sets the
-    /// joins since the last sample.
+    /// tier and their vCPUs (`transient_vcpus` per transient instance), and the transient nodes
+    /// `joined` since the last sample.
     fn observation(
         &self,
         point: &TimePoint,
         metrics: &RuntimeMetrics,
         transient_vcpus: f64,
+        joined: u32,
     ) -> Observation {
         let reliable_nodes = point.reliable_nodes.max(0) as u32;
         let transient_nodes = point.transient_nodes.max(0) as u32;
         Observation {
-            joined: None,
+            joined: Some(joined),
             wall_seconds: point.wall_seconds,
             clocks: metrics.consistent_clock.get().max(0) as u64,
             rollbacks: point.rollbacks,
