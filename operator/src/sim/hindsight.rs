@@ -23,8 +23,12 @@
 use super::{Context, MarketGrid, RunResult};
 use crate::bidder::{AppModel, ThroughputTable};
 use crate::billing::BillingModel;
+use crate::market::Timestamp;
 
 const BUCKETS: usize = 1024;
+
+/// How far ahead the hindsight schedule looks for a free ride to wait for.
+const WAIT_HORIZON_SECONDS: i64 = 6 * 3600;
 
 /// Per-slot cheapest work, precomputed once per trace.
 #[derive(Clone, Debug)]
@@ -39,6 +43,10 @@ pub struct SlotCosts {
     max_rate: f64,
     /// Highest share of ν a reliable node reaches at any ratio.
     reliable_share: f64,
+    /// Per pool and slot: the first later slot at which the pool is gone or pricier than at
+    /// that slot (`u32::MAX`: never within the trace), i.e. when an allocation bought then at
+    /// that slot's price as its max price is evicted.
+    next_event: Vec<Vec<u32>>,
 }
 
 impl SlotCosts {
@@ -67,6 +75,7 @@ impl SlotCosts {
             .fold(f64::INFINITY, f64::min);
         let mut cheapest = vec![on_demand; grid.slots];
         let mut max_rate: f64 = 0.0;
+        let mut events = Vec::with_capacity(grid.pools.len());
         for (pool, info) in grid.pools.iter().enumerate() {
             let rate = app.node_rate(info.vcpus) * best.transient;
             max_rate = max_rate.max(rate);
@@ -104,6 +113,12 @@ impl SlotCosts {
                     }
                 }
             }
+            events.push(
+                next_event
+                    .iter()
+                    .map(|&e| u32::try_from(e).unwrap_or(u32::MAX))
+                    .collect(),
+            );
         }
         let finite: Vec<f64> = cheapest
             .iter()
@@ -135,6 +150,7 @@ impl SlotCosts {
             edges,
             max_rate,
             reliable_share: best.reliable,
+            next_event: events,
         }
     }
 }
@@ -220,4 +236,100 @@ pub(super) fn lower_bound(
             ..super::on_demand_only(ctx, hours)
         }
     })
+}
+
+/// An allocation of `cluster_size` instances the hindsight schedule buys at a slot.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Ride {
+    /// The pool.
+    pub pool: usize,
+    /// Its max price.
+    pub max_price: Option<f64>,
+    /// Whether it is evicted within its first hour, so refunded.
+    pub free: bool,
+}
+
+/// The hindsight schedule's free ride at `slot`: under a billing model that refunds an
+/// instance evicted in its first hour (`aws`, `aws-hourly-2016`), the pool that, bought now
+/// with its current price as the max price, is evicted (gone, or any price rise) within the
+/// hour and does the most transient work before that. Its instances boot for σ and the job
+/// stalls λ at the eviction, so a ride shorter than σ + λ is not taken.
+pub(super) fn free_ride(ctx: &Context<'_>, costs: &SlotCosts, slot: usize) -> Option<Ride> {
+    let grid = ctx.grid;
+    let app = &ctx.config.app;
+    if !matches!(
+        ctx.config.billing,
+        BillingModel::Aws | BillingModel::AwsHourly2016
+    ) {
+        return None;
+    }
+    let now = grid.time(slot);
+    let mut best: Option<(f64, Ride)> = None;
+    for (pool, info) in grid.pools.iter().enumerate() {
+        let Some(price) = grid.price(pool, slot) else {
+            continue;
+        };
+        let event = costs.next_event[pool][slot];
+        if event == u32::MAX {
+            continue;
+        }
+        let evicted_at: Timestamp = grid.time(event as usize);
+        let ran = (evicted_at - now) as f64;
+        if ran >= 3600.0 || ran <= app.sigma_seconds + app.lambda_seconds {
+            continue;
+        }
+        let work = app.node_rate(info.vcpus) * (ran - app.sigma_seconds);
+        if best.as_ref().is_none_or(|(w, _)| work > *w) {
+            best = Some((
+                work,
+                Ride {
+                    pool,
+                    max_price: Some(price),
+                    free: true,
+                },
+            ));
+        }
+    }
+    best.map(|(_, ride)| ride)
+}
+
+/// Whether the hindsight schedule holds no transient capacity at `slot`, waiting for a free
+/// ride that starts within [`WAIT_HORIZON_SECONDS`]. Work moved from paid capacity into a later free ride
+/// costs only the longer run of the reliable tier, so waiting pays whenever the reliable tier
+/// costs less per hour than the cheapest paid transient capacity would.
+pub(super) fn wait_for_free_ride(ctx: &Context<'_>, costs: &SlotCosts, slot: usize) -> bool {
+    let grid = ctx.grid;
+    let Some(paid) = paid_ride(ctx, slot) else {
+        return true;
+    };
+    let paid_usd_hr =
+        grid.price(paid.pool, slot).unwrap_or(f64::INFINITY) * f64::from(ctx.config.cluster_size);
+    let reliable_usd_hr = f64::from(ctx.reliable.count) * ctx.reliable.usd_hr;
+    if reliable_usd_hr >= paid_usd_hr {
+        return false;
+    }
+    let now = grid.time(slot);
+    (slot + 1..grid.slots)
+        .take_while(|&s| grid.time(s) - now <= WAIT_HORIZON_SECONDS)
+        .any(|s| free_ride(ctx, costs, s).is_some())
+}
+
+/// The hindsight schedule's paid ride at `slot`: the pool cheapest per work at its current
+/// price, at most its on-demand price, bid at that on-demand price.
+pub(super) fn paid_ride(ctx: &Context<'_>, slot: usize) -> Option<Ride> {
+    let grid = ctx.grid;
+    let app = &ctx.config.app;
+    (0..grid.pools.len())
+        .filter_map(|pool| {
+            let price = grid.price(pool, slot)?;
+            let on_demand = grid.pools[pool].on_demand_usd_hr?;
+            let rate = app.node_rate(grid.pools[pool].vcpus);
+            (price <= on_demand && rate > 0.0).then_some((price / rate, pool, on_demand))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, pool, on_demand)| Ride {
+            pool,
+            max_price: Some(on_demand),
+            free: false,
+        })
 }
