@@ -2,9 +2,10 @@
 //! clock, real training through joins and evictions, the bill and the output files; and bad input
 //! (invalid manifest, missing dataset, unknown trace, port in use) as one clear error.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ebbflow_operator::run::{RunArgs, RunError, run};
+use ebbflow_operator::run::{RunArgs, RunError, run, run_on};
 
 /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
 /// repository.
@@ -89,11 +90,15 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let trace = p3_trace();
     let out = dir.path().join("out");
     // A fast clock (one trace hour in a second) so a short job sees several trace hours.
-    let summary = run(&args(
-        manifest(dir.path(), 800, 200_000, &trace),
-        out.clone(),
-        3600.0,
-    ))
+    let registry = prometheus::Registry::new();
+    let summary = run_on(
+        &args(
+            manifest(dir.path(), 800, 200_000, &trace),
+            out.clone(),
+            3600.0,
+        ),
+        &registry,
+    )
     .unwrap();
     let rmse = summary.quality["rmse"];
     assert!(rmse < 0.25, "quality target missed: rmse {rmse}");
@@ -123,6 +128,31 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
         app_model.decided_with, app_model.calibrated,
         "{app_model:?}"
     );
+    // and published it on the jobs dashboard's gauge, one series per term
+    let families = registry.gather();
+    let gauge = families
+        .iter()
+        .find(|f| f.name() == "ebbflow_job_app_model")
+        .expect("no ebbflow_job_app_model");
+    let terms: BTreeMap<String, f64> = gauge
+        .get_metric()
+        .iter()
+        .map(|m| {
+            let term = m
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "term")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            (term, m.get_gauge().get_value())
+        })
+        .collect();
+    for term in ["nu", "phi", "sigma_seconds", "lambda_seconds"] {
+        assert!(
+            terms.get(term).is_some_and(|v| v.is_finite() && *v > 0.0),
+            "{term}: {terms:?}"
+        );
+    }
     for file in ["summary.json", "timeseries.csv", "chart.svg"] {
         let text = std::fs::read_to_string(out.join(file)).unwrap();
         assert!(text.len() > 100, "{file} is nearly empty");

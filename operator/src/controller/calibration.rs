@@ -106,18 +106,7 @@ impl JobCalibration {
 
     /// The status form of the current estimate; `in_use` says whether decisions use it.
     pub fn status(&self, in_use: bool) -> AppModelStatus {
-        let model = self.model();
-        let counts = self.counts();
-        AppModelStatus {
-            nu: model.nu_per_vcpu_second,
-            phi: model.phi,
-            sigma_seconds: model.sigma_seconds,
-            lambda_seconds: model.lambda_seconds,
-            steady_intervals: counts.steady,
-            additions: counts.additions,
-            evictions: counts.evictions,
-            in_use,
-        }
+        app_model_status(&self.calibrator, in_use)
     }
 
     fn allocation(&mut self) -> u64 {
@@ -292,6 +281,24 @@ impl JobCalibration {
         if !self.probe.events_at_last(&events) {
             self.events.extend(events);
         }
+    }
+}
+
+/// The status form (`status.appModel`, the jobs dashboard's application-model panels) of
+/// `calibrator`'s estimate; `in_use` says whether decisions use it. The operator's and
+/// `ebbflow run`'s.
+pub fn app_model_status(calibrator: &Calibrator, in_use: bool) -> AppModelStatus {
+    let model = calibrator.model();
+    let counts = calibrator.counts();
+    AppModelStatus {
+        nu: model.nu_per_vcpu_second,
+        phi: model.phi,
+        sigma_seconds: model.sigma_seconds,
+        lambda_seconds: model.lambda_seconds,
+        steady_intervals: counts.steady,
+        additions: counts.additions,
+        evictions: counts.evictions,
+        in_use,
     }
 }
 

@@ -37,6 +37,7 @@ use crate::bidder::probe::{
     CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
 };
 use crate::bidder::{Calibrator, JobState, ThroughputFeed};
+use crate::controller::calibration::app_model_status;
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
 use crate::sim::grid::MarketGrid;
@@ -888,7 +889,6 @@ impl Drive<'_> {
             provisioner.tick();
             last_bill = replay.bill(t);
             let point = self.point(trace_seconds, started, clock, metrics, last_bill, evictions);
-            self.publish(&point, &replay, last_bill);
             let (held, held_vcpus) =
                 replay
                     .held()
@@ -917,6 +917,12 @@ impl Drive<'_> {
                     replay.set_app(calibrator.model().clone());
                 }
             }
+            self.publish(
+                &point,
+                &replay,
+                last_bill,
+                app_model_status(&calibrator, self.recalibrate),
+            );
             let app = calibrator.model();
             bar.set_position(clock.min(self.clocks));
             bar.set_message(format!(
@@ -980,8 +986,15 @@ impl Drive<'_> {
         assignment.update(&live, &holding);
     }
 
-    /// Sets the per-job gauges (the jobs dashboard) from a sample.
-    fn publish(&self, point: &TimePoint, replay: &MarketReplay<'_>, bill: Bill) {
+    /// Sets the per-job gauges (the jobs dashboard) from a sample and the application model
+    /// measured so far.
+    fn publish(
+        &self,
+        point: &TimePoint,
+        replay: &MarketReplay<'_>,
+        bill: Bill,
+        app_model: ebbflow_crds::AppModelStatus,
+    ) {
         let mut pools: std::collections::BTreeMap<(String, String), u32> = Default::default();
         for (pool, count) in replay.held() {
             let id = &self.grid.pools[pool].id;
@@ -1017,6 +1030,7 @@ impl Drive<'_> {
             evictions: point.evictions,
             migrations: point.partitions_migrated,
             rollbacks: point.rollbacks,
+            app_model: Some(app_model),
             ..Default::default()
         };
         self.job_metrics.observe(self.namespace, self.name, &status);
