@@ -23,7 +23,6 @@
 use super::{Context, MarketGrid, RunResult};
 use crate::bidder::{AppModel, ThroughputTable};
 use crate::billing::BillingModel;
-use crate::market::Timestamp;
 
 const BUCKETS: usize = 1024;
 
@@ -43,10 +42,10 @@ pub struct SlotCosts {
     max_rate: f64,
     /// Highest share of ν a reliable node reaches at any ratio.
     reliable_share: f64,
-    /// Per pool and slot: the first later slot at which the pool is gone or pricier than at
-    /// that slot (`u32::MAX`: never within the trace), i.e. when an allocation bought then at
-    /// that slot's price as its max price is evicted.
-    next_event: Vec<Vec<u32>>,
+    /// Per slot: the hindsight schedule's free ride there (see [`free_ride`]).
+    rides: Vec<Option<Ride>>,
+    /// Per slot: the first later slot with a free ride (`usize::MAX`: none).
+    next_ride: Vec<usize>,
 }
 
 impl SlotCosts {
@@ -75,7 +74,8 @@ impl SlotCosts {
             .fold(f64::INFINITY, f64::min);
         let mut cheapest = vec![on_demand; grid.slots];
         let mut max_rate: f64 = 0.0;
-        let mut events = Vec::with_capacity(grid.pools.len());
+        // the best free ride per slot so far, with the work it does
+        let mut rides: Vec<Option<(f64, Ride)>> = vec![None; grid.slots];
         for (pool, info) in grid.pools.iter().enumerate() {
             let rate = app.node_rate(info.vcpus) * best.transient;
             max_rate = max_rate.max(rate);
@@ -109,16 +109,28 @@ impl SlotCosts {
                             && next_event[slot] - slot <= hour_slots
                         {
                             free[slot] = true;
+                            let ride = refunded_ride(grid, app, pool, p, slot, next_event[slot]);
+                            if let Some((work, ride)) = ride
+                                && rides[slot].as_ref().is_none_or(|(w, _)| work > *w)
+                            {
+                                rides[slot] = Some((work, ride));
+                            }
                         }
                     }
                 }
             }
-            events.push(
-                next_event
-                    .iter()
-                    .map(|&e| u32::try_from(e).unwrap_or(u32::MAX))
-                    .collect(),
-            );
+        }
+        let rides: Vec<Option<Ride>> = rides
+            .into_iter()
+            .map(|ride| ride.map(|(_, ride)| ride))
+            .collect();
+        let mut next_ride = vec![usize::MAX; grid.slots];
+        for slot in (0..grid.slots.saturating_sub(1)).rev() {
+            next_ride[slot] = if rides[slot + 1].is_some() {
+                slot + 1
+            } else {
+                next_ride[slot + 1]
+            };
         }
         let finite: Vec<f64> = cheapest
             .iter()
@@ -150,7 +162,8 @@ impl SlotCosts {
             edges,
             max_rate,
             reliable_share: best.reliable,
-            next_event: events,
+            rides,
+            next_ride,
         }
     }
 }
@@ -249,54 +262,44 @@ pub(super) struct Ride {
     pub free: bool,
 }
 
-/// The hindsight schedule's free ride at `slot`: under a billing model that refunds an
-/// instance evicted in its first hour (`aws`, `aws-hourly-2016`), the pool that, bought now
-/// with its current price as the max price, is evicted (gone, or any price rise) within the
-/// hour and does the most transient work before that. Its instances boot for σ and the job
-/// stalls λ at the eviction, so a ride shorter than σ + λ is not taken.
-pub(super) fn free_ride(ctx: &Context<'_>, costs: &SlotCosts, slot: usize) -> Option<Ride> {
-    let grid = ctx.grid;
-    let app = &ctx.config.app;
-    if !matches!(
-        ctx.config.billing,
-        BillingModel::Aws | BillingModel::AwsHourly2016
-    ) {
+/// The ride in `pool`, bought at `slot` at its current `price` as the max price and so evicted
+/// at slot `event` (gone, or any price rise), if that is within its first hour (refunded) and
+/// longer than σ + λ (its instances boot for σ and the job stalls λ at the eviction); with the
+/// transient work it does.
+fn refunded_ride(
+    grid: &MarketGrid,
+    app: &AppModel,
+    pool: usize,
+    price: f64,
+    slot: usize,
+    event: usize,
+) -> Option<(f64, Ride)> {
+    let ran = (grid.time(event) - grid.time(slot)) as f64;
+    if ran >= 3600.0 || ran <= app.sigma_seconds + app.lambda_seconds {
         return None;
     }
-    let now = grid.time(slot);
-    let mut best: Option<(f64, Ride)> = None;
-    for (pool, info) in grid.pools.iter().enumerate() {
-        let Some(price) = grid.price(pool, slot) else {
-            continue;
-        };
-        let event = costs.next_event[pool][slot];
-        if event == u32::MAX {
-            continue;
-        }
-        let evicted_at: Timestamp = grid.time(event as usize);
-        let ran = (evicted_at - now) as f64;
-        if ran >= 3600.0 || ran <= app.sigma_seconds + app.lambda_seconds {
-            continue;
-        }
-        let work = app.node_rate(info.vcpus) * (ran - app.sigma_seconds);
-        if best.as_ref().is_none_or(|(w, _)| work > *w) {
-            best = Some((
-                work,
-                Ride {
-                    pool,
-                    max_price: Some(price),
-                    free: true,
-                },
-            ));
-        }
-    }
-    best.map(|(_, ride)| ride)
+    let work = app.node_rate(grid.pools[pool].vcpus) * (ran - app.sigma_seconds);
+    Some((
+        work,
+        Ride {
+            pool,
+            max_price: Some(price),
+            free: true,
+        },
+    ))
+}
+
+/// The hindsight schedule's free ride at `slot`: under a billing model that refunds an
+/// instance evicted in its first hour (`aws`, `aws-hourly-2016`), the pool whose
+/// [`refunded_ride`] does the most transient work (the first such pool on a tie).
+pub(super) fn free_ride(costs: &SlotCosts, slot: usize) -> Option<Ride> {
+    costs.rides[slot]
 }
 
 /// Whether the hindsight schedule holds no transient capacity at `slot`, waiting for a free
-/// ride that starts within [`WAIT_HORIZON_SECONDS`]. Work moved from paid capacity into a later free ride
-/// costs only the longer run of the reliable tier, so waiting pays whenever the reliable tier
-/// costs less per hour than the cheapest paid transient capacity would.
+/// ride that starts within [`WAIT_HORIZON_SECONDS`]. Work moved from paid capacity into a later
+/// free ride costs only the longer run of the reliable tier, so waiting pays whenever the
+/// reliable tier costs less per hour than the cheapest paid transient capacity would.
 pub(super) fn wait_for_free_ride(ctx: &Context<'_>, costs: &SlotCosts, slot: usize) -> bool {
     let grid = ctx.grid;
     let Some(paid) = paid_ride(ctx, slot) else {
@@ -308,10 +311,8 @@ pub(super) fn wait_for_free_ride(ctx: &Context<'_>, costs: &SlotCosts, slot: usi
     if reliable_usd_hr >= paid_usd_hr {
         return false;
     }
-    let now = grid.time(slot);
-    (slot + 1..grid.slots)
-        .take_while(|&s| grid.time(s) - now <= WAIT_HORIZON_SECONDS)
-        .any(|s| free_ride(ctx, costs, s).is_some())
+    let next = costs.next_ride[slot];
+    next != usize::MAX && grid.time(next) - grid.time(slot) <= WAIT_HORIZON_SECONDS
 }
 
 /// The hindsight schedule's paid ride at `slot`: the pool cheapest per work at its current

@@ -499,6 +499,13 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Ends every allocation of `live` for `reason`.
+    fn close_all(&mut self, live: &mut Vec<Live>, reason: EndReason) {
+        for l in live.drain(..) {
+            self.close(l, reason);
+        }
+    }
+
     fn close(&mut self, live: Live, reason: EndReason) {
         let count = f64::from(live.allocation.count);
         let charge: Charge = live.meter.finish(reason);
@@ -562,9 +569,7 @@ fn simulate(
         if slot >= grid.slots {
             // the trace ended: finish the rest on the on-demand baseline
             let rest_hours = (work - done) / ctx.baseline_rate() / 3600.0;
-            for l in live.drain(..) {
-                ledger.close(l, EndReason::JobFinished);
-            }
+            ledger.close_all(&mut live, EndReason::JobFinished);
             if let Some(meter) = reliable_meter.take() {
                 ledger.result.cost_usd +=
                     f64::from(ctx.reliable.count) * meter.finish(EndReason::JobFinished).usd;
@@ -655,17 +660,15 @@ fn simulate(
             }
             Strategy::HindsightSchedule => {
                 // Keep a free ride to its eviction; leave a paid one (or nothing) for a free
-                // ride as soon as one exists, or to wait for one due within the hour when
-                // that is cheaper; otherwise hold the pool cheapest per work.
+                // ride as soon as one exists, or to wait for one due within 6 h when that is
+                // cheaper; otherwise hold the pool cheapest per work.
                 riding_free &= !live.is_empty();
                 let ride = if riding_free {
                     None
-                } else if let Some(free) = hindsight::free_ride(ctx, costs, slot) {
+                } else if let Some(free) = hindsight::free_ride(costs, slot) {
                     Some(free)
                 } else if hindsight::wait_for_free_ride(ctx, costs, slot) {
-                    for l in live.drain(..) {
-                        ledger.close(l, EndReason::Released);
-                    }
+                    ledger.close_all(&mut live, EndReason::Released);
                     None
                 } else if live.is_empty() {
                     hindsight::paid_ride(ctx, slot)
@@ -673,9 +676,7 @@ fn simulate(
                     None
                 };
                 if let Some(ride) = ride {
-                    for l in live.drain(..) {
-                        ledger.close(l, EndReason::Released);
-                    }
+                    ledger.close_all(&mut live, EndReason::Released);
                     next_id += 1;
                     let allocation = Allocation {
                         id: next_id,
@@ -782,9 +783,7 @@ fn simulate(
             meter.advance(until, reliable_od);
         }
         if let Some(finish) = finish_at {
-            for l in live.drain(..) {
-                ledger.close(l, EndReason::JobFinished);
-            }
+            ledger.close_all(&mut live, EndReason::JobFinished);
             if let Some(meter) = reliable_meter.take() {
                 let reliable = f64::from(ctx.reliable.count);
                 ledger.result.cost_usd += reliable * meter.finish(EndReason::JobFinished).usd;
