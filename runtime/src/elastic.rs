@@ -1578,14 +1578,15 @@ fn run_boundary(
             entry.epoch = entry.epoch.max(placed + 1);
         }
     }
-    let next_backup = if layout.stage == 1 {
-        job.clocks
-    } else {
-        controller.backup_clock + config.backup_every
-    };
+    // Copies are taken in every stage. In stage 1 the reliable nodes serve every partition, but
+    // a lost worker node leaves its unfinished clock's updates on some partitions and not on
+    // others, so a failure still rolls back to a copy; and the copy's clock is the job's
+    // reported progress (without one, a stage-1 segment across node processes would show none
+    // until the next event).
+    let next_backup = controller.backup_clock + config.backup_every;
     // A fleet that copies to the BackupPSs in the background runs until the next event; any
     // other ends the segment at the next copy point and copies at the boundary.
-    let streams = layout.stage > 1 && fleet.streams_backups();
+    let streams = fleet.streams_backups();
     let end = if streams {
         next_event.min(job.clocks)
     } else {
@@ -1720,7 +1721,10 @@ fn run_boundary(
         .into());
     }
     merge_reports(merged, reports);
-    let backup_due = layout.stage == 1 || end - controller.backup_clock >= config.backup_every;
+    // Stage 1 copies in the background as the other stages do, so a boundary (a join that
+    // starts stage 2, say) copies only when the last copy is `backup_every` clocks old: the
+    // rank-1000 fig. 4.15 join spent 5-8 ms here copying every parameter at the switch.
+    let backup_due = end - controller.backup_clock >= config.backup_every;
     if backup_due {
         // ActivePS → BackupPS: the consistent copy at this boundary.
         controller.images = Arc::new(gather_images(fleet, job.partitions)?);

@@ -575,6 +575,24 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
 
 #[test]
 fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy() {
+    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(2, 2);
+}
+
+/// Stage 1 (one reliable, one transient node: every partition on the reliable node) copies in
+/// the background too: the job's consistent clock moves within a segment, and losing the
+/// transient node's workers rolls back only to the last copy, not to the segment's start.
+#[test]
+fn stage_one_reports_progress_within_a_segment_and_a_failure_rolls_back_only_to_the_last_copy() {
+    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(1, 1);
+}
+
+/// With `transient` transient nodes beside one reliable one, the job reaches `stage`; its
+/// consistent clock moves while that segment runs; a SIGKILL of the last transient node rolls
+/// back to the last copy taken before it, and the table is exact.
+fn copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(
+    transient_nodes: usize,
+    stage: u8,
+) {
     let job = Job {
         clocks: 400,
         staleness: 1,
@@ -583,18 +601,22 @@ fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_cop
     };
     let (url, coordinator) = coordinator(&job, 1, 5);
     let mut r0 = node(&job, &url, "r0", false, 30);
-    let mut t0 = node(&job, &url, "t0", true, 30);
-    let mut t1 = node(&job, &url, "t1", true, 30);
-    let at = wait_for(&url, "stage 2", |s| {
-        s.progress.as_ref().is_some_and(|p| p.stage == 2) && transient(s) == 2
+    let mut survivors = vec![];
+    for t in 0..transient_nodes {
+        survivors.push(node(&job, &url, &format!("t{t}"), true, 30));
+    }
+    let mut victim = survivors.pop().expect("at least one transient node");
+    let at = wait_for(&url, &format!("stage {stage}"), |s| {
+        s.progress.as_ref().is_some_and(|p| p.stage == stage)
+            && transient(s) == transient_nodes as u32
     });
-    // The consistent clock moves while the stage-2 segment runs: every node sends its part of
-    // each copy (partitions at the clock, workers' reports below it) in the background.
+    // The consistent clock moves while the segment runs: every node sends its part of each
+    // copy (partitions at the clock, workers' reports below it) in the background.
     let copied = clock(&wait_for(&url, "background copies", |s| {
         clock(s) >= clock(&at) + 15
     }));
-    signal(&t1, "KILL");
-    let (exit, _) = wait_exit(&mut t1, Duration::from_secs(5));
+    signal(&victim, "KILL");
+    let (exit, _) = wait_exit(&mut victim, Duration::from_secs(5));
     assert!(!exit.success());
     wait_for(&url, "the rollback", |s| {
         s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1)
@@ -622,7 +644,7 @@ fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_cop
         .filter(|&c| report.run.clock_stats[c].updates == 0)
         .collect();
     assert!(missing.is_empty(), "clocks without results: {missing:?}");
-    for child in [&mut r0, &mut t0] {
+    for child in std::iter::once(&mut r0).chain(&mut survivors) {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
