@@ -1534,6 +1534,13 @@ fn prepare_joined(
 /// Segments lost in a row (no segment finishing in between) after which a run gives up.
 const MAX_LOST_IN_A_ROW: u32 = 10;
 
+/// Most background BackupPS copies one segment arms; a segment that would run past its last one
+/// ends there (the next starts at once, with the same layout). Every copy clock is armed on every
+/// server before the workers start and, across node processes, sent in the segment's order, so a
+/// segment from one event to the end of a long job armed them all up front: 100,000 clocks (a
+/// job of 1,000,000 clocks copied every 10) held the workers of a stage-1 segment back 31 s.
+const MAX_COPIES_PER_SEGMENT: usize = 64;
+
 /// Lays out and runs one segment from the current boundary.
 #[allow(clippy::too_many_arguments)]
 fn run_boundary(
@@ -1605,9 +1612,15 @@ fn run_boundary(
         }
         std::iter::successors(Some(at), |c| Some(c + config.backup_every))
             .take_while(|c| *c <= end)
+            .take(MAX_COPIES_PER_SEGMENT)
             .collect()
     } else {
         Vec::new()
+    };
+    // A segment with every copy it may arm ends at the last one.
+    let end = match backup_clocks.last() {
+        Some(&last) if backup_clocks.len() == MAX_COPIES_PER_SEGMENT => end.min(last),
+        _ => end,
     };
     let moved = moved_partitions(controller.layout.as_ref(), &layout);
     fleet.set_backups(&layout.backups);

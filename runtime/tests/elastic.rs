@@ -122,6 +122,39 @@ fn bulk_add_switches_in_at_a_boundary_and_changes_stage() {
     }
 }
 
+/// A long job without events arms its background copies a segment's worth at a time: every
+/// segment but the last ends at its 64th copy clock (backup every 3 clocks: 192 clocks), the
+/// next goes on from there with the same layout, and the table is exact. Before, one segment
+/// armed every copy clock of the job up front (100,000 of them held a stage-1 segment's workers
+/// back 31 s in the operator's end-to-end test).
+#[test]
+fn a_long_segment_arms_a_bounded_number_of_copies_and_goes_on() {
+    let clocks = 500;
+    for staleness in [0, 2] {
+        let report = run_elastic(
+            &exact(staleness, clocks),
+            &config(staleness, clocks, &["s-0"]),
+            &[],
+            &RuntimeMetrics::unregistered(),
+        )
+        .unwrap();
+        assert_eq!(
+            report.run.eval.metric("wrong_values"),
+            Some(0.0),
+            "lost or doubled updates: {:?}",
+            report.segments
+        );
+        let spans: Vec<(u64, u64)> = report
+            .segments
+            .iter()
+            .map(|s| (s.first_clock, s.end_clock))
+            .collect();
+        assert_eq!(spans, [(0, 192), (192, 384), (384, 500)], "{spans:?}");
+        assert!(report.segments.iter().all(|s| s.partitions_moved == 0));
+        assert_eq!(report.rollbacks, 0);
+    }
+}
+
 #[test]
 fn partial_eviction_with_notice_moves_partitions_to_survivors() {
     let transient = ["s-0", "s-1", "s-2", "s-3"];

@@ -9,7 +9,9 @@
 //!
 //! - BidBrain re-estimates a job's application model from a real elastic coordinator's progress
 //!   (the runtime on 127.0.0.1, one in-process node per pod the operator created) and decides
-//!   with it: `status.appModel` shows ν, σ measured and in use.
+//!   with it: `status.appModel` shows ν, σ measured and in use; after a full eviction with
+//!   notice (the Node Termination Handler's taint) training goes on in stage 1 and the eviction's
+//!   stall (λ) is measured.
 //!
 //! Each test runs its own operator scoped to its own namespace. Skipped (with a line saying so)
 //! unless `EBBFLOW_KUBECONFIG` names the cluster that `scripts/cluster.sh up` started; the ec2 test
@@ -28,6 +30,7 @@ use ebbflow_operator::controller::{
     self,
     bidbrain::{BidBrainConfig, BidBrainPlanner},
 };
+use ebbflow_operator::notices::NTH_SPOT_ITN_TAINT;
 use ebbflow_operator::provision::Ec2Provisioner;
 use ebbflow_runtime::elastic::{ElasticConfig, LiveFeed, StageThresholds};
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
@@ -36,7 +39,8 @@ use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
 use ebbflow_tests::cluster::{
-    BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until, quickstart_job,
+    BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, poll_until,
+    quickstart_job, set_interruption_taint,
 };
 use ebbflow_tests::operator::{Custom, start_custom};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -458,6 +462,79 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
         applied.elapsed().as_secs_f64(),
         status.iteration,
         status.stage
+    );
+
+    // A full eviction with notice: the Node Termination Handler's taint on every node the job's
+    // started transient pods run on. The coordinator moves every partition back to the reliable
+    // tier (stage 1) and training goes on there. No node starts from here on, so no join ends
+    // that stage-1 segment: the job's iteration moves only through the BackupPS copies taken
+    // within it (before 3a28ad5 none were, the iteration stood still, and BidBrain never saw
+    // the eviction's stall end; then the segment armed every copy clock to the job's end, and
+    // its workers started 31 s late). BidBrain times the stall (λ) from the notice until the
+    // consistent clock passes where it was.
+    let node_api: Api<Node> = Api::all(client.clone());
+    let mut tainted = BTreeSet::new();
+    for pod in pods.list(&selector).await?.items {
+        let transient = pod
+            .labels()
+            .get(controller::plan::TIER_LABEL)
+            .is_some_and(|tier| tier == "transient");
+        let node = pod.spec.as_ref().and_then(|spec| spec.node_name.clone());
+        if transient
+            && pod.metadata.deletion_timestamp.is_none()
+            && started.contains(&pod.name_any())
+        {
+            tainted.extend(node);
+        }
+    }
+    assert!(!tainted.is_empty(), "no started transient pod to evict");
+    for node in &tainted {
+        set_interruption_taint(&node_api, node, Some(NTH_SPOT_ITN_TAINT)).await?;
+    }
+    let tainted_at = std::time::Instant::now();
+    let stalls_before = model.evictions;
+    let first_in_stage_one: std::cell::Cell<Option<u64>> = std::cell::Cell::new(None);
+    let after = poll_until(
+        "the eviction's stall to end while training goes on in stage 1",
+        Duration::from_secs(150),
+        || {
+            let jobs = jobs.clone();
+            let first_in_stage_one = &first_in_stage_one;
+            async move {
+                let status = jobs.get(name).await?.status.unwrap_or_default();
+                if status.stage != Some(1) {
+                    return Ok(None);
+                }
+                // The first stage-1 status is the reference; a later one must be past it.
+                let Some(first) = first_in_stage_one.get() else {
+                    first_in_stage_one.set(Some(status.iteration.unwrap_or(0)));
+                    return Ok(None);
+                };
+                let stalls = status.app_model.as_ref().map_or(0, |m| m.evictions);
+                let moved = status.iteration.is_some_and(|i| i > first);
+                Ok((stalls > stalls_before && moved).then_some(status))
+            }
+        },
+    )
+    .await?;
+    let evicted_model = after.app_model.clone().expect("measured above");
+    let resumed_from = first_in_stage_one
+        .get()
+        .expect("stage 1 was seen before the stall ended");
+    assert!(
+        after.iteration.is_some_and(|i| i > resumed_from),
+        "the iteration moved in stage 1 (from {resumed_from}): {after:?}"
+    );
+    assert!(
+        evicted_model.lambda_seconds.is_finite() && evicted_model.lambda_seconds > 0.0,
+        "{evicted_model:?}"
+    );
+    eprintln!(
+        "{test}: {} node(s) tainted; {:.1} s later: iteration {:?} (stage 1 from {resumed_from}), \
+         app model {evicted_model:?}",
+        tainted.len(),
+        tainted_at.elapsed().as_secs_f64(),
+        after.iteration
     );
 
     // Deleting the job stops the runtime (the operator posts /stop with the token).
