@@ -1591,8 +1591,9 @@ fn run_boundary(
     // reported progress (without one, a stage-1 segment across node processes would show none
     // until the next event).
     let next_backup = controller.backup_clock + config.backup_every;
-    // A fleet that copies to the BackupPSs in the background runs until the next event; any
-    // other ends the segment at the next copy point and copies at the boundary.
+    // A fleet that copies to the BackupPSs in the background runs until the next event (or its
+    // last armed copy, below); any other ends the segment at the next copy point and copies at
+    // the boundary.
     let streams = fleet.streams_backups();
     let end = if streams {
         next_event.min(job.clocks)
