@@ -6,6 +6,7 @@
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -209,6 +210,115 @@ impl Connection {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Sizes both ends' buffers for frames of `bytes` and touches them once ([`Message::Warm`]
+    /// to the server, then this side's), so the first large exchange does not page in fresh
+    /// memory. Paced: blocks the thread for about 4 ms per MiB on each side.
+    pub fn warm(&mut self, bytes: usize) -> Result<(), ClientError> {
+        self.send(&Message::Warm {
+            bytes: bytes as u64,
+        })?;
+        self.flush()?;
+        let addr = self.addr;
+        match self.recv()? {
+            Message::Warmed => {}
+            other => return Err(unexpected(addr, &other, "warmed")),
+        }
+        let bytes = HEADER_BYTES + crate::server::warm_limit(bytes as u64, self.max_frame_bytes);
+        crate::server::warm_vec(&mut self.out, bytes);
+        crate::server::warm_vec(&mut self.body, bytes);
+        Ok(())
+    }
+}
+
+/// Closes `connections` on a thread of their own: freeing a connection whose buffers grew to
+/// large frames takes 0.3-1.6 ms, which a worker switching servers at a boundary would wait.
+fn close_in_background(connections: Vec<Connection>) {
+    if connections.is_empty() {
+        return;
+    }
+    // Without a thread the closure, and with it the connections, is dropped here instead.
+    let _ = std::thread::Builder::new()
+        .name("close-connections".into())
+        .spawn(move || drop(connections));
+}
+
+/// Connections opened ahead of the segment that uses them: a joining node's server is started
+/// and every worker's connection to it opened, authenticated and warmed while the others train
+/// (`elastic::LocalFleet::prepare`). At the switch a worker's transport takes its connection
+/// from here instead of connecting.
+#[derive(Debug, Default)]
+pub struct PreOpened {
+    connections: parking_lot::Mutex<Vec<(u32, Connection)>>,
+    /// `ebbflow_runtime_pre_opened_connections_total`, when counted.
+    counter: Option<prometheus::IntCounterVec>,
+}
+
+impl PreOpened {
+    /// An empty stash that counts its connections on `metrics`.
+    pub fn counted(metrics: &crate::metrics::RuntimeMetrics) -> Self {
+        Self {
+            connections: parking_lot::Mutex::new(Vec::new()),
+            counter: Some(metrics.pre_opened_connections.clone()),
+        }
+    }
+
+    fn count(&self, outcome: &str, n: usize) {
+        if let Some(counter) = &self.counter {
+            counter.with_label_values(&[outcome]).inc_by(n as u64);
+        }
+    }
+
+    /// Opens worker `worker`'s connection to `addr` (waiting for the welcome) and warms it for
+    /// frames of `frame_bytes`; it waits here until that worker's transport needs `addr`.
+    pub fn open(
+        &self,
+        worker: u32,
+        addr: SocketAddr,
+        config: &ClientConfig,
+        frame_bytes: usize,
+    ) -> Result<(), ClientError> {
+        let mut connection = Connection::connect(
+            addr,
+            &config.secret,
+            config.node,
+            config.max_frame_bytes,
+            config.timeout,
+        )?;
+        connection.warm(frame_bytes)?;
+        self.connections.lock().push((worker, connection));
+        self.count("opened", 1);
+        Ok(())
+    }
+
+    /// Worker `worker`'s pre-opened connection to `addr`, if there is one.
+    fn take(&self, worker: u32, addr: SocketAddr) -> Option<Connection> {
+        let mut connections = self.connections.lock();
+        let index = connections
+            .iter()
+            .position(|(w, c)| *w == worker && c.addr() == addr)?;
+        let connection = connections.swap_remove(index).1;
+        self.count("taken", 1);
+        Some(connection)
+    }
+
+    /// Closes every pre-opened connection to `addr` (its node left before the switch).
+    pub fn forget(&self, addr: SocketAddr) {
+        let mut connections = self.connections.lock();
+        let before = connections.len();
+        connections.retain(|(_, c)| c.addr() != addr);
+        self.count("closed", before - connections.len());
+    }
+
+    /// How many connections wait to be taken.
+    pub fn len(&self) -> usize {
+        self.connections.lock().len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 fn unexpected(addr: SocketAddr, got: &Message<'_>, expected: &'static str) -> ClientError {
@@ -242,6 +352,8 @@ pub(crate) struct RemoteTransport {
     /// Per partition: (connection index, epoch).
     routes: Vec<(usize, u64)>,
     config: ClientConfig,
+    /// The worker this transport serves and where its pre-opened connections wait.
+    pre_opened: Option<(u32, Arc<PreOpened>)>,
 }
 
 impl RemoteTransport {
@@ -251,10 +363,22 @@ impl RemoteTransport {
         addrs: &NodeAddrs,
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
+        Self::connect_as(map, addrs, config, None)
+    }
+
+    /// [`RemoteTransport::connect`] for worker `worker`, taking the connections pre-opened for
+    /// it from `pre_opened` (now and at every retarget) instead of connecting.
+    pub(crate) fn connect_as(
+        map: &PartitionMap,
+        addrs: &NodeAddrs,
+        config: &ClientConfig,
+        pre_opened: Option<(u32, Arc<PreOpened>)>,
+    ) -> Result<Self, ClientError> {
         let mut transport = Self {
             connections: Vec::new(),
             routes: Vec::new(),
             config: config.clone(),
+            pre_opened,
         };
         transport.retarget(map, addrs)?;
         Ok(transport)
@@ -286,7 +410,11 @@ impl RemoteTransport {
                 .iter_mut()
                 .find(|c| c.as_ref().is_some_and(|c| c.addr() == addr))
                 .and_then(Option::take);
-            connections.push(match kept {
+            let pre_opened = || {
+                let (worker, stash) = self.pre_opened.as_ref()?;
+                stash.take(*worker, addr)
+            };
+            connections.push(match kept.or_else(pre_opened) {
                 Some(connection) => connection,
                 None => Connection::open(
                     addr,
@@ -310,6 +438,7 @@ impl RemoteTransport {
             })
             .collect();
         self.connections = connections;
+        close_in_background(old.into_iter().flatten().collect());
         Ok(self
             .routes
             .iter()
@@ -510,19 +639,75 @@ mod tests {
         .unwrap()
     }
 
+    fn client_config(secret: &[u8]) -> ClientConfig {
+        ClientConfig {
+            secret: secret.to_vec(),
+            node: 7,
+            max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
     fn transport_to(server: &ServerHandle, secret: &[u8]) -> Result<RemoteTransport, ClientError> {
         let map = PartitionMap::round_robin(1, &[0]).unwrap();
         let addrs: NodeAddrs = [(0, server.addr)].into_iter().collect();
-        RemoteTransport::connect(
-            &map,
-            &addrs,
-            &ClientConfig {
-                secret: secret.to_vec(),
-                node: 7,
-                max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
-                timeout: Duration::from_secs(5),
-            },
+        RemoteTransport::connect(&map, &addrs, &client_config(secret))
+    }
+
+    #[test]
+    fn a_pre_opened_connection_is_warmed_within_the_frame_limit_and_taken_by_its_worker_only() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let server = serve(&runtime, b"job");
+        let config = client_config(b"job");
+        let keys: Vec<u64> = (0..4).filter(|&k| partition_of(k, 1) == 0).collect();
+        let batch = vec![(0, vec![(0, keys.clone())], None)];
+
+        // The server sizes its buffers within its limits, however much is asked, and answers.
+        let mut raw = Connection::connect(
+            server.addr,
+            b"job",
+            7,
+            config.max_frame_bytes,
+            config.timeout,
         )
+        .unwrap();
+        raw.send(&Message::Warm { bytes: u64::MAX }).unwrap();
+        raw.flush().unwrap();
+        assert!(matches!(raw.recv().unwrap(), Message::Warmed));
+        assert_eq!(
+            crate::server::warm_limit(u64::MAX, 1 << 20),
+            1 << 20,
+            "capped at the frame limit"
+        );
+
+        // Worker 0's connection waits in the stash, warmed on this side too.
+        let stash = Arc::new(PreOpened::default());
+        stash.open(0, server.addr, &config, 256 << 10).unwrap();
+        assert_eq!(stash.len(), 1);
+        let map = PartitionMap::round_robin(1, &[0]).unwrap();
+        let addrs: NodeAddrs = [(0, server.addr)].into_iter().collect();
+
+        // Another worker's transport does not take it.
+        let other =
+            RemoteTransport::connect_as(&map, &addrs, &config, Some((1, stash.clone()))).unwrap();
+        assert_eq!(stash.len(), 1);
+        assert!(other.connections[0].welcome_pending, "connected on its own");
+
+        // Worker 0's does, and it serves at once (welcomed, buffers sized).
+        let mut own =
+            RemoteTransport::connect_as(&map, &addrs, &config, Some((0, stash.clone()))).unwrap();
+        assert!(stash.is_empty());
+        let connection = &own.connections[0];
+        assert!(!connection.welcome_pending);
+        assert!(connection.body.capacity() >= 256 << 10);
+        assert!(connection.out.capacity() >= 256 << 10);
+        assert_eq!(own.register_all(0, &batch).unwrap(), vec![keys.len() * 2]);
+
+        // A node that leaves before its switch takes its waiting connections with it.
+        stash.open(5, server.addr, &config, 0).unwrap();
+        stash.forget(server.addr);
+        assert!(stash.is_empty());
+        server.stop(runtime.handle());
     }
 
     #[test]

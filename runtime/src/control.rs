@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::app::{App, TableSpec};
 use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
 use crate::elastic::{
-    Fleet, FleetError, Interrupt, Salvage, SegmentOutcome, SegmentSpec, ShardLoads,
+    Fleet, FleetError, Interrupt, Layout, Salvage, SegmentOutcome, SegmentSpec, ShardLoads,
 };
 use crate::frame::FrameError;
 use crate::heartbeat::Heartbeats;
@@ -1443,8 +1443,13 @@ impl Fleet for ProcessFleet {
         self.pending.remove(&id);
     }
 
-    fn prepare(&mut self, id: NodeId, worker_nodes: &[NodeId]) -> Result<bool, FleetError> {
-        let placed = place_workers(self.workers, &self.assignment, worker_nodes, &self.standby);
+    fn prepare(&mut self, id: NodeId, prospective: &Layout) -> Result<bool, FleetError> {
+        let placed = place_workers(
+            self.workers,
+            &self.assignment,
+            &prospective.worker_nodes,
+            &self.standby,
+        );
         let workers: Vec<u32> = placed
             .iter()
             .filter(|(_, node)| **node == id)

@@ -43,7 +43,7 @@ use thiserror::Error;
 
 use crate::app::{App, TableSpec, validate_tables};
 use crate::bandwidth::{NodeBandwidth, WorkerPlacement};
-use crate::client::ClientConfig;
+use crate::client::{ClientConfig, PreOpened};
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
 use crate::node::{SegmentPlan, ServerHandle, WorkerPool, random_secret};
@@ -735,10 +735,11 @@ pub trait Fleet {
     fn abandon_all(&mut self);
     /// The reliable nodes that receive the BackupPS copies of the next segment (none in stage 1).
     fn set_backups(&mut self, _backups: &[NodeId]) {}
-    /// Starts preparing joined node `id` in the background (loading the data shards of the
-    /// workers it would run if the job's worker nodes were `worker_nodes`) while the others
-    /// train; true if it is ready to be switched in now.
-    fn prepare(&mut self, _id: NodeId, _worker_nodes: &[NodeId]) -> Result<bool, FleetError> {
+    /// Starts preparing joined node `id` in the background for the `prospective` layout (the
+    /// one with every joined member in it) while the others train: loading the data shards of
+    /// the workers it would run, or starting its server and the workers' connections to it;
+    /// true if it is ready to be switched in now.
+    fn prepare(&mut self, _id: NodeId, _prospective: &Layout) -> Result<bool, FleetError> {
         Ok(true)
     }
     /// Whether joined node `id` finished preparing.
@@ -790,6 +791,19 @@ pub struct LocalFleet {
     backups: Vec<NodeId>,
     /// Servers let go at a boundary, still closing their connections (awaited at the end).
     retiring: Vec<tokio::task::JoinHandle<()>>,
+    /// Servers of joined nodes started ahead of the switch that gives them partitions.
+    prepared: BTreeMap<NodeId, ServerHandle>,
+    /// Per joined node: the thread opening the workers' connections to its prepared server.
+    preparing: BTreeMap<NodeId, std::thread::JoinHandle<()>>,
+    /// The workers' connections opened by those threads, taken at the switch.
+    pre_opened: Arc<PreOpened>,
+    /// Held by the thread warming connections: one node is prepared at a time, so the
+    /// background work stays a small share of the cores the training uses.
+    warming: Arc<Mutex<()>>,
+    /// The largest partition hosted when the last joined node was prepared, in parameter bytes:
+    /// what a connection's buffers are sized for.
+    frame_hint: usize,
+    client: ClientConfig,
 }
 
 impl LocalFleet {
@@ -815,7 +829,16 @@ impl LocalFleet {
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: job.wait_timeout,
         };
-        let pool = WorkerPool::start(app, &specs, &client, job, metrics, run_start)?;
+        let pre_opened = Arc::new(PreOpened::counted(metrics));
+        let pool = WorkerPool::start(
+            app,
+            &specs,
+            &client,
+            job,
+            metrics,
+            run_start,
+            Some(pre_opened.clone()),
+        )?;
         Ok(Self {
             runtime,
             pool: Some(pool),
@@ -829,6 +852,12 @@ impl LocalFleet {
             placement: Arc::new(WorkerPlacement::default()),
             backups: Vec::new(),
             retiring: Vec::new(),
+            prepared: BTreeMap::new(),
+            preparing: BTreeMap::new(),
+            pre_opened,
+            warming: Arc::new(Mutex::new(())),
+            frame_hint: 0,
+            client,
         })
     }
 
@@ -839,6 +868,45 @@ impl LocalFleet {
     pub fn with_bandwidth_limit(mut self, mbps: f64) -> Self {
         self.bandwidth_mbps = mbps;
         self
+    }
+
+    /// Starts node `node`'s data-plane server, serving nothing yet.
+    fn start_server(&mut self, node: NodeId) -> Result<ServerHandle, FleetError> {
+        let strict = self.job.staleness == 0;
+        let state = Arc::new(ServerState::new(
+            &[],
+            self.job.partitions,
+            &self.specs,
+            self.job.workers as u32,
+            self.job.optimizer,
+            strict,
+        ));
+        let config = crate::server::ServerConfig {
+            wait_timeout: self.job.wait_timeout,
+            bandwidth: self.bandwidth(node),
+            placement: Some((node, self.placement.clone())),
+            ..crate::server::ServerConfig::with_secret(self.secret.clone())
+        };
+        ServerHandle::start(
+            self.runtime.handle(),
+            ([127, 0, 0, 1], 0).into(),
+            state,
+            config,
+            self.metrics.clone(),
+        )
+        .map_err(|e| {
+            RunError::RunCluster {
+                reason: format!("binding a node's data-plane server failed: {e}"),
+            }
+            .into()
+        })
+    }
+
+    /// Waits for node `id`'s preparing thread, if it has one.
+    fn join_preparing(&mut self, id: NodeId) {
+        if let Some(thread) = self.preparing.remove(&id) {
+            let _ = thread.join();
+        }
     }
 
     fn bandwidth(&mut self, node: NodeId) -> Option<Arc<NodeBandwidth>> {
@@ -859,13 +927,72 @@ impl Fleet for LocalFleet {
     fn release(&mut self, id: NodeId) {
         // At a boundary: the workers wait for the next segment, not for old connections to close.
         self.retiring.retain(|task| !task.is_finished());
-        if let Some(task) = self
+        // A node that leaves before its switch: no connection to its server may outlive it (a
+        // later server could be bound to the same port).
+        self.join_preparing(id);
+        let server = self
             .servers
             .remove(&id)
-            .and_then(ServerHandle::stop_in_background)
-        {
+            .or_else(|| self.prepared.remove(&id));
+        if let Some(server) = &server {
+            self.pre_opened.forget(server.addr);
+        }
+        if let Some(task) = server.and_then(ServerHandle::stop_in_background) {
             self.retiring.push(task);
         }
+    }
+
+    fn prepare(&mut self, id: NodeId, prospective: &Layout) -> Result<bool, FleetError> {
+        if !prospective.servers.contains(&id)
+            || self.servers.contains_key(&id)
+            || self.prepared.contains_key(&id)
+        {
+            return Ok(true);
+        }
+        // The server starts now, serving nothing; each worker's connection to it is opened and
+        // both ends' buffers sized for the largest partition on a thread of its own while the
+        // others train, so the switch only hands partitions over.
+        // Rows are created as workers first push them, so the partitions' sizes are read now.
+        self.frame_hint = self
+            .servers
+            .values()
+            .map(|server| server.state.largest_partition_bytes())
+            .fold(self.frame_hint, usize::max);
+        let server = self.start_server(id)?;
+        let addr = server.addr;
+        self.prepared.insert(id, server);
+        let (stash, client, workers, bytes, warming) = (
+            self.pre_opened.clone(),
+            self.client.clone(),
+            self.job.workers as u32,
+            self.frame_hint,
+            self.warming.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("prepare-{id}"))
+            .spawn(move || {
+                let _one_at_a_time = warming.lock();
+                for worker in 0..workers {
+                    if let Err(error) = stash.open(worker, addr, &client, bytes) {
+                        // The switch connects as it would have without preparation.
+                        tracing::warn!(node = id, worker, %error, "pre-opening a connection failed");
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| RunError::RunCluster {
+                reason: format!("starting the thread that prepares node {id} failed: {e}"),
+            })?;
+        self.preparing.insert(id, thread);
+        Ok(false)
+    }
+
+    fn prepared(&mut self, id: NodeId) -> Result<bool, FleetError> {
+        if self.preparing.get(&id).is_some_and(|t| !t.is_finished()) {
+            return Ok(false);
+        }
+        self.join_preparing(id);
+        Ok(true)
     }
 
     fn place(
@@ -881,37 +1008,14 @@ impl Fleet for LocalFleet {
             .and_then(|server| server.state.take(partition))
             .unwrap_or_else(|| fallback.clone());
         let strict = self.job.staleness == 0;
-        let bandwidth = self.bandwidth(to);
-        let server = match self.servers.entry(to) {
-            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::btree_map::Entry::Vacant(entry) => {
-                let state = Arc::new(ServerState::new(
-                    &[],
-                    self.job.partitions,
-                    &self.specs,
-                    self.job.workers as u32,
-                    self.job.optimizer,
-                    strict,
-                ));
-                let config = crate::server::ServerConfig {
-                    wait_timeout: self.job.wait_timeout,
-                    bandwidth,
-                    placement: Some((to, self.placement.clone())),
-                    ..crate::server::ServerConfig::with_secret(self.secret.clone())
-                };
-                let handle = ServerHandle::start(
-                    self.runtime.handle(),
-                    ([127, 0, 0, 1], 0).into(),
-                    state,
-                    config,
-                    self.metrics.clone(),
-                )
-                .map_err(|e| RunError::RunCluster {
-                    reason: format!("binding a node's data-plane server failed: {e}"),
-                })?;
-                entry.insert(handle)
-            }
-        };
+        if !self.servers.contains_key(&to) {
+            let server = match self.prepared.remove(&to) {
+                Some(server) => server,
+                None => self.start_server(to)?,
+            };
+            self.servers.insert(to, server);
+        }
+        let server = self.servers.get_mut(&to).expect("inserted above");
         server
             .state
             .install(image, epoch, &self.specs, self.job.optimizer, strict)?;
@@ -1041,7 +1145,18 @@ impl Fleet for LocalFleet {
         if let Some(pool) = self.pool.take() {
             pool.stop();
         }
-        for (_, handle) in std::mem::take(&mut self.servers) {
+        for id in self.preparing.keys().copied().collect::<Vec<_>>() {
+            self.join_preparing(id);
+        }
+        // Connections never taken close before their servers stop.
+        for handle in self.prepared.values() {
+            self.pre_opened.forget(handle.addr);
+        }
+        let prepared = std::mem::take(&mut self.prepared);
+        for (_, handle) in std::mem::take(&mut self.servers)
+            .into_iter()
+            .chain(prepared)
+        {
             handle.stop(self.runtime.handle());
         }
         for task in std::mem::take(&mut self.retiring) {
@@ -1490,13 +1605,15 @@ fn prepare_joined(
         controller.layout.as_ref().map(|l| l.partitions.as_slice()),
         &config.thresholds,
     )
-    .map(|layout| layout.worker_nodes)
-    .unwrap_or_default();
+    .ok();
     let mut switch_in = Vec::new();
     let mut all_ready = true;
     for (id, name) in pending {
         let outcome = match preparing.get(&id) {
-            None => fleet.prepare(id, &prospective),
+            None => match &prospective {
+                Some(layout) => fleet.prepare(id, layout),
+                None => Ok(true),
+            },
             Some(true) => Ok(true),
             Some(false) => fleet.prepared(id),
         };

@@ -167,6 +167,16 @@ pub enum Message<'a> {
         /// Binary payload.
         blob: &'a [u8],
     },
+    /// Asks the server to size this connection's buffers for frames of `bytes` and page them in
+    /// (capped at its frame limit), so later large frames land in memory already touched: a
+    /// connection opened while a joining node is prepared pays for its buffers before the
+    /// switch, not in the first clock after it.
+    Warm {
+        /// The largest frame body expected.
+        bytes: u64,
+    },
+    /// Reply to `Warm`: the buffers are ready.
+    Warmed,
     /// A request failed; the connection stays usable.
     Error {
         /// Static category of the failure (an error's `category()`).
@@ -190,6 +200,8 @@ const DUMP_ROWS: u8 = 10;
 const ERROR: u8 = 11;
 const CONTROL: u8 = 12;
 const CONTROL_REPLY: u8 = 13;
+const WARM: u8 = 14;
+const WARMED: u8 = 15;
 
 /// Reads fields from a complete frame body; running out of bytes is `Invalid`.
 pub(crate) struct Cursor<'a> {
@@ -385,6 +397,10 @@ impl<'a> Message<'a> {
                 json: c.str("control answer")?,
                 blob: c.bytes("control answer payload")?,
             },
+            WARM => Message::Warm {
+                bytes: c.u64("warm bytes")?,
+            },
+            WARMED => Message::Warmed,
             _ => return Err(FrameError::Invalid("unknown message kind")),
         };
         c.finish()?;
@@ -503,6 +519,11 @@ impl<'a> Message<'a> {
                 put_bytes(out, json.as_bytes());
                 put_bytes(out, blob);
             }
+            Message::Warm { bytes } => {
+                out.push(WARM);
+                put_u64(out, *bytes);
+            }
+            Message::Warmed => out.push(WARMED),
         }
         end_frame(out, start);
     }
@@ -523,6 +544,8 @@ impl<'a> Message<'a> {
             Message::Error { .. } => "error",
             Message::Control { .. } => "control",
             Message::ControlReply { .. } => "control_reply",
+            Message::Warm { .. } => "warm",
+            Message::Warmed => "warmed",
         }
     }
 }
@@ -561,6 +584,8 @@ mod tests {
             node: 4,
         });
         round_trip(&Message::Welcome);
+        round_trip(&Message::Warm { bytes: 1 << 20 });
+        round_trip(&Message::Warmed);
         round_trip(&Message::Register {
             worker: 1,
             partition: 2,

@@ -45,6 +45,10 @@ pub struct RuntimeMetrics {
     /// Data shards a worker started from, by source (`built`: loaded when the worker started;
     /// `preloaded`: loaded in the background beforehand by the shard's second holder).
     pub shard_loads: IntCounterVec,
+    /// Workers' connections to a joining node's server opened and warmed before its switch, by
+    /// outcome (`opened`; `taken` by the worker at the switch; `closed` unused, the node having
+    /// left or the run ended first).
+    pub pre_opened_connections: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -141,6 +145,14 @@ impl RuntimeMetrics {
                 ),
                 &["source"],
             )?,
+            pre_opened_connections: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_pre_opened_connections_total",
+                    "workers' connections to a joining node opened before its switch, by outcome \
+                     (opened, taken, closed)",
+                ),
+                &["outcome"],
+            )?,
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
         registry.register(Box::new(metrics.stage.clone()))?;
@@ -152,6 +164,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.consistent_clock.clone()))?;
         registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
+        registry.register(Box::new(metrics.pre_opened_connections.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;

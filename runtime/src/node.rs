@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::app::{App, AppWorker, TableSpec, WorkingSet, validate_tables};
-use crate::client::{ClientConfig, NodeAddrs, RemoteTransport, fetch_snapshot};
+use crate::client::{ClientConfig, NodeAddrs, PreOpened, RemoteTransport, fetch_snapshot};
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
 use crate::partition::{NodeId, PartitionMap};
@@ -349,6 +349,9 @@ pub struct WorkerPool {
     /// The node each worker stands for (none set: all on one node, this process).
     nodes: parking_lot::Mutex<BTreeMap<u32, NodeId>>,
     segments: std::sync::atomic::AtomicU64,
+    /// Connections opened for the pool's workers ahead of a switch (none: workers connect
+    /// when a segment needs a server).
+    pre_opened: Option<Arc<PreOpened>>,
 }
 
 /// One thread of a [`WorkerPool`].
@@ -405,6 +408,8 @@ impl Registered {
 
 impl WorkerPool {
     /// Starts `config.workers` worker threads (global ids `0..`), idle until the first segment.
+    /// Their transports take connections from `pre_opened` where one waits for them (see
+    /// [`PreOpened`]).
     pub fn start<A: App>(
         app: &A,
         specs: &[TableSpec],
@@ -412,8 +417,10 @@ impl WorkerPool {
         config: &JobConfig,
         metrics: &RuntimeMetrics,
         run_start: Instant,
+        pre_opened: Option<Arc<PreOpened>>,
     ) -> Result<Self, RunError> {
         let mut pool = Self::empty(specs, client, config, metrics, run_start);
+        pool.pre_opened = pre_opened;
         // One process holds every worker: its groups' registrations are ordered by
         // [`Registered`], so they may share process caches.
         pool.config.process_cache = config.process_cache;
@@ -452,6 +459,7 @@ impl WorkerPool {
             shared: parking_lot::Mutex::new(Vec::new()),
             nodes: parking_lot::Mutex::new(BTreeMap::new()),
             segments: std::sync::atomic::AtomicU64::new(0),
+            pre_opened: None,
         }
     }
 
@@ -529,6 +537,7 @@ impl WorkerPool {
             self.run_start,
             working_set.clone(),
         );
+        let pre_opened = self.pre_opened.clone().map(|stash| (worker, stash));
         let thread = std::thread::Builder::new()
             .name(format!("worker-{worker}"))
             .spawn(move || {
@@ -572,8 +581,13 @@ impl WorkerPool {
                             ),
                             None => {
                                 transport = Some(
-                                    RemoteTransport::connect(&plan.map, &plan.addrs, &client)
-                                        .map_err(|e| fail(e.into()))?,
+                                    RemoteTransport::connect_as(
+                                        &plan.map,
+                                        &plan.addrs,
+                                        &client,
+                                        pre_opened.clone(),
+                                    )
+                                    .map_err(|e| fail(e.into()))?,
                                 );
                                 None
                             }

@@ -203,6 +203,77 @@ async fn read_frame(
     }
 }
 
+/// Buffers are warmed (paged in) this many bytes at a time, with [`WARM_PAUSE`] between: about
+/// 256 MB/s, a sixth of one core on the project's VM, so the training that goes on meanwhile
+/// hardly notices.
+const WARM_CHUNK_BYTES: usize = 256 << 10;
+/// The pause between two chunks of a warm-up.
+const WARM_PAUSE: Duration = Duration::from_millis(1);
+/// Most bytes one buffer is warmed for, whatever is asked.
+const MAX_WARM_BYTES: usize = 64 << 20;
+
+/// The frame body size a warm-up asking for `bytes` prepares for, with frames of at most
+/// `max_frame_bytes`.
+pub(crate) fn warm_limit(bytes: u64, max_frame_bytes: usize) -> usize {
+    usize::try_from(bytes)
+        .unwrap_or(usize::MAX)
+        .min(max_frame_bytes)
+        .min(MAX_WARM_BYTES)
+}
+
+/// A byte buffer a warm-up can grow.
+trait Grow {
+    fn len(&self) -> usize;
+    fn grow_to(&mut self, len: usize);
+}
+
+impl Grow for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn grow_to(&mut self, len: usize) {
+        self.resize(len, 0);
+    }
+}
+
+impl Grow for BytesMut {
+    fn len(&self) -> usize {
+        BytesMut::len(self)
+    }
+    fn grow_to(&mut self, len: usize) {
+        self.resize(len, 0);
+    }
+}
+
+/// Grows `buf` to `len` bytes by chunks, pausing between them (blocks the thread).
+fn grow_paced(buf: &mut impl Grow, len: usize) {
+    let mut first = true;
+    while buf.len() < len {
+        if !std::mem::take(&mut first) {
+            std::thread::sleep(WARM_PAUSE);
+        }
+        buf.grow_to((buf.len() + WARM_CHUNK_BYTES).min(len));
+    }
+}
+
+/// Makes room for `bytes` more in `buf` and touches it, keeping what `buf` holds (blocks the
+/// thread for about 4 ms per MiB).
+fn warm_bytes(buf: &mut BytesMut, bytes: usize) {
+    let held = buf.len();
+    buf.reserve(bytes);
+    grow_paced(buf, held + bytes);
+    buf.truncate(held);
+}
+
+/// Gives `out` room for `bytes` and touches it; `out` is left empty (blocks the thread for
+/// about 4 ms per MiB).
+pub(crate) fn warm_vec(out: &mut Vec<u8>, bytes: usize) {
+    out.clear();
+    out.reserve(bytes);
+    grow_paced(out, bytes);
+    out.clear();
+}
+
 /// Writes `out` to the peer once `link` grants its bytes.
 async fn write_frame(
     stream: &mut TcpStream,
@@ -237,9 +308,11 @@ async fn serve_connection(
         _ => return Err(ConnectionError::Authenticate),
     };
     tracing::debug!(node, "peer authenticated");
+    let hello_bytes = hello.len();
+    drop(hello);
     let mut out = Vec::with_capacity(1 << 16);
     Message::Welcome.encode(&mut out);
-    own.receive(hello.len()).await;
+    own.receive(hello_bytes).await;
     write_frame(&mut stream, &out, &own).await?;
     loop {
         let frame = tokio::select! {
@@ -263,6 +336,24 @@ async fn serve_connection(
             } => (Some((partition, Some(worker), clock)), Some(worker)),
             Message::Register { worker, .. } => (None, Some(worker)),
             Message::Dump { .. } => (None, None),
+            Message::Warm { bytes } => {
+                own.receive(frame.len()).await;
+                // Room for one frame read and one answer, never past the frame limit nor
+                // `MAX_WARM_BYTES` (a peer cannot make the server hold more than it could with
+                // frames it sends).
+                let bytes = HEADER_BYTES + warm_limit(bytes, config.max_frame_bytes);
+                drop(frame);
+                (buf, out) = tokio::task::spawn_blocking(move || {
+                    warm_bytes(&mut buf, bytes);
+                    warm_vec(&mut out, bytes);
+                    (buf, out)
+                })
+                .await
+                .map_err(|_| ConnectionError::Unexpected("panicking"))?;
+                Message::Warmed.encode(&mut out);
+                write_frame(&mut stream, &out, &own).await?;
+                continue;
+            }
             Message::Control { .. } => {
                 own.receive(frame.len()).await;
                 out.clear();

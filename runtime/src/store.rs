@@ -1350,6 +1350,17 @@ impl ServerState {
             .map(|slot| slot.store.lock().parameter_bytes())
             .sum()
     }
+
+    /// Bytes of parameter values of the largest hosted partition.
+    pub fn largest_partition_bytes(&self) -> usize {
+        self.slots
+            .read()
+            .iter()
+            .flatten()
+            .map(|slot| slot.store.lock().parameter_bytes())
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -33,12 +33,15 @@ fn exact(staleness: u64, clocks: u64) -> ExactApp {
     })
 }
 
+/// Logical workers of every run here.
+const WORKERS: usize = 4;
+
 fn config(staleness: u64, clocks: u64, transient: &[&str]) -> ElasticConfig {
     ElasticConfig {
         job: JobConfig {
             clocks,
             staleness,
-            workers: 4,
+            workers: WORKERS,
             partitions: 8,
             wait_timeout: Duration::from_secs(20),
             ..JobConfig::default()
@@ -67,6 +70,17 @@ fn notice(list: &[&str]) -> ElasticEvent {
 
 /// Runs the exact app through `events` under BSP and SSP and checks the table is exact.
 fn run_exact(transient: &[&str], events: &[ScheduledEvent]) -> Vec<ElasticReport> {
+    run_exact_with_metrics(transient, events)
+        .into_iter()
+        .map(|(report, _)| report)
+        .collect()
+}
+
+/// [`run_exact`], with each run's metrics.
+fn run_exact_with_metrics(
+    transient: &[&str],
+    events: &[ScheduledEvent],
+) -> Vec<(ElasticReport, RuntimeMetrics)> {
     [0, 2]
         .into_iter()
         .map(|staleness| {
@@ -81,12 +95,17 @@ fn run_exact(transient: &[&str], events: &[ScheduledEvent]) -> Vec<ElasticReport
             .unwrap();
             assert_exact(&report, staleness);
             assert_eq!(metrics.rollbacks.get(), report.rollbacks);
-            report
+            (report, metrics)
         })
         .collect()
 }
 
 fn assert_exact(report: &ElasticReport, staleness: u64) {
+    assert_exact_over(report, staleness, CLOCKS);
+}
+
+/// The run's table is exact and every read kept the SSP bound, in a job of `clocks` clocks.
+fn assert_exact_over(report: &ElasticReport, staleness: u64, clocks: u64) {
     assert_eq!(
         report.run.eval.metric("wrong_values"),
         Some(0.0),
@@ -100,11 +119,14 @@ fn assert_exact(report: &ElasticReport, staleness: u64) {
         "staleness {staleness}: a read broke the SSP bound"
     );
     let last = report.segments.last().unwrap();
-    assert_eq!(last.end_clock, CLOCKS.min(last.end_clock));
+    assert_eq!(last.end_clock, clocks.min(last.end_clock));
 }
 
+/// A bulk add is prepared in the background (the new ActivePSs' servers started, every
+/// worker's connection to them opened and warmed) while the old layout trains on from the
+/// join's clock; the nodes are switched in together at a later boundary.
 #[test]
-fn bulk_add_switches_in_at_a_boundary_and_changes_stage() {
+fn bulk_add_is_prepared_then_switched_in_at_a_boundary_and_changes_stage() {
     let transient = ["s-0"];
     let events = [at(
         5,
@@ -112,10 +134,33 @@ fn bulk_add_switches_in_at_a_boundary_and_changes_stage() {
             names: names(&["s-1", "s-2", "s-3", "s-4", "s-5", "s-6"]),
         },
     )];
-    for report in run_exact(&transient, &events) {
+    for (report, metrics) in run_exact_with_metrics(&transient, &events) {
         assert_eq!(report.segments[0].stage, 1, "1:1 is stage 1");
-        let after = report.segments.iter().find(|s| s.first_clock == 5).unwrap();
-        assert_eq!((after.stage, after.transient_nodes), (2, 7));
+        // Stage 2 puts ActivePSs on the 4 longest-lived transient nodes: s-0 (a member from the
+        // start, whose server starts at the switch) and the joined s-1..s-3, each of whose
+        // servers every worker reached over a connection opened before the switch.
+        let pre_opened = |outcome: &str| {
+            metrics
+                .pre_opened_connections
+                .with_label_values(&[outcome])
+                .get()
+        };
+        assert_eq!(pre_opened("opened"), 3 * WORKERS as u64);
+        assert_eq!(pre_opened("taken"), 3 * WORKERS as u64);
+        assert_eq!(pre_opened("closed"), 0);
+        let preparing = report.segments.iter().find(|s| s.first_clock == 5).unwrap();
+        assert_eq!(
+            (
+                preparing.stage,
+                preparing.transient_nodes,
+                preparing.partitions_moved
+            ),
+            (1, 1, 0),
+            "the joined nodes are prepared while the old layout runs"
+        );
+        let after = report.segments.iter().find(|s| s.stage == 2).unwrap();
+        assert!(after.first_clock > 5, "{:?}", report.segments);
+        assert_eq!(after.transient_nodes, 7);
         assert!(after.partitions_moved > 0, "partitions moved to ActivePSs");
         assert_eq!(report.events["join"], 6);
         assert_eq!(report.rollbacks, 0);
@@ -331,35 +376,40 @@ fn random_schedule(seed: u64, count: usize, clocks: u64, initial: &[&str]) -> Ve
     events
 }
 
+/// Joined nodes are prepared in the background and switched in when ready, so which events
+/// find which layout depends on timing: every seeded run must be exact, and the runs together
+/// must have rolled back, migrated and changed stage.
 #[test]
 fn a_seeded_random_schedule_of_mixed_events_is_exact() {
     let clocks = 40;
     let initial = ["s-0", "s-1", "s-2"];
-    let events = random_schedule(7, 60, clocks, &initial);
-    assert!(events.len() >= 50);
-    for staleness in [0, 1] {
-        let app = exact(staleness, clocks);
-        let report = run_elastic(
-            &app,
-            &config(staleness, clocks, &initial),
-            &events,
-            &RuntimeMetrics::unregistered(),
-        )
-        .unwrap();
-        assert_eq!(
-            report.run.eval.metric("wrong_values"),
-            Some(0.0),
-            "staleness {staleness}: {:?}",
-            report.run.eval
-        );
-        assert_eq!(report.run.total_stats().loss_sum, 0.0);
-        let applied: u64 = report.events.values().sum();
-        assert!(applied >= 50, "events applied: {:?}", report.events);
-        assert!(report.rollbacks > 0 && report.partitions_migrated > 0);
-        let stages: std::collections::BTreeSet<u8> =
-            report.segments.iter().map(|s| s.stage).collect();
-        assert!(stages.len() >= 2, "stages seen: {stages:?}");
+    let (mut rollbacks, mut migrated) = (0, 0);
+    let mut stages = std::collections::BTreeSet::new();
+    for seed in [7, 1, 2] {
+        let events = random_schedule(seed, 60, clocks, &initial);
+        assert!(events.len() >= 50);
+        for staleness in [0, 1] {
+            let app = exact(staleness, clocks);
+            let report = run_elastic(
+                &app,
+                &config(staleness, clocks, &initial),
+                &events,
+                &RuntimeMetrics::unregistered(),
+            )
+            .unwrap();
+            assert_exact_over(&report, staleness, clocks);
+            let applied: u64 = report.events.values().sum();
+            assert!(applied >= 50, "events applied: {:?}", report.events);
+            rollbacks += report.rollbacks;
+            migrated += report.partitions_migrated;
+            stages.extend(report.segments.iter().map(|s| s.stage));
+        }
     }
+    assert!(
+        rollbacks > 0 && migrated > 0,
+        "{rollbacks} rollbacks, {migrated} moved"
+    );
+    assert!(stages.len() >= 2, "stages seen: {stages:?}");
 }
 
 #[test]

@@ -249,6 +249,7 @@ impl PoolFixture {
             config,
             &metrics,
             Instant::now(),
+            None,
         )
         .unwrap();
         Self {
