@@ -1431,125 +1431,153 @@ fn run_controller<A: App>(
     // Segments lost in a row, none succeeding in between: a failure that recurs every time
     // (a node whose answers never decode, say) ends the run instead of rolling back forever.
     let mut lost_in_a_row = 0u32;
+    // Times nodes were lost before the last parameters could be read.
+    let mut lost_reading_last = 0u32;
 
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
-    while controller.clock < job.clocks {
-        // Events due at this boundary: scheduled ones in schedule order, then live arrivals.
-        let clock = controller.clock;
-        let mut due: Vec<(ElasticEvent, Instant)> = Vec::new();
-        for (index, scheduled) in events.iter().enumerate() {
-            if !done[index] && scheduled.at_clock == clock {
-                done[index] = true;
-                due.push((scheduled.event.clone(), Instant::now()));
-            }
-        }
-        due.append(&mut arrived);
-        due.append(&mut arrivals.queued.lock());
-        let mut lost = Vec::new();
-        for (event, received) in &due {
-            lost.extend(controller.apply(event, *received));
-            if matches!(event, ElasticEvent::Notice { .. }) && pending_notice.is_none() {
-                pending_notice = Some(*received);
-            }
-        }
-        if controller.stopped {
-            controller.report.stopped_at = Some(clock);
-            break;
-        }
-        // New members are admitted now; one that cannot be reached never held anything, so it
-        // simply fails without a rollback.
-        let newcomers: Vec<(NodeId, String)> = controller
-            .members
-            .iter()
-            .filter(|m| !admitted.contains_key(&m.id))
-            .map(|m| (m.id, m.name.clone()))
-            .collect();
-        for (id, name) in newcomers {
-            match fleet.admit(id, &name) {
-                Ok(()) => {
-                    admitted.insert(id, name);
+    loop {
+        while controller.clock < job.clocks {
+            // Events due at this boundary: scheduled ones in schedule order, then live arrivals.
+            let clock = controller.clock;
+            let mut due: Vec<(ElasticEvent, Instant)> = Vec::new();
+            for (index, scheduled) in events.iter().enumerate() {
+                if !done[index] && scheduled.at_clock == clock {
+                    done[index] = true;
+                    due.push((scheduled.event.clone(), Instant::now()));
                 }
-                Err(FleetError::Lost { reason, .. }) => {
-                    tracing::warn!(node = %name, %reason, "a joining node is unreachable");
-                    match controller.remove_member(&name) {
-                        Ok(Some(_)) => controller.count_event("fail"),
-                        Ok(None) => {}
-                        Err(_) => {
-                            return Err(RunError::RunCluster {
-                                reason: format!("reliable node {name} is unreachable: {reason}"),
+            }
+            due.append(&mut arrived);
+            due.append(&mut arrivals.queued.lock());
+            let mut lost = Vec::new();
+            for (event, received) in &due {
+                lost.extend(controller.apply(event, *received));
+                if matches!(event, ElasticEvent::Notice { .. }) && pending_notice.is_none() {
+                    pending_notice = Some(*received);
+                }
+            }
+            if controller.stopped {
+                controller.report.stopped_at = Some(clock);
+                break;
+            }
+            // New members are admitted now; one that cannot be reached never held anything, so it
+            // simply fails without a rollback.
+            let newcomers: Vec<(NodeId, String)> = controller
+                .members
+                .iter()
+                .filter(|m| !admitted.contains_key(&m.id))
+                .map(|m| (m.id, m.name.clone()))
+                .collect();
+            for (id, name) in newcomers {
+                match fleet.admit(id, &name) {
+                    Ok(()) => {
+                        admitted.insert(id, name);
+                    }
+                    Err(FleetError::Lost { reason, .. }) => {
+                        tracing::warn!(node = %name, %reason, "a joining node is unreachable");
+                        match controller.remove_member(&name) {
+                            Ok(Some(_)) => controller.count_event("fail"),
+                            Ok(None) => {}
+                            Err(_) => {
+                                return Err(RunError::RunCluster {
+                                    reason: format!(
+                                        "reliable node {name} is unreachable: {reason}"
+                                    ),
+                                }
+                                .into());
                             }
-                            .into());
                         }
                     }
+                    Err(other) => return Err(other.into()),
+                }
+            }
+            prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
+            if !lost.is_empty() || std::mem::take(&mut force_rollback) {
+                // The lost nodes' state is gone and the survivors' is abandoned: every partition
+                // comes back from the BackupPS copy.
+                controller.roll_back();
+                pending_notice = None;
+                // Every partition restarts from the BackupPS copy: no server keeps a live one.
+                fleet.abandon_all();
+                location.iter_mut().for_each(|l| *l = None);
+            }
+            match run_boundary(
+                config,
+                &mut controller,
+                fleet,
+                &mut location,
+                &mut admitted,
+                &mut pending_notice,
+                &mut merged,
+                events,
+                &done,
+                arrivals,
+            ) {
+                Ok(()) => lost_in_a_row = 0,
+                Err(FleetError::Lost { nodes, reason }) => {
+                    tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
+                    count_lost(
+                        &mut lost_in_a_row,
+                        "segments",
+                        controller.backup_clock,
+                        &reason,
+                    )?;
+                    // The failed segment's last complete background copy is the newest consistent
+                    // point: its clocks, and the workers' results of them, are kept.
+                    if let Some(copy) = fleet
+                        .salvage()
+                        .filter(|copy| copy.clock > controller.backup_clock)
+                    {
+                        tracing::info!(
+                            clock = copy.clock,
+                            "keeping the failed segment's last BackupPS copy"
+                        );
+                        merge_reports(&mut merged, copy.reports);
+                        controller.backup = Arc::new(copy.images);
+                        controller.backup_clock = copy.clock;
+                        controller.clock = controller.clock.max(copy.clock);
+                        metrics.consistent_clock.set(copy.clock as i64);
+                    }
+                    let names = names_of(&nodes, &admitted);
+                    if !names.is_empty() {
+                        arrived.push((ElasticEvent::Fail { names }, Instant::now()));
+                    }
+                    force_rollback = true;
                 }
                 Err(other) => return Err(other.into()),
             }
         }
-        prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
-        if !lost.is_empty() || std::mem::take(&mut force_rollback) {
-            // The lost nodes' state is gone and the survivors' is abandoned: every partition
-            // comes back from the BackupPS copy.
-            controller.roll_back();
-            pending_notice = None;
-            // Every partition restarts from the BackupPS copy: no server keeps a live one.
-            fleet.abandon_all();
-            location.iter_mut().for_each(|l| *l = None);
+        // The last segment's parameters, read from the nodes that hold them. A node lost since the
+        // last boundary took the only copy of its partitions' last clocks: the run rolls back to
+        // the BackupPS copy and redoes them, as after any failure (`ebbflow run`'s quickstart lost
+        // a spot node evicted right at the end this way and failed the whole run).
+        if location.iter().all(Option::is_none) {
+            break;
         }
-        match run_boundary(
-            config,
-            &mut controller,
-            fleet,
-            &mut location,
-            &mut admitted,
-            &mut pending_notice,
-            &mut merged,
-            events,
-            &done,
-            arrivals,
-        ) {
-            Ok(()) => lost_in_a_row = 0,
+        match gather_images(fleet, job.partitions) {
+            Ok(images) => {
+                controller.images = Arc::new(images);
+                break;
+            }
             Err(FleetError::Lost { nodes, reason }) => {
-                tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
-                lost_in_a_row += 1;
-                if lost_in_a_row >= MAX_LOST_IN_A_ROW {
-                    return Err(ElasticError::Run(RunError::RunCluster {
-                        reason: format!(
-                            "{lost_in_a_row} segments in a row were lost without one finishing \
-                             (consistent clock {}); the last: {reason}",
-                            controller.backup_clock
-                        ),
-                    }));
-                }
-                // The failed segment's last complete background copy is the newest consistent
-                // point: its clocks, and the workers' results of them, are kept.
-                if let Some(copy) = fleet
-                    .salvage()
-                    .filter(|copy| copy.clock > controller.backup_clock)
-                {
-                    tracing::info!(
-                        clock = copy.clock,
-                        "keeping the failed segment's last BackupPS copy"
-                    );
-                    merge_reports(&mut merged, copy.reports);
-                    controller.backup = Arc::new(copy.images);
-                    controller.backup_clock = copy.clock;
-                    controller.clock = controller.clock.max(copy.clock);
-                    metrics.consistent_clock.set(copy.clock as i64);
-                }
-                let names: Vec<String> = nodes
-                    .iter()
-                    .filter_map(|id| admitted.get(id).cloned())
-                    .collect();
+                tracing::warn!(?nodes, %reason, "nodes lost before the last parameters were read: rolling back");
+                // Counted apart: the segments redone in between succeed, resetting the other.
+                count_lost(
+                    &mut lost_reading_last,
+                    "reads of the last parameters",
+                    controller.backup_clock,
+                    &reason,
+                )?;
+                let names = names_of(&nodes, &admitted);
                 if !names.is_empty() {
-                    arrived.push((ElasticEvent::Fail { names }, Instant::now()));
+                    controller.apply(&ElasticEvent::Fail { names }, Instant::now());
                 }
-                force_rollback = true;
+                controller.roll_back();
+                pending_notice = None;
+                fleet.abandon_all();
+                location.iter_mut().for_each(|l| *l = None);
             }
             Err(other) => return Err(other.into()),
         }
-    }
-    if location.iter().any(Option::is_some) {
-        controller.images = Arc::new(gather_images(fleet, job.partitions)?);
     }
 
     let mut report = controller.report;
@@ -1572,6 +1600,35 @@ fn run_controller<A: App>(
     report.run = run;
     report.snapshot = snapshot;
     Ok(report)
+}
+
+/// Counts one more loss with no segment finishing since the last; after `MAX_LOST_IN_A_ROW`
+/// of them the run gives up (a failure that recurs every time, such as a node whose answers
+/// never decode, would roll back forever).
+fn count_lost(
+    lost_in_a_row: &mut u32,
+    what: &str,
+    backup_clock: u64,
+    reason: &str,
+) -> Result<(), ElasticError> {
+    *lost_in_a_row += 1;
+    if *lost_in_a_row >= MAX_LOST_IN_A_ROW {
+        return Err(ElasticError::Run(RunError::RunCluster {
+            reason: format!(
+                "{lost_in_a_row} {what} in a row lost a node (consistent clock {backup_clock}); \
+                 the last: {reason}"
+            ),
+        }));
+    }
+    Ok(())
+}
+
+/// The member names of `nodes` the fleet admitted.
+fn names_of(nodes: &[NodeId], admitted: &BTreeMap<NodeId, String>) -> Vec<String> {
+    nodes
+        .iter()
+        .filter_map(|id| admitted.get(id).cloned())
+        .collect()
 }
 
 /// Joined members not in the layout yet: the first time, the fleet starts preparing them for

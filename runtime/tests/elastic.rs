@@ -10,12 +10,17 @@ use std::time::Duration;
 
 use ebbflow_runtime::apps::{MfApp, MfConfig};
 use ebbflow_runtime::data;
+use std::collections::BTreeSet;
+
 use ebbflow_runtime::elastic::{
-    ElasticConfig, ElasticError, ElasticEvent, ElasticReport, ScheduledEvent, StageThresholds,
-    run_elastic,
+    ElasticConfig, ElasticError, ElasticEvent, ElasticReport, Fleet, FleetError, Interrupt, Layout,
+    LocalFleet, Salvage, ScheduledEvent, SegmentOutcome, SegmentSpec, StageThresholds, run_elastic,
+    run_elastic_on,
 };
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::partition::{NodeId, PartitionId};
+use ebbflow_runtime::store::PartitionImage;
 use ebbflow_runtime::worker::JobConfig;
 use rand::{RngExt, SeedableRng};
 
@@ -560,4 +565,105 @@ fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
     let stopped = report.stopped_at.expect("stopped early");
     assert!((5..clocks).contains(&stopped), "stopped at {stopped}");
     assert_eq!(report.segments.last().unwrap().end_clock, stopped);
+}
+
+/// An in-process fleet whose first read of the parameters loses node `lose`, as a spot node
+/// evicted after the last boundary and before the run read its partitions back.
+struct LosesAtFirstRead {
+    inner: LocalFleet,
+    lose: Option<NodeId>,
+}
+
+impl Fleet for LosesAtFirstRead {
+    fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError> {
+        self.inner.admit(id, name)
+    }
+    fn release(&mut self, id: NodeId) {
+        self.inner.release(id)
+    }
+    fn place(
+        &mut self,
+        partition: PartitionId,
+        to: NodeId,
+        epoch: u64,
+        from: Option<NodeId>,
+        fallback: &PartitionImage,
+    ) -> Result<(), FleetError> {
+        self.inner.place(partition, to, epoch, from, fallback)
+    }
+    fn retire_idle(&mut self, owners: &BTreeSet<NodeId>) {
+        self.inner.retire_idle(owners)
+    }
+    fn abandon_all(&mut self) {
+        self.inner.abandon_all()
+    }
+    fn set_backups(&mut self, backups: &[NodeId]) {
+        self.inner.set_backups(backups)
+    }
+    fn prepare(&mut self, id: NodeId, prospective: &Layout) -> Result<bool, FleetError> {
+        self.inner.prepare(id, prospective)
+    }
+    fn prepared(&mut self, id: NodeId) -> Result<bool, FleetError> {
+        self.inner.prepared(id)
+    }
+    fn streams_backups(&self) -> bool {
+        self.inner.streams_backups()
+    }
+    fn salvage(&mut self) -> Option<Salvage> {
+        self.inner.salvage()
+    }
+    fn run_segment(
+        &mut self,
+        spec: &SegmentSpec,
+        interrupt: &Interrupt,
+    ) -> Result<SegmentOutcome, FleetError> {
+        self.inner.run_segment(spec, interrupt)
+    }
+    fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
+        self.inner.visible_clocks()
+    }
+    fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
+        if let Some(node) = self.lose.take() {
+            return Err(FleetError::Lost {
+                nodes: vec![node],
+                reason: "evicted before its partitions were read".into(),
+            });
+        }
+        self.inner.images()
+    }
+    fn finish(&mut self) {
+        self.inner.finish()
+    }
+}
+
+/// A node lost after the last segment, before the run read the parameters back, held the only
+/// copy of its partitions' last clocks: the run rolls back to the BackupPS copy, redoes them
+/// without it and ends exact (before, the whole run failed: `ebbflow run`'s quickstart lost a
+/// spot node evicted right at the end this way).
+#[test]
+fn a_node_lost_before_the_last_parameters_are_read_is_rolled_back_and_redone() {
+    let clocks = 20;
+    for staleness in [0, 2] {
+        let app = exact(staleness, clocks);
+        // od-0 is node 0, s-0 node 1: with s-1 the ratio is 2:1, stage 2, and s-0 (the
+        // longest-lived transient node) is the ActivePS holding every partition.
+        let config = config(staleness, clocks, &["s-0", "s-1"]);
+        let metrics = RuntimeMetrics::unregistered();
+        let mut fleet = LosesAtFirstRead {
+            inner: LocalFleet::start(&app, &config.job, &metrics, std::time::Instant::now())
+                .unwrap(),
+            lose: Some(1),
+        };
+        let report = run_elastic_on(&app, &config, &[], None, &mut fleet, &metrics).unwrap();
+        assert_exact_over(&report, staleness, clocks);
+        assert_eq!(report.rollbacks, 1, "{:?}", report.segments);
+        assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+        let last = report.segments.last().unwrap();
+        assert_eq!(
+            (last.end_clock, last.stage, last.transient_nodes),
+            (clocks, 1, 1),
+            "redone without s-0: {:?}",
+            report.segments
+        );
+    }
 }
