@@ -1640,11 +1640,14 @@ impl Fleet for ProcessFleet {
         let abort = &abort;
         let results: Vec<(NodeId, Result<ControlResponse, FleetError>)> =
             std::thread::scope(|scope| {
-                // An interrupt ends the segment at the highest clock any process started.
+                // An interrupt ends the segment at the highest clock any process started, but
+                // after its first clock at least: events arriving faster than boundaries (a
+                // market replayed fast, many nodes joining) must not end every segment before
+                // its workers start, which held the stormy `ebbflow run` test at one clock.
                 scope.spawn(|| {
                     if interrupt.next() {
                         let paused = this.broadcast(&addrs, &ControlRequest::Pause);
-                        let mut end = spec.first;
+                        let mut end = (spec.first + 1).min(spec.end);
                         for (node, answer) in paused {
                             match answer {
                                 Ok(ControlResponse::Paused { least_end }) => {

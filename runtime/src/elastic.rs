@@ -1093,7 +1093,7 @@ impl Fleet for LocalFleet {
         let (outcome, backup) = std::thread::scope(|scope| {
             scope.spawn(|| {
                 if interrupt.next() {
-                    gate.end_soon();
+                    gate.end_soon_after_progress();
                 }
             });
             let copies = scope.spawn(|| copier.run(&spec.backup_clocks));
@@ -2171,5 +2171,12 @@ mod tests {
         assert!(gate.try_start(4), "a slower worker still finishes clock 4");
         let idle = ClockGate::range(2, 9);
         assert_eq!(idle.end_soon(), 2);
+        // An interrupt leaves a segment that started nothing its first clock.
+        let fresh = ClockGate::range(2, 10);
+        assert_eq!(fresh.end_soon_after_progress(), 3);
+        assert!(fresh.try_start(2) && !fresh.try_start(3));
+        let started = ClockGate::range(2, 10);
+        assert!(started.try_start(2) && started.try_start(3));
+        assert_eq!(started.end_soon_after_progress(), 4);
     }
 }

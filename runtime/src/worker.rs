@@ -285,6 +285,17 @@ impl ClockGate {
         inner.end
     }
 
+    /// As [`ClockGate::end_soon`], but a range that started no clock yet still runs its first:
+    /// an interrupt always leaves a segment one clock of progress, so events arriving faster
+    /// than boundaries cannot hold a run at one clock (each segment ended before its workers
+    /// started). Returns the new end.
+    pub fn end_soon_after_progress(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        let soonest = inner.started.map_or(self.first + 1, |started| started + 1);
+        inner.end = inner.end.min(soonest);
+        inner.end
+    }
+
     /// One past the highest clock started (`first` if none), at most the end: the least end
     /// this process can agree to.
     pub fn least_end(&self) -> u64 {

@@ -547,6 +547,54 @@ fn live_events_end_the_segment_at_the_next_boundary_and_stay_exact() {
     assert!(report.segments.len() >= 5, "{:?}", report.segments);
 }
 
+/// Events that arrive faster than the controller crosses boundaries (here a duplicate join,
+/// refused each time, sent every 50 us) still let every segment run a clock. Across node
+/// processes they did not: with an event queued at every boundary, the interrupt's Pause reached
+/// nodes whose workers had not started, every segment ended at its first clock, and the stormy
+/// `ebbflow run` test once stood at clock 5 for minutes while its replayed market kept adding
+/// nodes. In process the workers usually start a clock before the interrupt is seen, so this
+/// test passed before the change too; `ClockGate::end_soon_after_progress` (unit-tested in
+/// `elastic`) is the rule both fleets now follow.
+#[test]
+fn a_storm_of_events_faster_than_boundaries_does_not_stop_training() {
+    let clocks = 30;
+    let app = exact(0, clocks);
+    let config = config(0, clocks, &["s-0"]);
+    let metrics = RuntimeMetrics::unregistered();
+    let (sender, feed) = ebbflow_runtime::elastic::LiveFeed::new();
+    let all = clocks * WORKERS as u64;
+    let (report, trained_in_the_storm) = std::thread::scope(|scope| {
+        let run = scope
+            .spawn(|| ebbflow_runtime::elastic::run_elastic_live(&app, &config, &feed, &metrics));
+        // The storm lasts until the run trained every clock, or 30 s (then the run ends calmly
+        // and the assertion below fails instead of the test hanging).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while metrics.iterations.get() < all && std::time::Instant::now() < deadline {
+            let duplicate = ElasticEvent::Join {
+                names: names(&["s-0"]),
+            };
+            if sender.send(duplicate).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let trained = metrics.iterations.get() >= all;
+        (run.join().unwrap().unwrap(), trained)
+    });
+    assert!(
+        trained_in_the_storm,
+        "{} of {all} worker clocks in 30 s of events, {} segments",
+        metrics.iterations.get(),
+        report.segments.len()
+    );
+    assert_exact_over(&report, 0, clocks);
+    assert!(
+        report.rejected.iter().all(|r| r.contains("already joined")) && !report.rejected.is_empty(),
+        "every duplicate join is refused: {:?}",
+        report.rejected.first()
+    );
+}
+
 #[test]
 fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
     let clocks = 400;
