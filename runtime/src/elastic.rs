@@ -1492,13 +1492,7 @@ fn run_controller<A: App>(
             }
             prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
             if !lost.is_empty() || std::mem::take(&mut force_rollback) {
-                // The lost nodes' state is gone and the survivors' is abandoned: every partition
-                // comes back from the BackupPS copy.
-                controller.roll_back();
-                pending_notice = None;
-                // Every partition restarts from the BackupPS copy: no server keeps a live one.
-                fleet.abandon_all();
-                location.iter_mut().for_each(|l| *l = None);
+                roll_back_everywhere(&mut controller, fleet, &mut location, &mut pending_notice);
             }
             match run_boundary(
                 config,
@@ -1571,10 +1565,7 @@ fn run_controller<A: App>(
                 if !names.is_empty() {
                     controller.apply(&ElasticEvent::Fail { names }, Instant::now());
                 }
-                controller.roll_back();
-                pending_notice = None;
-                fleet.abandon_all();
-                location.iter_mut().for_each(|l| *l = None);
+                roll_back_everywhere(&mut controller, fleet, &mut location, &mut pending_notice);
             }
             Err(other) => return Err(other.into()),
         }
@@ -1621,6 +1612,20 @@ fn count_lost(
         }));
     }
     Ok(())
+}
+
+/// The lost nodes' state is gone and the survivors' is abandoned: every partition comes back
+/// from the BackupPS copy, and no server keeps a live one.
+fn roll_back_everywhere(
+    controller: &mut Controller<'_>,
+    fleet: &mut dyn Fleet,
+    location: &mut [Option<(NodeId, u64)>],
+    pending_notice: &mut Option<Instant>,
+) {
+    controller.roll_back();
+    *pending_notice = None;
+    fleet.abandon_all();
+    location.iter_mut().for_each(|l| *l = None);
 }
 
 /// The member names of `nodes` the fleet admitted.

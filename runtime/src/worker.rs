@@ -279,10 +279,7 @@ impl ClockGate {
     /// Ends the range after the highest clock started so far (or before `first` if none started);
     /// returns the new end.
     pub fn end_soon(&self) -> u64 {
-        let mut inner = self.inner.lock();
-        let soonest = inner.started.map_or(self.first, |started| started + 1);
-        inner.end = inner.end.min(soonest);
-        inner.end
+        self.end_after_started_or(self.first)
     }
 
     /// As [`ClockGate::end_soon`], but a range that started no clock yet still runs its first:
@@ -290,8 +287,14 @@ impl ClockGate {
     /// than boundaries cannot hold a run at one clock (each segment ended before its workers
     /// started). Returns the new end.
     pub fn end_soon_after_progress(&self) -> u64 {
+        self.end_after_started_or(self.first + 1)
+    }
+
+    /// Ends the range one past the highest clock started, or at `none_started` if none did;
+    /// never later than it ends already.
+    fn end_after_started_or(&self, none_started: u64) -> u64 {
         let mut inner = self.inner.lock();
-        let soonest = inner.started.map_or(self.first + 1, |started| started + 1);
+        let soonest = inner.started.map_or(none_started, |started| started + 1);
         inner.end = inner.end.min(soonest);
         inner.end
     }
