@@ -1424,8 +1424,8 @@ fn run_controller<A: App>(
     // installed), and which members the fleet knows.
     let mut location: Vec<Option<(NodeId, u64)>> = vec![None; job.partitions as usize];
     let mut admitted: BTreeMap<NodeId, String> = BTreeMap::new();
-    // Joined members whose preparation started, and whether it finished.
-    let mut preparing: BTreeMap<NodeId, bool> = BTreeMap::new();
+    // Joined members whose preparation started, by cohort, and whether it finished.
+    let mut preparing = Preparations::default();
     // A node was lost mid-segment: the survivors' state is abandoned, so the run rolls back.
     let mut force_rollback = false;
     // Segments lost in a row, none succeeding in between: a failure that recurs every time
@@ -1636,16 +1636,29 @@ fn names_of(nodes: &[NodeId], admitted: &BTreeMap<NodeId, String>) -> Vec<String
         .collect()
 }
 
+/// Joined members being prepared. Members whose preparation starts at the same boundary (a bulk
+/// add) form a cohort and are switched in together, once all of them are ready: one layout
+/// change instead of one per node. A cohort waits only for itself, so capacity that trickles in
+/// (one instance every few boundaries, as spot requests are often fulfilled) cannot hold back
+/// the members that joined before it.
+#[derive(Debug, Default)]
+struct Preparations {
+    /// Per member: its cohort and whether it is ready.
+    nodes: BTreeMap<NodeId, (u64, bool)>,
+    /// The cohort the next preparations start in.
+    next_cohort: u64,
+}
+
 /// Joined members not in the layout yet: the first time, the fleet starts preparing them for
-/// the layout with every member in it; afterwards it says whether they are ready. They are
-/// switched in together once all are ready (the layout they were prepared for). One that is
-/// lost while preparing held nothing.
+/// the layout with every member in it; afterwards it says whether they are ready. A cohort
+/// ([`Preparations`]) is switched in once all its members are ready (the layout they were
+/// prepared for). One that is lost while preparing held nothing.
 fn prepare_joined(
     config: &ElasticConfig,
     controller: &mut Controller<'_>,
     fleet: &mut dyn Fleet,
     admitted: &BTreeMap<NodeId, String>,
-    preparing: &mut BTreeMap<NodeId, bool>,
+    preparing: &mut Preparations,
 ) -> Result<(), ElasticError> {
     let pending: Vec<(NodeId, String)> = controller
         .members
@@ -1653,6 +1666,10 @@ fn prepare_joined(
         .filter(|m| !m.ready && admitted.contains_key(&m.id))
         .map(|m| (m.id, m.name.clone()))
         .collect();
+    // Members that left while preparing are forgotten.
+    preparing
+        .nodes
+        .retain(|id, _| pending.iter().any(|(p, _)| p == id));
     if pending.is_empty() {
         return Ok(());
     }
@@ -1668,26 +1685,32 @@ fn prepare_joined(
         &config.thresholds,
     )
     .ok();
-    let mut switch_in = Vec::new();
-    let mut all_ready = true;
+    let cohort_now = preparing.next_cohort;
+    // Per cohort: whether every member is ready, and its members.
+    let mut cohorts: BTreeMap<u64, (bool, Vec<(NodeId, String)>)> = BTreeMap::new();
     for (id, name) in pending {
-        let outcome = match preparing.get(&id) {
-            None => match &prospective {
-                Some(layout) => fleet.prepare(id, layout),
-                None => Ok(true),
-            },
-            Some(true) => Ok(true),
-            Some(false) => fleet.prepared(id),
+        let (cohort, outcome) = match preparing.nodes.get(&id) {
+            None => {
+                preparing.next_cohort = cohort_now + 1;
+                let started = match &prospective {
+                    Some(layout) => fleet.prepare(id, layout),
+                    None => Ok(true),
+                };
+                (cohort_now, started)
+            }
+            Some(&(cohort, true)) => (cohort, Ok(true)),
+            Some(&(cohort, false)) => (cohort, fleet.prepared(id)),
         };
         match outcome {
             Ok(ready) => {
-                preparing.insert(id, ready);
-                all_ready &= ready;
-                switch_in.push((id, name));
+                preparing.nodes.insert(id, (cohort, ready));
+                let entry = cohorts.entry(cohort).or_insert((true, Vec::new()));
+                entry.0 &= ready;
+                entry.1.push((id, name));
             }
             Err(FleetError::Lost { reason, .. }) => {
                 tracing::warn!(node = %name, %reason, "a joining node was lost while preparing");
-                preparing.remove(&id);
+                preparing.nodes.remove(&id);
                 if let Ok(Some(_)) = controller.remove_member(&name) {
                     controller.count_event("fail");
                 }
@@ -1695,16 +1718,19 @@ fn prepare_joined(
             Err(other) => return Err(other.into()),
         }
     }
-    if all_ready {
-        for (id, name) in switch_in {
-            preparing.remove(&id);
+    for (cohort, (all_ready, members)) in cohorts {
+        if !all_ready {
+            continue;
+        }
+        for (id, name) in members {
+            preparing.nodes.remove(&id);
             if let Some(member) = controller.members.iter_mut().find(|m| m.id == id) {
                 if !member.ready && !member.reliable {
                     controller.metrics.transient_nodes_added.inc();
                 }
                 member.ready = true;
             }
-            tracing::info!(node = %name, "joined node prepared: switching it in");
+            tracing::info!(node = %name, cohort, "joined node prepared: switching it in");
         }
     }
     Ok(())

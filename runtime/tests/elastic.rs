@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ebbflow_runtime::apps::{MfApp, MfConfig};
 use ebbflow_runtime::data;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ebbflow_runtime::elastic::{
     ElasticConfig, ElasticError, ElasticEvent, ElasticReport, Fleet, FleetError, Interrupt, Layout,
@@ -615,14 +615,27 @@ fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
     assert_eq!(report.segments.last().unwrap().end_clock, stopped);
 }
 
-/// An in-process fleet whose first read of the parameters loses node `lose`, as a spot node
-/// evicted after the last boundary and before the run read its partitions back.
-struct LosesAtFirstRead {
+/// An in-process fleet with faults: its first read of the parameters loses node
+/// `lose_at_first_read`, as a spot node evicted after the last boundary and before the run read
+/// its partitions back; and the nodes in `slow` are reported ready only after that many polls
+/// of their preparation (`u32::MAX`: never), as a joined node whose data shards load slowly.
+struct Faulty {
     inner: LocalFleet,
-    lose: Option<NodeId>,
+    lose_at_first_read: Option<NodeId>,
+    slow: BTreeMap<NodeId, u32>,
 }
 
-impl Fleet for LosesAtFirstRead {
+impl Faulty {
+    fn new(app: &ExactApp, config: &ElasticConfig, metrics: &RuntimeMetrics) -> Self {
+        Self {
+            inner: LocalFleet::start(app, &config.job, metrics, std::time::Instant::now()).unwrap(),
+            lose_at_first_read: None,
+            slow: BTreeMap::new(),
+        }
+    }
+}
+
+impl Fleet for Faulty {
     fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError> {
         self.inner.admit(id, name)
     }
@@ -649,10 +662,18 @@ impl Fleet for LosesAtFirstRead {
         self.inner.set_backups(backups)
     }
     fn prepare(&mut self, id: NodeId, prospective: &Layout) -> Result<bool, FleetError> {
-        self.inner.prepare(id, prospective)
+        let ready = self.inner.prepare(id, prospective)?;
+        Ok(ready && !self.slow.contains_key(&id))
     }
     fn prepared(&mut self, id: NodeId) -> Result<bool, FleetError> {
-        self.inner.prepared(id)
+        let ready = self.inner.prepared(id)?;
+        match self.slow.get_mut(&id) {
+            Some(polls) if *polls > 0 => {
+                *polls = polls.saturating_sub(u32::from(*polls != u32::MAX));
+                Ok(false)
+            }
+            _ => Ok(ready),
+        }
     }
     fn streams_backups(&self) -> bool {
         self.inner.streams_backups()
@@ -671,7 +692,7 @@ impl Fleet for LosesAtFirstRead {
         self.inner.visible_clocks()
     }
     fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
-        if let Some(node) = self.lose.take() {
+        if let Some(node) = self.lose_at_first_read.take() {
             return Err(FleetError::Lost {
                 nodes: vec![node],
                 reason: "evicted before its partitions were read".into(),
@@ -697,10 +718,9 @@ fn a_node_lost_before_the_last_parameters_are_read_is_rolled_back_and_redone() {
         // longest-lived transient node) is the ActivePS holding every partition.
         let config = config(staleness, clocks, &["s-0", "s-1"]);
         let metrics = RuntimeMetrics::unregistered();
-        let mut fleet = LosesAtFirstRead {
-            inner: LocalFleet::start(&app, &config.job, &metrics, std::time::Instant::now())
-                .unwrap(),
-            lose: Some(1),
+        let mut fleet = Faulty {
+            lose_at_first_read: Some(1),
+            ..Faulty::new(&app, &config, &metrics)
         };
         let report = run_elastic_on(&app, &config, &[], None, &mut fleet, &metrics).unwrap();
         assert_exact_over(&report, staleness, clocks);
@@ -713,5 +733,49 @@ fn a_node_lost_before_the_last_parameters_are_read_is_rolled_back_and_redone() {
             "redone without s-0: {:?}",
             report.segments
         );
+    }
+}
+
+/// Capacity that trickles in does not hold back the members that joined before it: s-1 joins at
+/// clock 3 and is ready after a few boundaries; s-2 joins at clock 6, before s-1 is ready, and
+/// never finishes preparing (its data shards never load). s-1 is switched in on its own; s-2
+/// never is. Before, joined members were switched in only once every one of them was ready, so
+/// a stream of joins faster than preparation kept every one of them out.
+#[test]
+fn a_node_that_joins_later_does_not_hold_back_one_that_is_ready() {
+    let clocks = 30;
+    for staleness in [0, 2] {
+        let app = exact(staleness, clocks);
+        let config = config(staleness, clocks, &["s-0"]);
+        let metrics = RuntimeMetrics::unregistered();
+        // od-0 is node 0, s-0 node 1, s-1 node 2, s-2 node 3.
+        let mut fleet = Faulty {
+            slow: BTreeMap::from([(2, 2), (3, u32::MAX)]),
+            ..Faulty::new(&app, &config, &metrics)
+        };
+        let join = |name: &str| ElasticEvent::Join {
+            names: names(&[name]),
+        };
+        let events = [at(3, join("s-1")), at(6, join("s-2"))];
+        let report = run_elastic_on(&app, &config, &events, None, &mut fleet, &metrics).unwrap();
+        assert_exact_over(&report, staleness, clocks);
+        let transient: Vec<(u64, usize)> = report
+            .segments
+            .iter()
+            .map(|s| (s.first_clock, s.transient_nodes))
+            .collect();
+        let switched = report
+            .segments
+            .iter()
+            .find(|s| s.transient_nodes == 2)
+            .unwrap_or_else(|| panic!("s-1 was never switched in: {transient:?}"));
+        assert!(switched.first_clock > 6, "{transient:?}");
+        assert!(
+            report.segments.iter().all(|s| s.transient_nodes <= 2),
+            "s-2 never finished preparing: {transient:?}"
+        );
+        // s-0 from the start and s-1.
+        assert_eq!(metrics.transient_nodes_added.get(), 2);
+        assert_eq!(report.rollbacks, 0);
     }
 }
