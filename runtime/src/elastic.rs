@@ -1326,6 +1326,10 @@ pub fn run_elastic_on<A: App>(
     validate_elastic(app, config, events)?;
     let arrivals = Arrivals::default();
     let outcome = std::thread::scope(|scope| {
+        // The forwarder stops once the controller is done, also when it panics: the panic then
+        // reaches the caller instead of leaving this scope waiting for the forwarder forever
+        // (the run hung with its admin API up and training stopped).
+        let _over = RunOver(&arrivals.over);
         if let Some(feed) = feed {
             // Forwards live events for the whole run: each one is queued for the next boundary
             // and ends the running segment at its next clock boundary.
@@ -1342,14 +1346,19 @@ pub fn run_elastic_on<A: App>(
                 }
             });
         }
-        let outcome = run_controller(app, config, events, &arrivals, fleet, metrics);
-        arrivals
-            .over
-            .store(true, std::sync::atomic::Ordering::Release);
-        outcome
+        run_controller(app, config, events, &arrivals, fleet, metrics)
     });
     fleet.finish();
     outcome
+}
+
+/// Sets the flag it holds when dropped: the controller's run is over, however it ended.
+struct RunOver<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for RunOver<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// Live events forwarded from a [`LiveFeed`] while a run lasts.
@@ -1918,12 +1927,6 @@ fn run_boundary(
         backup,
         shards,
     } = outcome?;
-    // A copy taken in the background counts only once its segment succeeded: the workers'
-    // reports of a failed segment are lost, so its clocks must all be redone.
-    if let Some((at, images)) = backup {
-        controller.backup = Arc::new(images);
-        controller.backup_clock = at;
-    }
     if let Some(&(partition, clock)) = fleet
         .visible_clocks()?
         .iter()
@@ -1940,17 +1943,23 @@ fn run_boundary(
         .into());
     }
     merge_reports(merged, reports);
+    // A copy taken in the background counts only once its segment succeeded, checks included:
+    // the workers' reports of a failed segment are lost, so its clocks must all be redone. The
+    // clock moves with it, so the copy is never ahead of the clock a rollback redoes from (a
+    // node lost in the check after a copy was adopted once left the copy at clock 9 and the
+    // clock at 0, and the rollback's count of redone clocks overflowed).
+    if let Some((at, images)) = backup {
+        controller.backup = Arc::new(images);
+        controller.backup_clock = at;
+    }
+    controller.clock = end;
     // Stage 1 copies in the background as the other stages do, so a boundary (a join that
     // starts stage 2, say) copies only when the last copy is `backup_every` clocks old: the
     // rank-1000 fig. 4.15 join spent 5-8 ms here copying every parameter at the switch.
-    let backup_due = end - controller.backup_clock >= config.backup_every;
-    if backup_due {
+    if end - controller.backup_clock >= config.backup_every {
         // ActivePS → BackupPS: the consistent copy at this boundary.
         controller.images = Arc::new(gather_images(fleet, job.partitions)?);
-        controller.clock = end;
         controller.sync_backup();
-    } else {
-        controller.clock = end;
     }
     metrics.consistent_clock.set(end as i64);
     let (reliable_nodes, transient_nodes) = controller.tiers();

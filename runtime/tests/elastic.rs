@@ -617,12 +617,16 @@ fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
 
 /// An in-process fleet with faults: its first read of the parameters loses node
 /// `lose_at_first_read`, as a spot node evicted after the last boundary and before the run read
-/// its partitions back; and the nodes in `slow` are reported ready only after that many polls
+/// its partitions back; its first check of the partitions' clocks after a segment loses node
+/// `lose_at_first_check`; and the nodes in `slow` are reported ready only after that many polls
 /// of their preparation (`u32::MAX`: never), as a joined node whose data shards load slowly.
 struct Faulty {
     inner: LocalFleet,
     lose_at_first_read: Option<NodeId>,
+    lose_at_first_check: Option<NodeId>,
     slow: BTreeMap<NodeId, u32>,
+    /// Running a segment panics (a bug in the fleet).
+    panics: bool,
 }
 
 impl Faulty {
@@ -630,7 +634,9 @@ impl Faulty {
         Self {
             inner: LocalFleet::start(app, &config.job, metrics, std::time::Instant::now()).unwrap(),
             lose_at_first_read: None,
+            lose_at_first_check: None,
             slow: BTreeMap::new(),
+            panics: false,
         }
     }
 }
@@ -686,9 +692,16 @@ impl Fleet for Faulty {
         spec: &SegmentSpec,
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
+        assert!(!self.panics, "the fleet panics");
         self.inner.run_segment(spec, interrupt)
     }
     fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
+        if let Some(node) = self.lose_at_first_check.take() {
+            return Err(FleetError::Lost {
+                nodes: vec![node],
+                reason: "evicted while the boundary checked the clocks".into(),
+            });
+        }
         self.inner.visible_clocks()
     }
     fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
@@ -778,4 +791,65 @@ fn a_node_that_joins_later_does_not_hold_back_one_that_is_ready() {
         assert_eq!(metrics.transient_nodes_added.get(), 2);
         assert_eq!(report.rollbacks, 0);
     }
+}
+
+/// A node lost while the boundary checks the partitions' clocks, after a segment that took
+/// background BackupPS copies: the segment failed, so its copies are not adopted, and the run
+/// rolls back and redoes its clocks without the node. Before, the segment's last copy (clock 18)
+/// was adopted before the check while the clock stayed at the segment's start (0), and the
+/// rollback's count of redone clocks overflowed: the controller panicked, which also left
+/// `ebbflow run` waiting for it forever (found with three copies of its tests at once).
+#[test]
+fn a_node_lost_at_the_boundary_check_rolls_back_without_the_segment_copies() {
+    let clocks = 20;
+    for staleness in [0, 2] {
+        let app = exact(staleness, clocks);
+        // od-0 is node 0, s-0 node 1 (the ActivePS of stage 2), s-1 node 2.
+        let config = config(staleness, clocks, &["s-0", "s-1"]);
+        let metrics = RuntimeMetrics::unregistered();
+        let mut fleet = Faulty {
+            lose_at_first_check: Some(1),
+            ..Faulty::new(&app, &config, &metrics)
+        };
+        let report = run_elastic_on(&app, &config, &[], None, &mut fleet, &metrics).unwrap();
+        assert_exact_over(&report, staleness, clocks);
+        assert_eq!(report.rollbacks, 1, "{:?}", report.segments);
+        let last = report.segments.last().unwrap();
+        assert_eq!(
+            (last.first_clock, last.end_clock, last.transient_nodes),
+            (0, clocks, 1),
+            "redone from the start without s-0: {:?}",
+            report.segments
+        );
+    }
+}
+
+/// A controller that panics, with live events arriving, does not hang its run: the panic reaches
+/// the caller. Before, the live-event forwarder was stopped only after the controller returned,
+/// so the run waited for it forever (`ebbflow run` stood with its admin API up and training
+/// stopped).
+#[test]
+fn a_panicking_controller_with_a_live_feed_does_not_hang_the_run() {
+    let (sender, feed) = ebbflow_runtime::elastic::LiveFeed::new();
+    let (done, finished) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || {
+        let app = exact(0, 10);
+        let config = config(0, 10, &["s-0"]);
+        let metrics = RuntimeMetrics::unregistered();
+        let mut fleet = Faulty {
+            panics: true,
+            ..Faulty::new(&app, &config, &metrics)
+        };
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_elastic_on(&app, &config, &[], Some(&feed), &mut fleet, &metrics)
+        }));
+        let _ = done.send(outcome.is_err());
+    });
+    // The feed stays open (the market would go on sending) for the whole wait.
+    let panicked = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the run hung after its controller panicked");
+    assert!(panicked);
+    drop(sender);
+    run.join().unwrap();
 }
