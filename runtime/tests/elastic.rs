@@ -641,6 +641,24 @@ impl Faulty {
     }
 }
 
+/// Runs the exact app for `clocks` clocks on a [`Faulty`] fleet that `faults` sets up, through
+/// `events`, and checks that the table is exact.
+fn run_faulty(
+    staleness: u64,
+    clocks: u64,
+    transient: &[&str],
+    events: &[ScheduledEvent],
+    faults: impl FnOnce(Faulty) -> Faulty,
+) -> (ElasticReport, RuntimeMetrics) {
+    let app = exact(staleness, clocks);
+    let config = config(staleness, clocks, transient);
+    let metrics = RuntimeMetrics::unregistered();
+    let mut fleet = faults(Faulty::new(&app, &config, &metrics));
+    let report = run_elastic_on(&app, &config, events, None, &mut fleet, &metrics).unwrap();
+    assert_exact_over(&report, staleness, clocks);
+    (report, metrics)
+}
+
 impl Fleet for Faulty {
     fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError> {
         self.inner.admit(id, name)
@@ -726,17 +744,12 @@ impl Fleet for Faulty {
 fn a_node_lost_before_the_last_parameters_are_read_is_rolled_back_and_redone() {
     let clocks = 20;
     for staleness in [0, 2] {
-        let app = exact(staleness, clocks);
         // od-0 is node 0, s-0 node 1: with s-1 the ratio is 2:1, stage 2, and s-0 (the
         // longest-lived transient node) is the ActivePS holding every partition.
-        let config = config(staleness, clocks, &["s-0", "s-1"]);
-        let metrics = RuntimeMetrics::unregistered();
-        let mut fleet = Faulty {
+        let (report, _) = run_faulty(staleness, clocks, &["s-0", "s-1"], &[], |fleet| Faulty {
             lose_at_first_read: Some(1),
-            ..Faulty::new(&app, &config, &metrics)
-        };
-        let report = run_elastic_on(&app, &config, &[], None, &mut fleet, &metrics).unwrap();
-        assert_exact_over(&report, staleness, clocks);
+            ..fleet
+        });
         assert_eq!(report.rollbacks, 1, "{:?}", report.segments);
         assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
         let last = report.segments.last().unwrap();
@@ -757,21 +770,16 @@ fn a_node_lost_before_the_last_parameters_are_read_is_rolled_back_and_redone() {
 #[test]
 fn a_node_that_joins_later_does_not_hold_back_one_that_is_ready() {
     let clocks = 30;
+    let join = |name: &str| ElasticEvent::Join {
+        names: names(&[name]),
+    };
+    let events = [at(3, join("s-1")), at(6, join("s-2"))];
     for staleness in [0, 2] {
-        let app = exact(staleness, clocks);
-        let config = config(staleness, clocks, &["s-0"]);
-        let metrics = RuntimeMetrics::unregistered();
         // od-0 is node 0, s-0 node 1, s-1 node 2, s-2 node 3.
-        let mut fleet = Faulty {
+        let (report, metrics) = run_faulty(staleness, clocks, &["s-0"], &events, |fleet| Faulty {
             slow: BTreeMap::from([(2, 2), (3, u32::MAX)]),
-            ..Faulty::new(&app, &config, &metrics)
-        };
-        let join = |name: &str| ElasticEvent::Join {
-            names: names(&[name]),
-        };
-        let events = [at(3, join("s-1")), at(6, join("s-2"))];
-        let report = run_elastic_on(&app, &config, &events, None, &mut fleet, &metrics).unwrap();
-        assert_exact_over(&report, staleness, clocks);
+            ..fleet
+        });
         let transient: Vec<(u64, usize)> = report
             .segments
             .iter()
@@ -803,16 +811,11 @@ fn a_node_that_joins_later_does_not_hold_back_one_that_is_ready() {
 fn a_node_lost_at_the_boundary_check_rolls_back_without_the_segment_copies() {
     let clocks = 20;
     for staleness in [0, 2] {
-        let app = exact(staleness, clocks);
         // od-0 is node 0, s-0 node 1 (the ActivePS of stage 2), s-1 node 2.
-        let config = config(staleness, clocks, &["s-0", "s-1"]);
-        let metrics = RuntimeMetrics::unregistered();
-        let mut fleet = Faulty {
+        let (report, _) = run_faulty(staleness, clocks, &["s-0", "s-1"], &[], |fleet| Faulty {
             lose_at_first_check: Some(1),
-            ..Faulty::new(&app, &config, &metrics)
-        };
-        let report = run_elastic_on(&app, &config, &[], None, &mut fleet, &metrics).unwrap();
-        assert_exact_over(&report, staleness, clocks);
+            ..fleet
+        });
         assert_eq!(report.rollbacks, 1, "{:?}", report.segments);
         let last = report.segments.last().unwrap();
         assert_eq!(
