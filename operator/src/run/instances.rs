@@ -18,6 +18,7 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant, SystemTime};
 
 use ebbflow_runtime::elastic::ElasticEvent;
+use ebbflow_runtime::notices::NoticeError;
 
 /// What happens to the instances of a local run.
 pub trait Instances {
@@ -173,10 +174,19 @@ impl Instances for NodeProcesses {
                 &name,
                 deadline,
             ));
-            if let Err(error) = sent {
-                // The coordinator does not know the node yet (it is still starting): the
-                // deadline still holds, and the kill is then a failure it handles.
-                tracing::warn!(%name, %error, "notice not delivered");
+            match sent {
+                Ok(_) => {}
+                // The coordinator does not know the node: it has not joined yet (its process is
+                // still starting), so it holds nothing and goes now. Before, it joined after the
+                // lost notice and stayed a member until its deadline, which for an instance the
+                // bidder released is an hour: a replayed market that replaces instances faster
+                // than they start (BidBrain at 12,000x) piled up hundreds of node processes.
+                Err(NoticeError::Status { status: 404, .. }) => {
+                    tracing::info!(%name, "notice for an instance that has not joined: stopped now");
+                    self.kill(&name);
+                    continue;
+                }
+                Err(error) => tracing::warn!(%name, %error, "notice not delivered"),
             }
             self.deadlines.insert(name, Instant::now() + lead);
         }
@@ -230,5 +240,68 @@ impl Drop for NodeProcesses {
         for name in names {
             self.kill(&name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ebbflow_runtime::elastic_coordinator::{ElasticService, router};
+    use ebbflow_runtime::heartbeat::Heartbeats;
+    use ebbflow_runtime::metrics::RuntimeMetrics;
+    use std::sync::Arc;
+
+    /// An instance whose process is still starting: it never joins.
+    fn starting_instance(dir: &std::path::Path) -> PathBuf {
+        let exe = dir.join("starting-node");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 600\n").unwrap();
+        let mut permissions = std::fs::metadata(&exe).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+        std::fs::set_permissions(&exe, permissions).unwrap();
+        exe
+    }
+
+    /// The bidder releases (or the market interrupts) an instance that has not joined the job
+    /// yet: the coordinator does not know it, so the notice cannot reach it and it would join
+    /// later and stay a member until its deadline (an hour for a release). It holds nothing, so
+    /// its process is stopped at once.
+    #[test]
+    fn a_notice_for_an_instance_that_has_not_joined_stops_it_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // The real admin API of a job nobody joined.
+        let service = ElasticService::new(
+            "secret".into(),
+            "exact/1".into(),
+            1,
+            Arc::default(),
+            prometheus::Registry::new(),
+            RuntimeMetrics::unregistered(),
+            Arc::new(Heartbeats::unregistered(Duration::from_secs(60))),
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(listener, router(service)).await });
+        let mut instances = NodeProcesses::new(NodeCommand {
+            exe: starting_instance(dir.path()),
+            manifest: dir.path().join("job.yaml"),
+            data_dir: None,
+            coordinator: format!("http://{addr}"),
+            secret: "secret".into(),
+            log_dir: dir.path().join("logs"),
+        })
+        .unwrap();
+        instances.launch(vec!["t0".into(), "t1".into()]);
+        assert_eq!(instances.running(), 2, "{:?}", instances.problems);
+        instances.notice(vec!["t0".into()], super::super::provisioner::RELEASE_LEAD);
+        assert_eq!(instances.running(), 1, "t0 stopped at once, t1 runs on");
+        instances.tick();
+        assert_eq!(instances.running(), 1);
     }
 }
