@@ -35,7 +35,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, TableSpec};
-use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs};
+use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs, PreOpened};
 use crate::elastic::{
     Fleet, FleetError, Interrupt, Layout, Salvage, SegmentOutcome, SegmentSpec, ShardLoads,
 };
@@ -121,8 +121,21 @@ pub enum ControlRequest {
         /// Logical workers.
         workers: Vec<u32>,
     },
-    /// How many data shards are still loading.
+    /// How many data shards are still loading and connections still opening.
     Preloaded,
+    /// A joined node will serve partitions (or this node is the joined one): open the
+    /// connections of `workers` (the logical workers this node will run) to the data planes at
+    /// `addrs` in the background, warmed for frames of `frame_bytes`, so the workers take them
+    /// at the switch instead of connecting then. Answered at once; [`ControlRequest::Preloaded`]
+    /// counts them until they are open.
+    PreOpen {
+        /// Data-plane addresses.
+        addrs: Vec<SocketAddr>,
+        /// Logical workers.
+        workers: Vec<u32>,
+        /// Frame size to warm both ends' buffers for.
+        frame_bytes: u64,
+    },
 }
 
 /// One segment for one node.
@@ -196,6 +209,9 @@ pub enum ControlResponse {
     Preloading {
         /// Shards not loaded yet.
         loading: u32,
+        /// [`ControlRequest::PreOpen`]s still opening connections.
+        #[serde(default)]
+        opening: u32,
     },
     /// The segment finished.
     Finished {
@@ -287,6 +303,8 @@ struct Running {
     result: std::sync::mpsc::Receiver<Result<Vec<(u32, WorkerReport)>, RunError>>,
     /// The workers it started, by shard source.
     shards: ShardLoads,
+    /// Pre-opened connections taken before it started (the node's counter).
+    taken_before: u64,
 }
 
 /// What a node's background BackupPS copies read of the running (or last) segment.
@@ -331,6 +349,13 @@ pub struct Agent<A: App> {
     /// finished one disarms those past its end, so a segment left behind by an abandon cannot
     /// disarm the copies of the segment that replaced it.
     armed_segment: Arc<Mutex<u64>>,
+    /// Connections opened ahead of the switch that uses them ([`ControlRequest::PreOpen`]).
+    pre_opened: Arc<PreOpened>,
+    /// Threads still opening connections for [`ControlRequest::PreOpen`].
+    opening: Arc<std::sync::atomic::AtomicU32>,
+    /// The data planes the last segment's workers could reach: pre-opened connections to them
+    /// that no worker took by the next segment are closed.
+    last_addrs: Mutex<Vec<SocketAddr>>,
 }
 
 impl<A: App> Agent<A> {
@@ -345,6 +370,7 @@ impl<A: App> Agent<A> {
         shutdown: std::sync::mpsc::Sender<()>,
     ) -> Self {
         let specs = app.tables();
+        let pre_opened = Arc::new(PreOpened::counted(&metrics));
         Self {
             app: Arc::new(app),
             preloaded: Arc::new(Mutex::new(BTreeMap::new())),
@@ -362,6 +388,9 @@ impl<A: App> Agent<A> {
             copy_source: Mutex::new(None),
             copies: Mutex::new(BTreeMap::new()),
             armed_segment: Arc::new(Mutex::new(0)),
+            pre_opened,
+            opening: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+            last_addrs: Mutex::new(Vec::new()),
         }
     }
 
@@ -452,6 +481,18 @@ impl<A: App> Agent<A> {
             ));
         }
         let addrs: NodeAddrs = order.addrs.iter().copied().collect();
+        // Connections pre-opened for the last segment's servers were taken then or are not
+        // wanted; those for servers joining later wait for their switch.
+        let serving: BTreeSet<NodeId> = order.owners.iter().map(|(owner, _)| *owner).collect();
+        let now_reachable: Vec<SocketAddr> = addrs
+            .iter()
+            .filter(|(node, _)| serving.contains(node))
+            .map(|(_, addr)| *addr)
+            .collect();
+        for addr in std::mem::replace(&mut *self.last_addrs.lock(), now_reachable) {
+            self.pre_opened.forget(addr);
+        }
+        let taken_before = self.taken_pre_opened();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         let shards;
         {
@@ -472,6 +513,7 @@ impl<A: App> Agent<A> {
                     &self.metrics,
                     run_start,
                 )
+                .with_pre_opened(self.pre_opened.clone())
             });
             let preloaded = &self.preloaded;
             let (started, from_preloaded) = pool
@@ -482,6 +524,7 @@ impl<A: App> Agent<A> {
             shards = ShardLoads {
                 built: started - from_preloaded,
                 preloaded: from_preloaded,
+                connections_pre_opened: 0,
             };
         }
         self.preload(&order.standby, &order.workers);
@@ -538,6 +581,7 @@ impl<A: App> Agent<A> {
             gate,
             result,
             shards,
+            taken_before,
         });
         Ok(())
     }
@@ -593,6 +637,52 @@ impl<A: App> Agent<A> {
         if let Err(error) = spawned {
             tracing::warn!(%error, "could not start preloading data shards");
             self.preloading.lock().clear();
+        }
+    }
+
+    /// Pre-opened connections workers here took so far.
+    fn taken_pre_opened(&self) -> u64 {
+        self.metrics
+            .pre_opened_connections
+            .with_label_values(&["taken"])
+            .get()
+    }
+
+    /// Opens `workers`' connections to `addrs` on a background thread (see
+    /// [`ControlRequest::PreOpen`]). A connection that cannot be opened is left to the switch,
+    /// which connects as it would have without preparation.
+    fn pre_open(&self, addrs: Vec<SocketAddr>, workers: Vec<u32>, frame_bytes: u64) {
+        let workers: Vec<u32> = workers
+            .into_iter()
+            .filter(|w| (*w as usize) < self.job.workers)
+            .collect();
+        if addrs.is_empty() || workers.is_empty() {
+            return;
+        }
+        let (stash, client, opening) = (
+            self.pre_opened.clone(),
+            self.client.clone(),
+            self.opening.clone(),
+        );
+        let frame_bytes = usize::try_from(frame_bytes).unwrap_or(usize::MAX);
+        opening.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name("pre-open".into())
+            .spawn(move || {
+                'addrs: for addr in addrs {
+                    for &worker in &workers {
+                        if let Err(error) = stash.open(worker, addr, &client, frame_bytes) {
+                            tracing::warn!(worker, %addr, %error, "pre-opening a connection failed");
+                            continue 'addrs;
+                        }
+                    }
+                }
+                opening.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "could not start pre-opening connections");
+            self.opening
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 
@@ -666,7 +756,11 @@ impl<A: App> Agent<A> {
             }
             Ok(outcome) => {
                 let end = current.gate.end();
-                let shards = current.shards;
+                let taken = self.taken_pre_opened().saturating_sub(current.taken_before);
+                let shards = ShardLoads {
+                    connections_pre_opened: u32::try_from(taken).unwrap_or(u32::MAX),
+                    ..current.shards
+                };
                 // A node whose workers ran nothing (it has none) constrains no end.
                 *self.last_end.lock() = current.gate.least_end();
                 *running = None;
@@ -815,7 +909,16 @@ impl<A: App> NodeAgent for Agent<A> {
             }
             ControlRequest::Preloaded => ControlResponse::Preloading {
                 loading: self.preloading.lock().len() as u32,
+                opening: self.opening.load(std::sync::atomic::Ordering::Acquire),
             },
+            ControlRequest::PreOpen {
+                addrs,
+                workers,
+                frame_bytes,
+            } => {
+                self.pre_open(addrs, workers, frame_bytes);
+                ControlResponse::Done
+            }
         };
         (answer, out)
     }
@@ -1060,6 +1163,12 @@ pub struct ProcessFleet {
     background_copies: bool,
     /// The latest complete background copy of the last segment, if that segment failed.
     salvage: Option<Salvage>,
+    /// Per joined node being prepared: the other nodes opening their workers' connections to
+    /// it ([`ControlRequest::PreOpen`]).
+    opening: BTreeMap<NodeId, BTreeSet<NodeId>>,
+    /// The largest partition image seen (placed or copied): the frame size pre-opened
+    /// connections are warmed for.
+    largest_image_bytes: usize,
 }
 
 /// The parts of a segment's background BackupPS copies that arrived, by clock and node.
@@ -1154,6 +1263,8 @@ impl ProcessFleet {
             partition_bytes: PartitionBytes::unregistered(),
             background_copies: true,
             salvage: None,
+            opening: BTreeMap::new(),
+            largest_image_bytes: 0,
         }
     }
 
@@ -1441,6 +1552,10 @@ impl Fleet for ProcessFleet {
         }
         self.assignment.retain(|_, node| *node != id);
         self.pending.remove(&id);
+        self.opening.remove(&id);
+        for nodes in self.opening.values_mut() {
+            nodes.remove(&id);
+        }
     }
 
     fn prepare(&mut self, id: NodeId, prospective: &Layout) -> Result<bool, FleetError> {
@@ -1450,45 +1565,122 @@ impl Fleet for ProcessFleet {
             &prospective.worker_nodes,
             &self.standby,
         );
-        let workers: Vec<u32> = placed
+        let mut by_node: BTreeMap<NodeId, Vec<u32>> = BTreeMap::new();
+        for (worker, node) in &placed {
+            by_node.entry(*node).or_default().push(*worker);
+        }
+        let workers = by_node.remove(&id).unwrap_or_default();
+        let mut preparing = false;
+        if !workers.is_empty() {
+            let request = ControlRequest::Preload {
+                workers: workers.clone(),
+            };
+            match self.request(id, &request, &[])?.0 {
+                ControlResponse::Done => {
+                    tracing::info!(node = id, ?workers, "preparing a joined node");
+                    self.pending.insert(id, workers.clone());
+                    preparing = true;
+                }
+                other => {
+                    return Err(RunError::RunCluster {
+                        reason: format!("node {id} answered {other:?} to preload"),
+                    }
+                    .into());
+                }
+            }
+        }
+        // The connections the switch would open, opened now: the joined node's workers' to
+        // every server of the layout, and, if it will serve, every other worker node's to it.
+        let frame_bytes = self.largest_image_bytes as u64;
+        let addr_of = |fleet: &Self, node: &NodeId| fleet.links.get(node).map(|l| l.addr);
+        let servers: Vec<SocketAddr> = prospective
+            .servers
             .iter()
-            .filter(|(_, node)| **node == id)
-            .map(|(worker, _)| *worker)
+            .filter_map(|node| addr_of(self, node))
             .collect();
-        if workers.is_empty() {
-            return Ok(true);
+        if !workers.is_empty() && !servers.is_empty() {
+            let request = ControlRequest::PreOpen {
+                addrs: servers,
+                workers,
+                frame_bytes,
+            };
+            self.request(id, &request, &[])?;
+            tracing::info!(
+                node = id,
+                "pre-opening the joined node's connections to the servers"
+            );
+            self.pending.entry(id).or_default();
+            preparing = true;
         }
-        let request = ControlRequest::Preload {
-            workers: workers.clone(),
-        };
-        match self.request(id, &request, &[])?.0 {
-            ControlResponse::Done => {
-                tracing::info!(node = id, ?workers, "preparing a joined node");
-                self.pending.insert(id, workers);
-                Ok(false)
+        let joined_addr = prospective
+            .servers
+            .contains(&id)
+            .then(|| addr_of(self, &id))
+            .flatten();
+        if let Some(addr) = joined_addr {
+            for (node, workers) in by_node {
+                if !self.links.contains_key(&node) {
+                    continue;
+                }
+                let request = ControlRequest::PreOpen {
+                    addrs: vec![addr],
+                    workers,
+                    frame_bytes,
+                };
+                // A node that does not take the request connects at the switch, as before; if
+                // it is lost, the segment finds out.
+                if let Ok((ControlResponse::Done, _)) = self.request(node, &request, &[]) {
+                    tracing::info!(
+                        node,
+                        joined = id,
+                        "pre-opening connections to a joined node"
+                    );
+                    self.opening.entry(id).or_default().insert(node);
+                    preparing = true;
+                }
             }
-            other => Err(RunError::RunCluster {
-                reason: format!("node {id} answered {other:?} to preload"),
-            }
-            .into()),
         }
+        Ok(!preparing)
     }
 
     fn prepared(&mut self, id: NodeId) -> Result<bool, FleetError> {
-        if !self.pending.contains_key(&id) {
-            return Ok(true);
-        }
-        match self.request(id, &ControlRequest::Preloaded, &[])?.0 {
-            ControlResponse::Preloading { loading: 0 } => {
-                self.pending.remove(&id);
-                Ok(true)
+        if self.pending.contains_key(&id) {
+            match self.request(id, &ControlRequest::Preloaded, &[])?.0 {
+                ControlResponse::Preloading {
+                    loading: 0,
+                    opening: 0,
+                } => {
+                    self.pending.remove(&id);
+                }
+                ControlResponse::Preloading { .. } => return Ok(false),
+                other => {
+                    return Err(RunError::RunCluster {
+                        reason: format!("node {id} answered {other:?} to preloaded"),
+                    }
+                    .into());
+                }
             }
-            ControlResponse::Preloading { .. } => Ok(false),
-            other => Err(RunError::RunCluster {
-                reason: format!("node {id} answered {other:?} to preloaded"),
-            }
-            .into()),
         }
+        // Other nodes still opening connections to it; one that does not answer is no reason
+        // to hold the joined node back (the segment finds out what became of it).
+        let others: Vec<NodeId> = self
+            .opening
+            .get(&id)
+            .map(|nodes| nodes.iter().copied().collect())
+            .unwrap_or_default();
+        for node in others {
+            if let Ok((ControlResponse::Preloading { opening, .. }, _)) =
+                self.request(node, &ControlRequest::Preloaded, &[])
+                && opening > 0
+            {
+                return Ok(false);
+            }
+            if let Some(nodes) = self.opening.get_mut(&id) {
+                nodes.remove(&node);
+            }
+        }
+        self.opening.remove(&id);
+        Ok(true)
     }
 
     fn place(
@@ -1499,6 +1691,7 @@ impl Fleet for ProcessFleet {
         from: Option<NodeId>,
         fallback: &PartitionImage,
     ) -> Result<(), FleetError> {
+        self.largest_image_bytes = self.largest_image_bytes.max(fallback.parameter_bytes());
         let old = from.and_then(|node| self.links.get(&node).map(|l| (node, l.addr)));
         if let Some((node, addr)) = old
             && node != to
@@ -1731,6 +1924,11 @@ impl Fleet for ProcessFleet {
                     }
                     started.built += shards.built;
                     started.preloaded += shards.preloaded;
+                    started.connections_pre_opened += shards.connections_pre_opened;
+                    self.metrics
+                        .pre_opened_connections
+                        .with_label_values(&["taken"])
+                        .inc_by(u64::from(shards.connections_pre_opened));
                     let loads = &self.metrics.shard_loads;
                     loads
                         .with_label_values(&["built"])
@@ -1768,6 +1966,14 @@ impl Fleet for ProcessFleet {
             });
         if loss_count > 0 {
             self.metrics.loss.set(loss_sum / loss_count as f64);
+        }
+        if let Some(copy) = &latest {
+            let largest = copy
+                .images
+                .iter()
+                .map(PartitionImage::parameter_bytes)
+                .max();
+            self.largest_image_bytes = self.largest_image_bytes.max(largest.unwrap_or(0));
         }
         Ok(SegmentOutcome {
             end,
@@ -1938,7 +2144,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match node.control(ControlRequest::Preloaded, &[]).0 {
-                ControlResponse::Preloading { loading: 0 } => break,
+                ControlResponse::Preloading { loading: 0, .. } => break,
                 ControlResponse::Preloading { .. } => {
                     assert!(Instant::now() < deadline, "preloading never finished");
                     std::thread::yield_now();

@@ -292,13 +292,19 @@ pub fn plan_layout(
     })
 }
 
-/// Workers a segment started, by where their data shard came from.
+/// What a segment's workers started from: the workers it started, by where their data shard
+/// came from, and the connections to new servers they took ready-made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardLoads {
     /// Loaded when the worker started.
     pub built: u32,
-    /// Preloaded in the background by the node as the shard's second holder.
+    /// Preloaded in the background by the node as the shard's second holder, or by a joined
+    /// node while it was prepared.
     pub preloaded: u32,
+    /// Connections to a joined node's server opened while it was prepared and taken at the
+    /// switch (the others were opened at the switch).
+    #[serde(default)]
+    pub connections_pre_opened: u32,
 }
 
 /// One segment of an elastic run, for the report.
@@ -1090,6 +1096,13 @@ impl Fleet for LocalFleet {
             backups: &self.backups,
             wait: self.job.wait_timeout,
         };
+        let taken = || {
+            self.metrics
+                .pre_opened_connections
+                .with_label_values(&["taken"])
+                .get()
+        };
+        let taken_before = taken();
         let (outcome, backup) = std::thread::scope(|scope| {
             scope.spawn(|| {
                 if interrupt.next() {
@@ -1116,7 +1129,10 @@ impl Fleet for LocalFleet {
             end: gate.end(),
             reports: pool.ids().into_iter().zip(reports).collect(),
             backup,
-            shards: ShardLoads::default(),
+            shards: ShardLoads {
+                connections_pre_opened: u32::try_from(taken() - taken_before).unwrap_or(u32::MAX),
+                ..ShardLoads::default()
+            },
         })
     }
 

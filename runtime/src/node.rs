@@ -463,6 +463,13 @@ impl WorkerPool {
         }
     }
 
+    /// Its workers' transports take connections from `stash` where one waits for them (see
+    /// [`PreOpened`]).
+    pub fn with_pre_opened(mut self, stash: Arc<PreOpened>) -> Self {
+        self.pre_opened = Some(stash);
+        self
+    }
+
     /// The logical workers held, ascending.
     pub fn ids(&self) -> Vec<u32> {
         self.workers.keys().copied().collect()

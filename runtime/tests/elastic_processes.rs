@@ -471,6 +471,14 @@ fn shard_loads(registry: &prometheus::Registry, source: &str) -> f64 {
     counter(registry, "ebbflow_runtime_shard_loads_total", source)
 }
 
+fn pre_opened(registry: &prometheus::Registry, outcome: &str) -> f64 {
+    counter(
+        registry,
+        "ebbflow_runtime_pre_opened_connections_total",
+        outcome,
+    )
+}
+
 #[test]
 fn a_partial_eviction_moves_partitions_straight_between_nodes() {
     let job = Job {
@@ -543,16 +551,30 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
         report.segments[evicted].shards,
         ShardLoads {
             built: 0,
-            preloaded: 1
+            preloaded: 1,
+            connections_pre_opened: 0,
         },
         "the segments around the eviction: {:?}",
         &report.segments[evicted - 1..=evicted]
     );
     // t1..t3 were prepared before they were switched in: the workers they took started from
-    // shards they had preloaded.
+    // shards they had preloaded, and their connections to the servers (and the other nodes'
+    // workers' connections to those of them that became ActivePSs) were opened while they were
+    // prepared and taken at the switch, as the coordinator's metric counts.
     let switched_in = &report.segments[evicted - 1];
     assert_eq!(switched_in.shards.built, 0, "{switched_in:?}");
     assert!(switched_in.shards.preloaded > 0, "{switched_in:?}");
+    assert!(
+        switched_in.shards.connections_pre_opened > 0,
+        "{:?}",
+        report.segments
+    );
+    let taken: u32 = report
+        .segments
+        .iter()
+        .map(|s| s.shards.connections_pre_opened)
+        .sum();
+    assert_eq!(pre_opened(&registry, "taken"), f64::from(taken));
     let started = |source: fn(&ShardLoads) -> u32| {
         report
             .segments
