@@ -263,6 +263,14 @@ impl PreOpened {
         }
     }
 
+    /// How many connections workers took from stashes counted on the same metrics (0 when not
+    /// counted).
+    pub fn taken(&self) -> u64 {
+        self.counter
+            .as_ref()
+            .map_or(0, |counter| counter.with_label_values(&["taken"]).get())
+    }
+
     fn count(&self, outcome: &str, n: usize) {
         if let Some(counter) = &self.counter {
             counter.with_label_values(&[outcome]).inc_by(n as u64);

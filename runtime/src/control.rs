@@ -492,7 +492,7 @@ impl<A: App> Agent<A> {
         for addr in std::mem::replace(&mut *self.last_addrs.lock(), now_reachable) {
             self.pre_opened.forget(addr);
         }
-        let taken_before = self.taken_pre_opened();
+        let taken_before = self.pre_opened.taken();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         let shards;
         {
@@ -640,14 +640,6 @@ impl<A: App> Agent<A> {
         }
     }
 
-    /// Pre-opened connections workers here took so far.
-    fn taken_pre_opened(&self) -> u64 {
-        self.metrics
-            .pre_opened_connections
-            .with_label_values(&["taken"])
-            .get()
-    }
-
     /// Opens `workers`' connections to `addrs` on a background thread (see
     /// [`ControlRequest::PreOpen`]). A connection that cannot be opened is left to the switch,
     /// which connects as it would have without preparation.
@@ -756,7 +748,7 @@ impl<A: App> Agent<A> {
             }
             Ok(outcome) => {
                 let end = current.gate.end();
-                let taken = self.taken_pre_opened().saturating_sub(current.taken_before);
+                let taken = self.pre_opened.taken().saturating_sub(current.taken_before);
                 let shards = ShardLoads {
                     connections_pre_opened: u32::try_from(taken).unwrap_or(u32::MAX),
                     ..current.shards
@@ -1604,13 +1596,12 @@ impl Fleet for ProcessFleet {
                 workers,
                 frame_bytes,
             };
+            // Non-empty `workers` were sent to preload above, so `prepared` already polls it.
             self.request(id, &request, &[])?;
             tracing::info!(
                 node = id,
                 "pre-opening the joined node's connections to the servers"
             );
-            self.pending.entry(id).or_default();
-            preparing = true;
         }
         let joined_addr = prospective
             .servers

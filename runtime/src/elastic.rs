@@ -1096,13 +1096,7 @@ impl Fleet for LocalFleet {
             backups: &self.backups,
             wait: self.job.wait_timeout,
         };
-        let taken = || {
-            self.metrics
-                .pre_opened_connections
-                .with_label_values(&["taken"])
-                .get()
-        };
-        let taken_before = taken();
+        let taken_before = self.pre_opened.taken();
         let (outcome, backup) = std::thread::scope(|scope| {
             scope.spawn(|| {
                 if interrupt.next() {
@@ -1130,7 +1124,8 @@ impl Fleet for LocalFleet {
             reports: pool.ids().into_iter().zip(reports).collect(),
             backup,
             shards: ShardLoads {
-                connections_pre_opened: u32::try_from(taken() - taken_before).unwrap_or(u32::MAX),
+                connections_pre_opened: u32::try_from(self.pre_opened.taken() - taken_before)
+                    .unwrap_or(u32::MAX),
                 ..ShardLoads::default()
             },
         })
