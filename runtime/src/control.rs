@@ -107,6 +107,11 @@ pub enum ControlRequest {
         clock: u64,
         /// Milliseconds to wait.
         wait_ms: u64,
+        /// The clock of the copy the coordinator holds (or will hold before it applies this
+        /// one): a partition whose changes since then the node tracked is sent as a coalesced
+        /// delta, only its rows changed by pushes of this clock or later (whole otherwise).
+        #[serde(default)]
+        base: Option<u64>,
     },
     /// Wait up to `wait_ms` for the running segment to finish.
     Await {
@@ -204,6 +209,10 @@ pub enum ControlResponse {
         count: u32,
         /// (logical worker, report of the clocks from the segment's first to `clock`).
         reports: Vec<(u32, WorkerReport)>,
+        /// Per image in the payload, in order: the clock it is a delta since (`None`, or no
+        /// entries at all: whole images).
+        #[serde(default)]
+        bases: Vec<Option<u64>>,
     },
     /// Data shards still loading.
     Preloading {
@@ -287,6 +296,23 @@ pub fn decode_images(bytes: &[u8]) -> Result<Vec<PartitionImage>, FrameError> {
     Ok(images)
 }
 
+/// Pairs decoded copy images with the bases a [`ControlResponse::Copied`] gave them (none at
+/// all: whole images); a count that does not match is an error.
+fn with_bases(
+    images: Vec<PartitionImage>,
+    bases: Vec<Option<u64>>,
+) -> Result<Vec<(PartitionImage, Option<u64>)>, FrameError> {
+    if bases.is_empty() {
+        return Ok(images.into_iter().map(|image| (image, None)).collect());
+    }
+    if bases.len() != images.len() {
+        return Err(FrameError::Invalid(
+            "a copy's delta bases do not match its images",
+        ));
+    }
+    Ok(images.into_iter().zip(bases).collect())
+}
+
 /// A node's handler of control requests (served by its data-plane server).
 pub trait NodeAgent: Send + Sync {
     /// Answers one request; the payload of the answer goes in the returned bytes.
@@ -342,9 +368,9 @@ pub struct Agent<A: App> {
     handed_over: Mutex<BTreeMap<PartitionId, PartitionImage>>,
     /// The segment the background copies are taken of.
     copy_source: Mutex<Option<CopySource>>,
-    /// Images of a background copy collected so far, by clock (a [`ControlRequest::CopyAt`]
-    /// that runs out of time keeps what it took).
-    copies: Mutex<BTreeMap<u64, Vec<PartitionImage>>>,
+    /// Images (each whole or a delta since a clock) of a background copy collected so far, by
+    /// clock (a [`ControlRequest::CopyAt`] that runs out of time keeps what it took).
+    copies: Mutex<BTreeMap<u64, Vec<(PartitionImage, Option<u64>)>>>,
     /// How many segments this node started; held while a segment arms its copies and while a
     /// finished one disarms those past its end, so a segment left behind by an abandon cannot
     /// disarm the copies of the segment that replaced it.
@@ -680,7 +706,13 @@ impl<A: App> Agent<A> {
 
     /// This node's part of the background BackupPS copy at `clock` (see
     /// [`ControlRequest::CopyAt`]).
-    fn copy_at(&self, clock: u64, wait: Duration, out: &mut Vec<u8>) -> ControlResponse {
+    fn copy_at(
+        &self,
+        clock: u64,
+        base: Option<u64>,
+        wait: Duration,
+        out: &mut Vec<u8>,
+    ) -> ControlResponse {
         let Some(source) = self.copy_source.lock().clone() else {
             return ControlResponse::failed(
                 "no_segment",
@@ -690,12 +722,12 @@ impl<A: App> Agent<A> {
         let deadline = Instant::now() + wait;
         let mut images = self.copies.lock().remove(&clock).unwrap_or_default();
         for partition in self.state.hosted() {
-            if images.iter().any(|image| image.partition == partition) {
+            if images.iter().any(|(image, _)| image.partition == partition) {
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.state.wait_backup_blocking(partition, clock, left) {
-                Ok(image) => images.push(image),
+                Ok(copy) => images.push(copy.since(base)),
                 Err(StoreError::WaitClock { .. }) => {
                     self.copies.lock().insert(clock, images);
                     return ControlResponse::Running;
@@ -712,13 +744,15 @@ impl<A: App> Agent<A> {
                 });
         match reports {
             Some(reports) => {
-                images.sort_by_key(|image| image.partition);
+                images.sort_by_key(|(image, _)| image.partition);
+                let (images, bases): (Vec<_>, Vec<_>) = images.into_iter().unzip();
                 encode_images(&images, out);
                 self.copies.lock().retain(|at, _| *at > clock);
                 ControlResponse::Copied {
                     clock,
                     count: images.len() as u32,
                     reports,
+                    bases,
                 }
             }
             None if source.gate.end() < clock => ControlResponse::failed(
@@ -883,9 +917,16 @@ impl<A: App> NodeAgent for Agent<A> {
                 }
                 ControlResponse::Done
             }
-            ControlRequest::CopyAt { clock, wait_ms } => {
-                self.copy_at(clock, Duration::from_millis(wait_ms.min(10_000)), &mut out)
-            }
+            ControlRequest::CopyAt {
+                clock,
+                wait_ms,
+                base,
+            } => self.copy_at(
+                clock,
+                base,
+                Duration::from_millis(wait_ms.min(10_000)),
+                &mut out,
+            ),
             ControlRequest::Await { wait_ms } => {
                 self.await_segment(Duration::from_millis(wait_ms.min(10_000)))
             }
@@ -1163,21 +1204,116 @@ pub struct ProcessFleet {
     largest_image_bytes: usize,
 }
 
+/// A node's part of a background copy: per partition its image, whole (`None`) or a
+/// coalesced delta since a clock, and its workers' reports.
+type CopyPart = (Vec<(PartitionImage, Option<u64>)>, Vec<(u32, WorkerReport)>);
+
 /// The parts of a segment's background BackupPS copies that arrived, by clock and node.
 #[derive(Default)]
 struct CopySets {
-    parts: BTreeMap<u64, BTreeMap<NodeId, (Vec<PartitionImage>, Vec<(u32, WorkerReport)>)>>,
+    parts: BTreeMap<u64, BTreeMap<NodeId, CopyPart>>,
     latest: Option<Salvage>,
+    /// The copy the controller held as the segment started: deltas apply to it until a
+    /// complete copy of the segment (`latest`) replaces it.
+    held: Option<(u64, Arc<Vec<PartitionImage>>)>,
+    /// A set of this segment was not kept: later sets may no longer count on the one before
+    /// them ([`CopySets::base_after`]).
+    broken: bool,
 }
 
 impl CopySets {
+    /// Copy sets over the copy the controller holds.
+    fn over(held: Option<(u64, Arc<Vec<PartitionImage>>)>) -> Self {
+        Self {
+            held,
+            ..Self::default()
+        }
+    }
+
+    /// The clock of the copy deltas are applied to now (and so, the sets completing in clock
+    /// order, to every later set): what a node's deltas may be taken since.
+    fn base(&self) -> Option<u64> {
+        match &self.latest {
+            Some(latest) => Some(latest.clock),
+            None => self.held.as_ref().map(|(clock, _)| *clock),
+        }
+    }
+
+    /// The base to ask a node's copy at some clock for, its previous copy having been at
+    /// `previous` (received): sets complete in clock order, so that one will be held when this
+    /// one applies, unless some set was dropped (then only what is held now counts).
+    fn base_after(&self, previous: Option<u64>) -> Option<u64> {
+        match (self.broken, previous, self.base()) {
+            (false, Some(previous), Some(now)) => Some(previous.max(now)),
+            (_, _, now) => now,
+        }
+    }
+
+    /// Whole images of a complete set: each delta applied to the same partition's image in the
+    /// latest complete copy or, before there is one, in the held copy. An error if a delta does
+    /// not fit (the latest copy is then gone: later deltas cannot apply either, and the segment
+    /// keeps the held copy).
+    fn resolve(
+        &mut self,
+        images: Vec<(PartitionImage, Option<u64>)>,
+    ) -> Result<Vec<PartitionImage>, StoreError> {
+        if images.iter().all(|(_, base)| base.is_none()) {
+            return Ok(images.into_iter().map(|(image, _)| image).collect());
+        }
+        // A delta since a clock after the held copy would miss rows: the set is dropped, the
+        // held copy kept.
+        let held_clock = self.base().unwrap_or(0);
+        if let Some((image, Some(base))) = images
+            .iter()
+            .find(|(_, base)| base.is_some_and(|b| b > held_clock))
+        {
+            return Err(StoreError::RestoreImage {
+                partition: image.partition,
+                reason: format!("a delta since clock {base}, the copy held is at {held_clock}"),
+            });
+        }
+        let mut previous: BTreeMap<PartitionId, PartitionImage> = self
+            .latest
+            .take()
+            .map(|latest| {
+                latest
+                    .images
+                    .into_iter()
+                    .map(|image| (image.partition, image))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let held = self.held.as_ref().map(|(_, images)| images);
+        images
+            .into_iter()
+            .map(|(image, base)| {
+                let Some(base) = base else {
+                    return Ok(image);
+                };
+                let partition = image.partition;
+                let mut at = previous
+                    .remove(&partition)
+                    .or_else(|| {
+                        held.and_then(|images| images.iter().find(|i| i.partition == partition))
+                            .cloned()
+                    })
+                    .ok_or_else(|| StoreError::RestoreImage {
+                        partition,
+                        reason: format!("no copy is held to apply a delta since clock {base} to"),
+                    })?;
+                crate::store::apply_delta(&mut at, base, image)?;
+                Ok(at)
+            })
+            .collect()
+    }
+
     /// Adds `node`'s part of the copy at `clock`; once every one of `nodes` sent its part and
     /// the parts hold every one of `partitions` and `workers`, it is the latest complete copy.
     fn add(
         &mut self,
         node: NodeId,
         clock: u64,
-        images: Vec<PartitionImage>,
+        images: Vec<(PartitionImage, Option<u64>)>,
         reports: Vec<(u32, WorkerReport)>,
         (nodes, partitions, workers): (usize, usize, usize),
         metrics: &RuntimeMetrics,
@@ -1196,11 +1332,12 @@ impl CopySets {
             images.extend(these);
             reports.extend(those);
         }
-        images.sort_by_key(|image| image.partition);
-        images.dedup_by_key(|image| image.partition);
+        images.sort_by_key(|(image, _)| image.partition);
+        images.dedup_by_key(|(image, _)| image.partition);
         reports.sort_by_key(|(worker, _)| *worker);
         reports.dedup_by_key(|(worker, _)| *worker);
         if images.len() != partitions || reports.len() != workers {
+            self.broken = true;
             tracing::warn!(
                 clock,
                 images = images.len(),
@@ -1216,6 +1353,14 @@ impl CopySets {
         {
             return;
         }
+        let images = match self.resolve(images) {
+            Ok(images) => images,
+            Err(error) => {
+                self.broken = true;
+                tracing::warn!(clock, %error, "a BackupPS delta copy does not apply");
+                return;
+            }
+        };
         metrics.consistent_clock.set(clock as i64);
         self.latest = Some(Salvage {
             clock,
@@ -1380,18 +1525,32 @@ impl ProcessFleet {
         stop: impl Fn() -> bool,
     ) {
         let mut connection = None;
+        let mut previous = None;
         for &clock in clocks {
             let request = ControlRequest::CopyAt {
                 clock,
                 wait_ms: 200,
+                base: copies.lock().base_after(previous),
             };
             match self.ask_until_answered(node, addr, &mut connection, &request, &stop) {
-                Ok(Some((ControlResponse::Copied { reports, .. }, payload))) => {
-                    match decode_images(&payload) {
+                Ok(Some((ControlResponse::Copied { reports, bases, .. }, payload))) => {
+                    match decode_images(&payload).and_then(|images| with_bases(images, bases)) {
                         Ok(images) => {
+                            for (image, base) in &images {
+                                let kind = if base.is_some() { "delta" } else { "whole" };
+                                self.metrics
+                                    .backup_copy_bytes
+                                    .with_label_values(&[kind])
+                                    .inc_by(image.parameter_bytes() as u64);
+                                self.metrics
+                                    .backup_copy_images
+                                    .with_label_values(&[kind])
+                                    .inc();
+                            }
                             copies
                                 .lock()
-                                .add(node, clock, images, reports, shape, &self.metrics)
+                                .add(node, clock, images, reports, shape, &self.metrics);
+                            previous = Some(clock);
                         }
                         Err(error) => tracing::warn!(
                             node, clock, %error,
@@ -1801,7 +1960,7 @@ impl Fleet for ProcessFleet {
         }
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
-        let copies = Mutex::new(CopySets::default());
+        let copies = Mutex::new(CopySets::over(spec.held_backup.clone()));
         let shape = (
             addrs.len(),
             spec.map.num_partitions() as usize,
@@ -2211,7 +2370,7 @@ mod tests {
                 .map(|w| (w, report(10, (clock - 10) as usize)))
                 .into_iter()
                 .collect();
-            let images = partitions.iter().map(|&p| image(p)).collect();
+            let images = partitions.iter().map(|&p| (image(p), None)).collect();
             sets.add(node, clock, images, reports, (2, 3, 2), &metrics);
             sets.latest.as_ref().map(|latest| latest.clock)
         };
@@ -2236,6 +2395,78 @@ mod tests {
         assert_eq!(workers, vec![0, 1]);
         assert_eq!(metrics.consistent_clock.get(), 30);
         assert!(sets.parts.is_empty(), "older parts are dropped");
+    }
+
+    fn rows(partition: PartitionId, clock: u64, rows: &[(u64, f32)]) -> PartitionImage {
+        PartitionImage {
+            partition,
+            tables: vec![TableImage {
+                table: 0,
+                keys: rows.iter().map(|(k, _)| *k).collect(),
+                data: rows.iter().map(|(_, v)| *v).collect(),
+                state: Vec::new(),
+            }],
+            completed: vec![clock],
+        }
+    }
+
+    #[test]
+    fn background_deltas_apply_to_the_held_copy_then_to_the_latest() {
+        let metrics = RuntimeMetrics::unregistered();
+        let held = vec![rows(0, 10, &[(0, 1.0), (2, 2.0)]), rows(1, 10, &[(1, 3.0)])];
+        let mut sets = CopySets::over(Some((10, Arc::new(held))));
+        assert_eq!(sets.base(), Some(10));
+        // A node whose copy at 12 arrived is asked for the next since 12: that set completes
+        // (and is held) before this one applies.
+        assert_eq!(sets.base_after(Some(12)), Some(12));
+        // 1 node, 2 partitions, 1 worker. Partition 0 changed row 2 and gained row 4;
+        // partition 1 comes whole.
+        let mut add = |clock: u64, parts: Vec<(PartitionImage, Option<u64>)>| {
+            sets.add(
+                1,
+                clock,
+                parts,
+                vec![(0, report(10, 5))],
+                (1, 2, 1),
+                &metrics,
+            );
+            sets.latest.as_ref().map(|l| (l.clock, l.images.clone()))
+        };
+        let (clock, images) = add(
+            15,
+            vec![
+                (rows(0, 15, &[(2, 5.0), (4, 6.0)]), Some(10)),
+                (rows(1, 15, &[(1, 7.0)]), None),
+            ],
+        )
+        .expect("complete");
+        assert_eq!(clock, 15);
+        assert_eq!(images[0], rows(0, 15, &[(0, 1.0), (2, 5.0), (4, 6.0)]));
+        assert_eq!(images[1], rows(1, 15, &[(1, 7.0)]));
+        // The next delta applies to the copy at 15 (one since 10 would too: values are whole).
+        let (_, images) = add(
+            20,
+            vec![
+                (rows(0, 20, &[(0, 8.0)]), Some(15)),
+                (rows(1, 20, &[]), Some(10)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(images[0], rows(0, 20, &[(0, 8.0), (2, 5.0), (4, 6.0)]));
+        assert_eq!(images[1], rows(1, 20, &[(1, 7.0)]));
+        // A delta since a clock after the latest copy would miss rows: the set is not kept.
+        let kept = add(
+            25,
+            vec![(rows(0, 25, &[]), Some(22)), (rows(1, 25, &[]), Some(20))],
+        );
+        assert_eq!(
+            kept.map(|(clock, _)| clock),
+            Some(20),
+            "the set at 25 is dropped"
+        );
+        assert_eq!(sets.base(), Some(20));
+        // After a dropped set the next copy is asked since what is held, not since 25.
+        assert_eq!(sets.base_after(Some(25)), Some(20));
     }
 
     #[test]
@@ -2267,6 +2498,7 @@ mod tests {
             ControlRequest::CopyAt {
                 clock: 5,
                 wait_ms: 10,
+                base: None,
             },
             &[],
         );
@@ -2307,9 +2539,20 @@ mod tests {
         let json = serde_json::to_string(&ControlRequest::CopyAt {
             clock: 15,
             wait_ms: 200,
+            base: Some(10),
         })
         .unwrap();
-        assert_eq!(json, r#"{"copy_at":{"clock":15,"wait_ms":200}}"#);
+        assert_eq!(json, r#"{"copy_at":{"clock":15,"wait_ms":200,"base":10}}"#);
+        // A coordinator from before deltas asks without a base: whole images.
+        assert_eq!(
+            serde_json::from_str::<ControlRequest>(r#"{"copy_at":{"clock":15,"wait_ms":200}}"#)
+                .unwrap(),
+            ControlRequest::CopyAt {
+                clock: 15,
+                wait_ms: 200,
+                base: None
+            }
+        );
         assert_eq!(
             serde_json::from_str::<ControlRequest>(r#""abandon""#).unwrap(),
             ControlRequest::Abandon

@@ -49,7 +49,7 @@ use crate::metrics::RuntimeMetrics;
 use crate::node::{SegmentPlan, ServerHandle, WorkerPool, random_secret};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
-use crate::store::{PartitionImage, PartitionStore, ServerState, StoreError};
+use crate::store::{BackupCopy, PartitionImage, PartitionStore, ServerState, StoreError};
 use crate::worker::{ClockGate, JobConfig, WorkerReport};
 
 /// Transient:reliable ratios above which the next stage is used (seed 003: 1 and 15).
@@ -657,6 +657,10 @@ pub struct SegmentSpec {
     /// Clocks in `(first, end]` at which a fleet that [`Fleet::streams_backups`] copies every
     /// partition to the BackupPSs in the background while workers go on (ascending).
     pub backup_clocks: Vec<u64>,
+    /// The BackupPS copy the controller holds as the segment starts (its clock and every
+    /// partition's image): a fleet whose background copies are coalesced deltas applies the
+    /// first of them to it.
+    pub held_backup: Option<(u64, Arc<Vec<PartitionImage>>)>,
 }
 
 /// What a segment did: where it ended and, per logical worker, its report.
@@ -1203,10 +1207,11 @@ impl BackupCopier<'_> {
             for (node, state) in self.servers {
                 for partition in state.hosted() {
                     // However long the clocks take: the end of the segment disarms the wait.
+                    // In process a copy is a whole image (memory, not network).
                     let image = loop {
                         match state.wait_backup_blocking(partition, clock, self.wait) {
                             Err(StoreError::WaitClock { .. }) => continue,
-                            other => break other,
+                            other => break other.map(BackupCopy::into_image),
                         }
                     };
                     match image {
@@ -1922,6 +1927,7 @@ fn run_boundary(
         worker_nodes: layout.worker_nodes.clone(),
         carried,
         backup_clocks,
+        held_backup: Some((controller.backup_clock, controller.backup.clone())),
     };
     let interrupt = &arrivals.interrupt;
     interrupt.reset();

@@ -35,6 +35,9 @@ pub struct ExactConfig {
     /// Simulated compute time per clock (each worker sleeps this long every clock), so tests can
     /// make membership change while a run is in progress.
     pub clock_delay: std::time::Duration,
+    /// Row `key` changes only at clocks `c` with `(key + c) % update_period == 0` (1: every
+    /// clock): a sparse job, whose BackupPS deltas hold only some rows.
+    pub update_period: u64,
 }
 
 impl Default for ExactConfig {
@@ -47,6 +50,7 @@ impl Default for ExactConfig {
             clocks: 10,
             staleness: 0,
             clock_delay: std::time::Duration::ZERO,
+            update_period: 1,
         }
     }
 }
@@ -88,6 +92,23 @@ impl ExactApp {
         self
     }
 
+    /// What `worker` adds to one value at `clock`: [`amount`], or 0 at a clock where the row
+    /// does not change (`ExactConfig::update_period`).
+    pub fn amount(
+        &self,
+        worker: usize,
+        clock: u64,
+        table: TableId,
+        key: u64,
+        column: usize,
+    ) -> u32 {
+        let period = self.config.update_period.max(1);
+        if (key + clock) % period != 0 {
+            return 0;
+        }
+        amount(worker, clock, table, key, column)
+    }
+
     /// Whether worker `worker` of `num_workers` touches `key`.
     fn touches(&self, worker: usize, num_workers: usize, key: u64) -> bool {
         key < self.config.shared_rows || key % num_workers as u64 == worker as u64
@@ -95,6 +116,7 @@ impl ExactApp {
 
     /// Sum of the amounts of `workers` over `clocks` for one value.
     fn sum(
+        &self,
         workers: impl Iterator<Item = usize> + Clone,
         clocks: std::ops::Range<u64>,
         table: TableId,
@@ -105,7 +127,7 @@ impl ExactApp {
             .flat_map(|clock| {
                 workers
                     .clone()
-                    .map(move |worker| u64::from(amount(worker, clock, table, key, column)))
+                    .map(move |worker| u64::from(self.amount(worker, clock, table, key, column)))
             })
             .sum()
     }
@@ -113,7 +135,7 @@ impl ExactApp {
     /// The exact final value of one cell after `clocks` clocks of `num_workers` workers.
     pub fn expected(&self, num_workers: usize, table: TableId, key: u64, column: usize) -> u64 {
         let workers = (0..num_workers).filter(|&w| self.touches(w, num_workers, key));
-        Self::sum(workers, 0..self.config.clocks, table, key, column)
+        self.sum(workers, 0..self.config.clocks, table, key, column)
     }
 }
 
@@ -213,8 +235,9 @@ impl ExactWorker {
                 let row = cache.row(table, self.slots[table as usize][index]);
                 for (column, value) in row.iter().enumerate() {
                     let lower =
-                        ExactApp::sum(everyone.clone(), 0..others_complete, table, key, column)
-                            + ExactApp::sum(
+                        self.app
+                            .sum(everyone.clone(), 0..others_complete, table, key, column)
+                            + self.app.sum(
                                 std::iter::once(self.worker),
                                 others_complete..clock,
                                 table,
@@ -223,7 +246,7 @@ impl ExactWorker {
                             );
                     // Another worker may have finished clocks up to `t + s` (it starts clock `t + s` as
                     // soon as this worker finished `t - 1`); under BSP nothing of clock `t`.
-                    let upper = ExactApp::sum(
+                    let upper = self.app.sum(
                         everyone.clone(),
                         0..if staleness == 0 {
                             clock
@@ -276,7 +299,7 @@ impl AppWorker for ExactWorker {
             for (index, &key) in self.keys.iter().enumerate() {
                 let row = cache.row_mut(table, self.slots[table as usize][index]);
                 for (column, value) in row.iter_mut().enumerate() {
-                    *value += amount(self.worker, clock, table, key, column) as f32;
+                    *value += self.app.amount(self.worker, clock, table, key, column) as f32;
                 }
                 updates += 1;
             }

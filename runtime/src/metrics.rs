@@ -49,6 +49,11 @@ pub struct RuntimeMetrics {
     /// outcome (`opened`; `taken` by the worker at the switch; `closed` unused, the node having
     /// left or the run ended first).
     pub pre_opened_connections: IntCounterVec,
+    /// Parameter bytes (row values) of background BackupPS copies the coordinator received
+    /// from node processes, by kind (`whole` images, coalesced `delta`s).
+    pub backup_copy_bytes: IntCounterVec,
+    /// Partition images of those copies, by the same kinds.
+    pub backup_copy_images: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -153,6 +158,22 @@ impl RuntimeMetrics {
                 ),
                 &["outcome"],
             )?,
+            backup_copy_bytes: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_backup_copy_bytes_total",
+                    "parameter bytes of background BackupPS copies received, by kind (whole, \
+                     delta)",
+                ),
+                &["kind"],
+            )?,
+            backup_copy_images: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_backup_copy_images_total",
+                    "partition images of background BackupPS copies received, by kind (whole, \
+                     delta)",
+                ),
+                &["kind"],
+            )?,
         };
         registry.register(Box::new(metrics.iterations.clone()))?;
         registry.register(Box::new(metrics.stage.clone()))?;
@@ -165,6 +186,8 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.pre_opened_connections.clone()))?;
+        registry.register(Box::new(metrics.backup_copy_bytes.clone()))?;
+        registry.register(Box::new(metrics.backup_copy_images.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;

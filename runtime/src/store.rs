@@ -250,6 +250,12 @@ impl PartitionImage {
     }
 }
 
+/// The `TableRows::touched` mark of a push of `clock`: one past it, saturated (a job of
+/// 4 billion clocks marks its later rows as changed at the last one, so deltas still hold them).
+fn touched_mark(clock: u64) -> u32 {
+    u32::try_from(clock.saturating_add(1)).unwrap_or(u32::MAX)
+}
+
 /// One table's rows within a partition.
 #[derive(Debug, Clone)]
 struct TableRows {
@@ -259,6 +265,9 @@ struct TableRows {
     data: Vec<f32>,
     /// Optimizer state, same layout as `data` (empty if the optimizer has none).
     state: Vec<f32>,
+    /// Per row: one past the latest clock whose push changed it (0: none since the store's
+    /// `floor`). What a BackupPS delta copy ([`BackupCopy::since`]) selects rows by.
+    touched: Vec<u32>,
 }
 
 impl TableRows {
@@ -278,6 +287,7 @@ impl TableRows {
         if with_state {
             self.state.resize(start + width, 0.0);
         }
+        self.touched.push(0);
         self.index.insert(key, row);
         row
     }
@@ -300,8 +310,164 @@ enum Backup {
         clock: u64,
         shadow: Option<Box<PartitionStore>>,
     },
-    /// The partition's image at exactly `clock`.
-    Ready { clock: u64, image: PartitionImage },
+    /// The partition's copy at exactly `clock`.
+    Ready { clock: u64, copy: BackupCopy },
+}
+
+/// A BackupPS copy of a partition at a clock: its whole image, and per row the clock that last
+/// changed it, from which [`BackupCopy::since`] makes the coalesced delta a BackupPS needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackupCopy {
+    image: PartitionImage,
+    /// Per table, per row (image order): one past the latest clock whose push changed it.
+    touched: Vec<Vec<u32>>,
+    /// Pushes of this clock and later were all tracked in `touched`.
+    floor: u64,
+}
+
+impl BackupCopy {
+    /// The whole image.
+    pub fn into_image(self) -> PartitionImage {
+        self.image
+    }
+
+    /// What a BackupPS that holds the partition at clock `base` (or later) needs to hold it at
+    /// this copy's clock: only the rows changed by pushes of clock `base` or later, with their
+    /// values, optimizer state and every worker's clock count (see [`apply_delta`]). `None`
+    /// (the whole image) if `base` is `None` or earlier than what this copy tracked, e.g. the
+    /// partition was placed here from an image after `base`.
+    pub fn since(self, base: Option<u64>) -> (PartitionImage, Option<u64>) {
+        let Some(base) = base.filter(|&b| b >= self.floor && b <= self.image.visible_clock())
+        else {
+            return (self.image, None);
+        };
+        let mut image = self.image;
+        for (table, touched) in image.tables.iter_mut().zip(&self.touched) {
+            let width = if table.keys.is_empty() {
+                0
+            } else {
+                table.data.len() / table.keys.len()
+            };
+            let keep = |row: usize| u64::from(touched[row]) > base;
+            let rows: Vec<usize> = (0..table.keys.len()).filter(|&r| keep(r)).collect();
+            if rows.len() == table.keys.len() {
+                continue;
+            }
+            let pick = |values: &[f32]| -> Vec<f32> {
+                if values.is_empty() {
+                    return Vec::new();
+                }
+                rows.iter()
+                    .flat_map(|&r| &values[r * width..(r + 1) * width])
+                    .copied()
+                    .collect()
+            };
+            table.data = pick(&table.data);
+            table.state = pick(&table.state);
+            table.keys = rows.iter().map(|&r| table.keys[r]).collect();
+        }
+        (image, Some(base))
+    }
+}
+
+/// Applies a delta copy (see [`BackupCopy::since`]) to `held`, the same partition's image at
+/// a clock from the delta's base up to its clock: its rows replace or join `held`'s, and its
+/// clock counts become `held`'s. The values are absolute, so a delta taken since an earlier
+/// base applies just as well (rows that did not change since `held` are rewritten unchanged).
+pub fn apply_delta(
+    held: &mut PartitionImage,
+    base: u64,
+    delta: PartitionImage,
+) -> Result<(), StoreError> {
+    let partition = delta.partition;
+    let misfit = |reason: String| StoreError::RestoreImage { partition, reason };
+    if held.visible_clock() < base {
+        return Err(misfit(format!(
+            "a delta since clock {base} for a copy held at clock {}",
+            held.visible_clock()
+        )));
+    }
+    if held.completed.len() != delta.completed.len() {
+        return Err(misfit(format!(
+            "{} workers' clocks in the delta, {} held",
+            delta.completed.len(),
+            held.completed.len()
+        )));
+    }
+    if held.partition != partition {
+        return Err(misfit(format!(
+            "a delta of partition {partition} for partition {}",
+            held.partition
+        )));
+    }
+    if held.tables.len() != delta.tables.len() {
+        return Err(misfit(format!(
+            "{} tables in the delta, {} held",
+            delta.tables.len(),
+            held.tables.len()
+        )));
+    }
+    if held.visible_clock() > delta.visible_clock() {
+        return Err(misfit(format!(
+            "the delta is at clock {}, behind the held copy at {}",
+            delta.visible_clock(),
+            held.visible_clock()
+        )));
+    }
+    for (to, from) in held.tables.iter_mut().zip(delta.tables) {
+        if to.table != from.table {
+            return Err(misfit(format!(
+                "table {} where {} is held",
+                from.table, to.table
+            )));
+        }
+        if from.keys.is_empty() {
+            continue;
+        }
+        let width = from.data.len() / from.keys.len();
+        let consistent = width > 0
+            && from.data.len() == from.keys.len() * width
+            && (to.keys.is_empty() || to.data.len() == to.keys.len() * width)
+            && (from.state.is_empty() || from.state.len() == from.data.len())
+            && from.state.is_empty() == to.state.is_empty();
+        if !consistent {
+            return Err(misfit(format!(
+                "table {}: {} keys, {} values, {} state values do not fit the held {} keys, {} \
+                 values, {} state values",
+                from.table,
+                from.keys.len(),
+                from.data.len(),
+                from.state.len(),
+                to.keys.len(),
+                to.data.len(),
+                to.state.len()
+            )));
+        }
+        let index: HashMap<u64, usize> = to.keys.iter().enumerate().map(|(r, &k)| (k, r)).collect();
+        for (r, &key) in from.keys.iter().enumerate() {
+            let values = &from.data[r * width..(r + 1) * width];
+            let state = if from.state.is_empty() {
+                &[][..]
+            } else {
+                &from.state[r * width..(r + 1) * width]
+            };
+            match index.get(&key) {
+                Some(&at) => {
+                    to.data[at * width..(at + 1) * width].copy_from_slice(values);
+                    if !state.is_empty() {
+                        to.state[at * width..(at + 1) * width].copy_from_slice(state);
+                    }
+                }
+                None => {
+                    to.keys.push(key);
+                    to.data.extend_from_slice(values);
+                    to.state.extend_from_slice(state);
+                }
+            }
+        }
+    }
+    held.completed = delta.completed;
+    Ok(())
 }
 
 impl Backup {
@@ -329,6 +495,8 @@ pub struct PartitionStore {
     read_clock: Vec<Option<u64>>,
     /// BackupPS copies armed at clocks ahead, in clock order.
     backups: Vec<Backup>,
+    /// Every push of this clock or later marked the rows it changed (`TableRows::touched`).
+    floor: u64,
 }
 
 /// Whether a push may be applied now.
@@ -361,6 +529,7 @@ impl PartitionStore {
                 keys: Vec::new(),
                 data: Vec::new(),
                 state: Vec::new(),
+                touched: Vec::new(),
             })
             .collect();
         Self {
@@ -375,6 +544,7 @@ impl PartitionStore {
             strict,
             read_clock: vec![None; num_workers as usize],
             backups: Vec::new(),
+            floor: 0,
         }
     }
 
@@ -532,7 +702,7 @@ impl PartitionStore {
         values: &[f32],
     ) -> Result<(PushOutcome, bool), StoreError> {
         self.push_le_or_f32(worker, clock, values.len(), |store, w| {
-            store.apply(w, values)
+            store.apply(w, clock, values)
         })
     }
 
@@ -544,7 +714,7 @@ impl PartitionStore {
         bytes: &[u8],
     ) -> Result<(PushOutcome, bool), StoreError> {
         self.push_le_or_f32(worker, clock, bytes.len() / 4, |store, w| {
-            store.apply_le(w, bytes)
+            store.apply_le(w, clock, bytes)
         })
     }
 
@@ -626,8 +796,8 @@ impl PartitionStore {
                 continue;
             };
             let clock = *clock;
-            let image = match shadow.take() {
-                Some(shadow) if shadow.visible_clock >= clock => shadow.into_image(),
+            let copy = match shadow.take() {
+                Some(shadow) if shadow.visible_clock >= clock => shadow.into_copy(),
                 Some(shadow) => {
                     *backup = Backup::Pending {
                         clock,
@@ -635,10 +805,10 @@ impl PartitionStore {
                     };
                     continue;
                 }
-                None if self.visible_clock >= clock => self.image(),
+                None if self.visible_clock >= clock => self.copy(),
                 None => continue,
             };
-            *backup = Backup::Ready { clock, image };
+            *backup = Backup::Ready { clock, copy };
         }
         self.backups = backups;
     }
@@ -657,6 +827,7 @@ impl PartitionStore {
             strict: self.strict,
             read_clock: self.read_clock.clone(),
             backups: Vec::new(),
+            floor: self.floor,
         }
     }
 
@@ -700,14 +871,14 @@ impl PartitionStore {
     }
 
     /// Takes the ready BackupPS copy at `clock` (and drops any of earlier clocks).
-    pub fn take_backup(&mut self, clock: u64) -> Option<PartitionImage> {
+    pub fn take_backup(&mut self, clock: u64) -> Option<BackupCopy> {
         let at = self
             .backups
             .iter()
             .position(|b| matches!(b, Backup::Ready { clock: c, .. } if *c == clock))?;
         let mut taken = self.backups.drain(..=at);
         match taken.next_back() {
-            Some(Backup::Ready { image, .. }) => Some(image),
+            Some(Backup::Ready { copy, .. }) => Some(copy),
             _ => None,
         }
     }
@@ -718,11 +889,12 @@ impl PartitionStore {
         self.backups.retain(|b| b.clock() < from);
     }
 
-    fn apply_le(&mut self, w: usize, bytes: &[u8]) {
+    fn apply_le(&mut self, w: usize, clock: u64, bytes: &[u8]) {
         let Some(batch) = self.batches[w].as_ref() else {
             return;
         };
         let optimizer = self.optimizer;
+        let mark = touched_mark(clock);
         let mut delta = [0f32; 64];
         let mut offset = 0;
         for (position, rows) in &batch.segments {
@@ -730,12 +902,15 @@ impl PartitionStore {
             let width = table.spec.width;
             for &row in rows {
                 let start = row as usize * width;
+                // A stateful rule changes the row even for a zero delta (momentum goes on).
+                let mut changed = !table.state.is_empty();
                 // Decode in small stack chunks: no per-push allocation.
                 let mut column = 0;
                 while column < width {
                     let n = (width - column).min(delta.len());
                     let from = (offset + column) * 4;
                     crate::frame::get_f32s(&bytes[from..from + n * 4], &mut delta[..n]);
+                    changed |= delta[..n].iter().any(|d| *d != 0.0);
                     let values = &mut table.data[start + column..start + column + n];
                     let state = if table.state.is_empty() {
                         &mut [][..]
@@ -745,16 +920,21 @@ impl PartitionStore {
                     optimizer.apply(values, state, &delta[..n]);
                     column += n;
                 }
+                if changed {
+                    let touched = &mut table.touched[row as usize];
+                    *touched = (*touched).max(mark);
+                }
                 offset += width;
             }
         }
     }
 
-    fn apply(&mut self, w: usize, values: &[f32]) {
+    fn apply(&mut self, w: usize, clock: u64, values: &[f32]) {
         let Some(batch) = self.batches[w].as_ref() else {
             return;
         };
         let optimizer = self.optimizer;
+        let mark = touched_mark(clock);
         let mut offset = 0;
         for (position, rows) in &batch.segments {
             let table = &mut self.tables[*position];
@@ -768,6 +948,10 @@ impl PartitionStore {
                 } else {
                     &mut table.state[start..start + width]
                 };
+                if !state.is_empty() || delta.iter().any(|d| *d != 0.0) {
+                    let touched = &mut table.touched[row as usize];
+                    *touched = (*touched).max(mark);
+                }
                 optimizer.apply(&mut table.data[start..start + width], state, delta);
             }
         }
@@ -836,6 +1020,30 @@ impl PartitionStore {
                 })
                 .collect(),
             completed: self.completed,
+        }
+    }
+
+    /// The store as a BackupPS copy, moved out.
+    fn into_copy(mut self) -> BackupCopy {
+        let touched = self
+            .tables
+            .iter_mut()
+            .map(|t| std::mem::take(&mut t.touched))
+            .collect();
+        let floor = self.floor;
+        BackupCopy {
+            image: self.into_image(),
+            touched,
+            floor,
+        }
+    }
+
+    /// A BackupPS copy of the store as it is.
+    fn copy(&self) -> BackupCopy {
+        BackupCopy {
+            image: self.image(),
+            touched: self.tables.iter().map(|t| t.touched.clone()).collect(),
+            floor: self.floor,
         }
     }
 
@@ -921,6 +1129,7 @@ impl PartitionStore {
             tables.push(TableRows {
                 spec: spec.clone(),
                 index,
+                touched: vec![0; table.keys.len()],
                 keys: table.keys,
                 data: table.data,
                 state: table.state,
@@ -928,6 +1137,9 @@ impl PartitionStore {
         }
         let num_workers = image.completed.len();
         let visible_clock = image.completed.iter().copied().min().unwrap_or(0);
+        // Which rows changed before the image is unknown here: a delta copy is taken only
+        // since a clock every worker had pushed when it was taken.
+        let floor = image.completed.iter().copied().max().unwrap_or(0);
         Ok(Self {
             partition,
             num_partitions,
@@ -940,6 +1152,7 @@ impl PartitionStore {
             strict,
             read_clock: vec![None; num_workers],
             backups: Vec::new(),
+            floor,
         })
     }
 }
@@ -1305,7 +1518,7 @@ impl ServerState {
         partition: PartitionId,
         clock: u64,
         timeout: std::time::Duration,
-    ) -> Result<PartitionImage, StoreError> {
+    ) -> Result<BackupCopy, StoreError> {
         self.wait_blocking(
             partition,
             timeout,
@@ -1485,11 +1698,108 @@ mod tests {
         assert_eq!(store.backup_ready(2), Ok(true));
         // Later pushes change the live partition, not the copy.
         store.push(1, 2, &delta(1, 2)).unwrap();
-        let copy = store.take_backup(2).unwrap();
+        let copy = store.take_backup(2).unwrap().into_image();
         assert_eq!(copy, reference.image());
         assert_eq!(copy.visible_clock(), 2);
         assert_ne!(copy, store.image());
         assert_eq!(store.take_backup(2), None);
+    }
+
+    /// A store of 2 workers over `rows` keys of partition 0 under `optimizer`, SSP.
+    fn sparse_store(rows: usize, optimizer: Optimizer) -> (PartitionStore, Vec<u64>) {
+        let keys = keys_of(0, 2, rows);
+        let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, optimizer, false);
+        for worker in 0..2 {
+            store.register(worker, &[(0, keys.clone())]).unwrap();
+        }
+        (store, keys)
+    }
+
+    /// Worker `w`'s push of clock `c` over `rows` rows of width 2: row `r` changes only at
+    /// clocks where `(r + c) % 3 == 0`.
+    fn sparse_push(w: u32, c: u64, rows: usize) -> Vec<f32> {
+        (0..rows)
+            .flat_map(|r| {
+                let v = if (r as u64 + c) % 3 == 0 {
+                    (1 + w) as f32 + c as f32
+                } else {
+                    0.0
+                };
+                [v, v]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_delta_copy_holds_only_the_rows_changed_since_its_base_and_rebuilds_the_whole() {
+        let rows = 6;
+        let (mut store, _) = sparse_store(rows, Optimizer::Add);
+        store.arm_backup(3).unwrap();
+        store.arm_backup(4).unwrap();
+        // Worker 0 runs two clocks ahead (SSP): the copies are forked off before its pushes.
+        for c in 0..6 {
+            store.push(0, c, &sparse_push(0, c, rows)).unwrap();
+            if c >= 1 {
+                store.push(1, c - 1, &sparse_push(1, c - 1, rows)).unwrap();
+            }
+        }
+        let three = store.take_backup(3).unwrap();
+        let four = store.take_backup(4).unwrap();
+        let (whole_three, base) = three.clone().since(None);
+        assert_eq!(base, None);
+        assert_eq!(whole_three.visible_clock(), 3);
+        // Clock 3 changes rows 0 and 3 only.
+        let (delta, base) = four.clone().since(Some(3));
+        assert_eq!(base, Some(3));
+        assert_eq!(delta.tables[0].keys.len(), 2, "{delta:?}");
+        let mut rebuilt = whole_three.clone();
+        apply_delta(&mut rebuilt, 3, delta).unwrap();
+        assert_eq!(rebuilt, four.clone().into_image());
+        // A delta since an earlier base holds more rows and applies just as well.
+        let (wider, _) = four.clone().since(Some(1));
+        assert!(wider.tables[0].keys.len() > 2);
+        let mut rebuilt = whole_three.clone();
+        apply_delta(&mut rebuilt, 1, wider).unwrap();
+        assert_eq!(rebuilt, four.clone().into_image());
+        // Applied to a copy older than its base, a delta would lose rows: refused.
+        let (delta, _) = four.clone().since(Some(4));
+        let mut older = whole_three.clone();
+        assert!(matches!(
+            apply_delta(&mut older, 4, delta),
+            Err(StoreError::RestoreImage { .. })
+        ));
+        // A partition placed from an image at clock 4 knows nothing of earlier changes: a copy
+        // since clock 3 is whole.
+        let mut moved =
+            PartitionStore::from_image(four.into_image(), 2, 2, &spec(), Optimizer::Add, false)
+                .unwrap();
+        moved.arm_backup(4).unwrap();
+        let (copy, base) = moved.take_backup(4).unwrap().since(Some(3));
+        assert_eq!((copy.tables[0].keys.len(), base), (rows, None));
+    }
+
+    #[test]
+    fn a_stateful_optimizer_marks_every_pushed_row_changed() {
+        let rows = 6;
+        let momentum = Optimizer::Momentum {
+            lr: 0.1,
+            momentum: 0.9,
+        };
+        let (mut store, _) = sparse_store(rows, momentum);
+        store.arm_backup(1).unwrap();
+        store.arm_backup(2).unwrap();
+        for c in 0..2 {
+            for w in 0..2 {
+                store.push(w, c, &sparse_push(w, c, rows)).unwrap();
+            }
+        }
+        let one = store.take_backup(1).unwrap().into_image();
+        let (delta, _) = store.take_backup(2).unwrap().since(Some(1));
+        // Clock 1 changes rows 2 and 5, but momentum moves rows 0 and 3 on as well.
+        assert_eq!(delta.tables[0].keys.len(), rows);
+        let mut rebuilt = one;
+        apply_delta(&mut rebuilt, 1, delta.clone()).unwrap();
+        assert_eq!(rebuilt, delta);
     }
 
     #[test]
@@ -1509,9 +1819,9 @@ mod tests {
                 assert_eq!(store.backup_ready(2), Ok(false));
             }
         }
-        let one = store.take_backup(1).unwrap();
+        let one = store.take_backup(1).unwrap().into_image();
         assert_eq!(one.completed, vec![1, 1]);
-        let two = store.take_backup(2).unwrap();
+        let two = store.take_backup(2).unwrap().into_image();
         assert_eq!(two.completed, vec![2, 2]);
         // Clock 0 gives 100 + 200, clock 1 adds 101 + 201.
         assert_eq!(two.tables[0].data, vec![602.0; 4]);
@@ -1537,7 +1847,7 @@ mod tests {
         // Arming the current boundary of a quiet partition is ready at once.
         let mut quiet = two_workers(true);
         quiet.arm_backup(0).unwrap();
-        assert_eq!(quiet.take_backup(0).unwrap(), quiet.image());
+        assert_eq!(quiet.take_backup(0).unwrap().into_image(), quiet.image());
     }
 
     #[test]

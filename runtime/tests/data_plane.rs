@@ -29,6 +29,7 @@ fn exact_job(workers: usize, staleness: u64) -> (ExactApp, JobConfig) {
         clocks,
         staleness,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     });
     let config = JobConfig {
         clocks,

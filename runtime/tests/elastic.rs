@@ -35,6 +35,7 @@ fn exact(staleness: u64, clocks: u64) -> ExactApp {
         clocks,
         staleness,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     })
 }
 

@@ -28,6 +28,8 @@ struct Job {
     staleness: u64,
     partitions: u32,
     workers: usize,
+    /// A row changes every this many clocks (`ExactConfig::update_period`).
+    update_period: u64,
 }
 
 impl Job {
@@ -46,6 +48,8 @@ impl Job {
             &self.partitions.to_string(),
             "--job-workers",
             &self.workers.to_string(),
+            "--exact-update-period",
+            &self.update_period.to_string(),
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -54,10 +58,14 @@ impl Job {
 
     /// The id `ebbflow-runtime` derives from [`Job::flags`] (exact app defaults).
     fn id(&self) -> String {
-        format!(
+        let id = format!(
             "exact clocks={} staleness={} partitions={} workers={} optimizer=Add rows=64 width=4 tables=2 shared=4 clock_ms={CLOCK_MS}",
             self.clocks, self.staleness, self.partitions, self.workers
-        )
+        );
+        match self.update_period {
+            1 => id,
+            period => format!("{id} update_period={period}"),
+        }
     }
 
     fn app(&self) -> ExactApp {
@@ -69,6 +77,7 @@ impl Job {
             clocks: self.clocks,
             staleness: self.staleness,
             clock_delay: Duration::from_millis(CLOCK_MS),
+            update_period: self.update_period,
         })
     }
 }
@@ -256,6 +265,7 @@ fn node_processes_join_leave_and_die_and_the_table_is_exact() {
         staleness: 1,
         partitions: 8,
         workers: 4,
+        update_period: 1,
     };
     let (url, coordinator) = coordinator(&job, 1, 5);
     let mut r0 = node(&job, &url, "r0", false, 30);
@@ -331,6 +341,7 @@ fn a_notice_too_late_rolls_back_and_stays_exact() {
         staleness: 0,
         partitions: 6,
         workers: 3,
+        update_period: 1,
     };
     let (url, coordinator) = coordinator(&job, 1, 4);
     let mut r0 = node(&job, &url, "r0", false, 30);
@@ -364,6 +375,7 @@ fn a_node_started_for_another_job_is_refused() {
         staleness: 0,
         partitions: 2,
         workers: 1,
+        update_period: 1,
     };
     let (url, coordinator) = coordinator(&job, 1, 5);
     let other = Job { clocks: 60, ..job };
@@ -390,6 +402,7 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
         staleness: 0,
         partitions: 6,
         workers: 3,
+        update_period: 1,
     };
     let registry = prometheus::Registry::new();
     let (url, coordinator) =
@@ -486,6 +499,7 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
         staleness: 1,
         partitions: 8,
         workers: 4,
+        update_period: 1,
     };
     let registry = prometheus::Registry::new();
     let (url, coordinator) = coordinator_with(
@@ -597,7 +611,15 @@ fn a_partial_eviction_moves_partitions_straight_between_nodes() {
 
 #[test]
 fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy() {
-    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(2, 2);
+    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(2, 2, 1);
+}
+
+/// A sparse job (each row changes every 20th clock, copies every 5): the ActivePSs send
+/// coalesced deltas, about a quarter of each partition, and the coordinator rebuilds whole
+/// copies from them, which the rollback then restores exactly.
+#[test]
+fn background_copies_of_a_sparse_job_are_deltas_and_a_rollback_to_them_is_exact() {
+    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(2, 2, 20);
 }
 
 /// Stage 1 (one reliable, one transient node: every partition on the reliable node) copies in
@@ -605,7 +627,7 @@ fn background_copies_keep_training_and_a_failure_rolls_back_only_to_the_last_cop
 /// transient node's workers rolls back only to the last copy, not to the segment's start.
 #[test]
 fn stage_one_reports_progress_within_a_segment_and_a_failure_rolls_back_only_to_the_last_copy() {
-    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(1, 1);
+    copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(1, 1, 1);
 }
 
 /// With `transient` transient nodes beside one reliable one, the job reaches `stage`; its
@@ -614,14 +636,18 @@ fn stage_one_reports_progress_within_a_segment_and_a_failure_rolls_back_only_to_
 fn copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(
     transient_nodes: usize,
     stage: u8,
+    update_period: u64,
 ) {
     let job = Job {
         clocks: 400,
         staleness: 1,
         partitions: 6,
         workers: 3,
+        update_period,
     };
-    let (url, coordinator) = coordinator(&job, 1, 5);
+    let registry = prometheus::Registry::new();
+    let timeout = HeartbeatConfig::default().timeout;
+    let (url, coordinator) = coordinator_with(&job, 1, 5, timeout, registry.clone());
     let mut r0 = node(&job, &url, "r0", false, 30);
     let mut survivors = vec![];
     for t in 0..transient_nodes {
@@ -666,6 +692,35 @@ fn copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(
         .filter(|&c| report.run.clock_stats[c].updates == 0)
         .collect();
     assert!(missing.is_empty(), "clocks without results: {missing:?}");
+    // Copies since the copy the coordinator holds are deltas of the rows changed since; a
+    // partition placed after it (the first layout, a migration, a restore) comes whole.
+    let copy = |name: &str, kind: &str| counter(&registry, name, kind);
+    let bytes = "ebbflow_runtime_backup_copy_bytes_total";
+    let images = "ebbflow_runtime_backup_copy_images_total";
+    let deltas = copy(images, "delta");
+    assert!(deltas > 0.0, "no delta copies");
+    // A whole partition: 64 rows x 4 values x 4 bytes x 2 tables over 6 partitions.
+    let whole = 64.0 * 4.0 * 4.0 * 2.0 / 6.0;
+    let per_delta = copy(bytes, "delta") / deltas;
+    eprintln!(
+        "update period {update_period}: {deltas} delta images of {per_delta:.0} bytes on average, \
+         {} whole images of {:.0}, for {whole:.0}-byte partitions",
+        copy(images, "whole"),
+        copy(bytes, "whole") / copy(images, "whole").max(1.0)
+    );
+    if update_period == 20 {
+        // Between copies 5 clocks apart a quarter of the rows change.
+        assert!(
+            per_delta < 0.35 * whole,
+            "{per_delta} bytes per delta of a {whole}-byte partition"
+        );
+    } else {
+        // Every row changes every clock: a delta is the whole partition.
+        assert!(
+            per_delta > 0.9 * whole,
+            "{per_delta} bytes per delta of a {whole}-byte partition"
+        );
+    }
     for child in std::iter::once(&mut r0).chain(&mut survivors) {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");

@@ -66,6 +66,7 @@ fn exact_app_over_node_processes_matches_single_process() {
             clocks: 6,
             staleness,
             clock_delay: std::time::Duration::ZERO,
+            update_period: 1,
         });
         let local = run_single_process(&app, &config, &RuntimeMetrics::unregistered()).unwrap();
         assert_eq!(cluster.param_sum, local.param_sum);

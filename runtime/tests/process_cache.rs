@@ -29,6 +29,7 @@ fn exact_app(clocks: u64, staleness: u64) -> ExactApp {
         clocks,
         staleness,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     })
 }
 

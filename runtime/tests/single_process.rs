@@ -16,6 +16,7 @@ fn job(workers: usize, staleness: u64, clocks: u64) -> (ExactApp, JobConfig) {
         clocks,
         staleness,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     });
     let config = JobConfig {
         clocks,

@@ -291,6 +291,7 @@ fn calibration_app() -> ExactApp {
         clocks: CALIBRATION_CLOCKS,
         staleness: 0,
         clock_delay: Duration::from_millis(10),
+        update_period: 1,
     })
 }
 

@@ -64,6 +64,7 @@ fn drive_runtime(metrics: &RuntimeMetrics) -> Result<(), BoxError> {
         clocks,
         staleness: 1,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     });
     let config = ElasticConfig {
         job: JobConfig {

@@ -314,6 +314,7 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
         clocks,
         staleness: 0,
         clock_delay: std::time::Duration::ZERO,
+        update_period: 1,
     });
     let config = ElasticConfig {
         job: JobConfig {

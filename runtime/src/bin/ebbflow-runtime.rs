@@ -239,6 +239,9 @@ fn job_id(job: &JobArgs, elastic: &ElasticArgs, app: &AppArgs) -> String {
             " rows={} width={} tables={} shared={} clock_ms={}",
             app.exact_rows, app.exact_width, app.exact_tables, app.exact_shared, app.exact_clock_ms
         ));
+        if app.exact_update_period != 1 {
+            id.push_str(&format!(" update_period={}", app.exact_update_period));
+        }
     }
     id
 }
@@ -291,6 +294,9 @@ struct AppArgs {
     /// exact: simulated compute milliseconds per clock.
     #[arg(long, default_value_t = 0)]
     exact_clock_ms: u64,
+    /// exact: a row changes only at clocks `c` with `(row + c) % N == 0` (1: every clock).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    exact_update_period: u64,
 }
 
 fn parse_optimizer(text: &str) -> Result<Optimizer, String> {
@@ -328,6 +334,7 @@ fn exact_app(args: &AppArgs, clocks: u64, staleness: u64) -> anyhow::Result<Exac
         clocks,
         staleness,
         clock_delay: Duration::from_millis(args.exact_clock_ms),
+        update_period: args.exact_update_period,
     }))
 }
 
