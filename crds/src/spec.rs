@@ -748,8 +748,9 @@ pub struct ElasticitySpec {
     #[schemars(range(min = 1, max = 4096))]
     pub partitions: Option<u32>,
 
-    /// How often ActivePSs stream coalesced deltas to their BackupPSs (e.g. 5s); default at
-    /// every iteration (clock) boundary.
+    /// How often ActivePSs send their BackupPSs coalesced deltas (the rows changed since the
+    /// last copy), e.g. 5s: converted to iterations at the measured time per iteration. A
+    /// failure without notice redoes at most this much work. Default: every 5 iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_flush_interval: Option<DurationString>,
 }

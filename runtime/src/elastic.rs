@@ -153,8 +153,12 @@ pub struct ElasticConfig {
     pub job: JobConfig,
     /// Stage thresholds.
     pub thresholds: StageThresholds,
-    /// Clocks between ActivePS → BackupPS copies (the most a failure can cost).
+    /// Clocks between ActivePS → BackupPS copies (the most a failure can cost), and between
+    /// checks whether joined nodes are ready.
     pub backup_every: u64,
+    /// Time between ActivePS → BackupPS copies instead: converted to clocks at the time per
+    /// clock measured in the last segment (`backup_every` until there is one).
+    pub backup_interval: Option<Duration>,
     /// Reliable (on-demand) nodes; they stay for the whole job.
     pub reliable: Vec<String>,
     /// Transient (spot) nodes present at the start.
@@ -385,6 +389,21 @@ struct Controller<'a> {
     metrics: &'a RuntimeMetrics,
     /// A stop event was applied.
     stopped: bool,
+    /// Wall time per clock of the last segment that ran any (its setup and teardown left out).
+    seconds_per_clock: Option<f64>,
+}
+
+/// Clocks between BackupPS copies: `backup_every`, or `backup_interval` at the measured time
+/// per clock (at least 1 clock; a clock of 0 s counts as 1 µs).
+fn copy_every(config: &ElasticConfig, seconds_per_clock: Option<f64>) -> u64 {
+    match (config.backup_interval, seconds_per_clock) {
+        (Some(interval), Some(per_clock)) => {
+            let clocks = (interval.as_secs_f64() / per_clock.max(1e-6)).ceil();
+            // Saturates: an interval of years at microsecond clocks is "never" in u64 clocks.
+            (clocks as u64).max(1)
+        }
+        _ => config.backup_every,
+    }
 }
 
 fn empty_image(
@@ -1411,6 +1430,7 @@ fn run_controller<A: App>(
         layout: None,
         epochs: vec![0; job.partitions as usize],
         stopped: false,
+        seconds_per_clock: None,
         report: ElasticReport {
             run: RunReport::default(),
             segments: Vec::new(),
@@ -1820,7 +1840,8 @@ fn run_boundary(
     // others, so a failure still rolls back to a copy; and the copy's clock is the job's
     // reported progress (without one, a stage-1 segment across node processes would show none
     // until the next event).
-    let next_backup = controller.backup_clock + config.backup_every;
+    let every = copy_every(config, controller.seconds_per_clock);
+    let next_backup = controller.backup_clock.saturating_add(every);
     // A fleet that copies to the BackupPSs in the background runs until the next event (or its
     // last armed copy, below); any other ends the segment at the next copy point and copies at
     // the boundary.
@@ -1838,10 +1859,10 @@ fn run_boundary(
     };
     let backup_clocks: Vec<u64> = if streams {
         let mut at = next_backup;
-        while at <= clock {
-            at += config.backup_every;
+        if at <= clock {
+            at += (clock - at) / every * every + every;
         }
-        std::iter::successors(Some(at), |c| Some(c + config.backup_every))
+        std::iter::successors(Some(at), |c| c.checked_add(every))
             .take_while(|c| *c <= end)
             .take(MAX_COPIES_PER_SEGMENT)
             .collect()
@@ -1973,13 +1994,19 @@ fn run_boundary(
     // Stage 1 copies in the background as the other stages do, so a boundary (a join that
     // starts stage 2, say) copies only when the last copy is `backup_every` clocks old: the
     // rank-1000 fig. 4.15 join spent 5-8 ms here copying every parameter at the switch.
-    if end - controller.backup_clock >= config.backup_every {
+    if end - controller.backup_clock >= every {
         // ActivePS → BackupPS: the consistent copy at this boundary.
         controller.images = Arc::new(gather_images(fleet, job.partitions)?);
         controller.sync_backup();
     }
     metrics.consistent_clock.set(end as i64);
     let (reliable_nodes, transient_nodes) = controller.tiers();
+    let teardown_seconds = teardown_start.elapsed().as_secs_f64();
+    let seconds = segment_start.elapsed().as_secs_f64();
+    if end > clock {
+        let running = (seconds - setup_seconds - teardown_seconds).max(0.0);
+        controller.seconds_per_clock = Some(running / (end - clock) as f64);
+    }
     controller.report.segments.push(SegmentRecord {
         first_clock: clock,
         end_clock: end,
@@ -1989,9 +2016,9 @@ fn run_boundary(
         servers: layout.servers.len(),
         worker_nodes: layout.worker_nodes.len(),
         partitions_moved: moved,
-        seconds: segment_start.elapsed().as_secs_f64(),
+        seconds,
         setup_seconds,
-        teardown_seconds: teardown_start.elapsed().as_secs_f64(),
+        teardown_seconds,
         shards,
     });
     controller.layout = Some(layout);
@@ -2107,6 +2134,7 @@ mod tests {
             },
             thresholds: StageThresholds::default(),
             backup_every: 5,
+            backup_interval: None,
             reliable: vec!["r0".into()],
             transient: Vec::new(),
         };
@@ -2124,6 +2152,35 @@ mod tests {
         )
         .expect_err("no segment ever finishes");
         (fleet, error)
+    }
+
+    #[test]
+    fn a_copy_interval_in_time_is_converted_at_the_measured_time_per_clock() {
+        let mut config = ElasticConfig {
+            job: JobConfig::default(),
+            thresholds: StageThresholds::default(),
+            backup_every: 5,
+            backup_interval: None,
+            reliable: Vec::new(),
+            transient: Vec::new(),
+        };
+        assert_eq!(
+            copy_every(&config, Some(0.01)),
+            5,
+            "no interval: backup_every"
+        );
+        config.backup_interval = Some(Duration::from_secs(2));
+        assert_eq!(copy_every(&config, None), 5, "nothing measured yet");
+        assert_eq!(copy_every(&config, Some(0.01)), 200);
+        assert_eq!(copy_every(&config, Some(0.3)), 7, "rounded up");
+        assert_eq!(copy_every(&config, Some(5.0)), 1, "at least every clock");
+        assert_eq!(
+            copy_every(&config, Some(0.0)),
+            2_000_000,
+            "a 0 s clock counts as 1 us"
+        );
+        config.backup_interval = Some(Duration::from_secs(u64::MAX));
+        assert_eq!(copy_every(&config, Some(0.0)), u64::MAX, "saturates");
     }
 
     #[test]

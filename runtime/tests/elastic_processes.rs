@@ -115,6 +115,7 @@ fn coordinator_with(
             },
             thresholds: StageThresholds::default(),
             backup_every,
+            backup_interval: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         },

@@ -328,6 +328,9 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     })
 }
 
+/// Iterations between BackupPS copies when the manifest sets no `backupFlushInterval`.
+pub const DEFAULT_BACKUP_EVERY: u64 = 5;
+
 /// The elastic run a manifest describes (the same for `ebbflow run` and each `ebbflow node`).
 fn elastic_config(job: &TrainingJob) -> ElasticConfig {
     let spec = &job.spec;
@@ -352,7 +355,12 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             stage2_above: spec.elasticity.stage2_ratio,
             stage3_above: spec.elasticity.stage3_ratio,
         },
-        backup_every: 5,
+        backup_every: DEFAULT_BACKUP_EVERY,
+        backup_interval: spec
+            .elasticity
+            .backup_flush_interval
+            .as_ref()
+            .and_then(|interval| interval.to_duration()),
         reliable: (0..spec.reliable.count)
             .map(|i| format!("od-{i}"))
             .collect(),
@@ -1096,5 +1104,26 @@ fn probe_event(event: &ReplayEvent) -> ProbeEvent {
         ReplayEvent::Released { allocation } => ProbeEvent::Released { allocation },
         ReplayEvent::Notice { allocation, .. } => ProbeEvent::Notice { allocation },
         ReplayEvent::Evicted { allocation } => ProbeEvent::Evicted { allocation },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> TrainingJob {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples")
+            .join(name);
+        load_manifest(&path).expect("the example is valid").0
+    }
+
+    #[test]
+    fn the_backup_flush_interval_sets_the_copy_interval_in_time() {
+        let config = elastic_config(&example("lda-reuters.yaml"));
+        assert_eq!(config.backup_interval, Some(Duration::from_secs(5)));
+        let config = elastic_config(&example("quickstart.yaml"));
+        assert_eq!(config.backup_interval, None);
+        assert_eq!(config.backup_every, DEFAULT_BACKUP_EVERY);
     }
 }

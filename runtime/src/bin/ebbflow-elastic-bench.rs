@@ -169,6 +169,7 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         },
         thresholds: StageThresholds::default(),
         backup_every: 5,
+        backup_interval: None,
         reliable: vec!["od-0".into()],
         transient: Vec::new(),
     };
@@ -326,6 +327,7 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
         },
         thresholds: StageThresholds::default(),
         backup_every: 1,
+        backup_interval: None,
         reliable: vec!["od-0".into()],
         transient: names("spot", 0..4),
     };
@@ -389,6 +391,7 @@ fn seconds_per_iteration(
         },
         thresholds: StageThresholds::forced(stage),
         backup_every: args.backup_every,
+        backup_interval: None,
         reliable: names("od", 0..reliable),
         transient: names("spot", 0..transient),
     };

@@ -121,6 +121,10 @@ enum Command {
         /// Clocks between ActivePS -> BackupPS copies (the most a failure can cost).
         #[arg(long, default_value_t = 5)]
         backup_every: u64,
+        /// Milliseconds between ActivePS -> BackupPS copies instead of --backup-every, converted
+        /// to clocks at the time per clock measured in the last segment.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        backup_interval_ms: Option<u64>,
         /// Take the BackupPS copies at segment boundaries (every node stops every
         /// --backup-every clocks) instead of in the background while workers run.
         #[arg(long)]
@@ -444,6 +448,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             reliable_nodes,
             backup_every,
+            backup_interval_ms,
             boundary_copies,
             stage2_above,
             stage3_above,
@@ -465,6 +470,7 @@ fn main() -> anyhow::Result<()> {
                             stage3_above,
                         },
                         backup_every,
+                        backup_interval: backup_interval_ms.map(Duration::from_millis),
                         reliable: Vec::new(),
                         transient: Vec::new(),
                     },
