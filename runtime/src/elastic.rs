@@ -49,7 +49,7 @@ use crate::metrics::RuntimeMetrics;
 use crate::node::{SegmentPlan, ServerHandle, WorkerPool, random_secret};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
-use crate::store::{BackupCopy, PartitionImage, PartitionStore, ServerState, StoreError};
+use crate::store::{PartitionImage, PartitionStore, ServerState, StoreError};
 use crate::worker::{ClockGate, JobConfig, WorkerReport};
 
 /// Transient:reliable ratios above which the next stage is used (seed 003: 1 and 15).
@@ -1118,6 +1118,7 @@ impl Fleet for LocalFleet {
             bandwidths: &self.bandwidths,
             backups: &self.backups,
             wait: self.job.wait_timeout,
+            base: spec.held_backup.as_ref().map(|(clock, _)| *clock),
         };
         let taken_before = self.pre_opened.taken();
         let (outcome, backup) = std::thread::scope(|scope| {
@@ -1168,7 +1169,14 @@ impl Fleet for LocalFleet {
             let these = server.state.images();
             // The copies are sent one after another.
             for image in &these {
-                charge_backup_copy(&self.bandwidths, &self.backups, *node, image);
+                let bytes = image.parameter_bytes();
+                charge_backup_copy(
+                    &self.bandwidths,
+                    &self.backups,
+                    *node,
+                    image.partition,
+                    bytes,
+                );
             }
             images.extend(these);
         }
@@ -1213,6 +1221,8 @@ struct BackupCopier<'a> {
     bandwidths: &'a BTreeMap<NodeId, Arc<NodeBandwidth>>,
     backups: &'a [NodeId],
     wait: Duration,
+    /// The clock of the copy the controller holds: the first copy's deltas are since it.
+    base: Option<u64>,
 }
 
 impl BackupCopier<'_> {
@@ -1221,22 +1231,33 @@ impl BackupCopier<'_> {
     /// segment's end).
     fn run(&self, clocks: &[u64]) -> Option<(u64, Vec<PartitionImage>)> {
         let mut latest = None;
+        let mut base = self.base;
         for &clock in clocks {
             let mut images = Vec::new();
             for (node, state) in self.servers {
                 for partition in state.hosted() {
                     // However long the clocks take: the end of the segment disarms the wait.
-                    // In process a copy is a whole image (memory, not network).
-                    let image = loop {
+                    let copy = loop {
                         match state.wait_backup_blocking(partition, clock, self.wait) {
                             Err(StoreError::WaitClock { .. }) => continue,
-                            other => break other.map(BackupCopy::into_image),
+                            other => break other,
                         }
                     };
-                    match image {
-                        Ok(image) => {
-                            charge_backup_copy(self.bandwidths, self.backups, *node, &image);
-                            images.push(image);
+                    match copy {
+                        Ok(copy) => {
+                            // In process the whole image is at hand; the bandwidth model is
+                            // charged the coalesced delta a node process would send.
+                            let partition = copy.image().partition;
+
+                            let bytes = copy.bytes_since(base);
+                            charge_backup_copy(
+                                self.bandwidths,
+                                self.backups,
+                                *node,
+                                partition,
+                                bytes,
+                            );
+                            images.push(copy.into_image());
                         }
                         Err(error) => {
                             tracing::debug!(clock, partition, %error, "BackupPS copy dropped");
@@ -1247,6 +1268,7 @@ impl BackupCopier<'_> {
             }
             images.sort_by_key(|image| image.partition);
             latest = Some((clock, images));
+            base = Some(clock);
         }
         latest
     }
@@ -1258,15 +1280,15 @@ fn charge_backup_copy(
     bandwidths: &BTreeMap<NodeId, Arc<NodeBandwidth>>,
     backups: &[NodeId],
     node: NodeId,
-    image: &PartitionImage,
+    partition: PartitionId,
+    bytes: usize,
 ) {
-    let Some(backup) = backups.get(image.partition as usize % backups.len().max(1)) else {
+    let Some(backup) = backups.get(partition as usize % backups.len().max(1)) else {
         return;
     };
     if *backup == node {
         return;
     }
-    let bytes = image.parameter_bytes();
     let now = Instant::now();
     let wait = [
         bandwidths

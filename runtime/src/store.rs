@@ -331,14 +331,40 @@ impl BackupCopy {
         self.image
     }
 
+    /// The whole image, borrowed.
+    pub fn image(&self) -> &PartitionImage {
+        &self.image
+    }
+
+    /// `base`, if this copy tracked every change since it.
+    fn tracked(&self, base: Option<u64>) -> Option<u64> {
+        base.filter(|&b| b >= self.floor && b <= self.image.visible_clock())
+    }
+
+    /// Parameter bytes of [`BackupCopy::since`]`(base)`, without making it.
+    pub fn bytes_since(&self, base: Option<u64>) -> usize {
+        let Some(base) = self.tracked(base) else {
+            return self.image.parameter_bytes();
+        };
+        self.image
+            .tables
+            .iter()
+            .zip(&self.touched)
+            .map(|(table, touched)| {
+                let width = table.data.len().checked_div(table.keys.len()).unwrap_or(0);
+                let changed = touched.iter().filter(|&&t| u64::from(t) > base).count();
+                changed * width * 4
+            })
+            .sum()
+    }
+
     /// What a BackupPS that holds the partition at clock `base` (or later) needs to hold it at
     /// this copy's clock: only the rows changed by pushes of clock `base` or later, with their
     /// values, optimizer state and every worker's clock count (see [`apply_delta`]). `None`
     /// (the whole image) if `base` is `None` or earlier than what this copy tracked, e.g. the
     /// partition was placed here from an image after `base`.
     pub fn since(self, base: Option<u64>) -> (PartitionImage, Option<u64>) {
-        let Some(base) = base.filter(|&b| b >= self.floor && b <= self.image.visible_clock())
-        else {
+        let Some(base) = self.tracked(base) else {
             return (self.image, None);
         };
         let mut image = self.image;
@@ -1749,9 +1775,12 @@ mod tests {
         assert_eq!(base, None);
         assert_eq!(whole_three.visible_clock(), 3);
         // Clock 3 changes rows 0 and 3 only.
+        let bytes = four.bytes_since(Some(3));
         let (delta, base) = four.clone().since(Some(3));
         assert_eq!(base, Some(3));
         assert_eq!(delta.tables[0].keys.len(), 2, "{delta:?}");
+        assert_eq!(bytes, delta.parameter_bytes());
+        assert_eq!(four.bytes_since(None), rows * 2 * 4);
         let mut rebuilt = whole_three.clone();
         apply_delta(&mut rebuilt, 3, delta).unwrap();
         assert_eq!(rebuilt, four.clone().into_image());
