@@ -364,9 +364,12 @@ pub struct Hyperparameters {
 pub enum ServerOptimizer {
     /// Add each delta as sent.
     Sgd,
-    /// Heavy-ball momentum (0.9) on the server.
+    /// Heavy-ball momentum 0.9 on the server with step 0.1, so a steady delta moves a row as
+    /// far as sgd would.
     Momentum,
-    /// Per-coordinate AdaGrad step sizes on the server.
+    /// Per-coordinate AdaGrad steps on the server (0.05 times the delta over the root of the
+    /// row's summed squared deltas). On MF it trails sgd (MovieLens 100K test RMSE 0.96 against
+    /// 0.94 after 40 iterations).
     Adagrad,
 }
 

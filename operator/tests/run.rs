@@ -221,6 +221,33 @@ fn a_run_through_evictions_reaches_the_quality_of_a_calm_one() {
     );
 }
 
+/// `spec.stop.targetLoss` stops the run once the coordinator's training loss reaches it, long
+/// before its iterations.
+#[test]
+fn a_run_stops_at_its_target_loss() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let job = manifest(dir.path(), 100_000, 100_000, &p3_trace());
+    let text = std::fs::read_to_string(&job).unwrap().replace(
+        "    iterations: 100000",
+        &format!("    iterations: 100000\n    targetLoss: {TARGET}"),
+    );
+    std::fs::write(&job, text).unwrap();
+    const TARGET: f64 = 0.5;
+    let summary = run(&RunArgs {
+        in_process: true,
+        ..args(job, dir.path().join("out"), 3600.0)
+    })
+    .unwrap();
+    println!(
+        "target loss {TARGET}: stopped at clock {} with loss {:.4}, {:?}",
+        summary.clocks, summary.loss, summary.quality
+    );
+    assert!(summary.stopped_early, "{summary:?}");
+    assert!(summary.clocks < 100_000, "{summary:?}");
+    assert!(summary.loss <= TARGET, "{summary:?}");
+}
+
 #[test]
 fn bad_input_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -36,6 +36,20 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// Heavy-ball momentum 0.9 with step 0.1 (= 1 − momentum): a delta repeated every clock
+    /// moves the row as far as plain addition would, earlier deltas decaying into later steps.
+    pub const MOMENTUM: Optimizer = Optimizer::Momentum {
+        lr: 0.1,
+        momentum: 0.9,
+    };
+
+    /// AdaGrad over the workers' deltas: each coordinate's step is 0.05 times its delta over the
+    /// root of its summed squared deltas.
+    pub const ADAGRAD: Optimizer = Optimizer::AdaGrad {
+        lr: 0.05,
+        eps: 1e-8,
+    };
+
     /// True if the rule keeps one state value per parameter value.
     pub fn has_state(&self) -> bool {
         matches!(self, Optimizer::Momentum { .. } | Optimizer::AdaGrad { .. })

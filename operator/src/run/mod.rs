@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ebbflow_crds::{AppKind, DatasetFormat, TrainingJob};
+use ebbflow_crds::{AppKind, DatasetFormat, ServerOptimizer, TrainingJob};
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig};
 use ebbflow_runtime::data;
@@ -29,6 +29,7 @@ use ebbflow_runtime::elastic::{
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
 use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
 use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::optimizer::Optimizer;
 use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
@@ -328,6 +329,16 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     })
 }
 
+/// The rule servers apply workers' deltas with (`spec.app.serverOptimizer`; default sgd, the
+/// deltas added as sent).
+fn server_optimizer(kind: Option<ServerOptimizer>) -> Optimizer {
+    match kind {
+        None | Some(ServerOptimizer::Sgd) => Optimizer::Add,
+        Some(ServerOptimizer::Momentum) => Optimizer::MOMENTUM,
+        Some(ServerOptimizer::Adagrad) => Optimizer::ADAGRAD,
+    }
+}
+
 /// Iterations between BackupPS copies when the manifest sets no `backupFlushInterval`.
 pub const DEFAULT_BACKUP_EVERY: u64 = 5;
 
@@ -348,6 +359,7 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             staleness: u64::from(spec.consistency.effective_staleness()),
             workers: threads * max_nodes,
             partitions,
+            optimizer: server_optimizer(spec.app.server_optimizer),
             wait_timeout: Duration::from_secs(120),
             ..JobConfig::default()
         },
@@ -542,6 +554,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         workers: config.job.workers as u64,
         clocks,
         wall_limit,
+        target_loss: spec.stop.target_loss,
         budget_total: spec.bidding.budget_total,
         budget_per_hour: spec.bidding.budget_per_hour,
         quiet: args.quiet,
@@ -782,6 +795,8 @@ struct Drive<'a> {
     workers: u64,
     clocks: u64,
     wall_limit: Option<Duration>,
+    /// `spec.stop.targetLoss`: stop once the coordinator's training loss is at or below it.
+    target_loss: Option<f64>,
     budget_total: Option<f64>,
     budget_per_hour: Option<f64>,
     quiet: bool,
@@ -948,9 +963,10 @@ impl Drive<'_> {
             ));
             series.push(point);
             if !stop_sent
-                && self
+                && (self
                     .wall_limit
                     .is_some_and(|limit| started.elapsed() >= limit)
+                    || self.target_loss_reached(&point))
             {
                 let _ = sender.send(ElasticEvent::Stop);
                 stop_sent = true;
@@ -967,6 +983,13 @@ impl Drive<'_> {
                 );
             }
         }
+    }
+
+    /// Whether `point` reports a training loss at or below the spec's target (once some clock
+    /// ran: the loss gauge reads 0 before the first).
+    fn target_loss_reached(&self, point: &TimePoint) -> bool {
+        self.target_loss
+            .is_some_and(|target| point.clock > 0 && point.loss.is_finite() && point.loss <= target)
     }
 
     /// Brings the instances to what the replay's live allocations want (the operator's plan, at
@@ -1125,5 +1148,21 @@ mod tests {
         let config = elastic_config(&example("quickstart.yaml"));
         assert_eq!(config.backup_interval, None);
         assert_eq!(config.backup_every, DEFAULT_BACKUP_EVERY);
+    }
+
+    #[test]
+    fn the_server_optimizer_reaches_the_job() {
+        let mut job = example("quickstart.yaml");
+        assert_eq!(elastic_config(&job).job.optimizer, Optimizer::Add);
+        let movielens = elastic_config(&example("mf-movielens.yaml"));
+        assert_eq!(movielens.job.optimizer, Optimizer::MOMENTUM);
+        for (kind, optimizer) in [
+            (ServerOptimizer::Sgd, Optimizer::Add),
+            (ServerOptimizer::Momentum, Optimizer::MOMENTUM),
+            (ServerOptimizer::Adagrad, Optimizer::ADAGRAD),
+        ] {
+            job.spec.app.server_optimizer = Some(kind);
+            assert_eq!(elastic_config(&job).job.optimizer, optimizer);
+        }
     }
 }
