@@ -1537,15 +1537,8 @@ impl ProcessFleet {
                     match decode_images(&payload).and_then(|images| with_bases(images, bases)) {
                         Ok(images) => {
                             for (image, base) in &images {
-                                let kind = if base.is_some() { "delta" } else { "whole" };
                                 self.metrics
-                                    .backup_copy_bytes
-                                    .with_label_values(&[kind])
-                                    .inc_by(image.parameter_bytes() as u64);
-                                self.metrics
-                                    .backup_copy_images
-                                    .with_label_values(&[kind])
-                                    .inc();
+                                    .count_backup_copy(image.parameter_bytes(), base.is_some());
                             }
                             copies
                                 .lock()

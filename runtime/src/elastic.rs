@@ -1119,6 +1119,7 @@ impl Fleet for LocalFleet {
             backups: &self.backups,
             wait: self.job.wait_timeout,
             base: spec.held_backup.as_ref().map(|(clock, _)| *clock),
+            metrics: &self.metrics,
         };
         let taken_before = self.pre_opened.taken();
         let (outcome, backup) = std::thread::scope(|scope| {
@@ -1223,6 +1224,7 @@ struct BackupCopier<'a> {
     wait: Duration,
     /// The clock of the copy the controller holds: the first copy's deltas are since it.
     base: Option<u64>,
+    metrics: &'a RuntimeMetrics,
 }
 
 impl BackupCopier<'_> {
@@ -1250,6 +1252,8 @@ impl BackupCopier<'_> {
                             let partition = copy.image().partition;
 
                             let bytes = copy.bytes_since(base);
+                            let delta = copy.since_is_delta(base);
+                            self.metrics.count_backup_copy(bytes, delta);
                             charge_backup_copy(
                                 self.bandwidths,
                                 self.backups,

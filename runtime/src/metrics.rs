@@ -49,8 +49,9 @@ pub struct RuntimeMetrics {
     /// outcome (`opened`; `taken` by the worker at the switch; `closed` unused, the node having
     /// left or the run ended first).
     pub pre_opened_connections: IntCounterVec,
-    /// Parameter bytes (row values) of background BackupPS copies the coordinator received
-    /// from node processes, by kind (`whole` images, coalesced `delta`s).
+    /// Parameter bytes (row values) of background BackupPS copies, by kind (`whole` images,
+    /// coalesced `delta`s): received from node processes, or what an in-process fleet's nodes
+    /// would send (its bandwidth model is charged the same).
     pub backup_copy_bytes: IntCounterVec,
     /// Partition images of those copies, by the same kinds.
     pub backup_copy_images: IntCounterVec,
@@ -161,7 +162,7 @@ impl RuntimeMetrics {
             backup_copy_bytes: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_backup_copy_bytes_total",
-                    "parameter bytes of background BackupPS copies received, by kind (whole, \
+                    "parameter bytes of background BackupPS copies sent, by kind (whole, \
                      delta)",
                 ),
                 &["kind"],
@@ -169,7 +170,7 @@ impl RuntimeMetrics {
             backup_copy_images: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_backup_copy_images_total",
-                    "partition images of background BackupPS copies received, by kind (whole, \
+                    "partition images of background BackupPS copies sent, by kind (whole, \
                      delta)",
                 ),
                 &["kind"],
@@ -196,6 +197,16 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.connections_open.clone()))?;
         registry.register(Box::new(metrics.connections_refused.clone()))?;
         Ok(metrics)
+    }
+
+    /// Counts one partition's part of a background BackupPS copy: `bytes` of parameters, sent
+    /// whole or as a coalesced delta.
+    pub fn count_backup_copy(&self, bytes: usize, delta: bool) {
+        let kind = if delta { "delta" } else { "whole" };
+        self.backup_copy_bytes
+            .with_label_values(&[kind])
+            .inc_by(bytes as u64);
+        self.backup_copy_images.with_label_values(&[kind]).inc();
     }
 
     /// Metrics registered on a fresh private registry (tests, benchmarks).

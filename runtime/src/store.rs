@@ -341,6 +341,11 @@ impl BackupCopy {
         base.filter(|&b| b >= self.floor && b <= self.image.visible_clock())
     }
 
+    /// Whether [`BackupCopy::since`]`(base)` is a delta (not the whole image).
+    pub fn since_is_delta(&self, base: Option<u64>) -> bool {
+        self.tracked(base).is_some()
+    }
+
     /// Parameter bytes of [`BackupCopy::since`]`(base)`, without making it.
     pub fn bytes_since(&self, base: Option<u64>) -> usize {
         let Some(base) = self.tracked(base) else {

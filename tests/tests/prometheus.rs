@@ -103,6 +103,11 @@ fn drive_runtime(metrics: &RuntimeMetrics) -> Result<(), BoxError> {
     ];
     let report = run_elastic(&app, &config, &events, metrics)?;
     assert_eq!(report.run.eval.metric("wrong_values"), Some(0.0));
+    // Background BackupPS copies were taken (the "BackupPS copies" panel has data).
+    let copies = &metrics.backup_copy_images;
+    let counted =
+        copies.with_label_values(&["delta"]).get() + copies.with_label_values(&["whole"]).get();
+    assert!(counted > 0, "no background BackupPS copy was counted");
     Ok(())
 }
 
