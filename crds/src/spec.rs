@@ -548,8 +548,9 @@ pub struct BiddingSpec {
     #[schemars(range(min = 0.0, max = 1_000_000.0))]
     pub budget_per_hour: Option<f64>,
 
-    /// Spending cap in USD for the whole job; the job stops with reason BudgetExhausted when
-    /// reached. Must be > 0.
+    /// Spending cap in USD for the whole job, both tiers together. Once it is spent the bidder
+    /// releases transient capacity (decision reason BudgetExhausted) and `ebbflow run` stops
+    /// the job (summary stop_reason budgetTotal). Must be > 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 100_000_000.0))]
     pub budget_total: Option<f64>,

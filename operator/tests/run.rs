@@ -221,31 +221,67 @@ fn a_run_through_evictions_reaches_the_quality_of_a_calm_one() {
     );
 }
 
+/// Runs the quickstart (in process, one trace hour a second) at 100,000 iterations, with `from`
+/// in its manifest replaced by `to`.
+fn run_long_quickstart_with(from: &str, to: &str) -> ebbflow_operator::run::RunSummary {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let job = manifest(dir.path(), 100_000, 100_000, &p3_trace());
+    let text = std::fs::read_to_string(&job).unwrap();
+    assert!(text.contains(from), "the quickstart has {from:?}");
+    std::fs::write(&job, text.replace(from, to)).unwrap();
+    run(&RunArgs {
+        in_process: true,
+        ..args(job, dir.path().join("out"), 3600.0)
+    })
+    .unwrap()
+}
+
 /// `spec.stop.targetLoss` stops the run once the coordinator's training loss reaches it, long
 /// before its iterations.
 #[test]
 fn a_run_stops_at_its_target_loss() {
-    let _alone = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
-    let job = manifest(dir.path(), 100_000, 100_000, &p3_trace());
-    let text = std::fs::read_to_string(&job).unwrap().replace(
-        "    iterations: 100000",
-        &format!("    iterations: 100000\n    targetLoss: {TARGET}"),
-    );
-    std::fs::write(&job, text).unwrap();
     const TARGET: f64 = 0.5;
-    let summary = run(&RunArgs {
-        in_process: true,
-        ..args(job, dir.path().join("out"), 3600.0)
-    })
-    .unwrap();
+    let summary = run_long_quickstart_with(
+        "\n    iterations: 100000\n",
+        &format!("\n    iterations: 100000\n    targetLoss: {TARGET}\n"),
+    );
     println!(
         "target loss {TARGET}: stopped at clock {} with loss {:.4}, {:?}",
         summary.clocks, summary.loss, summary.quality
     );
     assert!(summary.stopped_early, "{summary:?}");
+    assert_eq!(summary.stop_reason.as_deref(), Some("targetLoss"));
     assert!(summary.clocks < 100_000, "{summary:?}");
     assert!(summary.loss <= TARGET, "{summary:?}");
+}
+
+/// `spec.bidding.budgetTotal` stops the run once both tiers together spent it.
+#[test]
+fn a_run_stops_when_its_total_budget_is_spent() {
+    const BUDGET: f64 = 2.0;
+    let summary = run_long_quickstart_with(
+        "\n  bidding:\n",
+        &format!("\n  bidding:\n    budgetTotal: {BUDGET}\n"),
+    );
+    println!(
+        "budget ${BUDGET}: stopped at clock {} having spent ${:.3} over {:.2} trace hours",
+        summary.clocks,
+        summary.cost_usd,
+        summary.trace_seconds / 3600.0
+    );
+    assert_eq!(
+        summary.stop_reason.as_deref(),
+        Some("budgetTotal"),
+        "{summary:?}"
+    );
+    assert!(summary.clocks < 100_000, "{summary:?}");
+    // The run stops at the first sample (a trace slot) past the budget and pays for the slots
+    // until its coordinator stopped.
+    assert!(
+        summary.cost_usd >= BUDGET && summary.cost_usd < 1.5 * BUDGET,
+        "{summary:?}"
+    );
 }
 
 #[test]

@@ -707,7 +707,8 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         calibrated: driven.calibrator.model().clone(),
         measurements: driven.calibrator.counts(),
         decided_with: driven.decided_with,
-    });
+    })
+    .with_stop_reason(driven.stop_reason);
     report::write(&out, &summary, &driven.series)
         .map_err(|(path, source)| RunError::WriteOutputs { path, source })?;
     Ok(summary)
@@ -817,6 +818,8 @@ struct Driven {
     calibrator: Calibrator,
     /// The model the bidder's last decision used.
     decided_with: crate::bidder::AppModel,
+    /// The spec field that made the run stop early, if one did.
+    stop_reason: Option<&'static str>,
 }
 
 impl Drive<'_> {
@@ -848,7 +851,7 @@ impl Drive<'_> {
         let mut evictions = 0u64;
         let mut series = Vec::new();
         let mut slot = self.start_slot;
-        let mut stop_sent = false;
+        let mut stop_reason = None;
         let mut last_bill = Bill::default();
         let mut probe = ThroughputProbe::new(ProbeSettings::new(self.speed));
         // the runtime's count of transient nodes switched in, at the last sample
@@ -872,6 +875,7 @@ impl Drive<'_> {
                     trace_seconds,
                     calibrator,
                     decided_with,
+                    stop_reason,
                 };
             }
             let mut events = Vec::new();
@@ -962,14 +966,11 @@ impl Drive<'_> {
                 app.lambda_seconds,
             ));
             series.push(point);
-            if !stop_sent
-                && (self
-                    .wall_limit
-                    .is_some_and(|limit| started.elapsed() >= limit)
-                    || self.target_loss_reached(&point))
-            {
-                let _ = sender.send(ElasticEvent::Stop);
-                stop_sent = true;
+            if stop_reason.is_none() {
+                stop_reason = self.stop_reached(&point, started.elapsed());
+                if stop_reason.is_some() {
+                    let _ = sender.send(ElasticEvent::Stop);
+                }
             }
             slot += 1;
             // Pace: slot k of the replay is due at (k · step) / speed wall seconds.
@@ -985,11 +986,24 @@ impl Drive<'_> {
         }
     }
 
-    /// Whether `point` reports a training loss at or below the spec's target (once some clock
-    /// ran: the loss gauge reads 0 before the first).
-    fn target_loss_reached(&self, point: &TimePoint) -> bool {
-        self.target_loss
-            .is_some_and(|target| point.clock > 0 && point.loss.is_finite() && point.loss <= target)
+    /// The spec's stop condition `point` reached after `elapsed` of wall time, if any: the
+    /// wall-clock limit, the target loss (once some clock ran: the loss gauge reads 0 before
+    /// the first) or the total budget (spent across both tiers).
+    fn stop_reached(&self, point: &TimePoint, elapsed: Duration) -> Option<&'static str> {
+        if self.wall_limit.is_some_and(|limit| elapsed >= limit) {
+            return Some("wallClockLimit");
+        }
+        let loss = |target: f64| point.clock > 0 && point.loss.is_finite() && point.loss <= target;
+        if self.target_loss.is_some_and(loss) {
+            return Some("targetLoss");
+        }
+        if self
+            .budget_total
+            .is_some_and(|budget| point.spent_usd >= budget)
+        {
+            return Some("budgetTotal");
+        }
+        None
     }
 
     /// Brings the instances to what the replay's live allocations want (the operator's plan, at

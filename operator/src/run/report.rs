@@ -44,8 +44,11 @@ pub struct RunSummary {
     pub job: String,
     /// Clocks trained.
     pub clocks: u64,
-    /// Whether it stopped early (Ctrl-C, wall-clock limit).
+    /// Whether it stopped early (Ctrl-C, wall-clock limit, target loss, budget).
     pub stopped_early: bool,
+    /// Why `ebbflow run` stopped it early: `wallClockLimit`, `targetLoss` or `budgetTotal`
+    /// (the spec field that was reached); none for Ctrl-C (see `interrupted`).
+    pub stop_reason: Option<String>,
     /// Interrupted by Ctrl-C.
     pub interrupted: bool,
     /// Final quality: the app's evaluation metrics.
@@ -114,6 +117,7 @@ impl RunSummary {
             job: job.to_owned(),
             clocks,
             stopped_early: report.stopped_at.is_some(),
+            stop_reason: None,
             interrupted,
             quality: report.run.eval.metrics.iter().cloned().collect(),
             loss: report.run.eval.loss,
@@ -138,6 +142,14 @@ impl RunSummary {
             segments: report.segments.len(),
             app_model: None,
             output_dir: out.display().to_string(),
+        }
+    }
+
+    /// The summary with the spec field that stopped the run.
+    pub fn with_stop_reason(self, reason: Option<&str>) -> Self {
+        Self {
+            stop_reason: reason.map(str::to_owned),
+            ..self
         }
     }
 
@@ -180,10 +192,10 @@ impl RunSummary {
              wrote {}/summary.json, timeseries.csv, chart.svg\n",
             self.job,
             self.clocks,
-            if self.stopped_early {
-                " (stopped early)"
-            } else {
-                ""
+            match (self.stopped_early, &self.stop_reason) {
+                (true, Some(reason)) => format!(" (stopped early: {reason} reached)"),
+                (true, None) => " (stopped early)".to_owned(),
+                (false, _) => String::new(),
             },
             self.wall_seconds,
             self.trace_seconds / 3600.0,
