@@ -29,7 +29,9 @@
 //! member's updates to the leader's identity is exact wherever a group's clocks are applied or
 //! dropped together (segment boundaries, migrations, rollbacks): docs/elasticity.md. The group is
 //! rebuilt when its members change (the union changes) and after any failure; a job with a
-//! stateful server optimizer does not use one (its rule must see each worker's delta alone).
+//! stateful server optimizer does not use one (its rule must see each worker's delta alone), nor
+//! do threads whose working sets overlap by less than a tenth (`worker::overlap_pays`: there it
+//! saves nothing and costs a group copy of every row).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
