@@ -172,6 +172,19 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         scope: "spec.app",
+        field: "hyperparameters.batchSize",
+        cel: "self.kind == 'LogisticRegression' || !has(self.hyperparameters) || !has(self.hyperparameters.batchSize)",
+        message: "spec.app.hyperparameters.batchSize is only valid for kind LogisticRegression",
+        holds: |s| {
+            s.app.kind == AppKind::LogisticRegression
+                || s.app
+                    .hyperparameters
+                    .as_ref()
+                    .is_none_or(|h| h.batch_size.is_none())
+        },
+    },
+    Rule {
+        scope: "spec.app",
         field: "hyperparameters",
         cel: "self.kind == 'LDA' || !has(self.hyperparameters) \
               || !(has(self.hyperparameters.topics) || has(self.hyperparameters.alpha) || has(self.hyperparameters.beta))",

@@ -210,8 +210,9 @@ pub struct DatasetSpec {
 // The enum's doc is what `kubectl explain` shows for the optional `format` field.
 /// File format; required with path or url, not allowed with synthetic. movielens-inter:
 /// RecBole atomic .inter file (user_id, item_id, rating columns; MatrixFactorization); csv:
-/// rows without a header, `user,item,rating` for MatrixFactorization or
-/// `feature,...,feature,label` for LogisticRegression; libsvm: `label index:value ...` per line
+/// rows without a header, `user,item,rating[,timestamp]` for MatrixFactorization or
+/// `feature,...,feature,label` for LogisticRegression (features scaled into [-1, 1] by the
+/// file's largest absolute value); libsvm: `label index:value ...` per line
 /// (LogisticRegression); ldac: LDA-C `count word:count ...` per document (LDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum DatasetFormat {
@@ -349,8 +350,8 @@ pub struct Hyperparameters {
     #[schemars(range(min = 0.0, max = 1000.0))]
     pub beta: Option<f64>,
 
-    /// Examples (ratings, samples or documents) a worker thread processes between two reads of
-    /// fresh parameters; default: its whole data shard per iteration.
+    /// LogisticRegression only: examples per mini-batch SGD step (default 8). MatrixFactorization
+    /// and LDA sweep a worker thread's whole data shard per iteration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100_000_000))]
     pub batch_size: Option<u32>,
@@ -935,7 +936,7 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
-    /// Worker threads per node (default: one per requested CPU, at least 1).
+    /// Worker threads per node (default: one per requested CPU, rounded up, at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub worker_threads: Option<u32>,

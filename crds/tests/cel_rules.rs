@@ -249,6 +249,12 @@ fn breakers() -> Vec<Breaker> {
                 ..Default::default()
             });
         }),
+        ("hyperparameters.batchSize", |s| {
+            s.app.hyperparameters = Some(Hyperparameters {
+                batch_size: Some(8),
+                ..Default::default()
+            });
+        }),
         ("topics, alpha and beta", |s| {
             s.app.hyperparameters = Some(Hyperparameters {
                 alpha: Some(0.1),

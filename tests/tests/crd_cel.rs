@@ -79,6 +79,9 @@ fn invalid_cases() -> Vec<Case> {
                 h.rank = Some(4)
             })
         }),
+        case("batch-size-on-mf", |j| {
+            set_hyperparameters(j, |h| h.batch_size = Some(8))
+        }),
         case("topics-on-mf", |j| {
             set_hyperparameters(j, |h| h.topics = Some(5))
         }),

@@ -21,6 +21,9 @@ enum Command {
     /// One instance of an `ebbflow run` (started by it).
     #[command(hide = true)]
     Node(Box<ebbflow_operator::run::NodeArgs>),
+    /// A runtime pod of a TrainingJob (the operator's pods run it; configured by their
+    /// environment, see operator/src/run/pod.rs).
+    Pod,
 }
 
 fn init_node_logs() {
@@ -50,6 +53,13 @@ fn main() -> anyhow::Result<()> {
         Command::Node(args) => {
             init_node_logs();
             ebbflow_operator::run::node(&args)?;
+        }
+        Command::Pod => {
+            init_node_logs();
+            let env = ebbflow_operator::run::pod::PodEnv::read(|name| std::env::var(name).ok())?;
+            if let Some(report) = ebbflow_operator::run::pod::pod(&env)? {
+                println!("{report}");
+            }
         }
     }
     Ok(())

@@ -58,6 +58,10 @@ pub const DEFAULT_GRACE_SECONDS: i64 = 120;
 /// User the runtime runs as (distroless `nonroot`).
 pub const RUNTIME_USER: i64 = 65532;
 
+/// The runtime container's command: the `ebbflow` binary's pod entrypoint, which the image
+/// must put on its PATH.
+pub const RUNTIME_COMMAND: [&str; 2] = ["ebbflow", "pod"];
+
 /// Name of the job's data-plane token Secret.
 pub fn secret_name(job: &str) -> String {
     format!("{job}-token")
@@ -897,6 +901,8 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                         .clone()
                         .unwrap_or_else(|| input.config.default_image.clone()),
                 ),
+                // `ebbflow pod` (operator/src/run/pod.rs) reads everything from `env_vars`.
+                command: Some(RUNTIME_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
                 env: Some(env_vars),
                 ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
                 resources: Some(

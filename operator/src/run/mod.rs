@@ -10,6 +10,7 @@
 //! on-demand equivalent. At the end it writes `summary.json`, `timeseries.csv` and `chart.svg`.
 
 pub mod instances;
+pub mod pod;
 pub mod provisioner;
 pub mod replay;
 mod report;
@@ -27,7 +28,7 @@ use ebbflow_runtime::elastic::{
     ElasticConfig, ElasticEvent, ElasticReport, LiveFeed, StageThresholds, run_elastic_live,
 };
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
-use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
+use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::optimizer::Optimizer;
 use ebbflow_runtime::worker::JobConfig;
@@ -121,6 +122,9 @@ pub enum RunError {
     /// The manifest is not a valid TrainingJob (the API server's messages).
     #[error("{0}")]
     ParseManifest(#[from] ebbflow_crds::ManifestError),
+    /// A runtime pod's environment is missing or malformed, or its part of the job failed.
+    #[error("ebbflow pod: {0}")]
+    Pod(String),
     /// The job asks for something `ebbflow run` cannot do.
     #[error("{0}")]
     Unsupported(String),
@@ -239,9 +243,12 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                     (Some(path), Some(DatasetFormat::MovielensInter) | None) => {
                         data::load_movielens_inter(&file(path)?).map_err(|e| load(&e))?
                     }
+                    (Some(path), Some(DatasetFormat::Csv)) => {
+                        data::load_ratings_csv(&file(path)?).map_err(|e| load(&e))?
+                    }
                     (_, format) => {
                         return Err(RunError::Unsupported(format!(
-                            "spec.app.dataset: ebbflow run reads MatrixFactorization data as synthetic or a movielens-inter path, not {format:?}"
+                            "spec.app.dataset: ebbflow run reads MatrixFactorization data as synthetic or a movielens-inter or csv path, not {format:?}"
                         )));
                     }
                 }
@@ -275,10 +282,16 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                         data::load_libsvm(&file(path)?).map_err(|e| load(&e))?
                     }
                     (Some(path), _) => {
-                        // scikit-learn's digits layout (CSV, label last), scaled to [0, 1].
-                        let mut digits = data::load_digits(&file(path)?).map_err(|e| load(&e))?;
-                        digits.scale(1.0 / 16.0);
-                        digits
+                        // CSV, label last (scikit-learn's digits layout), features scaled into
+                        // [-1, 1] by the file's largest absolute value (digits: 1/16).
+                        let mut examples =
+                            data::load_csv(&file(path)?, data::LabelColumn::Last, false)
+                                .map_err(|e| load(&e))?;
+                        let largest = examples.max_abs();
+                        if largest > 0.0 {
+                            examples.scale(1.0 / largest);
+                        }
+                        examples
                     }
                     (None, _) => {
                         return Err(RunError::Unsupported(
@@ -329,6 +342,25 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     })
 }
 
+/// Worker threads per node: `spec.runtime.workerThreads`, else one per requested CPU (rounded
+/// up; the operator requests 1 when the spec names none), at least 1.
+fn worker_threads(runtime: &ebbflow_crds::RuntimeSpec) -> usize {
+    let requested_cpus = || {
+        let cpu = runtime.resources.as_ref()?.requests.as_ref()?.get("cpu")?;
+        let text = cpu.0.trim();
+        let cores = match text.strip_suffix('m') {
+            Some(milli) => milli.parse::<f64>().ok()? / 1000.0,
+            None => text.parse::<f64>().ok()?,
+        };
+        (cores.is_finite() && cores > 0.0).then(|| cores.ceil().min(1024.0) as u32)
+    };
+    runtime
+        .worker_threads
+        .or_else(requested_cpus)
+        .unwrap_or(1)
+        .max(1) as usize
+}
+
 /// The rule servers apply workers' deltas with (`spec.app.serverOptimizer`; default sgd, the
 /// deltas added as sent).
 fn server_optimizer(kind: Option<ServerOptimizer>) -> Optimizer {
@@ -345,7 +377,7 @@ pub const DEFAULT_BACKUP_EVERY: u64 = 5;
 /// The elastic run a manifest describes (the same for `ebbflow run` and each `ebbflow node`).
 fn elastic_config(job: &TrainingJob) -> ElasticConfig {
     let spec = &job.spec;
-    let threads = spec.runtime.worker_threads.unwrap_or(1).max(1) as usize;
+    let threads = worker_threads(&spec.runtime);
     let max_nodes = (spec.reliable.count + spec.transient.max_nodes).max(1) as usize;
     let clocks = spec.stop.iterations.unwrap_or(100).max(1);
     let partitions = spec
@@ -432,15 +464,7 @@ pub fn node(args: &NodeArgs) -> Result<(), RunError> {
             metadata_poll: Duration::from_secs(2),
         },
     };
-    let outcome = match app {
-        JobApp::Mf(app) => run_elastic_node(app, settings),
-        JobApp::Mlr(app) => run_elastic_node(app, settings),
-        JobApp::Lda(app) => run_elastic_node(app, settings),
-    };
-    outcome.map_err(|e| RunError::Node {
-        name: args.name.clone(),
-        reason: e.to_string(),
-    })
+    pod::run_node(app, settings, &args.name)
 }
 
 /// Runs `ebbflow run`: metrics on `--metrics-addr`; returns the summary (also written to the
@@ -1162,6 +1186,78 @@ mod tests {
         let config = elastic_config(&example("quickstart.yaml"));
         assert_eq!(config.backup_interval, None);
         assert_eq!(config.backup_every, DEFAULT_BACKUP_EVERY);
+    }
+
+    #[test]
+    fn matrix_factorization_reads_csv_ratings_as_it_reads_movielens_inter() {
+        let Some(data) = ebbflow_runtime::data::data_dir() else {
+            println!("skipped: set EBBFLOW_DATA_DIR (scripts/fetch-data.sh)");
+            return;
+        };
+        let inter = std::fs::read_to_string(data.join("ml-100k.inter")).unwrap();
+        // The same ratings as `user,item,rating,timestamp` rows without a header.
+        let csv: String = inter
+            .lines()
+            .skip(1)
+            .map(|line| line.split('\t').collect::<Vec<_>>().join(",") + "\n")
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ratings.csv"), csv).unwrap();
+        let train_len = |path: String, format: DatasetFormat, from: &Path| {
+            let mut job = example("mf-movielens.yaml");
+            job.spec.app.dataset.path = Some(path);
+            job.spec.app.dataset.format = Some(format);
+            match build_app(&job, from) {
+                Ok(JobApp::Mf(app)) => app.train_len(),
+                Ok(_) => panic!("not matrix factorization"),
+                Err(error) => panic!("{error}"),
+            }
+        };
+        let from_inter = train_len("ml-100k.inter".into(), DatasetFormat::MovielensInter, &data);
+        let from_csv = train_len("ratings.csv".into(), DatasetFormat::Csv, dir.path());
+        assert_eq!(from_csv, from_inter);
+        assert_eq!(from_inter, 80_000, "MovieLens 100K less its 20% test split");
+        // A malformed row names the file and line.
+        std::fs::write(dir.path().join("bad.csv"), "1,2,3\n1,2\n").unwrap();
+        let mut job = example("mf-movielens.yaml");
+        job.spec.app.dataset.path = Some("bad.csv".into());
+        job.spec.app.dataset.format = Some(DatasetFormat::Csv);
+        let error = build_app(&job, dir.path())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains("bad.csv:2"), "{error}");
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_requested_cpus() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with_cpu = |cpu: &str| ebbflow_crds::RuntimeSpec {
+            resources: Some(ResourceRequirements {
+                requests: Some(
+                    [("cpu".to_owned(), Quantity(cpu.to_owned()))]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..ResourceRequirements::default()
+            }),
+            ..ebbflow_crds::RuntimeSpec::default()
+        };
+        assert_eq!(worker_threads(&ebbflow_crds::RuntimeSpec::default()), 1);
+        assert_eq!(worker_threads(&with_cpu("4")), 4);
+        assert_eq!(worker_threads(&with_cpu("1500m")), 2);
+        assert_eq!(worker_threads(&with_cpu("0.5")), 1);
+        assert_eq!(
+            worker_threads(&with_cpu("lots")),
+            1,
+            "unreadable: the default"
+        );
+        let explicit = ebbflow_crds::RuntimeSpec {
+            worker_threads: Some(3),
+            ..with_cpu("8")
+        };
+        assert_eq!(worker_threads(&explicit), 3);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use thiserror::Error;
 
 pub use classification::{Examples, LabelColumn, load_csv, load_digits, load_libsvm};
 pub use corpus::{Corpus, load_ldac, load_vocab};
-pub use ratings::{Rating, Ratings, load_movielens_inter};
+pub use ratings::{Rating, Ratings, load_movielens_inter, load_ratings_csv};
 pub use rng::Rng;
 pub use synthetic::{
     SyntheticCorpus, SyntheticExamples, SyntheticRatings, synthetic_classification,

@@ -1,0 +1,227 @@
+//! `ebbflow pod`: the process of one runtime pod the operator creates
+//! (`controller::plan::build_pod`), configured entirely by the pod's environment.
+//!
+//! - `EBBFLOW_ROLE=coordinator` (reliable pod 0): serves the job's admin API (`/join`, `/status`,
+//!   `/notice`, `/stop`) on `EBBFLOW_ADMIN_PORT`, trains the job elastically over the nodes that
+//!   join, and runs one reliable node itself; prints the run's report as one JSON line and exits
+//!   when training ends.
+//! - `EBBFLOW_ROLE=reliable` / `transient`: one elastic node. It binds its data plane on
+//!   `EBBFLOW_POD_IP:EBBFLOW_DATA_PORT`, joins the coordinator at `EBBFLOW_COORDINATOR`, and
+//!   treats SIGTERM as a notice with the pod's termination grace period.
+//!
+//! Every process of a job reads the same spec (`EBBFLOW_JOB_SPEC`, JSON) and job name
+//! (`EBBFLOW_JOB_NAME`), validates it as a manifest would be, and derives the same job id from
+//! them; the job secret is `EBBFLOW_TOKEN` (the job's Secret); datasets are read under
+//! `EBBFLOW_DATA_DIR` (default `/data`, where the plan mounts `spec.app.dataset.claimName`).
+//! `EBBFLOW_METADATA_ENDPOINT`, if set, is the EC2 instance metadata service a node polls for
+//! interruption notices.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ebbflow_crds::TrainingJob;
+use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use prometheus::Registry;
+
+use super::{JobApp, RunError, build_app, elastic_config, job_id};
+
+/// What a runtime pod does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodRole {
+    /// Reliable pod 0: the coordinator and a reliable node.
+    Coordinator,
+    /// Another reliable (on-demand) node.
+    Reliable,
+    /// A transient (spot) node.
+    Transient,
+}
+
+/// A runtime pod's settings, read from its environment.
+#[derive(Clone, Debug)]
+pub struct PodEnv {
+    /// The job, as every pod of it reads it.
+    pub job: TrainingJob,
+    /// What this pod does.
+    pub role: PodRole,
+    /// The pod's name (the node's name in the job).
+    pub pod_name: String,
+    /// The pod's IP: where its data plane listens and what peers connect to.
+    pub pod_ip: IpAddr,
+    /// The coordinator's admin API (`host:port`).
+    pub coordinator: String,
+    /// The coordinator's admin port (the coordinator pod binds it).
+    pub admin_port: u16,
+    /// The data-plane port.
+    pub data_port: u16,
+    /// The job secret.
+    pub token: String,
+    /// Where dataset paths start.
+    pub data_dir: PathBuf,
+    /// EC2 instance metadata endpoint to poll for interruptions, if any.
+    pub metadata_endpoint: Option<String>,
+}
+
+impl PodEnv {
+    /// Reads the settings through `var` (the process environment in `ebbflow pod`); a missing
+    /// or malformed variable is an error that names it.
+    pub fn read(var: impl Fn(&str) -> Option<String>) -> Result<Self, RunError> {
+        let need = |name: &str| {
+            var(name)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| RunError::Pod(format!("{name} is not set")))
+        };
+        let parse = |name: &str, what: &str| -> Result<String, RunError> {
+            need(name).map_err(|e| RunError::Pod(format!("{e} ({what})")))
+        };
+        let port = |name: &str| -> Result<u16, RunError> {
+            let text = parse(name, "a TCP port")?;
+            text.parse()
+                .map_err(|_| RunError::Pod(format!("{name}={text:?} is not a TCP port")))
+        };
+        let role = match need("EBBFLOW_ROLE")?.as_str() {
+            "coordinator" => PodRole::Coordinator,
+            "reliable" => PodRole::Reliable,
+            "transient" => PodRole::Transient,
+            other => {
+                return Err(RunError::Pod(format!(
+                    "EBBFLOW_ROLE={other:?}: expected coordinator, reliable or transient"
+                )));
+            }
+        };
+        let name = need("EBBFLOW_JOB_NAME")?;
+        let spec = need("EBBFLOW_JOB_SPEC")?;
+        // Validated as `kubectl apply` and `ebbflow run` validate a manifest (JSON is YAML).
+        let manifest = format!(
+            "{{\"apiVersion\":\"ebbflow.dev/v1alpha1\",\"kind\":\"TrainingJob\",\
+             \"metadata\":{{\"name\":{}}},\"spec\":{spec}}}",
+            serde_json::Value::String(name)
+        );
+        let job = ebbflow_crds::parse_manifest(&manifest)
+            .map_err(|e| RunError::Pod(format!("EBBFLOW_JOB_SPEC: {e}")))?;
+        let pod_ip = parse("EBBFLOW_POD_IP", "the pod's IP")?;
+        Ok(Self {
+            job,
+            role,
+            pod_name: need("EBBFLOW_POD_NAME")?,
+            pod_ip: pod_ip
+                .parse()
+                .map_err(|_| RunError::Pod(format!("EBBFLOW_POD_IP={pod_ip:?} is not an IP")))?,
+            coordinator: need("EBBFLOW_COORDINATOR")?,
+            admin_port: port("EBBFLOW_ADMIN_PORT")?,
+            data_port: port("EBBFLOW_DATA_PORT")?,
+            token: need("EBBFLOW_TOKEN")?,
+            data_dir: var("EBBFLOW_DATA_DIR")
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| PathBuf::from("/data"), PathBuf::from),
+            metadata_endpoint: var("EBBFLOW_METADATA_ENDPOINT").filter(|v| !v.is_empty()),
+        })
+    }
+
+    /// The node this pod runs.
+    fn node_settings(&self, coordinator: String) -> ElasticNodeSettings {
+        let grace = self
+            .job
+            .spec
+            .runtime
+            .termination_grace_period_seconds
+            .unwrap_or(30);
+        ElasticNodeSettings {
+            job: elastic_config(&self.job).job,
+            job_id: job_id(&self.job),
+            reliable: self.role != PodRole::Transient,
+            listen: SocketAddr::new(self.pod_ip, self.data_port),
+            advertise: None,
+            metrics_listen: None,
+            notices: NoticeSources {
+                coordinator,
+                secret: self.token.clone(),
+                name: self.pod_name.clone(),
+                grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+                metadata_endpoint: self.metadata_endpoint.clone(),
+                metadata_poll: Duration::from_secs(2),
+            },
+        }
+    }
+}
+
+/// Runs the pod: see the module docs. Returns the run's report as JSON for the coordinator pod
+/// (`None` for a node, which returns when the coordinator lets it go).
+pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
+    let app = build_app(&env.job, &env.data_dir)?;
+    if env.role != PodRole::Coordinator {
+        let coordinator = format!("http://{}", env.coordinator);
+        return run_node(app, env.node_settings(coordinator), &env.pod_name).map(|()| None);
+    }
+    let admin = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), env.admin_port);
+    let listener = std::net::TcpListener::bind(admin).map_err(|source| RunError::BindMetrics {
+        addr: admin,
+        source,
+    })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| RunError::BindMetrics {
+            addr: admin,
+            source,
+        })?;
+    let config = elastic_config(&env.job);
+    let settings = ElasticJob {
+        config: ebbflow_runtime::elastic::ElasticConfig {
+            reliable: Vec::new(),
+            transient: Vec::new(),
+            ..config.clone()
+        },
+        secret: env.token.clone(),
+        job: job_id(&env.job),
+        reliable_nodes: env.job.spec.reliable.count.max(1),
+        join_timeout: Duration::from_secs(600),
+        background_copies: true,
+    };
+    let registry = Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)
+        .map_err(|e| RunError::Pod(format!("registering the runtime metrics: {e}")))?;
+    // This pod's own reliable node joins over loopback.
+    let own_node = env.node_settings(format!("http://127.0.0.1:{}", bound.port()));
+    let node_app = build_app(&env.job, &env.data_dir)?;
+    let node_name = env.pod_name.clone();
+    let node = std::thread::spawn(move || run_node(node_app, own_node, &node_name));
+    let feed = ebbflow_runtime::elastic::LiveFeed::new();
+    let report = match &app {
+        JobApp::Mf(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
+        JobApp::Mlr(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
+        JobApp::Lda(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
+    }
+    .map_err(|e| RunError::Pod(format!("the job's coordinator failed: {e}")))?;
+    match node.join() {
+        Ok(outcome) => outcome?,
+        Err(_) => return Err(RunError::Pod("the coordinator pod's node panicked".into())),
+    }
+    Ok(Some(serde_json::json!({
+        "job": env.job.metadata.name,
+        "clocks": report.run.clock_stats.len(),
+        "quality": report.run.eval.metrics.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "loss": report.run.eval.loss,
+        "events": report.events,
+        "rollbacks": report.rollbacks,
+        "partitions_migrated": report.partitions_migrated,
+    })))
+}
+
+/// Runs `app`'s elastic node `name` until the coordinator lets it go.
+pub(super) fn run_node(
+    app: JobApp,
+    settings: ElasticNodeSettings,
+    name: &str,
+) -> Result<(), RunError> {
+    match app {
+        JobApp::Mf(app) => run_elastic_node(app, settings),
+        JobApp::Mlr(app) => run_elastic_node(app, settings),
+        JobApp::Lda(app) => run_elastic_node(app, settings),
+    }
+    .map_err(|e| RunError::Node {
+        name: name.to_owned(),
+        reason: e.to_string(),
+    })
+}

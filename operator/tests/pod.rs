@@ -1,0 +1,233 @@
+//! The pods the operator plans train the job: the controller's plan (`controller::plan::plan`)
+//! for a job with one reliable and two transient pods is turned into three real `ebbflow`
+//! processes on 127.0.0.1, each started with its pod's command and environment (only the network
+//! is local: the pod IP is 127.0.0.1, the coordinator Service is the coordinator pod's admin
+//! port, and ports are free ones instead of the fixed 7070/7071). The coordinator pod trains the
+//! job with its own reliable node and the two transient pods; a SIGTERM to a transient pod is a
+//! notice with the pod's grace period, after which the job goes on and still reaches its quality.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ebbflow_crds::{CapacityType, CapacityTypeLabel, TrainingJob};
+use ebbflow_operator::controller::plan::{
+    Activity, CapacityDecision, PlanConfig, PlanInput, PoolKey, RUNTIME_COMMAND, TOKEN_KEY, plan,
+};
+use k8s_openapi::api::core::v1::Pod;
+
+const JOB: &str = r#"
+apiVersion: ebbflow.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: mf
+  namespace: ml
+spec:
+  app:
+    kind: MatrixFactorization
+    dataset:
+      synthetic: { seed: 3, users: 600, items: 300, ratings: 150000, trueRank: 4, noise: 0.1 }
+    hyperparameters: { rank: 8, learningRate: 0.01, regularization: 0.02 }
+  consistency: { model: SSP, staleness: 1 }
+  stop: { iterations: 1500 }
+  reliable: { count: 1 }
+  transient: { maxNodes: 2 }
+  bidding:
+    market: { kind: trace, trace: prices.csv }
+  runtime:
+    terminationGracePeriodSeconds: 20
+"#;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `pod`'s environment as the kubelet would give it, with the network made local.
+fn environment(pod: &Pod, token: &str, admin: u16) -> BTreeMap<String, String> {
+    let container = &pod.spec.as_ref().unwrap().containers[0];
+    let mut env = BTreeMap::new();
+    for var in container.env.iter().flatten() {
+        let value = match (&var.value, &var.value_from) {
+            (Some(value), _) => value.clone(),
+            (None, Some(from)) => {
+                if let Some(field) = &from.field_ref {
+                    match field.field_path.as_str() {
+                        "metadata.name" => pod.metadata.name.clone().unwrap(),
+                        "spec.nodeName" => "node-1".to_owned(),
+                        "status.podIP" => "127.0.0.1".to_owned(),
+                        other => panic!("unexpected field reference {other}"),
+                    }
+                } else if let Some(secret) = &from.secret_key_ref {
+                    assert_eq!(secret.key, TOKEN_KEY);
+                    token.to_owned()
+                } else {
+                    panic!("unexpected env source {from:?}")
+                }
+            }
+            (None, None) => String::new(),
+        };
+        env.insert(var.name.clone(), value);
+    }
+    env.insert("EBBFLOW_COORDINATOR".into(), format!("127.0.0.1:{admin}"));
+    env.insert("EBBFLOW_ADMIN_PORT".into(), admin.to_string());
+    env.insert("EBBFLOW_DATA_PORT".into(), free_port().to_string());
+    env.insert("RUST_LOG".into(), "warn".into());
+    env
+}
+
+/// A pod's process; its stdout and stderr go to files (a full pipe would stall it).
+struct PodProcess {
+    child: Child,
+    out: std::path::PathBuf,
+    err: std::path::PathBuf,
+}
+
+fn start(pod: &Pod, token: &str, admin: u16, logs: &std::path::Path) -> PodProcess {
+    let container = &pod.spec.as_ref().unwrap().containers[0];
+    let command = container
+        .command
+        .clone()
+        .expect("the runtime container has a command");
+    assert_eq!(command, RUNTIME_COMMAND);
+    let name = pod.metadata.name.clone().unwrap();
+    let out = logs.join(format!("{name}.out"));
+    let err = logs.join(format!("{name}.err"));
+    let child = Command::new(env!("CARGO_BIN_EXE_ebbflow"))
+        .args(&command[1..])
+        .envs(environment(pod, token, admin))
+        .stdout(Stdio::from(std::fs::File::create(&out).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
+        .spawn()
+        .unwrap();
+    PodProcess { child, out, err }
+}
+
+fn wait(pod: &mut PodProcess, within: Duration) -> (std::process::ExitStatus, String, String) {
+    let deadline = Instant::now() + within;
+    let child = &mut pod.child;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+            return (status, read(&pod.out), read(&pod.err));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("pod process still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice() {
+    let job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
+    let pools = [
+        PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot),
+        PoolKey::new("m5.large", "us-east-1b", CapacityType::Spot),
+    ];
+    let decision = CapacityDecision {
+        transient: pools.iter().map(|p| (p.clone(), 1)).collect(),
+        reason: "Test".into(),
+        ..CapacityDecision::default()
+    };
+    let config = PlanConfig {
+        default_image: "ebbflow-runtime:test".into(),
+        capacity_label: CapacityTypeLabel::default().resolved(),
+    };
+    let planned = plan(&PlanInput {
+        job: &job,
+        pods: &[],
+        existing_token: None,
+        fresh_token: "pod-test-token",
+        notices: &[],
+        decision: &decision,
+        activity: Activity::Run,
+        config: &config,
+    });
+    let token =
+        String::from_utf8(planned.secret.data.as_ref().unwrap()[TOKEN_KEY].0.clone()).unwrap();
+    let names: Vec<String> = planned
+        .create
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["mf-r-0", "mf-t-0", "mf-t-1"]);
+    let admin = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let mut coordinator = start(&planned.create[0], &token, admin, logs.path());
+    let mut spot: Vec<PodProcess> = planned.create[1..]
+        .iter()
+        .map(|pod| start(pod, &token, admin, logs.path()))
+        .collect();
+
+    // Once both spot pods have joined and training moved on, one is terminated: a notice.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let get = |url: String| {
+        rt.block_on(async {
+            http.get(url)
+                .send()
+                .await?
+                .json::<serde_json::Value>()
+                .await
+        })
+    };
+    let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = None;
+        loop {
+            if let Ok(response) = get(format!("http://127.0.0.1:{admin}/status")) {
+                if ready(&response) {
+                    return response;
+                }
+                last = Some(response);
+            }
+            assert!(Instant::now() < deadline, "waiting for {what}: {last:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let transient = |s: &serde_json::Value| s["progress"]["transient_nodes"].as_u64().unwrap_or(0);
+    let clock = |s: &serde_json::Value| s["progress"]["clock"].as_u64().unwrap_or(0);
+    let joined = status("both spot pods", &|s| transient(s) == 2);
+    let at = clock(&joined);
+    status("training after the joins", &|s| clock(s) >= at + 10);
+    let mut victim = spot.pop().unwrap();
+    let pid = victim.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (exit, _, stderr) = wait(&mut victim, Duration::from_secs(30));
+    assert!(
+        exit.success(),
+        "the terminated pod was let go before its grace: {exit:?} {stderr}"
+    );
+
+    let (exit, stdout, stderr) = wait(&mut coordinator, Duration::from_secs(240));
+    assert!(exit.success(), "coordinator pod: {exit:?}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!("the coordinator pod prints its report as JSON ({e}): {stdout:?}\n{stderr}")
+    });
+    println!("coordinator pod report: {report}");
+    assert_eq!(report["clocks"], 1500, "{report}");
+    assert_eq!(report["events"]["notice"], 1, "{report}");
+    let rmse = report["quality"]["rmse"].as_f64().unwrap();
+    assert!(rmse < 0.3, "{report}");
+    for child in &mut spot {
+        let (exit, _, stderr) = wait(child, Duration::from_secs(30));
+        assert!(
+            exit.success(),
+            "spot pod released at the end: {exit:?} {stderr}"
+        );
+    }
+}
