@@ -252,8 +252,9 @@ fn a_run_stops_at_its_target_loss() {
     );
     assert!(summary.stopped_early, "{summary:?}");
     assert_eq!(summary.stop_reason.as_deref(), Some("targetLoss"));
-    assert!(summary.clocks < 100_000, "{summary:?}");
-    assert!(summary.loss <= TARGET, "{summary:?}");
+    // It stopped on the coordinator's training loss; the summary's loss is the final
+    // evaluation's (test RMSE), which may still be above the target.
+    assert!(summary.clocks < 1_000, "{summary:?}");
 }
 
 /// `spec.bidding.budgetTotal` stops the run once both tiers together spent it.

@@ -312,9 +312,15 @@ impl PreOpened {
 
     /// Closes every pre-opened connection to `addr` (its node left before the switch).
     pub fn forget(&self, addr: SocketAddr) {
+        self.forget_unless(|to| to != addr);
+    }
+
+    /// Closes every pre-opened connection to an address `keep` refuses (nodes that are no
+    /// longer members of the job).
+    pub fn forget_unless(&self, keep: impl Fn(SocketAddr) -> bool) {
         let mut connections = self.connections.lock();
         let before = connections.len();
-        connections.retain(|(_, c)| c.addr() != addr);
+        connections.retain(|(_, c)| keep(c.addr()));
         self.count("closed", before - connections.len());
     }
 
@@ -711,9 +717,15 @@ mod tests {
         assert!(connection.out.capacity() >= 256 << 10);
         assert_eq!(own.register_all(0, &batch).unwrap(), vec![keys.len() * 2]);
 
-        // A node that leaves before its switch takes its waiting connections with it.
+        // A node that leaves before its switch takes its waiting connections with it: by
+        // address, or as a node that is no longer a member.
         stash.open(5, server.addr, &config, 0).unwrap();
         stash.forget(server.addr);
+        assert!(stash.is_empty());
+        stash.open(5, server.addr, &config, 0).unwrap();
+        stash.forget_unless(|addr| addr == server.addr);
+        assert_eq!(stash.len(), 1, "still a member");
+        stash.forget_unless(|_| false);
         assert!(stash.is_empty());
         server.stop(runtime.handle());
     }

@@ -518,6 +518,11 @@ impl<A: App> Agent<A> {
         for addr in std::mem::replace(&mut *self.last_addrs.lock(), now_reachable) {
             self.pre_opened.forget(addr);
         }
+        // So are those to nodes that are no longer members: a joined node that left before
+        // its switch.
+        let members: BTreeSet<SocketAddr> = addrs.values().copied().collect();
+        self.pre_opened
+            .forget_unless(|addr| members.contains(&addr));
         let taken_before = self.pre_opened.taken();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         let shards;

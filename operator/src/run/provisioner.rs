@@ -21,9 +21,11 @@ use crate::market;
 use crate::provision::{Held, Provisioner, Wanted, pool_tag, wanted_for};
 use crate::sim::grid::MarketGrid;
 
-/// The notice a released instance gets: the job ends it itself once its partitions moved, so the
-/// deadline only bounds a release that never completes.
-pub const RELEASE_LEAD: Duration = Duration::from_secs(3600);
+/// The notice a released instance gets: the job ends it itself once its partitions moved (at the
+/// next clock boundary), so the deadline only bounds a release that never completes. Two wall
+/// minutes, not an hour: a replay at 12,000x releases instances by the dozen, and each one left
+/// hanging holds a process until its deadline.
+pub const RELEASE_LEAD: Duration = Duration::from_secs(120);
 
 /// Why the local provisioner refused a plan.
 #[derive(Debug, thiserror::Error)]
@@ -394,7 +396,7 @@ mod tests {
             [
                 "launch p3.2xlarge-a-1 p3.2xlarge-a-2",
                 "launch p3.2xlarge-a-3",
-                "notice p3.2xlarge-a-1 p3.2xlarge-a-3 3600s",
+                "notice p3.2xlarge-a-1 p3.2xlarge-a-3 120s",
                 "notice p3.2xlarge-a-2 2s",
                 "evict p3.2xlarge-a-2",
             ]
