@@ -927,7 +927,8 @@ pub struct Ec2Provisioning {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeSpec {
-    /// ebbflow-runtime container image; default the image the operator was installed with.
+    /// ebbflow-runtime container image; default the image the operator was installed with. Its
+    /// containers run `ebbflow pod`, so it needs the `ebbflow` binary on its PATH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,

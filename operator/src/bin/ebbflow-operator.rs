@@ -72,7 +72,8 @@ struct Flags {
     #[arg(long)]
     spot_value: Option<String>,
 
-    /// Runtime image for jobs whose spec names none.
+    /// Runtime image for jobs whose spec names none (its containers run `ebbflow pod`: the image
+    /// needs the `ebbflow` binary on its PATH).
     #[arg(long, env = "EBBFLOW_RUNTIME_IMAGE", default_value = concat!("ghcr.io/ebbflow/ebbflow-runtime:", env!("CARGO_PKG_VERSION")))]
     runtime_image: String,
 
