@@ -515,14 +515,15 @@ impl<A: App> Agent<A> {
             .filter(|(node, _)| serving.contains(node))
             .map(|(_, addr)| *addr)
             .collect();
-        for addr in std::mem::replace(&mut *self.last_addrs.lock(), now_reachable) {
-            self.pre_opened.forget(addr);
-        }
         // So are those to nodes that are no longer members: a joined node that left before
         // its switch.
+        let last: BTreeSet<SocketAddr> =
+            std::mem::replace(&mut *self.last_addrs.lock(), now_reachable)
+                .into_iter()
+                .collect();
         let members: BTreeSet<SocketAddr> = addrs.values().copied().collect();
         self.pre_opened
-            .forget_unless(|addr| members.contains(&addr));
+            .forget_unless(|addr| members.contains(&addr) && !last.contains(&addr));
         let taken_before = self.pre_opened.taken();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         let shards;

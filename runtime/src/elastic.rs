@@ -1250,10 +1250,8 @@ impl BackupCopier<'_> {
                             // In process the whole image is at hand; the bandwidth model is
                             // charged the coalesced delta a node process would send.
                             let partition = copy.image().partition;
-
-                            let bytes = copy.bytes_since(base);
-                            let delta = copy.since_is_delta(base);
-                            self.metrics.count_backup_copy(bytes, delta);
+                            let (bytes, since) = copy.bytes_since(base);
+                            self.metrics.count_backup_copy(bytes, since.is_some());
                             charge_backup_copy(
                                 self.bandwidths,
                                 self.backups,

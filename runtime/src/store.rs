@@ -271,6 +271,12 @@ struct TableRows {
 }
 
 impl TableRows {
+    /// Records that a push marked `mark` ([`touched_mark`]) changed `row`.
+    fn mark_changed(&mut self, row: u32, mark: u32) {
+        let touched = &mut self.touched[row as usize];
+        *touched = (*touched).max(mark);
+    }
+
     /// Row index of `key`, materialising it from the initialiser on first use.
     fn row_index(&mut self, key: u64, with_state: bool) -> u32 {
         if let Some(&row) = self.index.get(&key) {
@@ -325,6 +331,20 @@ pub struct BackupCopy {
     floor: u64,
 }
 
+/// Values per row of `table` (0 if it has no rows).
+fn row_width(table: &TableImage) -> usize {
+    table.data.len().checked_div(table.keys.len()).unwrap_or(0)
+}
+
+/// Rows (in image order) that a push of clock `base` or later changed, by their marks.
+fn changed_since(touched: &[u32], base: u64) -> impl Iterator<Item = usize> + '_ {
+    touched
+        .iter()
+        .enumerate()
+        .filter(move |(_, mark)| u64::from(**mark) > base)
+        .map(|(row, _)| row)
+}
+
 impl BackupCopy {
     /// The whole image.
     pub fn into_image(self) -> PartitionImage {
@@ -341,26 +361,20 @@ impl BackupCopy {
         base.filter(|&b| b >= self.floor && b <= self.image.visible_clock())
     }
 
-    /// Whether [`BackupCopy::since`]`(base)` is a delta (not the whole image).
-    pub fn since_is_delta(&self, base: Option<u64>) -> bool {
-        self.tracked(base).is_some()
-    }
-
-    /// Parameter bytes of [`BackupCopy::since`]`(base)`, without making it.
-    pub fn bytes_since(&self, base: Option<u64>) -> usize {
+    /// Parameter bytes of [`BackupCopy::since`]`(base)` and the base it is a delta since
+    /// (`None`: whole), without making it.
+    pub fn bytes_since(&self, base: Option<u64>) -> (usize, Option<u64>) {
         let Some(base) = self.tracked(base) else {
-            return self.image.parameter_bytes();
+            return (self.image.parameter_bytes(), None);
         };
-        self.image
+        let bytes = self
+            .image
             .tables
             .iter()
             .zip(&self.touched)
-            .map(|(table, touched)| {
-                let width = table.data.len().checked_div(table.keys.len()).unwrap_or(0);
-                let changed = touched.iter().filter(|&&t| u64::from(t) > base).count();
-                changed * width * 4
-            })
-            .sum()
+            .map(|(table, touched)| changed_since(touched, base).count() * row_width(table) * 4)
+            .sum();
+        (bytes, Some(base))
     }
 
     /// What a BackupPS that holds the partition at clock `base` (or later) needs to hold it at
@@ -374,13 +388,8 @@ impl BackupCopy {
         };
         let mut image = self.image;
         for (table, touched) in image.tables.iter_mut().zip(&self.touched) {
-            let width = if table.keys.is_empty() {
-                0
-            } else {
-                table.data.len() / table.keys.len()
-            };
-            let keep = |row: usize| u64::from(touched[row]) > base;
-            let rows: Vec<usize> = (0..table.keys.len()).filter(|&r| keep(r)).collect();
+            let width = row_width(table);
+            let rows: Vec<usize> = changed_since(touched, base).collect();
             if rows.len() == table.keys.len() {
                 continue;
             }
@@ -455,7 +464,7 @@ pub fn apply_delta(
         if from.keys.is_empty() {
             continue;
         }
-        let width = from.data.len() / from.keys.len();
+        let width = row_width(&from);
         let consistent = width > 0
             && from.data.len() == from.keys.len() * width
             && (to.keys.is_empty() || to.data.len() == to.keys.len() * width)
@@ -952,8 +961,7 @@ impl PartitionStore {
                     column += n;
                 }
                 if changed {
-                    let touched = &mut table.touched[row as usize];
-                    *touched = (*touched).max(mark);
+                    table.mark_changed(row, mark);
                 }
                 offset += width;
             }
@@ -974,15 +982,15 @@ impl PartitionStore {
                 let start = row as usize * width;
                 let delta = &values[offset..offset + width];
                 offset += width;
+                // A stateful rule changes the row even for a zero delta (momentum goes on).
+                if !table.state.is_empty() || delta.iter().any(|d| *d != 0.0) {
+                    table.mark_changed(row, mark);
+                }
                 let state = if table.state.is_empty() {
                     &mut [][..]
                 } else {
                     &mut table.state[start..start + width]
                 };
-                if !state.is_empty() || delta.iter().any(|d| *d != 0.0) {
-                    let touched = &mut table.touched[row as usize];
-                    *touched = (*touched).max(mark);
-                }
                 optimizer.apply(&mut table.data[start..start + width], state, delta);
             }
         }
@@ -1784,8 +1792,8 @@ mod tests {
         let (delta, base) = four.clone().since(Some(3));
         assert_eq!(base, Some(3));
         assert_eq!(delta.tables[0].keys.len(), 2, "{delta:?}");
-        assert_eq!(bytes, delta.parameter_bytes());
-        assert_eq!(four.bytes_since(None), rows * 2 * 4);
+        assert_eq!(bytes, (delta.parameter_bytes(), Some(3)));
+        assert_eq!(four.bytes_since(None), (rows * 2 * 4, None));
         let mut rebuilt = whole_three.clone();
         apply_delta(&mut rebuilt, 3, delta).unwrap();
         assert_eq!(rebuilt, four.clone().into_image());

@@ -184,6 +184,7 @@ impl From<JobMarketError> for RunError {
 }
 
 /// A job's app, built from its spec.
+#[derive(Clone)]
 enum JobApp {
     Mf(MfApp),
     Mlr(MlrApp),

@@ -184,7 +184,8 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         .map_err(|e| RunError::Pod(format!("registering the runtime metrics: {e}")))?;
     // This pod's own reliable node joins over loopback.
     let own_node = env.node_settings(format!("http://127.0.0.1:{}", bound.port()));
-    let node_app = build_app(&env.job, &env.data_dir)?;
+    // The apps hold their data behind `Arc`s: the node shares the coordinator's, loaded once.
+    let node_app = app.clone();
     let node_name = env.pod_name.clone();
     let node = std::thread::spawn(move || run_node(node_app, own_node, &node_name));
     let feed = ebbflow_runtime::elastic::LiveFeed::new();
