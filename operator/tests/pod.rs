@@ -5,6 +5,8 @@
 //! port, and ports are free ones instead of the fixed 7070/7071). The coordinator pod trains the
 //! job with its own reliable node and the two transient pods; a SIGTERM to a transient pod is a
 //! notice with the pod's grace period, after which the job goes on and still reaches its quality.
+//! At the end every pod waits for its SIGTERM (the operator deleting it), the coordinator pod
+//! serving the outcome meanwhile.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -122,6 +124,18 @@ fn wait(pod: &mut PodProcess, within: Duration) -> (std::process::ExitStatus, St
     }
 }
 
+/// Sends SIGTERM to `pod`, as the kubelet does when the pod is deleted.
+fn terminate(pod: &mut PodProcess) {
+    let pid = pod.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
 #[test]
 fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice() {
     let job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
@@ -179,19 +193,23 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
                 .await
         })
     };
-    let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last = None;
-        loop {
-            if let Ok(response) = get(format!("http://127.0.0.1:{admin}/status")) {
-                if ready(&response) {
-                    return response;
+    let status_within =
+        |what: &str, within: Duration, ready: &dyn Fn(&serde_json::Value) -> bool| {
+            let deadline = Instant::now() + within;
+            let mut last = None;
+            loop {
+                if let Ok(response) = get(format!("http://127.0.0.1:{admin}/status")) {
+                    if ready(&response) {
+                        return response;
+                    }
+                    last = Some(response);
                 }
-                last = Some(response);
+                assert!(Instant::now() < deadline, "waiting for {what}: {last:?}");
+                std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(Instant::now() < deadline, "waiting for {what}: {last:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        };
+    let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
+        status_within(what, Duration::from_secs(60), ready)
     };
     let transient = |s: &serde_json::Value| s["progress"]["transient_nodes"].as_u64().unwrap_or(0);
     let clock = |s: &serde_json::Value| s["progress"]["clock"].as_u64().unwrap_or(0);
@@ -199,21 +217,27 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
     let at = clock(&joined);
     status("training after the joins", &|s| clock(s) >= at + 10);
     let mut victim = spot.pop().unwrap();
-    let pid = victim.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&mut victim);
     let (exit, _, stderr) = wait(&mut victim, Duration::from_secs(30));
     assert!(
         exit.success(),
         "the terminated pod was let go before its grace: {exit:?} {stderr}"
     );
 
-    let (exit, stdout, stderr) = wait(&mut coordinator, Duration::from_secs(240));
+    // Training ends; the coordinator keeps serving the outcome, and every pod waits, until the
+    // operator deletes the pods (SIGTERM).
+    let done = status_within("the job's end", Duration::from_secs(240), &|s| {
+        s["phase"] == "done"
+    });
+    assert!(done["result"]["loss"].is_number(), "{done}");
+    for pod in std::iter::once(&mut coordinator).chain(spot.iter_mut()) {
+        assert!(
+            pod.child.try_wait().unwrap().is_none(),
+            "a pod exited before its SIGTERM"
+        );
+        terminate(pod);
+    }
+    let (exit, stdout, stderr) = wait(&mut coordinator, Duration::from_secs(30));
     assert!(exit.success(), "coordinator pod: {exit:?}\n{stderr}");
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
         panic!("the coordinator pod prints its report as JSON ({e}): {stdout:?}\n{stderr}")
@@ -227,7 +251,7 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
         let (exit, _, stderr) = wait(child, Duration::from_secs(30));
         assert!(
             exit.success(),
-            "spot pod released at the end: {exit:?} {stderr}"
+            "spot pod released at the end, then terminated: {exit:?} {stderr}"
         );
     }
 }

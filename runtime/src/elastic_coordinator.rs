@@ -329,6 +329,8 @@ impl ElasticService {
                 partitions_migrated: self.metrics.partitions_migrated.get(),
                 rollbacks: self.metrics.rollbacks.get(),
                 heartbeat_failures: self.heartbeats.failures(),
+                loss: Some(self.metrics.loss.get())
+                    .filter(|loss| loss.is_finite() && self.metrics.iterations.get() > 0),
             }),
         }
     }
@@ -435,6 +437,10 @@ pub struct ElasticJob {
     /// Copy the ActivePSs' partitions to the BackupPS copy in the background while workers run
     /// (else segments end every `backup_every` clocks for a copy at the boundary).
     pub background_copies: bool,
+    /// After the job ends, keep serving its final status (phase, result) until this turns
+    /// true or its sender is dropped: a pod's coordinator lingers so that its operator reads
+    /// the outcome before it deletes the job's pods. `None`: stop serving at once.
+    pub linger: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// The events a job's controller acts on: the sender (joins and notices from the admin API,
@@ -478,6 +484,7 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         .enable_all()
         .build()
         .map_err(ElasticJobError::Serve)?;
+    let linger = job.linger.clone();
     let directory = Arc::new(Mutex::new(BTreeMap::new()));
     let heartbeats = Arc::new(
         Heartbeats::new(heartbeat_timeout, &registry).unwrap_or_else(|error| {
@@ -577,6 +584,12 @@ pub fn run_elastic_job_with<A: crate::app::App>(
             service.finish(phase, Some(result), None);
         }
         Err(error) => service.finish(JobPhase::Failed, None, Some(error.to_string())),
+    }
+    if let Some(mut linger) = linger {
+        tracing::info!("the job ended; serving its final status until told to stop");
+        rt.block_on(async {
+            let _ = linger.wait_for(|done| *done).await;
+        });
     }
     let _ = stop_serving.send(());
     let _ = rt.block_on(server);

@@ -124,6 +124,7 @@ fn coordinator_with(
         reliable_nodes: reliable,
         join_timeout: Duration::from_secs(60),
         background_copies: true,
+        linger: None,
     };
     let metrics = RuntimeMetrics::register(&registry).unwrap();
     let handle = std::thread::spawn(move || {

@@ -367,6 +367,7 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
         reliable_nodes: 1,
         join_timeout: Duration::from_secs(120),
         background_copies: true,
+        linger: None,
     };
     let coordinator = std::thread::spawn(move || {
         run_elastic_job(

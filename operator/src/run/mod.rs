@@ -661,6 +661,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             reliable_nodes: config.reliable.len() as u32,
             join_timeout: Duration::from_secs(120),
             background_copies: true,
+            linger: None,
         };
         let outcome = std::thread::scope(|scope| {
             let training = scope.spawn(|| {

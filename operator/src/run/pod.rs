@@ -3,11 +3,15 @@
 //!
 //! - `EBBFLOW_ROLE=coordinator` (reliable pod 0): serves the job's admin API (`/join`, `/status`,
 //!   `/notice`, `/stop`) on `EBBFLOW_ADMIN_PORT`, trains the job elastically over the nodes that
-//!   join, and runs one reliable node itself; prints the run's report as one JSON line and exits
-//!   when training ends.
+//!   join, and runs one reliable node itself. When training ends it keeps serving the final
+//!   status (`done`, or `stopped` after `/stop`, with the result) until SIGTERM, so the operator
+//!   reads the outcome before it deletes the job's pods; then it prints the run's report as one
+//!   JSON line and exits.
 //! - `EBBFLOW_ROLE=reliable` / `transient`: one elastic node. It binds its data plane on
 //!   `EBBFLOW_POD_IP:EBBFLOW_DATA_PORT`, joins the coordinator at `EBBFLOW_COORDINATOR`, and
-//!   treats SIGTERM as a notice with the pod's termination grace period.
+//!   treats SIGTERM as a notice with the pod's termination grace period. Released at the job's
+//!   end, it waits for SIGTERM (a pod that exited would be replaced before the operator saw the
+//!   end); one that left on a notice has had its SIGTERM and exits.
 //!
 //! Every process of a job reads the same spec (`EBBFLOW_JOB_SPEC`, JSON) and job name
 //! (`EBBFLOW_JOB_NAME`), validates it as a manifest would be, and derives the same job id from
@@ -151,9 +155,15 @@ impl PodEnv {
 /// (`None` for a node, which returns when the coordinator lets it go).
 pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
     let app = build_app(&env.job, &env.data_dir)?;
+    // Listening from the start: a SIGTERM that makes a node leave also ends its linger.
+    let terminated = Terminated::listen()?;
     if env.role != PodRole::Coordinator {
         let coordinator = format!("http://{}", env.coordinator);
-        return run_node(app, env.node_settings(coordinator), &env.pod_name).map(|()| None);
+        run_node(app, env.node_settings(coordinator), &env.pod_name)?;
+        // Released: the job ended, or this node left on a notice. Exiting now would make the
+        // pod Succeeded, and the operator would replace it before it saw the job's end.
+        terminated.wait();
+        return Ok(None);
     }
     let admin = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), env.admin_port);
     let listener = std::net::TcpListener::bind(admin).map_err(|source| RunError::BindMetrics {
@@ -178,6 +188,7 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         reliable_nodes: env.job.spec.reliable.count.max(1),
         join_timeout: Duration::from_secs(600),
         background_copies: true,
+        linger: Some(terminated.receiver()),
     };
     let registry = Registry::new();
     let metrics = RuntimeMetrics::register(&registry)
@@ -225,4 +236,41 @@ pub(super) fn run_node(
         name: name.to_owned(),
         reason: e.to_string(),
     })
+}
+
+/// SIGTERM to this process, seen from the moment [`Terminated::listen`] is called (a listener
+/// thread; the node's own SIGTERM handler is independent of it).
+struct Terminated {
+    received: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Terminated {
+    fn listen() -> Result<Self, RunError> {
+        let (send, received) = tokio::sync::watch::channel(false);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RunError::Pod(format!("starting the SIGTERM listener: {e}")))?;
+        let mut signal = {
+            let _guard = rt.enter();
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| RunError::Pod(format!("installing the SIGTERM listener: {e}")))?
+        };
+        std::thread::spawn(move || {
+            rt.block_on(signal.recv());
+            let _ = send.send(true);
+        });
+        Ok(Self { received })
+    }
+
+    /// A receiver that turns true on SIGTERM.
+    fn receiver(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.received.clone()
+    }
+
+    /// Blocks until SIGTERM (at once if it already came).
+    fn wait(&self) {
+        let mut received = self.received.clone();
+        let _ = futures::executor::block_on(received.wait_for(|done| *done));
+    }
 }

@@ -254,6 +254,10 @@ pub struct ElasticProgress {
     /// Nodes declared failed because their heartbeats stopped.
     #[serde(default)]
     pub heartbeat_failures: u64,
+    /// Training loss of the last completed clock (what `spec.stop.targetLoss` is compared
+    /// with); absent before the first clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
 }
 
 /// Error body of a failed request.

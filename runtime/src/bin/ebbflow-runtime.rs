@@ -479,6 +479,7 @@ fn main() -> anyhow::Result<()> {
                     reliable_nodes,
                     join_timeout: Duration::from_secs(join_timeout_seconds),
                     background_copies: !boundary_copies,
+                    linger: None,
                 },
                 listen,
                 report_out,
