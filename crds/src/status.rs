@@ -98,6 +98,16 @@ pub struct TrainingJobStatus {
     /// When the job reached Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+
+    /// The stop criterion the operator found met (`targetLoss`, `wallClockLimit` or
+    /// `budgetTotal`), after which it asked the coordinator to stop. `iterations` is the
+    /// runtime's own: the coordinator finishes by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+
+    /// When the operator first asked the coordinator to stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_requested_time: Option<Time>,
 }
 
 impl TrainingJobStatus {
@@ -215,6 +225,20 @@ pub struct CostStatus {
     pub free_compute: f64,
     /// USD the same instance-time would have cost on demand.
     pub on_demand_equivalent: f64,
+    /// The part of `spent` charged for instances that have ended (the operator adds the running
+    /// ones to it; kept here so that a restarted operator does not forget them).
+    #[serde(default)]
+    pub ended_spent: f64,
+    /// The part of `freeCompute` from instances that have ended.
+    #[serde(default)]
+    pub ended_free_compute: f64,
+    /// The part of `onDemandEquivalent` from instances that have ended.
+    #[serde(default)]
+    pub ended_on_demand_equivalent: f64,
+    /// Running instances the market gives no price for (not in `spent`): their pool is not in
+    /// the job's market (an instance type or zone outside it, or a pod with no pool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<String>,
 }
 
 /// BidBrain's application model (seed 003 §4.3) as measured from the job's progress: the

@@ -20,10 +20,12 @@ pub struct CoordinatorStatus {
     pub stage: Option<u8>,
     /// Completed iterations (clocks), when reported.
     pub iteration: Option<u64>,
-    /// Training loss (the final evaluation's once done).
+    /// Training loss: the last clock's while training, the final evaluation's once done.
     pub loss: Option<f64>,
     /// True once training finished (a stop criterion was met).
     pub finished: bool,
+    /// True once the job stopped on request (`/stop`) with its final evaluation.
+    pub stopped: bool,
     /// Why training ended, when `finished` (CamelCase, e.g. IterationsReached).
     pub reason: Option<String>,
     /// Set when training failed, with the coordinator's description.
@@ -51,8 +53,13 @@ impl From<StatusResponse> for CoordinatorStatus {
         Self {
             stage: progress.map(|p| p.stage),
             iteration: progress.map(|p| p.clock),
-            loss: response.result.as_ref().map(|result| result.loss),
+            loss: response
+                .result
+                .as_ref()
+                .map(|result| result.loss)
+                .or(progress.and_then(|p| p.loss)),
             finished: response.phase == JobPhase::Done,
+            stopped: response.phase == JobPhase::Stopped,
             reason: (response.phase == JobPhase::Done).then(|| "StopCriterionMet".to_owned()),
             failed: (response.phase == JobPhase::Failed).then(|| {
                 response

@@ -256,6 +256,7 @@ mod tests {
                 spent: 1.25,
                 free_compute: 0.5,
                 on_demand_equivalent: 4.0,
+                ..CostStatus::default()
             }),
             evictions: 2,
             app_model: Some(ebbflow_crds::AppModelStatus {

@@ -39,6 +39,7 @@ use tracing::{debug, info, warn};
 
 use super::calibration::JobCalibration;
 use super::capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner};
+use super::cost::Pricing;
 use super::plan::{CapacityDecision, PoolKey};
 use crate::bidder::{Allocation, AppModel, Bidder, BidderInput, JobState};
 use crate::jobmarket::{
@@ -327,6 +328,33 @@ impl CapacityPlanner for BidBrainPlanner {
     fn forget(&self, job: &TrainingJob) {
         self.calibrations.lock().remove(&job_key(job));
     }
+
+    /// Any strategy's job is priced on its market: a trace replayed at this planner's speed, or
+    /// the live ec2 market once fetched.
+    fn pricing(&self, job: &TrainingJob, now: Timestamp) -> Option<Pricing> {
+        let created = job
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(now, |t| t.0);
+        let (setup, clock) = match (job.spec.bidding.market.kind, &self.ec2) {
+            (MarketKind::Trace, _) => (
+                self.market(job)?,
+                MarketClock::Replay {
+                    speed: self.config.trace_speed,
+                },
+            ),
+            (MarketKind::Ec2, Some(source)) => {
+                (self.live_market(source, job, now).ok()?, MarketClock::Wall)
+            }
+            (MarketKind::Ec2 | MarketKind::Gcp, _) => return None,
+        };
+        Some(Pricing {
+            setup,
+            clock,
+            created,
+        })
+    }
 }
 
 /// A job's calibration key: its uid, or namespace/name without one.
@@ -394,6 +422,24 @@ impl MarketClock {
     }
 }
 
+/// The market time at wall time `at` of a job created at `created`: a replayed trace starts at
+/// the setup's start slot at the job's creation and runs at its clock's speed; a live market's
+/// time is wall time.
+pub fn market_time(
+    setup: &MarketSetup,
+    clock: MarketClock,
+    created: Timestamp,
+    at: Timestamp,
+) -> market::Timestamp {
+    match clock {
+        MarketClock::Replay { speed } => {
+            setup.grid.time(setup.start_slot)
+                + (seconds_between(created, at).max(0.0) * speed) as i64
+        }
+        MarketClock::Wall => at.as_second(),
+    }
+}
+
 /// Seconds from `from` to `to` (negative when `to` is earlier).
 fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
     (to.as_millisecond() - from.as_millisecond()) as f64 / 1000.0
@@ -422,15 +468,7 @@ pub fn decide_on(
         .creation_timestamp
         .as_ref()
         .map_or(view.now, |t| t.0);
-    // wall → market time
-    let to_trace = |at: Timestamp| -> i64 {
-        match clock {
-            MarketClock::Replay { speed } => {
-                grid.time(setup.start_slot) + (seconds_between(created, at).max(0.0) * speed) as i64
-            }
-            MarketClock::Wall => at.as_second(),
-        }
-    };
+    let to_trace = |at: Timestamp| market_time(setup, clock, created, at);
 
     let now = to_trace(view.now);
     let slot = (((now - grid.t0) / grid.step).max(0) as usize).min(grid.slots.saturating_sub(1));

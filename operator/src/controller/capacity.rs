@@ -37,6 +37,12 @@ pub trait CapacityPlanner: Send + Sync {
 
     /// Drops what the planner keeps for `job` (it was deleted).
     fn forget(&self, _job: &TrainingJob) {}
+
+    /// The job's market, to charge its instances with ([`super::cost`]), if this planner has
+    /// one for it now.
+    fn pricing(&self, _job: &TrainingJob, _now: Timestamp) -> Option<super::cost::Pricing> {
+        None
+    }
 }
 
 /// The candidate pools of a job: transient instance types × zones (an empty list means "any"),

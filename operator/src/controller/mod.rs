@@ -4,10 +4,12 @@
 pub mod bidbrain;
 pub mod calibration;
 pub mod capacity;
+pub mod cost;
 pub mod interruptions;
 pub mod plan;
 pub mod relay;
 pub mod status;
+pub mod stop;
 pub mod validate;
 
 use std::{
@@ -122,6 +124,8 @@ struct JobMemory {
     consecutive_failures: u32,
     last_status_write: Option<Instant>,
     phase: Option<&'static str>,
+    /// The job's instances and their charges.
+    cost: cost::CostLedger,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -483,6 +487,67 @@ async fn publish(
     }
 }
 
+/// The stop the operator enforces for `job`, if one of its criteria is met (now or before; see
+/// [`stop`]): asks the coordinator to stop until it reports the job stopped, and says whether
+/// the job is over.
+async fn stop_job(
+    ctx: &Context,
+    job: &TrainingJob,
+    previous: Option<&TrainingJobStatus>,
+    report: Option<&crate::coordinator::CoordinatorStatus>,
+    cost: Option<&ebbflow_crds::CostStatus>,
+    (base, token): (&str, Option<&str>),
+    now: Timestamp,
+) -> Option<stop::StopState> {
+    let progress = stop::Progress {
+        started: previous.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+        loss: report.and_then(|r| r.loss),
+        spent: cost
+            .or(previous.and_then(|s| s.cost.as_ref()))
+            .map(|c| c.spent),
+    };
+    let met = stop::reached(job, &progress, now);
+    let recorded = previous
+        .and_then(|s| s.stop_reason.as_deref())
+        .and_then(stop::Criterion::from_field);
+    let (criterion, message) = match (recorded, met) {
+        (Some(criterion), Some((now_met, message))) if now_met == criterion => (criterion, message),
+        (Some(criterion), _) => (criterion, format!("spec.{} was met", criterion.field())),
+        (None, Some(met)) => met,
+        (None, None) => return None,
+    };
+    let requested_at = previous
+        .and_then(|s| s.stop_requested_time.as_ref())
+        .map_or(now, |t| t.0);
+    if recorded.is_none() {
+        info!(criterion = criterion.field(), %message, "stop criterion met; stopping the job");
+        publish(
+            ctx,
+            job,
+            EventType::Normal,
+            "Stopping",
+            "Stop",
+            format!("{message}; the coordinator is asked to stop"),
+        )
+        .await;
+    }
+    let over = report.is_some_and(|r| r.finished || r.stopped || r.failed.is_some());
+    // A coordinator that answers but refuses the stop does not hold the job either.
+    let mut answers = report.is_some();
+    if answers && !over {
+        if let Err(error) = ctx.coordinator.stop(base, token).await {
+            warn!(%error, "the coordinator was not told to stop; retrying next reconcile");
+            answers = false;
+        }
+    }
+    Some(stop::StopState {
+        criterion,
+        message,
+        requested_at,
+        confirmed: stop::confirmed(over, answers, requested_at, now),
+    })
+}
+
 async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = job
         .namespace()
@@ -538,6 +603,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             new_evictions: 0,
             app_model: None,
             provisioner_error: None,
+            cost: None,
+            stop: None,
             now,
         });
         write_status(&ctx, &job, &job_ref, &namespace, status).await?;
@@ -608,9 +675,43 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         }
     }
 
+    // cost: the job's instances charged on its market, when it has one
+    let report = match &coordinator {
+        CoordinatorObservation::Reported(report) => Some(report),
+        _ => None,
+    };
+    let coordinator_over = report.is_some_and(|r| r.finished || r.stopped || r.failed.is_some());
+    let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
+    let cost = ctx.capacity.pricing(&job, now).map(|pricing| {
+        let job_over = already_succeeded || coordinator_over;
+        let previous_cost = previous.and_then(|s| s.cost.as_ref());
+        ctx.with_memory(&job_ref, |memory| {
+            memory
+                .cost
+                .observe(&pricing, &classified, job_over, now, previous_cost)
+        })
+    });
+
+    // stop criteria the operator enforces
+    let stop = if already_succeeded || job.spec.suspend {
+        None
+    } else {
+        stop_job(
+            &ctx,
+            &job,
+            previous,
+            report,
+            cost.as_ref(),
+            (&coordinator_base, observed.token.as_deref()),
+            now,
+        )
+        .await
+    };
+
     // decide capacity
     let finished = already_succeeded
-        || matches!(&coordinator, CoordinatorObservation::Reported(report) if report.finished || report.failed.is_some());
+        || report.is_some_and(|r| r.finished || r.failed.is_some())
+        || stop.as_ref().is_some_and(|s| s.confirmed);
     let activity = if finished {
         Activity::Finished
     } else if job.spec.suspend {
@@ -618,7 +719,6 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     } else {
         Activity::Run
     };
-    let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
     let alive = plan::alive_per_pool(&classified);
     let under_notice = plan::pools_under_notice(&classified);
     let launched = plan::oldest_per_pool(&classified);
@@ -849,6 +949,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         new_evictions,
         app_model: decision.app_model.clone(),
         provisioner_error: provisioner_error.clone(),
+        cost,
+        stop,
         now,
     });
     transition_events(&ctx, &job, previous, &new_status).await;
@@ -1027,6 +1129,12 @@ fn only_progress_differs(a: &TrainingJobStatus, b: &TrainingJobStatus) -> bool {
         status.rollbacks = 0;
         // re-estimated with every measurement of the job's progress
         status.app_model = None;
+        // running instances' charges grow every reconcile; ended ones are kept at once
+        if let Some(cost) = status.cost.as_mut() {
+            cost.spent = 0.0;
+            cost.free_compute = 0.0;
+            cost.on_demand_equivalent = 0.0;
+        }
         status
     };
     strip(a) == strip(b)

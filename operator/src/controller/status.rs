@@ -3,13 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use ebbflow_crds::{BidAction, BidDecision, NodeCounts, Phase, PoolNodes, TrainingJobStatus};
+use ebbflow_crds::{
+    BidAction, BidDecision, CostStatus, NodeCounts, Phase, PoolNodes, TrainingJobStatus,
+};
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
 
 use super::plan::{CapacityDecision, ObservedPod, PoolKey, Tier};
+use super::stop::StopState;
 use crate::{coordinator::CoordinatorStatus, notices::NoticeSource};
 
 /// Condition types this operator sets, besides `Valid` and `Progressing`/`Ready` from the CRD
@@ -63,6 +66,8 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// The coordinator reported that training failed.
     pub const TRAINING_FAILED: &str = "TrainingFailed";
+    /// `spec.bidding.budgetTotal` is spent (see [`super::super::stop`]).
+    pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
 }
 
 /// What the coordinator query produced this reconcile.
@@ -103,6 +108,10 @@ pub struct StatusInput<'a> {
     pub app_model: Option<ebbflow_crds::AppModelStatus>,
     /// Why the provisioner (ec2 mode) failed this reconcile, if it did.
     pub provisioner_error: Option<String>,
+    /// The job's cost, when its instances are priced ([`super::cost`]).
+    pub cost: Option<CostStatus>,
+    /// A stop the operator decided ([`super::stop`]).
+    pub stop: Option<StopState>,
     /// Now.
     pub now: Timestamp,
 }
@@ -147,16 +156,27 @@ pub fn condition_is(status: Option<&TrainingJobStatus>, type_: &str, value: bool
 
 /// True once the job failed in training (final; an invalid spec is not final).
 pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
+    failed_for(status, reasons::TRAINING_FAILED)
+}
+
+/// True if the job failed because its total budget is spent.
+pub fn budget_exhausted(status: Option<&TrainingJobStatus>) -> bool {
+    failed_for(status, reasons::BUDGET_EXHAUSTED)
+}
+
+fn failed_for(status: Option<&TrainingJobStatus>, reason: &str) -> bool {
     status.is_some_and(|s| s.phase == Some(Phase::Failed))
         && status
             .and_then(|s| s.condition(conditions::FAILED))
-            .is_some_and(|c| c.status == "True" && c.reason == reasons::TRAINING_FAILED)
+            .is_some_and(|c| c.status == "True" && c.reason == reason)
 }
 
-/// True once the job is over for good: succeeded, or failed in training. Its nodes stay
-/// released and nobody is told about departures any more.
+/// True once the job is over for good: succeeded, failed in training, or out of budget. Its
+/// nodes stay released and nobody is told about departures any more.
 pub fn is_final(status: Option<&TrainingJobStatus>) -> bool {
-    status.and_then(|s| s.phase) == Some(Phase::Succeeded) || training_failed(status)
+    status.and_then(|s| s.phase) == Some(Phase::Succeeded)
+        || training_failed(status)
+        || budget_exhausted(status)
 }
 
 /// The new status.
@@ -219,6 +239,15 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     if let Some(model) = &input.app_model {
         status.app_model = Some(model.clone());
     }
+    if let Some(cost) = &input.cost {
+        status.cost = Some(cost.clone());
+    }
+    if let Some(stop) = &input.stop {
+        status.stop_reason = Some(stop.criterion.field().to_owned());
+        status
+            .stop_requested_time
+            .get_or_insert(Time(stop.requested_at));
+    }
 
     if let Err(message) = &input.validation {
         status.phase = Some(Phase::Failed);
@@ -259,6 +288,34 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         reasons::VALID_SPEC,
         "the spec passed validation",
     );
+    // The budget is spent and the coordinator stopped (or did not answer): final, a failure.
+    let out_of_budget = input
+        .stop
+        .as_ref()
+        .filter(|stop| stop.confirmed && !stop.criterion.succeeds());
+    if budget_exhausted(Some(&status)) || out_of_budget.is_some() {
+        if let Some(stop) = out_of_budget.filter(|_| !budget_exhausted(Some(&status))) {
+            status.completion_time = Some(Time(now));
+            set(
+                &mut status,
+                conditions::FAILED,
+                true,
+                reasons::BUDGET_EXHAUSTED,
+                &stop.message,
+            );
+        }
+        status.phase = Some(Phase::Failed);
+        for type_ in [conditions::READY, conditions::PROGRESSING] {
+            set(
+                &mut status,
+                type_,
+                false,
+                reasons::BUDGET_EXHAUSTED,
+                "spec.bidding.budgetTotal is spent",
+            );
+        }
+        return status;
+    }
     if !training_failed(Some(&status)) {
         set(
             &mut status,
@@ -308,23 +365,31 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         _ => None,
     };
     let already_succeeded = status.phase == Some(Phase::Succeeded);
-    if already_succeeded || finished_report.is_some() {
+    // A stop the operator decided, confirmed: success on the criterion's terms (unless the
+    // coordinator finished on its own first).
+    let stopped = input
+        .stop
+        .as_ref()
+        .filter(|stop| stop.confirmed && stop.criterion.succeeds());
+    if already_succeeded || finished_report.is_some() || stopped.is_some() {
         if !already_succeeded {
             status.completion_time = Some(Time(now));
         }
         status.phase = Some(Phase::Succeeded);
-        let reason = finished_report
-            .and_then(|r| r.reason.clone())
-            .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric()))
-            .unwrap_or_else(|| reasons::STOP_CRITERION_MET.to_owned());
+        let (reason, message) = match (finished_report, stopped) {
+            (Some(report), _) => (
+                report
+                    .reason
+                    .clone()
+                    .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric()))
+                    .unwrap_or_else(|| reasons::STOP_CRITERION_MET.to_owned()),
+                "training reached a stop criterion".to_owned(),
+            ),
+            (None, Some(stop)) => (stop.criterion.reason().to_owned(), stop.message.clone()),
+            (None, None) => (reasons::STOP_CRITERION_MET.to_owned(), String::new()),
+        };
         if !already_succeeded {
-            set(
-                &mut status,
-                conditions::SUCCEEDED,
-                true,
-                &reason,
-                "training reached a stop criterion",
-            );
+            set(&mut status, conditions::SUCCEEDED, true, &reason, &message);
         }
         set(
             &mut status,

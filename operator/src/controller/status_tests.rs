@@ -45,6 +45,21 @@ fn compute(
     suspended: bool,
     now: Timestamp,
 ) -> TrainingJobStatus {
+    compute_with(previous, pods, coordinator, suspended, (None, None), now)
+}
+
+/// As [`compute`] with a cost and an operator's stop.
+fn compute_with(
+    previous: Option<&TrainingJobStatus>,
+    pods: &[ObservedPod<'_>],
+    coordinator: &CoordinatorObservation,
+    suspended: bool,
+    (cost, stop): (
+        Option<ebbflow_crds::CostStatus>,
+        Option<crate::controller::stop::StopState>,
+    ),
+    now: Timestamp,
+) -> TrainingJobStatus {
     compute_status(&StatusInput {
         previous,
         generation: Some(4),
@@ -58,6 +73,8 @@ fn compute(
         new_evictions: 0,
         app_model: None,
         provisioner_error: None,
+        cost,
+        stop,
         now,
     })
 }
@@ -255,6 +272,8 @@ fn invalid_spec_fails_with_the_field_in_the_message() {
         new_evictions: 0,
         app_model: None,
         provisioner_error: None,
+        cost: None,
+        stop: None,
         now: at(0),
     });
     assert_eq!(status.phase, Some(Phase::Failed));
@@ -323,6 +342,8 @@ fn decision_log_records_changes_and_stays_bounded() {
             new_evictions: 1,
             app_model: None,
             provisioner_error: None,
+            cost: None,
+            stop: None,
             now: at(i as i64),
         });
     }
@@ -332,4 +353,93 @@ fn decision_log_records_changes_and_stays_bounded() {
         format!("R{}", MAX_RECENT_DECISIONS + 4)
     );
     assert_eq!(status.evictions, (MAX_RECENT_DECISIONS + 5) as u64);
+}
+
+fn with_stop(
+    previous: Option<&TrainingJobStatus>,
+    pods: &[ObservedPod<'_>],
+    coordinator: &CoordinatorObservation,
+    stop: Option<crate::controller::stop::StopState>,
+    now: Timestamp,
+) -> TrainingJobStatus {
+    let cost = ebbflow_crds::CostStatus {
+        spent: 2.5,
+        ..ebbflow_crds::CostStatus::default()
+    };
+    compute_with(previous, pods, coordinator, false, (Some(cost), stop), now)
+}
+
+#[test]
+fn operator_stops_end_in_success_or_for_the_budget_in_failure() {
+    use crate::controller::stop::{Criterion, StopState};
+    let pods = [pod("mf-r-0", true)];
+    let observed = observe_pods("mf", &pods, &[]);
+    let running = compute(None, &observed, &reported(3, false), false, at(0));
+    let stop = |criterion, confirmed| StopState {
+        criterion,
+        message: "met".into(),
+        requested_at: at(10),
+        confirmed,
+    };
+    for criterion in [
+        Criterion::TargetLoss,
+        Criterion::WallClockLimit,
+        Criterion::BudgetTotal,
+    ] {
+        // asked to stop: still running, the criterion recorded, the cost taken in
+        let stopping = with_stop(
+            Some(&running),
+            &observed,
+            &reported(4, false),
+            Some(stop(criterion, false)),
+            at(10),
+        );
+        assert_eq!(stopping.phase, Some(Phase::Running), "{criterion:?}");
+        assert_eq!(stopping.stop_reason.as_deref(), Some(criterion.field()));
+        assert_eq!(stopping.stop_requested_time.as_ref().unwrap().0, at(10));
+        assert_eq!(stopping.cost.as_ref().unwrap().spent, 2.5);
+        assert!(!is_final(Some(&stopping)));
+        // confirmed
+        let stopped = CoordinatorObservation::Reported(crate::coordinator::CoordinatorStatus {
+            stopped: true,
+            ..crate::coordinator::CoordinatorStatus::default()
+        });
+        let done = with_stop(
+            Some(&stopping),
+            &observed,
+            &stopped,
+            Some(stop(criterion, true)),
+            at(20),
+        );
+        assert!(is_final(Some(&done)), "{criterion:?}: {done:?}");
+        assert_eq!(done.completion_time.as_ref().unwrap().0, at(20));
+        assert_eq!(done.stop_requested_time.as_ref().unwrap().0, at(10));
+        if criterion.succeeds() {
+            assert_eq!(done.phase, Some(Phase::Succeeded));
+            assert_eq!(
+                condition(&done, conditions::SUCCEEDED),
+                ("True", criterion.reason())
+            );
+        } else {
+            assert_eq!(done.phase, Some(Phase::Failed));
+            assert_eq!(
+                condition(&done, conditions::FAILED),
+                ("True", reasons::BUDGET_EXHAUSTED)
+            );
+            assert_eq!(
+                condition(&done, conditions::READY),
+                ("False", reasons::BUDGET_EXHAUSTED)
+            );
+        }
+        // and stays so on later reconciles with nothing more to say
+        let later = with_stop(
+            Some(&done),
+            &observed,
+            &CoordinatorObservation::NotQueried,
+            None,
+            at(30),
+        );
+        assert_eq!(later.phase, done.phase, "{criterion:?}");
+        assert_eq!(later.completion_time, done.completion_time);
+    }
 }

@@ -273,6 +273,8 @@ struct CoordinatorState {
     status: StatusResponse,
     notices: Vec<NoticeRequest>,
     stops: usize,
+    /// `/stop` answers 503.
+    refuse_stop: bool,
 }
 
 impl Default for CoordinatorState {
@@ -290,6 +292,7 @@ impl Default for CoordinatorState {
             },
             notices: Vec::new(),
             stops: 0,
+            refuse_stop: false,
         }
     }
 }
@@ -316,8 +319,12 @@ async fn serve_coordinator(state: SharedCoordinator) -> SocketAddr {
         .route(
             "/stop",
             post(|State(s): State<SharedCoordinator>| async move {
-                s.lock().stops += 1;
-                Json(Ack { ok: true })
+                let mut state = s.lock();
+                if state.refuse_stop {
+                    return Err(StatusCode::SERVICE_UNAVAILABLE);
+                }
+                state.stops += 1;
+                Ok(Json(Ack { ok: true }))
             }),
         )
         .with_state(state);
@@ -982,6 +989,98 @@ async fn finished_training_succeeds_and_releases_nodes() {
     assert_eq!(scenario.status().loss, Some(0.125));
     assert!(scenario.live_pods().is_empty());
     assert!(scenario.event_reasons().contains(&"Succeeded".to_owned()));
+}
+
+#[tokio::test]
+async fn a_met_target_loss_stops_the_coordinator_and_the_job_succeeds_once_it_stopped() {
+    let job = spot_job("mf", 1, &["us-east-1a"]).with_target_loss(0.5);
+    let scenario = Scenario::running(job).await;
+    let progress = |loss| ebbflow_runtime_api::ElasticProgress {
+        clock: 40,
+        stage: 2,
+        loss: Some(loss),
+        ..ebbflow_runtime_api::ElasticProgress::default()
+    };
+    // above the target: nothing happens
+    scenario.report(|status| status.progress = Some(progress(0.6)));
+    scenario.settle().await;
+    assert_eq!(scenario.coordinator.lock().stops, 0);
+    assert_eq!(scenario.status().stop_reason, None);
+
+    // at the target: the coordinator is asked to stop, the job runs until it has
+    scenario.report(|status| status.progress = Some(progress(0.45)));
+    scenario.settle().await;
+    assert!(scenario.coordinator.lock().stops >= 1);
+    let stopping = scenario.status();
+    assert_eq!(stopping.stop_reason.as_deref(), Some("targetLoss"));
+    assert_eq!(stopping.phase, Some(Phase::Running));
+    assert_eq!(stopping.loss, Some(0.45), "the last clock's training loss");
+    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0"]);
+    assert_eq!(scenario.events_with_reason("Stopping").len(), 1);
+
+    // a loss that rises again does not undo the stop; the coordinator's end does finish it
+    scenario.report(|status| {
+        status.progress = Some(progress(0.7));
+        status.phase = JobPhase::Stopped;
+        status.result = Some(JobResult {
+            loss: 0.44,
+            metrics: Vec::new(),
+            updates_per_second: 100.0,
+        });
+    });
+    scenario.settle().await;
+    let done = scenario.status();
+    assert_eq!(done.phase, Some(Phase::Succeeded), "{done:?}");
+    let (value, reason, message) = scenario.condition(conditions::SUCCEEDED);
+    assert_eq!(
+        (value.as_str(), reason.as_str()),
+        ("True", "TargetLossReached")
+    );
+    assert!(message.contains("targetLoss"), "{message}");
+    assert_eq!(done.loss, Some(0.44), "the final evaluation's");
+    assert!(scenario.live_pods().is_empty());
+}
+
+#[tokio::test]
+async fn an_unanswered_stop_ends_the_job_after_the_wait() {
+    let scenario =
+        Scenario::running(spot_job("mf", 1, &["us-east-1a"]).with_wall_clock_limit("1h")).await;
+    // training started long ago; the coordinator is gone
+    {
+        let mut cluster = scenario.cluster.lock();
+        let status = cluster.job.as_mut().unwrap().status.as_mut().unwrap();
+        status.start_time = Some(Time(Timestamp::now() - SignedDuration::from_hours(2)));
+    }
+    scenario
+        .report(|status| status.progress = Some(ebbflow_runtime_api::ElasticProgress::default()));
+    scenario.settle().await;
+    assert_eq!(
+        scenario.status().stop_reason.as_deref(),
+        Some("wallClockLimit")
+    );
+    assert_eq!(
+        scenario.status().phase,
+        Some(Phase::Running),
+        "waiting for the coordinator"
+    );
+    // the coordinator never confirms and refuses the stop; past the wait the job ends anyway
+    scenario.coordinator.lock().refuse_stop = true;
+    {
+        let mut cluster = scenario.cluster.lock();
+        let status = cluster.job.as_mut().unwrap().status.as_mut().unwrap();
+        status.stop_requested_time = Some(Time(
+            Timestamp::now()
+                - SignedDuration::from_secs(super::stop::CONFIRM_WAIT.as_secs() as i64 + 1),
+        ));
+    }
+    scenario.settle().await;
+    let done = scenario.status();
+    assert_eq!(done.phase, Some(Phase::Succeeded), "{done:?}");
+    assert_eq!(
+        scenario.condition(conditions::SUCCEEDED).1,
+        "WallClockLimitReached"
+    );
+    assert!(scenario.live_pods().is_empty());
 }
 
 #[tokio::test]

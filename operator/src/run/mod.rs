@@ -1097,6 +1097,7 @@ impl Drive<'_> {
                 spent: bill.spent_usd,
                 free_compute: bill.free_usd,
                 on_demand_equivalent: bill.on_demand_equivalent_usd,
+                ..ebbflow_crds::CostStatus::default()
             }),
             evictions: point.evictions,
             migrations: point.partitions_migrated,
