@@ -426,11 +426,14 @@ pub struct StopSpec {
 
     /// Stop once the training loss reported by the coordinator is at or below this value (every
     /// app reports a non-negative loss: RMSE, cross-entropy, negative log-likelihood per token).
+    /// The operator checks it on each reconcile, asks the coordinator to stop, and the job
+    /// succeeds with reason TargetLossReached once the coordinator has stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0e9))]
     pub target_loss: Option<f64>,
 
-    /// Stop after this much wall-clock time since the job started (e.g. 90s, 30m, 6h).
+    /// Stop after this much wall-clock time since training started (`status.startTime`; e.g.
+    /// 90s, 30m, 6h); the job succeeds with reason WallClockLimitReached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_clock_limit: Option<DurationString>,
 }
@@ -549,9 +552,10 @@ pub struct BiddingSpec {
     #[schemars(range(min = 0.0, max = 1_000_000.0))]
     pub budget_per_hour: Option<f64>,
 
-    /// Spending cap in USD for the whole job, both tiers together. Once it is spent the bidder
-    /// releases transient capacity (decision reason BudgetExhausted) and `ebbflow run` stops
-    /// the job (summary stop_reason budgetTotal). Must be > 0.
+    /// Spending cap in USD for the whole job, both tiers together (`status.cost.spent`). Once it
+    /// is spent the bidder releases transient capacity (decision reason BudgetExhausted) and the
+    /// job is stopped: the operator asks the coordinator to stop and the job fails with reason
+    /// BudgetExhausted (`ebbflow run`: summary stop_reason budgetTotal). Must be > 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 100_000_000.0))]
     pub budget_total: Option<f64>,

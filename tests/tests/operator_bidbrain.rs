@@ -13,6 +13,9 @@
 //!   notice (the Node Termination Handler's taint) training goes on in stage 1 and the eviction's
 //!   stall (λ) is measured.
 //!
+//! - A job's `spec.bidding.budgetTotal`: the operator charges its pods at the trace's prices,
+//!   stops the real coordinator once they have spent it, and the job fails as BudgetExhausted.
+//!
 //! Each test runs its own operator scoped to its own namespace. Skipped (with a line saying so)
 //! unless `EBBFLOW_KUBECONFIG` names the cluster that `scripts/cluster.sh up` started; the ec2 test
 //! also needs `EBBFLOW_PYTHON` (a Python with moto, `scripts/setup-python.sh`).
@@ -415,20 +418,7 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
     let applied = std::time::Instant::now();
     let deadline = applied + Duration::from_secs(240);
     let status = loop {
-        for pod in pods.list(&selector).await?.items {
-            let tier = pod
-                .labels()
-                .get(controller::plan::TIER_LABEL)
-                .cloned()
-                .unwrap_or_default();
-            let pod_name = pod.name_any();
-            if pod.metadata.deletion_timestamp.is_none()
-                && (tier == "reliable" || tier == "transient")
-                && started.insert(pod_name.clone())
-            {
-                calibration_node(&url, &secret, &pod_name, tier == "reliable");
-            }
-        }
+        start_nodes_for_pods(&pods, name, (&url, &secret), &mut started).await?;
         let status = jobs.get(name).await?.status.unwrap_or_default();
         let measured = status
             .app_model
@@ -541,6 +531,209 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
         .await?
         .map_err(|_| "the coordinator thread panicked")??;
     assert!(report.stopped_at.is_some(), "stopped by the operator");
+    let _ = stop.send(());
+    nodes.delete().await?;
+    test_namespace.delete().await
+}
+
+/// Starts an elastic node (a thread of this process) for every runtime pod of job `name` the
+/// operator created that has none yet: the test is the kubelet.
+async fn start_nodes_for_pods(
+    pods: &Api<Pod>,
+    name: &str,
+    (url, secret): (&str, &str),
+    started: &mut BTreeSet<String>,
+) -> Result<(), BoxError> {
+    let selector = ListParams::default().labels(&format!("{}={name}", controller::plan::JOB_LABEL));
+    for pod in pods.list(&selector).await?.items {
+        let tier = pod
+            .labels()
+            .get(controller::plan::TIER_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let pod_name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_none()
+            && (tier == "reliable" || tier == "transient")
+            && started.insert(pod_name.clone())
+        {
+            calibration_node(url, secret, &pod_name, tier == "reliable");
+        }
+    }
+    Ok(())
+}
+
+/// `spec.bidding.budgetTotal` in the cluster: the operator charges the job's pods at the p3
+/// trace's prices (60 trace seconds per second), and once they have spent the budget it stops a
+/// real elastic coordinator (POST /stop), which ends the run with its final evaluation and keeps
+/// serving that outcome (as `ebbflow pod` does) until the operator has seen it; the job fails
+/// with reason BudgetExhausted and its pods are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_budget_stops_a_real_coordinator_and_releases_the_job() -> Result<(), BoxError> {
+    let test = "a_spent_budget_stops_a_real_coordinator_and_releases_the_job";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let test_namespace = TestNamespace::create(&client, "e2e-budget").await?;
+    let namespace = test_namespace.name().to_owned();
+    let nodes = P3Nodes::create(&client, "bud").await?;
+    let name = "budgeted";
+    let budget = 1.5;
+
+    let secret = "e2e-budget-token".to_owned();
+    ebbflow_tests::cluster::create_job_token(&client, &namespace, name, &secret).await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let registry = prometheus::Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)?;
+    let (release, linger) = tokio::sync::watch::channel(false);
+    let settings = ElasticJob {
+        config: ElasticConfig {
+            job: calibration_job_config(),
+            thresholds: StageThresholds::default(),
+            backup_every: 10,
+            backup_interval: None,
+            reliable: Vec::new(),
+            transient: Vec::new(),
+        },
+        secret: secret.clone(),
+        job: "e2e-calibration".into(),
+        reliable_nodes: 1,
+        join_timeout: Duration::from_secs(120),
+        background_copies: true,
+        linger: Some(linger),
+    };
+    let coordinator = std::thread::spawn(move || {
+        run_elastic_job(
+            &calibration_app(),
+            settings,
+            listener,
+            registry,
+            &metrics,
+            LiveFeed::new(),
+        )
+    });
+    let planner = BidBrainPlanner::new(BidBrainConfig {
+        trace_dir: spot_data(),
+        trace_speed: 60.0,
+        ..BidBrainConfig::default()
+    });
+    let stop = start_custom(
+        &client,
+        &prometheus::Registry::new(),
+        &url,
+        Custom {
+            capacity: Arc::new(planner),
+            ec2: None,
+            namespace: Some(namespace.clone()),
+        },
+    )
+    .await?;
+    let mut job = quickstart_job(name, &namespace)?;
+    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
+    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
+    job.spec.bidding.decision_interval = ebbflow_crds::DurationString::new("10s")?;
+    job.spec.bidding.budget_total = Some(budget);
+    job.spec.stop.iterations = Some(CALIBRATION_CLOCKS);
+    job.spec.transient.min_nodes = 1;
+    job.spec.transient.max_nodes = 2;
+    apply(&client, &job).await?;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &namespace);
+    let mut started = BTreeSet::new();
+    let applied = std::time::Instant::now();
+    let deadline = applied + Duration::from_secs(240);
+    let mut charged = Vec::new();
+    let status = loop {
+        start_nodes_for_pods(&pods, name, (&url, &secret), &mut started).await?;
+        let status = jobs.get(name).await?.status.unwrap_or_default();
+        if let Some(cost) = &status.cost {
+            if charged.last() != Some(&cost.spent) {
+                charged.push(cost.spent);
+            }
+        }
+        if status.phase == Some(ebbflow_crds::Phase::Failed) {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the job did not end on its budget within 240 s; nodes started {started:?}, status {status:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let elapsed = applied.elapsed();
+    let failed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .cloned()
+        .expect("a Failed condition");
+    assert_eq!(
+        (failed.status.as_str(), failed.reason.as_str()),
+        ("True", "BudgetExhausted"),
+        "{status:?}"
+    );
+    assert_eq!(status.stop_reason.as_deref(), Some("budgetTotal"));
+    let cost = status.cost.clone().expect("the job was charged");
+    assert!(cost.spent >= budget, "{cost:?}");
+    // What runs on after the budget is crossed: the seconds until the coordinator has stopped,
+    // at 60 trace seconds per second (about $0.08 a second here).
+    assert!(
+        cost.spent < budget * 2.0,
+        "stopped soon after the budget was spent: {cost:?} (charges seen {charged:?})"
+    );
+    assert!(
+        cost.on_demand_equivalent > cost.spent,
+        "spot pods ran below the on-demand price: {cost:?}"
+    );
+    assert!(
+        charged.windows(2).all(|w| w[0] <= w[1]) && charged.len() >= 3,
+        "charges rose as the pods ran: {charged:?}"
+    );
+    assert!(
+        status.iteration.is_some_and(|i| i > 0),
+        "the runtime trained: {status:?}"
+    );
+    eprintln!(
+        "{test}: failed after {:.1} s (trace speed 60): stop requested {:?}, spent ${:.3} of ${budget}, on-demand equivalent ${:.3}, iteration {:?}, charges seen {charged:?}",
+        elapsed.as_secs_f64(),
+        status.stop_requested_time,
+        cost.spent,
+        cost.on_demand_equivalent,
+        status.iteration,
+    );
+
+    // The operator saw the coordinator's outcome: it may stop serving it now.
+    let _ = release.send(true);
+    let report = tokio::task::spawn_blocking(move || coordinator.join())
+        .await?
+        .map_err(|_| "the coordinator thread panicked")??;
+    assert!(report.stopped_at.is_some(), "stopped by the operator");
+    let selector = ListParams::default().labels(&format!("{}={name}", controller::plan::JOB_LABEL));
+    poll_until(
+        "the job's pods to be released",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            let selector = selector.clone();
+            async move {
+                let live = pods
+                    .list(&selector)
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .count();
+                Ok((live == 0).then_some(()))
+            }
+        },
+    )
+    .await?;
+    jobs.delete(name, &DeleteParams::default()).await?;
+    wait_deleted(&jobs, name).await?;
     let _ = stop.send(());
     nodes.delete().await?;
     test_namespace.delete().await

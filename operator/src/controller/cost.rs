@@ -160,6 +160,13 @@ fn provider_reclaims(source: NoticeSource) -> bool {
 }
 
 impl CostLedger {
+    /// USD per wall-clock second the running instances are charged at their last prices (a
+    /// replayed trace's seconds pass `speed` times faster).
+    pub fn spend_rate(&self, pricing: &Pricing) -> f64 {
+        let usd_per_market_hour: f64 = self.running.values().map(|r| r.last_price).sum();
+        usd_per_market_hour / 3600.0 * pricing.clock.speed()
+    }
+
     /// Charges the job's `pods` up to `now` on `pricing` and returns the job's cost. `previous`
     /// is the job's last status cost (its ended totals are taken on the first call); `job_over`
     /// says the job has ended, so instances that go now end with it.
@@ -185,11 +192,17 @@ impl CostLedger {
         let mut unpriced = Vec::new();
         let mut seen = BTreeSet::new();
         for pod in pods {
-            let started = pod
-                .pod
-                .status
-                .as_ref()
+            // When the kubelet took the pod; a running pod without it (a simulated kubelet),
+            // from its creation.
+            let status = pod.pod.status.as_ref();
+            let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+            let started = status
                 .and_then(|s| s.start_time.as_ref())
+                .or_else(|| {
+                    running
+                        .then_some(pod.pod.metadata.creation_timestamp.as_ref())
+                        .flatten()
+                })
                 .map(|t| t.0);
             let Some(started) = started else {
                 continue;

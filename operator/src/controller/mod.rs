@@ -682,15 +682,19 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     };
     let coordinator_over = report.is_some_and(|r| r.finished || r.stopped || r.failed.is_some());
     let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
-    let cost = ctx.capacity.pricing(&job, now).map(|pricing| {
-        let job_over = already_succeeded || coordinator_over;
-        let previous_cost = previous.and_then(|s| s.cost.as_ref());
-        ctx.with_memory(&job_ref, |memory| {
-            memory
-                .cost
-                .observe(&pricing, &classified, job_over, now, previous_cost)
-        })
-    });
+    let (cost, spend_rate) = match ctx.capacity.pricing(&job, now) {
+        Some(pricing) => {
+            let job_over = already_succeeded || coordinator_over;
+            let previous_cost = previous.and_then(|s| s.cost.as_ref());
+            ctx.with_memory(&job_ref, |memory| {
+                let cost = memory
+                    .cost
+                    .observe(&pricing, &classified, job_over, now, previous_cost);
+                (Some(cost), memory.cost.spend_rate(&pricing))
+            })
+        }
+        None => (None, 0.0),
+    };
 
     // stop criteria the operator enforces
     let stop = if already_succeeded || job.spec.suspend {
@@ -971,6 +975,18 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         .decision_interval
         .to_duration()
         .unwrap_or(Duration::from_secs(120));
+    // a budget or wall-clock limit may run out before the next decision
+    let limits = stop::next_check(
+        &job,
+        &stop::Progress {
+            started: new_status.start_time.as_ref().map(|t| t.0),
+            loss: None,
+            spent: new_status.cost.as_ref().map(|c| c.spent),
+        },
+        spend_rate,
+        now,
+    );
+    let stopping = new_status.stop_reason.is_some();
     let action = if !coordinator_reachable || provisioner_error.is_some() {
         Action::requeue(ctx.backoff(failures))
     } else if activity != Activity::Run {
@@ -978,10 +994,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     } else if new_status.phase != Some(ebbflow_crds::Phase::Running)
         || !desired.create.is_empty()
         || !desired.delete.is_empty()
+        || stopping
     {
         Action::requeue(ctx.config.provisioning_requeue.min(interval))
     } else {
-        Action::requeue(interval)
+        Action::requeue(limits.map_or(interval, |limit| limit.min(interval)))
     };
     Ok(action)
 }

@@ -118,6 +118,36 @@ pub fn reached(
     None
 }
 
+/// How long until a criterion of `job` may be met, for the next reconcile: the wall-clock
+/// limit's end, or the budget's at `usd_per_second` (at least a second).
+pub fn next_check(
+    job: &TrainingJob,
+    progress: &Progress,
+    usd_per_second: f64,
+    now: Timestamp,
+) -> Option<Duration> {
+    let wall = job
+        .spec
+        .stop
+        .wall_clock_limit
+        .as_ref()
+        .and_then(|d| d.to_duration())
+        .zip(progress.started)
+        .map(|(limit, started)| limit.as_secs_f64() - now.duration_since(started).as_secs_f64());
+    let budget = job
+        .spec
+        .bidding
+        .budget_total
+        .zip(progress.spent)
+        .filter(|_| usd_per_second > 0.0)
+        .map(|(budget, spent)| (budget - spent) / usd_per_second);
+    [wall, budget]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp)
+        .map(|seconds| Duration::from_secs_f64(seconds.max(1.0)))
+}
+
 /// Where a stop the operator decided stands.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StopState {
@@ -198,6 +228,37 @@ mod tests {
             spent: Some(1e9),
         };
         assert_eq!(reached(&plain, &progress, at(1_000_000)), None);
+    }
+
+    #[test]
+    fn the_next_check_comes_when_a_limit_may_be_reached() {
+        let job = TrainingJob::test("stop")
+            .with_wall_clock_limit("10m")
+            .with_budget_total(2.0);
+        let progress = Progress {
+            started: Some(at(0)),
+            loss: None,
+            spent: Some(1.0),
+        };
+        // the budget ($1 left at $0.01/s: 100 s) comes before the wall clock (590 s)
+        assert_eq!(
+            next_check(&job, &progress, 0.01, at(10)),
+            Some(Duration::from_secs(100))
+        );
+        // nothing charged: the wall clock
+        assert_eq!(
+            next_check(&job, &progress, 0.0, at(10)),
+            Some(Duration::from_secs(590))
+        );
+        // past a limit: soon
+        assert_eq!(
+            next_check(&job, &progress, 0.0, at(900)),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            next_check(&TrainingJob::test("plain"), &progress, 1.0, at(10)),
+            None
+        );
     }
 
     #[test]
