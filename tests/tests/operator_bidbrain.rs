@@ -352,59 +352,10 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
     // test creates the token Secret; the operator keeps an existing one).
     let secret = "e2e-calibration-token".to_owned();
     ebbflow_tests::cluster::create_job_token(&client, &namespace, name, &secret).await?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let registry = prometheus::Registry::new();
-    let metrics = RuntimeMetrics::register(&registry)?;
-    let settings = ElasticJob {
-        config: ElasticConfig {
-            job: calibration_job_config(),
-            thresholds: StageThresholds::default(),
-            backup_every: 10,
-            backup_interval: None,
-            reliable: Vec::new(),
-            transient: Vec::new(),
-        },
-        secret: secret.clone(),
-        job: "e2e-calibration".into(),
-        reliable_nodes: 1,
-        join_timeout: Duration::from_secs(120),
-        background_copies: true,
-        linger: None,
-    };
-    let coordinator = std::thread::spawn(move || {
-        run_elastic_job(
-            &calibration_app(),
-            settings,
-            listener,
-            registry,
-            &metrics,
-            LiveFeed::new(),
-        )
-    });
-
     // The operator decides with BidBrain on the p3 trace at 60 trace seconds per second.
-    let planner = BidBrainPlanner::new(BidBrainConfig {
-        trace_dir: spot_data(),
-        trace_speed: 60.0,
-        ..BidBrainConfig::default()
-    });
-    let stop = start_custom(
-        &client,
-        &prometheus::Registry::new(),
-        &url,
-        Custom {
-            capacity: Arc::new(planner),
-            ec2: None,
-            namespace: Some(namespace.clone()),
-        },
-    )
-    .await?;
-    let mut job = quickstart_job(name, &namespace)?;
-    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
-    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
-    job.spec.bidding.decision_interval = ebbflow_crds::DurationString::new("10s")?;
-    job.spec.stop.iterations = Some(CALIBRATION_CLOCKS);
+    let (url, coordinator) = start_coordinator(&secret, None)?;
+    let stop = start_bidbrain_operator(&client, &url, &namespace).await?;
+    let mut job = trace_job(name, &namespace)?;
     job.spec.transient.min_nodes = 1;
     job.spec.transient.max_nodes = 3;
     let spec_model = ebbflow_operator::jobmarket::app_model(&job);
@@ -536,6 +487,93 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
     test_namespace.delete().await
 }
 
+/// A real elastic coordinator of the calibration app on 127.0.0.1 (a thread) whose secret is
+/// `secret`; `linger` as in [`ElasticJob::linger`]. Returns its URL and the thread.
+#[allow(clippy::type_complexity)]
+fn start_coordinator(
+    secret: &str,
+    linger: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Result<
+    (
+        String,
+        std::thread::JoinHandle<
+            Result<
+                ebbflow_runtime::elastic::ElasticReport,
+                ebbflow_runtime::elastic_coordinator::ElasticJobError,
+            >,
+        >,
+    ),
+    BoxError,
+> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let registry = prometheus::Registry::new();
+    let metrics = RuntimeMetrics::register(&registry)?;
+    let settings = ElasticJob {
+        config: ElasticConfig {
+            job: calibration_job_config(),
+            thresholds: StageThresholds::default(),
+            backup_every: 10,
+            backup_interval: None,
+            reliable: Vec::new(),
+            transient: Vec::new(),
+        },
+        secret: secret.to_owned(),
+        job: "e2e-calibration".into(),
+        reliable_nodes: 1,
+        join_timeout: Duration::from_secs(120),
+        background_copies: true,
+        linger,
+    };
+    let coordinator = std::thread::spawn(move || {
+        run_elastic_job(
+            &calibration_app(),
+            settings,
+            listener,
+            registry,
+            &metrics,
+            LiveFeed::new(),
+        )
+    });
+    Ok((url, coordinator))
+}
+
+/// An operator scoped to `namespace` deciding with BidBrain on trace markets at 60 trace seconds
+/// per second, its jobs' coordinator at `url`.
+async fn start_bidbrain_operator(
+    client: &Client,
+    url: &str,
+    namespace: &str,
+) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
+    let planner = BidBrainPlanner::new(BidBrainConfig {
+        trace_dir: spot_data(),
+        trace_speed: 60.0,
+        ..BidBrainConfig::default()
+    });
+    start_custom(
+        client,
+        &prometheus::Registry::new(),
+        url,
+        Custom {
+            capacity: Arc::new(planner),
+            ec2: None,
+            namespace: Some(namespace.to_owned()),
+        },
+    )
+    .await
+}
+
+/// The quickstart job on the p3 trace from 2023-02-20, deciding every 10 s, with more clocks
+/// than the tests run.
+fn trace_job(name: &str, namespace: &str) -> Result<TrainingJob, BoxError> {
+    let mut job = quickstart_job(name, namespace)?;
+    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
+    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
+    job.spec.bidding.decision_interval = ebbflow_crds::DurationString::new("10s")?;
+    job.spec.stop.iterations = Some(CALIBRATION_CLOCKS);
+    Ok(job)
+}
+
 /// Starts an elastic node (a thread of this process) for every runtime pod of job `name` the
 /// operator created that has none yet: the test is the kubelet.
 async fn start_nodes_for_pods(
@@ -582,59 +620,11 @@ async fn a_spent_budget_stops_a_real_coordinator_and_releases_the_job() -> Resul
 
     let secret = "e2e-budget-token".to_owned();
     ebbflow_tests::cluster::create_job_token(&client, &namespace, name, &secret).await?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let registry = prometheus::Registry::new();
-    let metrics = RuntimeMetrics::register(&registry)?;
     let (release, linger) = tokio::sync::watch::channel(false);
-    let settings = ElasticJob {
-        config: ElasticConfig {
-            job: calibration_job_config(),
-            thresholds: StageThresholds::default(),
-            backup_every: 10,
-            backup_interval: None,
-            reliable: Vec::new(),
-            transient: Vec::new(),
-        },
-        secret: secret.clone(),
-        job: "e2e-calibration".into(),
-        reliable_nodes: 1,
-        join_timeout: Duration::from_secs(120),
-        background_copies: true,
-        linger: Some(linger),
-    };
-    let coordinator = std::thread::spawn(move || {
-        run_elastic_job(
-            &calibration_app(),
-            settings,
-            listener,
-            registry,
-            &metrics,
-            LiveFeed::new(),
-        )
-    });
-    let planner = BidBrainPlanner::new(BidBrainConfig {
-        trace_dir: spot_data(),
-        trace_speed: 60.0,
-        ..BidBrainConfig::default()
-    });
-    let stop = start_custom(
-        &client,
-        &prometheus::Registry::new(),
-        &url,
-        Custom {
-            capacity: Arc::new(planner),
-            ec2: None,
-            namespace: Some(namespace.clone()),
-        },
-    )
-    .await?;
-    let mut job = quickstart_job(name, &namespace)?;
-    job.spec.bidding.market.trace = Some(spot_data().join(P3).display().to_string());
-    job.spec.bidding.market.trace_start = Some(Time("2023-02-20T00:00:00Z".parse()?));
-    job.spec.bidding.decision_interval = ebbflow_crds::DurationString::new("10s")?;
+    let (url, coordinator) = start_coordinator(&secret, Some(linger))?;
+    let stop = start_bidbrain_operator(&client, &url, &namespace).await?;
+    let mut job = trace_job(name, &namespace)?;
     job.spec.bidding.budget_total = Some(budget);
-    job.spec.stop.iterations = Some(CALIBRATION_CLOCKS);
     job.spec.transient.min_nodes = 1;
     job.spec.transient.max_nodes = 2;
     apply(&client, &job).await?;
