@@ -762,6 +762,14 @@ pub struct ElasticitySpec {
     /// failure without notice redoes at most this much work. Default: every 5 iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_flush_interval: Option<DurationString>,
+
+    /// Cap on the ActivePS → BackupPS copy traffic of the whole job, in megabits per second:
+    /// copies are then spaced further apart than backupFlushInterval when the last ones, at
+    /// the measured time per iteration, would send more (each coalesced delta then covers more
+    /// iterations, and a failure without notice may redo more work). Default: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.001, max = 1_000_000.0))]
+    pub backup_bandwidth_mbps: Option<f64>,
 }
 
 /// The Proteus stage-2 threshold on the transient:reliable ratio.
@@ -784,6 +792,7 @@ impl Default for ElasticitySpec {
             stage3_ratio: DEFAULT_STAGE3_RATIO,
             partitions: None,
             backup_flush_interval: None,
+            backup_bandwidth_mbps: None,
         }
     }
 }

@@ -159,6 +159,10 @@ pub struct ElasticConfig {
     /// Time between ActivePS → BackupPS copies instead: converted to clocks at the time per
     /// clock measured in the last segment (`backup_every` until there is one).
     pub backup_interval: Option<Duration>,
+    /// Cap on the background copy traffic, bytes per second over all nodes: copies are spaced
+    /// further apart than the above when the last segment's copies, at its time per clock,
+    /// would send more (each delta then coalesces the changes of more clocks).
+    pub backup_bandwidth: Option<f64>,
     /// Reliable (on-demand) nodes; they stay for the whole job.
     pub reliable: Vec<String>,
     /// Transient (spot) nodes present at the start.
@@ -391,19 +395,48 @@ struct Controller<'a> {
     stopped: bool,
     /// Wall time per clock of the last segment that ran any (its setup and teardown left out).
     seconds_per_clock: Option<f64>,
+    /// Bytes of one background copy (all partitions' images) in the last segment that took
+    /// any.
+    bytes_per_copy: Option<f64>,
 }
 
 /// Clocks between BackupPS copies: `backup_every`, or `backup_interval` at the measured time
-/// per clock (at least 1 clock; a clock of 0 s counts as 1 µs).
-fn copy_every(config: &ElasticConfig, seconds_per_clock: Option<f64>) -> u64 {
-    match (config.backup_interval, seconds_per_clock) {
-        (Some(interval), Some(per_clock)) => {
-            let clocks = (interval.as_secs_f64() / per_clock.max(1e-6)).ceil();
-            // Saturates: an interval of years at microsecond clocks is "never" in u64 clocks.
-            (clocks as u64).max(1)
-        }
+/// per clock (at least 1 clock; a clock of 0 s counts as 1 µs); then, under a
+/// `backup_bandwidth` cap, at least as many clocks as a copy of `bytes_per_copy` takes at that
+/// rate.
+fn copy_every(
+    config: &ElasticConfig,
+    seconds_per_clock: Option<f64>,
+    bytes_per_copy: Option<f64>,
+) -> u64 {
+    // Saturates: an interval of years at microsecond clocks is "never" in u64 clocks.
+    let clocks_for =
+        |seconds: f64, per_clock: f64| ((seconds / per_clock.max(1e-6)).ceil() as u64).max(1);
+    let every = match (config.backup_interval, seconds_per_clock) {
+        (Some(interval), Some(per_clock)) => clocks_for(interval.as_secs_f64(), per_clock),
         _ => config.backup_every,
+    };
+    match (config.backup_bandwidth, seconds_per_clock, bytes_per_copy) {
+        (Some(rate), Some(per_clock), Some(bytes)) if rate > 0.0 => {
+            every.max(clocks_for(bytes / rate, per_clock))
+        }
+        _ => every,
     }
+}
+
+/// Under a copy bandwidth cap, segments end after this many copies to measure their size.
+const COPIES_PER_MEASUREMENT: u64 = 8;
+
+/// Bytes and images of background copies counted so far, both kinds.
+fn copy_totals(metrics: &RuntimeMetrics) -> (u64, u64) {
+    ["whole", "delta"]
+        .iter()
+        .fold((0, 0), |(bytes, images), kind| {
+            (
+                bytes + metrics.backup_copy_bytes.with_label_values(&[kind]).get(),
+                images + metrics.backup_copy_images.with_label_values(&[kind]).get(),
+            )
+        })
 }
 
 fn empty_image(
@@ -1455,6 +1488,7 @@ fn run_controller<A: App>(
         epochs: vec![0; job.partitions as usize],
         stopped: false,
         seconds_per_clock: None,
+        bytes_per_copy: None,
         report: ElasticReport {
             run: RunReport::default(),
             segments: Vec::new(),
@@ -1864,7 +1898,12 @@ fn run_boundary(
     // others, so a failure still rolls back to a copy; and the copy's clock is the job's
     // reported progress (without one, a stage-1 segment across node processes would show none
     // until the next event).
-    let every = copy_every(config, controller.seconds_per_clock);
+    let every = copy_every(
+        config,
+        controller.seconds_per_clock,
+        controller.bytes_per_copy,
+    );
+    let copied_before = copy_totals(metrics);
     let next_backup = controller.backup_clock.saturating_add(every);
     // A fleet that copies to the BackupPSs in the background runs until the next event (or its
     // last armed copy, below); any other ends the segment at the next copy point and copies at
@@ -1878,6 +1917,13 @@ fn run_boundary(
     // While joined nodes prepare, come back every `backup_every` clocks to switch them in.
     let end = if controller.members.iter().any(|m| !m.ready) {
         end.min(clock + config.backup_every)
+    } else {
+        end
+    };
+    // Under a bandwidth cap the copies' size is measured again every few copies (a delta's
+    // size follows how many clocks it coalesces).
+    let end = if config.backup_bandwidth.is_some() && streams {
+        end.min(clock.saturating_add(every.saturating_mul(COPIES_PER_MEASUREMENT)))
     } else {
         end
     };
@@ -2031,6 +2077,14 @@ fn run_boundary(
         let running = (seconds - setup_seconds - teardown_seconds).max(0.0);
         controller.seconds_per_clock = Some(running / (end - clock) as f64);
     }
+    // One copy sends an image (whole or delta) of every partition.
+    let (bytes_before, images_before) = copied_before;
+    let (bytes_after, images_after) = copy_totals(metrics);
+    let images = images_after.saturating_sub(images_before);
+    if images > 0 {
+        let copies = images as f64 / f64::from(job.partitions.max(1));
+        controller.bytes_per_copy = Some(bytes_after.saturating_sub(bytes_before) as f64 / copies);
+    }
     controller.report.segments.push(SegmentRecord {
         first_clock: clock,
         end_clock: end,
@@ -2159,6 +2213,7 @@ mod tests {
             thresholds: StageThresholds::default(),
             backup_every: 5,
             backup_interval: None,
+            backup_bandwidth: None,
             reliable: vec!["r0".into()],
             transient: Vec::new(),
         };
@@ -2185,26 +2240,50 @@ mod tests {
             thresholds: StageThresholds::default(),
             backup_every: 5,
             backup_interval: None,
+            backup_bandwidth: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         };
         assert_eq!(
-            copy_every(&config, Some(0.01)),
+            copy_every(&config, Some(0.01), None),
             5,
             "no interval: backup_every"
         );
         config.backup_interval = Some(Duration::from_secs(2));
-        assert_eq!(copy_every(&config, None), 5, "nothing measured yet");
-        assert_eq!(copy_every(&config, Some(0.01)), 200);
-        assert_eq!(copy_every(&config, Some(0.3)), 7, "rounded up");
-        assert_eq!(copy_every(&config, Some(5.0)), 1, "at least every clock");
+        assert_eq!(copy_every(&config, None, None), 5, "nothing measured yet");
+        assert_eq!(copy_every(&config, Some(0.01), None), 200);
+        assert_eq!(copy_every(&config, Some(0.3), None), 7, "rounded up");
         assert_eq!(
-            copy_every(&config, Some(0.0)),
+            copy_every(&config, Some(5.0), None),
+            1,
+            "at least every clock"
+        );
+        assert_eq!(
+            copy_every(&config, Some(0.0), None),
             2_000_000,
             "a 0 s clock counts as 1 us"
         );
         config.backup_interval = Some(Duration::from_secs(u64::MAX));
-        assert_eq!(copy_every(&config, Some(0.0)), u64::MAX, "saturates");
+        assert_eq!(copy_every(&config, Some(0.0), None), u64::MAX, "saturates");
+
+        // A bandwidth cap spaces copies so that the last copy's size fits: 1 MB at 1 MB/s is a
+        // second of clocks; an interval longer than that still decides.
+        config.backup_interval = None;
+        config.backup_bandwidth = Some(1e6);
+        assert_eq!(copy_every(&config, Some(0.01), Some(1e6)), 100);
+        assert_eq!(
+            copy_every(&config, Some(0.01), Some(1e3)),
+            5,
+            "small copies: backup_every"
+        );
+        assert_eq!(
+            copy_every(&config, Some(0.01), None),
+            5,
+            "no copy measured yet"
+        );
+        config.backup_interval = Some(Duration::from_secs(3));
+        assert_eq!(copy_every(&config, Some(0.01), Some(1e6)), 300);
+        assert_eq!(copy_every(&config, Some(0.01), Some(5e6)), 500);
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn config(staleness: u64, clocks: u64, transient: &[&str]) -> ElasticConfig {
         thresholds: StageThresholds::default(),
         backup_every: 3,
         backup_interval: None,
+        backup_bandwidth: None,
         reliable: vec!["od-0".into()],
         transient: transient.iter().map(|s| s.to_string()).collect(),
     }

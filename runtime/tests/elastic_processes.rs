@@ -91,6 +91,16 @@ fn coordinator(job: &Job, reliable: u32, backup_every: u64) -> (String, Coordina
     coordinator_with(job, reliable, backup_every, timeout, registry)
 }
 
+/// As [`coordinator_with`], the copies capped at `backup_bandwidth` bytes per second.
+fn coordinator_capped(
+    job: &Job,
+    backup_bandwidth: f64,
+    registry: prometheus::Registry,
+) -> (String, CoordinatorThread) {
+    let timeout = HeartbeatConfig::default().timeout;
+    coordinator_configured(job, 1, 5, timeout, registry, Some(backup_bandwidth))
+}
+
 /// As [`coordinator`], declaring nodes failed after `heartbeat_timeout` of silence, with its
 /// metrics on `registry`.
 fn coordinator_with(
@@ -99,6 +109,24 @@ fn coordinator_with(
     backup_every: u64,
     heartbeat_timeout: Duration,
     registry: prometheus::Registry,
+) -> (String, CoordinatorThread) {
+    coordinator_configured(
+        job,
+        reliable,
+        backup_every,
+        heartbeat_timeout,
+        registry,
+        None,
+    )
+}
+
+fn coordinator_configured(
+    job: &Job,
+    reliable: u32,
+    backup_every: u64,
+    heartbeat_timeout: Duration,
+    registry: prometheus::Registry,
+    backup_bandwidth: Option<f64>,
 ) -> (String, CoordinatorThread) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -116,6 +144,7 @@ fn coordinator_with(
             thresholds: StageThresholds::default(),
             backup_every,
             backup_interval: None,
+            backup_bandwidth,
             reliable: Vec::new(),
             transient: Vec::new(),
         },
@@ -725,6 +754,55 @@ fn copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(
     }
     for child in std::iter::once(&mut r0).chain(&mut survivors) {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+/// A cap on the copies' bandwidth spaces them out: a dense job (every row changes every clock)
+/// whose copies every 5 clocks would send about 2 KB per 75 ms sends at about the cap's rate
+/// instead, each delta coalescing more clocks, and its table is still exact.
+#[test]
+fn a_copy_bandwidth_cap_spaces_the_copies_and_keeps_the_table_exact() {
+    let job = Job {
+        clocks: 400,
+        staleness: 1,
+        partitions: 6,
+        workers: 3,
+        update_period: 1,
+    };
+    let cap = 8_000.0; // bytes per second
+    let registry = prometheus::Registry::new();
+    let (url, coordinator) = coordinator_capped(&job, cap, registry.clone());
+    let started = Instant::now();
+    let mut nodes = vec![node(&job, &url, "r0", false, 30)];
+    for t in 0..2 {
+        nodes.push(node(&job, &url, &format!("t{t}"), true, 30));
+    }
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    let seconds = started.elapsed().as_secs_f64();
+    assert_exact(&report);
+    let copy = |name: &str, kind: &str| counter(&registry, name, kind);
+    let bytes = copy("ebbflow_runtime_backup_copy_bytes_total", "delta")
+        + copy("ebbflow_runtime_backup_copy_bytes_total", "whole");
+    let images = copy("ebbflow_runtime_backup_copy_images_total", "delta")
+        + copy("ebbflow_runtime_backup_copy_images_total", "whole");
+    let copies = images / f64::from(job.partitions);
+    let uncapped = job.clocks as f64 / 5.0;
+    let rate = bytes / seconds;
+    eprintln!(
+        "capped at {cap} B/s: {copies:.0} copies ({uncapped:.0} every 5 clocks), {bytes:.0} bytes \
+         in {seconds:.1} s = {rate:.0} B/s; segments {}",
+        report.segments.len()
+    );
+    assert!(copies > 2.0, "copies still happen: {copies}");
+    assert!(
+        copies < uncapped / 2.0,
+        "{copies} copies where every 5 clocks would take {uncapped}"
+    );
+    // The first copies, before any was measured, go at backup_every.
+    assert!(rate < 1.5 * cap, "{rate} B/s over a {cap} B/s cap");
+    for mut child in nodes {
+        let (exit, stderr) = wait_exit(&mut child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
 }

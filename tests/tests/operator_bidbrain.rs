@@ -515,6 +515,7 @@ fn start_coordinator(
             thresholds: StageThresholds::default(),
             backup_every: 10,
             backup_interval: None,
+            backup_bandwidth: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         },

@@ -77,6 +77,7 @@ fn drive_runtime(metrics: &RuntimeMetrics) -> Result<(), BoxError> {
         thresholds: StageThresholds::default(),
         backup_every: 3,
         backup_interval: None,
+        backup_bandwidth: None,
         reliable: vec!["od-0".into()],
         transient: vec!["s-0".into()],
     };

@@ -406,6 +406,10 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             .backup_flush_interval
             .as_ref()
             .and_then(|interval| interval.to_duration()),
+        backup_bandwidth: spec
+            .elasticity
+            .backup_bandwidth_mbps
+            .map(|mbps| mbps * 1e6 / 8.0),
         reliable: (0..spec.reliable.count)
             .map(|i| format!("od-{i}"))
             .collect(),
@@ -1186,9 +1190,17 @@ mod tests {
     fn the_backup_flush_interval_sets_the_copy_interval_in_time() {
         let config = elastic_config(&example("lda-reuters.yaml"));
         assert_eq!(config.backup_interval, Some(Duration::from_secs(5)));
-        let config = elastic_config(&example("quickstart.yaml"));
+        let mut job = example("quickstart.yaml");
+        let config = elastic_config(&job);
         assert_eq!(config.backup_interval, None);
         assert_eq!(config.backup_every, DEFAULT_BACKUP_EVERY);
+        assert_eq!(config.backup_bandwidth, None);
+        job.spec.elasticity.backup_bandwidth_mbps = Some(8.0);
+        assert_eq!(
+            elastic_config(&job).backup_bandwidth,
+            Some(1e6),
+            "bytes per second"
+        );
     }
 
     #[test]

@@ -170,6 +170,7 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         thresholds: StageThresholds::default(),
         backup_every: 5,
         backup_interval: None,
+        backup_bandwidth: None,
         reliable: vec!["od-0".into()],
         transient: Vec::new(),
     };
@@ -328,6 +329,7 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
         thresholds: StageThresholds::default(),
         backup_every: 1,
         backup_interval: None,
+        backup_bandwidth: None,
         reliable: vec!["od-0".into()],
         transient: names("spot", 0..4),
     };
@@ -392,6 +394,7 @@ fn seconds_per_iteration(
         thresholds: StageThresholds::forced(stage),
         backup_every: args.backup_every,
         backup_interval: None,
+        backup_bandwidth: None,
         reliable: names("od", 0..reliable),
         transient: names("spot", 0..transient),
     };

@@ -125,6 +125,10 @@ enum Command {
         /// to clocks at the time per clock measured in the last segment.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         backup_interval_ms: Option<u64>,
+        /// Cap on the BackupPS copy traffic, all nodes together, in megabits per second: copies
+        /// are spaced so that their measured size fits (each delta then coalesces more clocks).
+        #[arg(long, value_parser = positive_mbps)]
+        backup_bandwidth_mbps: Option<f64>,
         /// Take the BackupPS copies at segment boundaries (every node stops every
         /// --backup-every clocks) instead of in the background while workers run.
         #[arg(long)]
@@ -303,6 +307,16 @@ struct AppArgs {
     exact_update_period: u64,
 }
 
+/// A rate in megabits per second: a finite number above 0.
+fn positive_mbps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(mbps) if mbps.is_finite() && mbps > 0.0 => Ok(mbps),
+        _ => Err(format!(
+            "expected megabits per second above 0 (e.g. 100 or 0.5), got {text:?}"
+        )),
+    }
+}
+
 fn parse_optimizer(text: &str) -> Result<Optimizer, String> {
     let parts: Vec<&str> = text.split(':').collect();
     let number = |i: usize| -> Result<f32, String> {
@@ -449,6 +463,7 @@ fn main() -> anyhow::Result<()> {
             reliable_nodes,
             backup_every,
             backup_interval_ms,
+            backup_bandwidth_mbps,
             boundary_copies,
             stage2_above,
             stage3_above,
@@ -471,6 +486,7 @@ fn main() -> anyhow::Result<()> {
                         },
                         backup_every,
                         backup_interval: backup_interval_ms.map(Duration::from_millis),
+                        backup_bandwidth: backup_bandwidth_mbps.map(|mbps| mbps * 1e6 / 8.0),
                         reliable: Vec::new(),
                         transient: Vec::new(),
                     },
