@@ -1200,6 +1200,8 @@ pub struct ProcessFleet {
     /// Copy partitions to the BackupPSs in the background during segments (else at
     /// boundaries every `backup_every` clocks).
     background_copies: bool,
+    /// Where complete background copies are offered for the coordinator's checkpoint.
+    checkpoint: Option<Arc<crate::checkpoint::CheckpointWriter>>,
     /// The latest complete background copy of the last segment, if that segment failed.
     salvage: Option<Salvage>,
     /// Per joined node being prepared: the other nodes opening their workers' connections to
@@ -1225,6 +1227,8 @@ struct CopySets {
     /// A set of this segment was not kept: later sets may no longer count on the one before
     /// them ([`CopySets::base_after`]).
     broken: bool,
+    /// Where complete copies are offered for the coordinator's checkpoint.
+    checkpoint: Option<Arc<crate::checkpoint::CheckpointWriter>>,
 }
 
 impl CopySets {
@@ -1368,6 +1372,9 @@ impl CopySets {
             }
         };
         metrics.consistent_clock.set(clock as i64);
+        if let Some(writer) = &self.checkpoint {
+            writer.offer(clock, &images);
+        }
         self.latest = Some(Salvage {
             clock,
             images,
@@ -1405,6 +1412,7 @@ impl ProcessFleet {
             heartbeats: None,
             partition_bytes: PartitionBytes::unregistered(),
             background_copies: true,
+            checkpoint: None,
             salvage: None,
             opening: BTreeMap::new(),
             largest_image_bytes: 0,
@@ -1415,6 +1423,15 @@ impl ProcessFleet {
     /// background (`false`; the benchmarks compare both).
     pub fn with_background_copies(mut self, on: bool) -> Self {
         self.background_copies = on;
+        self
+    }
+
+    /// Offers every complete background copy to `writer` (the coordinator's checkpoint).
+    pub fn with_checkpoint(
+        mut self,
+        writer: Option<Arc<crate::checkpoint::CheckpointWriter>>,
+    ) -> Self {
+        self.checkpoint = writer;
         self
     }
 
@@ -1959,7 +1976,10 @@ impl Fleet for ProcessFleet {
         }
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
-        let copies = Mutex::new(CopySets::over(spec.held_backup.clone()));
+        let copies = Mutex::new(CopySets {
+            checkpoint: self.checkpoint.clone(),
+            ..CopySets::over(spec.held_backup.clone())
+        });
         let shape = (
             addrs.len(),
             spec.map.num_partitions() as usize,

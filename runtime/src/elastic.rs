@@ -163,6 +163,10 @@ pub struct ElasticConfig {
     /// further apart than the above when the last segment's copies, at its time per clock,
     /// would send more (each delta then coalesces the changes of more clocks).
     pub backup_bandwidth: Option<f64>,
+    /// Resume from this consistent copy (a coordinator's checkpoint) instead of clock 0.
+    pub start: Option<Arc<crate::checkpoint::Checkpoint>>,
+    /// Writes the newest consistent copy to disk as the run goes.
+    pub checkpoint: Option<Arc<crate::checkpoint::CheckpointWriter>>,
     /// Reliable (on-demand) nodes; they stay for the whole job.
     pub reliable: Vec<String>,
     /// Transient (spot) nodes present at the start.
@@ -422,6 +426,34 @@ fn copy_every(
         }
         _ => every,
     }
+}
+
+/// A checkpoint to resume from must fit the job: one image per partition, in order, and a clock
+/// within the job's.
+fn check_start(
+    start: &crate::checkpoint::Checkpoint,
+    partitions: u32,
+    clocks: u64,
+) -> Result<(), ElasticError> {
+    let in_order = start
+        .images
+        .iter()
+        .enumerate()
+        .all(|(i, image)| image.partition == i as u32);
+    if start.images.len() != partitions as usize || !in_order {
+        return Err(ElasticError::Validate(format!(
+            "the checkpoint of job {} holds {} partition images, the job has {partitions}",
+            start.job,
+            start.images.len()
+        )));
+    }
+    if start.clock > clocks {
+        return Err(ElasticError::Validate(format!(
+            "the checkpoint of job {} is at clock {}, past the job's {clocks} clocks",
+            start.job, start.clock
+        )));
+    }
+    Ok(())
 }
 
 /// Under a copy bandwidth cap, segments end after this many copies to measure their size.
@@ -1475,15 +1507,24 @@ fn run_controller<A: App>(
     let specs = app.tables();
     let job = &config.job;
     let workers = job.workers as u32;
-    let images = Arc::new(empty_images(job.partitions, &specs, workers));
+    // A resumed run starts from its checkpoint's copy as a rollback to it would.
+    let (start_clock, images) = match &config.start {
+        Some(start) => {
+            check_start(start, job.partitions, job.clocks)?;
+            tracing::info!(clock = start.clock, "resuming from a checkpoint");
+            metrics.consistent_clock.set(start.clock as i64);
+            (start.clock, Arc::new(start.images.clone()))
+        }
+        None => (0, Arc::new(empty_images(job.partitions, &specs, workers))),
+    };
     let mut controller = Controller {
         members: Vec::new(),
         next_id: 0,
         departed: BTreeSet::new(),
         backup: images.clone(),
         images,
-        clock: 0,
-        backup_clock: 0,
+        clock: start_clock,
+        backup_clock: start_clock,
         layout: None,
         epochs: vec![0; job.partitions as usize],
         stopped: false,
@@ -1540,6 +1581,9 @@ fn run_controller<A: App>(
     let mut arrived: Vec<(ElasticEvent, Instant)> = Vec::new();
     loop {
         while controller.clock < job.clocks {
+            if let Some(writer) = &config.checkpoint {
+                writer.offer(controller.backup_clock, &controller.backup);
+            }
             // Events due at this boundary: scheduled ones in schedule order, then live arrivals.
             let clock = controller.clock;
             let mut due: Vec<(ElasticEvent, Instant)> = Vec::new();
@@ -2214,6 +2258,8 @@ mod tests {
             backup_every: 5,
             backup_interval: None,
             backup_bandwidth: None,
+            start: None,
+            checkpoint: None,
             reliable: vec!["r0".into()],
             transient: Vec::new(),
         };
@@ -2241,6 +2287,8 @@ mod tests {
             backup_every: 5,
             backup_interval: None,
             backup_bandwidth: None,
+            start: None,
+            checkpoint: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         };

@@ -408,6 +408,9 @@ pub enum ElasticJobError {
     /// The run failed.
     #[error(transparent)]
     Run(#[from] crate::elastic::ElasticError),
+    /// The checkpoint to resume from could not be read (named in the message).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
 impl ElasticJobError {
@@ -417,6 +420,7 @@ impl ElasticJobError {
             ElasticJobError::Serve(_) => "serve",
             ElasticJobError::JoinTimeout { .. } => "join_timeout",
             ElasticJobError::Run(e) => e.category(),
+            ElasticJobError::Checkpoint(_) => "checkpoint",
         }
     }
 }
@@ -441,6 +445,17 @@ pub struct ElasticJob {
     /// true or its sender is dropped: a pod's coordinator lingers so that its operator reads
     /// the outcome before it deletes the job's pods. `None`: stop serving at once.
     pub linger: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Checkpoint the newest consistent copy to disk, and resume from the checkpoint there.
+    pub checkpoint: Option<CheckpointSettings>,
+}
+
+/// Where and how often a coordinator checkpoints ([`crate::checkpoint`]).
+#[derive(Debug, Clone)]
+pub struct CheckpointSettings {
+    /// The checkpoint file (its directory must exist).
+    pub path: std::path::PathBuf,
+    /// At most one write per this long.
+    pub interval: Duration,
 }
 
 /// The events a job's controller acts on: the sender (joins and notices from the admin API,
@@ -485,6 +500,23 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         .build()
         .map_err(ElasticJobError::Serve)?;
     let linger = job.linger.clone();
+    // A checkpoint of this job's on disk is where it resumes.
+    let (start, writer) = match &job.checkpoint {
+        Some(settings) => {
+            let start = crate::checkpoint::Checkpoint::read(&settings.path, &job.job)?;
+            let writer = crate::checkpoint::CheckpointWriter::start(
+                settings.path.clone(),
+                &job.job,
+                settings.interval,
+                metrics.checkpoint_clock.clone(),
+            );
+            if let Some(start) = &start {
+                metrics.checkpoint_clock.set(start.clock as i64);
+            }
+            (start.map(Arc::new), Some(writer))
+        }
+        None => (None, None),
+    };
     let directory = Arc::new(Mutex::new(BTreeMap::new()));
     let heartbeats = Arc::new(
         Heartbeats::new(heartbeat_timeout, &registry).unwrap_or_else(|error| {
@@ -550,6 +582,8 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     let config = crate::elastic::ElasticConfig {
         reliable,
         transient,
+        start,
+        checkpoint: writer.clone(),
         ..job.config
     };
     tracing::info!(
@@ -566,7 +600,8 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     )
     .with_heartbeats(heartbeats)
     .with_partition_bytes(partition_bytes)
-    .with_background_copies(job.background_copies);
+    .with_background_copies(job.background_copies)
+    .with_checkpoint(writer);
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {

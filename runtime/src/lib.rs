@@ -13,6 +13,7 @@
 pub mod app;
 pub mod apps;
 pub mod bandwidth;
+pub mod checkpoint;
 pub mod client;
 pub mod cluster;
 pub mod control;

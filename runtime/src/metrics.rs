@@ -42,6 +42,8 @@ pub struct RuntimeMetrics {
     pub clocks_redone: IntCounter,
     /// Clocks every partition holds at the last segment boundary of an elastic run.
     pub consistent_clock: IntGauge,
+    /// Clock of the last checkpoint written to disk (0: none).
+    pub checkpoint_clock: IntGauge,
     /// Data shards a worker started from, by source (`built`: loaded when the worker started;
     /// `preloaded`: loaded in the background beforehand by the shard's second holder).
     pub shard_loads: IntCounterVec,
@@ -144,6 +146,10 @@ impl RuntimeMetrics {
                 "ebbflow_runtime_consistent_clock",
                 "clocks every partition holds at the last segment boundary",
             )?,
+            checkpoint_clock: IntGauge::new(
+                "ebbflow_runtime_checkpoint_clock",
+                "Clock of the last checkpoint the coordinator wrote to disk (0: none yet).",
+            )?,
             shard_loads: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_shard_loads_total",
@@ -184,6 +190,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.rollbacks.clone()))?;
         registry.register(Box::new(metrics.clocks_redone.clone()))?;
         registry.register(Box::new(metrics.consistent_clock.clone()))?;
+        registry.register(Box::new(metrics.checkpoint_clock.clone()))?;
         registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.pre_opened_connections.clone()))?;

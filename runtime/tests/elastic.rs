@@ -56,6 +56,8 @@ fn config(staleness: u64, clocks: u64, transient: &[&str]) -> ElasticConfig {
         backup_every: 3,
         backup_interval: None,
         backup_bandwidth: None,
+        start: None,
+        checkpoint: None,
         reliable: vec!["od-0".into()],
         transient: transient.iter().map(|s| s.to_string()).collect(),
     }

@@ -145,6 +145,8 @@ fn coordinator_configured(
             backup_every,
             backup_interval: None,
             backup_bandwidth,
+            start: None,
+            checkpoint: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         },
@@ -154,6 +156,7 @@ fn coordinator_configured(
         join_timeout: Duration::from_secs(60),
         background_copies: true,
         linger: None,
+        checkpoint: None,
     };
     let metrics = RuntimeMetrics::register(&registry).unwrap();
     let handle = std::thread::spawn(move || {
@@ -803,6 +806,144 @@ fn a_copy_bandwidth_cap_spaces_the_copies_and_keeps_the_table_exact() {
     assert!(rate < 1.5 * cap, "{rate} B/s over a {cap} B/s cap");
     for mut child in nodes {
         let (exit, stderr) = wait_exit(&mut child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+/// `ebbflow-runtime elastic-coordinator` as a process, checkpointing to `checkpoint` every
+/// 100 ms at most and writing its report to `report`; returns it and its admin URL.
+fn coordinator_process(
+    job: &Job,
+    checkpoint: &std::path::Path,
+    report: &std::path::Path,
+) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"))
+        .arg("elastic-coordinator")
+        .args(job.flags())
+        .args(["--listen", "127.0.0.1:0", "--reliable-nodes", "1"])
+        .args(["--backup-every", "5", "--checkpoint-interval-ms", "100"])
+        .arg("--checkpoint")
+        .arg(checkpoint)
+        .arg("--report-out")
+        .arg(report)
+        .env("EBBFLOW_JOB_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting an elastic coordinator");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("piped")),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the coordinator's first line: {line:?}"));
+    (child, format!("http://{addr}"))
+}
+
+/// A coordinator lost mid-run (SIGKILL, with its nodes: its reliable pod drained, say) and
+/// started again on its checkpoint resumes at the checkpoint's clock, not at 0, with new nodes,
+/// and the table comes out exact; a checkpoint of another job is refused by name.
+#[test]
+fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
+    let job = Job {
+        clocks: 400,
+        staleness: 1,
+        partitions: 6,
+        workers: 3,
+        update_period: 1,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("job.ckpt");
+    let report = dir.path().join("report.json");
+    let (mut first, url) = coordinator_process(&job, &checkpoint, &report);
+    let mut nodes = vec![
+        node(&job, &url, "r0", false, 30),
+        node(&job, &url, "t0", true, 30),
+    ];
+    let job_id = job.id();
+    let read = || {
+        ebbflow_runtime::checkpoint::Checkpoint::read(&checkpoint, &job_id)
+            .ok()
+            .flatten()
+    };
+    // Training went on past a checkpoint or two (each wait is on the job's progress).
+    let mut at = 100;
+    while read().is_none_or(|c| c.clock < 60) {
+        assert!(
+            at < job.clocks - 50,
+            "no checkpoint at clock 60 or later by clock {at}"
+        );
+        wait_for(&url, &format!("clock {at}"), |s| clock(s) >= at);
+        at += 10;
+    }
+    signal(&first, "KILL");
+    for child in &nodes {
+        signal(child, "KILL");
+    }
+    let _ = wait_exit(&mut first, Duration::from_secs(10));
+    for child in &mut nodes {
+        let _ = wait_exit(child, Duration::from_secs(10));
+    }
+    let saved = read().expect("a checkpoint").clock;
+    assert!((60..job.clocks).contains(&saved), "{saved}");
+
+    // Another job's coordinator refuses the file, naming it.
+    let other = Job { clocks: 300, ..job };
+    let refused = Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"))
+        .arg("elastic-coordinator")
+        .args(other.flags())
+        .args(["--listen", "127.0.0.1:0", "--reliable-nodes", "1"])
+        .arg("--checkpoint")
+        .arg(&checkpoint)
+        .args(["--join-timeout-seconds", "5"])
+        .env("EBBFLOW_JOB_SECRET", SECRET)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("job.ckpt") && stderr.contains("belongs to job"),
+        "{stderr}"
+    );
+
+    // The restarted coordinator and new nodes go on from the checkpoint.
+    let (mut second, url) = coordinator_process(&job, &checkpoint, &report);
+    let mut nodes = vec![
+        node(&job, &url, "r1", false, 30),
+        node(&job, &url, "t1", true, 30),
+    ];
+    let (exit, stderr) = wait_exit(&mut second, Duration::from_secs(120));
+    assert!(exit.success(), "{exit:?} {stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let wrong = summary["run"]["eval"]["metrics"]
+        .as_array()
+        .and_then(|metrics| {
+            metrics
+                .iter()
+                .find(|m| m[0] == "wrong_values")
+                .and_then(|m| m[1].as_f64())
+        });
+    assert_eq!(
+        wrong,
+        Some(0.0),
+        "the final table differs: {}",
+        summary["run"]["eval"]
+    );
+    let first_clock = summary["segments"][0]["first_clock"].as_u64().unwrap();
+    assert_eq!(first_clock, saved, "resumed at the checkpoint's clock");
+    eprintln!(
+        "checkpoint at clock {saved} of {}; the restarted coordinator's first segment started there",
+        job.clocks
+    );
+    for child in &mut nodes {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
 }

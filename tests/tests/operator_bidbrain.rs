@@ -516,6 +516,8 @@ fn start_coordinator(
             backup_every: 10,
             backup_interval: None,
             backup_bandwidth: None,
+            start: None,
+            checkpoint: None,
             reliable: Vec::new(),
             transient: Vec::new(),
         },
@@ -525,6 +527,7 @@ fn start_coordinator(
         join_timeout: Duration::from_secs(120),
         background_copies: true,
         linger,
+        checkpoint: None,
     };
     let coordinator = std::thread::spawn(move || {
         run_elastic_job(

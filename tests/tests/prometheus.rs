@@ -78,6 +78,8 @@ fn drive_runtime(metrics: &RuntimeMetrics) -> Result<(), BoxError> {
         backup_every: 3,
         backup_interval: None,
         backup_bandwidth: None,
+        start: None,
+        checkpoint: None,
         reliable: vec!["od-0".into()],
         transient: vec!["s-0".into()],
     };

@@ -410,6 +410,8 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             .elasticity
             .backup_bandwidth_mbps
             .map(|mbps| mbps * 1e6 / 8.0),
+        start: None,
+        checkpoint: None,
         reliable: (0..spec.reliable.count)
             .map(|i| format!("od-{i}"))
             .collect(),
@@ -666,6 +668,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             join_timeout: Duration::from_secs(120),
             background_copies: true,
             linger: None,
+            checkpoint: None,
         };
         let outcome = std::thread::scope(|scope| {
             let training = scope.spawn(|| {

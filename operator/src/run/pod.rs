@@ -189,6 +189,7 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         join_timeout: Duration::from_secs(600),
         background_copies: true,
         linger: Some(terminated.receiver()),
+        checkpoint: None,
     };
     let registry = Registry::new();
     let metrics = RuntimeMetrics::register(&registry)

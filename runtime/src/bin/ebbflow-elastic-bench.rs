@@ -171,6 +171,8 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         backup_every: 5,
         backup_interval: None,
         backup_bandwidth: None,
+        start: None,
+        checkpoint: None,
         reliable: vec!["od-0".into()],
         transient: Vec::new(),
     };
@@ -330,6 +332,8 @@ fn notice_to_safe(args: &Args) -> anyhow::Result<()> {
         backup_every: 1,
         backup_interval: None,
         backup_bandwidth: None,
+        start: None,
+        checkpoint: None,
         reliable: vec!["od-0".into()],
         transient: names("spot", 0..4),
     };
@@ -395,6 +399,8 @@ fn seconds_per_iteration(
         backup_every: args.backup_every,
         backup_interval: None,
         backup_bandwidth: None,
+        start: None,
+        checkpoint: None,
         reliable: names("od", 0..reliable),
         transient: names("spot", 0..transient),
     };

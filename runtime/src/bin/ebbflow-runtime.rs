@@ -12,7 +12,7 @@ use ebbflow_runtime::apps::NamedApp;
 use ebbflow_runtime::client::{ClientConfig, NodeAddrs};
 use ebbflow_runtime::coordinator::{Coordinator, CoordinatorConfig, metrics_router, router};
 use ebbflow_runtime::elastic::{ElasticConfig, StageThresholds};
-use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job_with};
+use ebbflow_runtime::elastic_coordinator::{CheckpointSettings, ElasticJob, run_elastic_job_with};
 use ebbflow_runtime::elastic_node::{
     ElasticNodeSettings, NodeOptions, NoticeSources, run_elastic_node_with, watch_for_notices,
 };
@@ -152,6 +152,13 @@ enum Command {
         /// Write the final report (JSON) here.
         #[arg(long)]
         report_out: Option<PathBuf>,
+        /// Checkpoint the newest consistent BackupPS copy to this file, and resume from it if
+        /// it holds this job's (a coordinator restarted after a crash goes on from there).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Milliseconds between checkpoint writes at most.
+        #[arg(long, default_value_t = 30_000)]
+        checkpoint_interval_ms: u64,
         #[command(flatten)]
         app: AppArgs,
     },
@@ -471,6 +478,8 @@ fn main() -> anyhow::Result<()> {
             heartbeat_timeout_ms,
             secret,
             report_out,
+            checkpoint,
+            checkpoint_interval_ms,
             app,
         } => {
             if reliable_nodes == 0 {
@@ -487,6 +496,8 @@ fn main() -> anyhow::Result<()> {
                         backup_every,
                         backup_interval: backup_interval_ms.map(Duration::from_millis),
                         backup_bandwidth: backup_bandwidth_mbps.map(|mbps| mbps * 1e6 / 8.0),
+                        start: None,
+                        checkpoint: None,
                         reliable: Vec::new(),
                         transient: Vec::new(),
                     },
@@ -496,6 +507,10 @@ fn main() -> anyhow::Result<()> {
                     join_timeout: Duration::from_secs(join_timeout_seconds),
                     background_copies: !boundary_copies,
                     linger: None,
+                    checkpoint: checkpoint.map(|path| CheckpointSettings {
+                        path,
+                        interval: Duration::from_millis(checkpoint_interval_ms),
+                    }),
                 },
                 listen,
                 report_out,
