@@ -960,4 +960,25 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub termination_grace_period_seconds: Option<i64>,
+
+    /// Where the coordinator keeps its checkpoint (its newest consistent copy of the
+    /// parameters), so that a job whose coordinator pod is lost (its node drained, the pod
+    /// evicted) resumes from there instead of from the start. Default: no checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+/// The coordinator's checkpoint storage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// PersistentVolumeClaim (in the job's namespace, writable) mounted at /checkpoint on the
+    /// coordinator pod; the checkpoint is the file named after the job's uid there.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+
+    /// At most one write per this long (e.g. 60s, 10m); default 60s. Each write is the whole
+    /// parameter set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<DurationString>,
 }

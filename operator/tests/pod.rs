@@ -89,6 +89,17 @@ struct PodProcess {
 }
 
 fn start(pod: &Pod, token: &str, admin: u16, logs: &std::path::Path) -> PodProcess {
+    start_with(pod, token, admin, logs, &[])
+}
+
+/// As [`start`] with `extra` variables set over the pod's (files, once per process start).
+fn start_with(
+    pod: &Pod,
+    token: &str,
+    admin: u16,
+    logs: &std::path::Path,
+    extra: &[(&str, String)],
+) -> PodProcess {
     let container = &pod.spec.as_ref().unwrap().containers[0];
     let command = container
         .command
@@ -96,11 +107,16 @@ fn start(pod: &Pod, token: &str, admin: u16, logs: &std::path::Path) -> PodProce
         .expect("the runtime container has a command");
     assert_eq!(command, RUNTIME_COMMAND);
     let name = pod.metadata.name.clone().unwrap();
-    let out = logs.join(format!("{name}.out"));
-    let err = logs.join(format!("{name}.err"));
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let out = logs.join(format!("{name}-{started}.out"));
+    let err = logs.join(format!("{name}-{started}.err"));
     let child = Command::new(env!("CARGO_BIN_EXE_ebbflow"))
         .args(&command[1..])
         .envs(environment(pod, token, admin))
+        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::from(std::fs::File::create(&out).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
         .spawn()
@@ -136,9 +152,9 @@ fn terminate(pod: &mut PodProcess) {
     );
 }
 
-#[test]
-fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice() {
-    let job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
+/// The plan's pods for `job` (one reliable, one transient pod in each of two spot pools) and
+/// the job's token.
+fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, String) {
     let pools = [
         PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot),
         PoolKey::new("m5.large", "us-east-1b", CapacityType::Spot),
@@ -153,7 +169,7 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
         capacity_label: CapacityTypeLabel::default().resolved(),
     };
     let planned = plan(&PlanInput {
-        job: &job,
+        job,
         pods: &[],
         existing_token: None,
         fresh_token: "pod-test-token",
@@ -170,49 +186,84 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
         .map(|p| p.metadata.name.clone().unwrap())
         .collect();
     assert_eq!(names, ["mf-r-0", "mf-t-0", "mf-t-1"]);
+    (planned.create, token)
+}
+
+/// The coordinator pod's admin API on 127.0.0.1.
+struct Admin {
+    rt: tokio::runtime::Runtime,
+    http: reqwest::Client,
+    port: u16,
+}
+
+impl Admin {
+    fn new(port: u16) -> Self {
+        Self {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            http: reqwest::Client::new(),
+            port,
+        }
+    }
+
+    /// Polls `/status` until `ready` holds for it.
+    fn wait(
+        &self,
+        what: &str,
+        within: Duration,
+        ready: &dyn Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        let mut last = None;
+        loop {
+            let url = format!("http://127.0.0.1:{}/status", self.port);
+            let answer = self.rt.block_on(async {
+                self.http
+                    .get(url)
+                    .send()
+                    .await?
+                    .json::<serde_json::Value>()
+                    .await
+            });
+            if let Ok(response) = answer {
+                if ready(&response) {
+                    return response;
+                }
+                last = Some(response);
+            }
+            assert!(Instant::now() < deadline, "waiting for {what}: {last:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn transient(s: &serde_json::Value) -> u64 {
+    s["progress"]["transient_nodes"].as_u64().unwrap_or(0)
+}
+
+fn clock(s: &serde_json::Value) -> u64 {
+    s["progress"]["clock"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice() {
+    let job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
+    let (pods, token) = planned_pods(&job);
     let admin = free_port();
     let logs = tempfile::tempdir().unwrap();
-    let mut coordinator = start(&planned.create[0], &token, admin, logs.path());
-    let mut spot: Vec<PodProcess> = planned.create[1..]
+    let mut coordinator = start(&pods[0], &token, admin, logs.path());
+    let mut spot: Vec<PodProcess> = pods[1..]
         .iter()
         .map(|pod| start(pod, &token, admin, logs.path()))
         .collect();
 
     // Once both spot pods have joined and training moved on, one is terminated: a notice.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let http = reqwest::Client::new();
-    let get = |url: String| {
-        rt.block_on(async {
-            http.get(url)
-                .send()
-                .await?
-                .json::<serde_json::Value>()
-                .await
-        })
-    };
-    let status_within =
-        |what: &str, within: Duration, ready: &dyn Fn(&serde_json::Value) -> bool| {
-            let deadline = Instant::now() + within;
-            let mut last = None;
-            loop {
-                if let Ok(response) = get(format!("http://127.0.0.1:{admin}/status")) {
-                    if ready(&response) {
-                        return response;
-                    }
-                    last = Some(response);
-                }
-                assert!(Instant::now() < deadline, "waiting for {what}: {last:?}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        };
+    let admin_api = Admin::new(admin);
     let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
-        status_within(what, Duration::from_secs(60), ready)
+        admin_api.wait(what, Duration::from_secs(60), ready)
     };
-    let transient = |s: &serde_json::Value| s["progress"]["transient_nodes"].as_u64().unwrap_or(0);
-    let clock = |s: &serde_json::Value| s["progress"]["clock"].as_u64().unwrap_or(0);
     let joined = status("both spot pods", &|s| transient(s) == 2);
     let at = clock(&joined);
     status("training after the joins", &|s| clock(s) >= at + 10);
@@ -226,7 +277,7 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
 
     // Training ends; the coordinator keeps serving the outcome, and every pod waits, until the
     // operator deletes the pods (SIGTERM).
-    let done = status_within("the job's end", Duration::from_secs(240), &|s| {
+    let done = admin_api.wait("the job's end", Duration::from_secs(240), &|s| {
         s["phase"] == "done"
     });
     assert!(done["result"]["loss"].is_number(), "{done}");
@@ -253,5 +304,105 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
             exit.success(),
             "spot pod released at the end, then terminated: {exit:?} {stderr}"
         );
+    }
+}
+
+/// The coordinator pod lost mid-run (SIGKILL, with the spot pods: a drained node) and replaced
+/// by a pod with the same spec resumes from the checkpoint on its claim, not from clock 0, and
+/// the job still reaches its quality.
+#[test]
+fn a_replaced_coordinator_pod_resumes_from_its_checkpoint() {
+    // The job of JOB running longer, its coordinator checkpointing every second.
+    let mut job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
+    job.metadata.uid = Some("6f1c1a52-0d0c-4f43-9a41-3f1a9b0f0c11".into());
+    job.spec.stop.iterations = Some(6000);
+    job.spec.runtime.checkpoint = Some(ebbflow_crds::CheckpointSpec {
+        claim_name: "mf-checkpoints".into(),
+        interval: Some(ebbflow_crds::DurationString::new("1s").unwrap()),
+    });
+    let (pods, token) = planned_pods(&job);
+    let logs = tempfile::tempdir().unwrap();
+    // The claim's mount: a directory of the test's (the plan's path is /checkpoint/<uid>.ckpt).
+    let claim = tempfile::tempdir().unwrap();
+    let planned_path = pods[0].spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "EBBFLOW_CHECKPOINT")
+        .and_then(|e| e.value.clone())
+        .expect("the coordinator pod has a checkpoint");
+    let file = claim.path().join(
+        std::path::Path::new(&planned_path)
+            .file_name()
+            .expect("a file name"),
+    );
+    let extra = [("EBBFLOW_CHECKPOINT", file.display().to_string())];
+    let read_clock = || {
+        let bytes = std::fs::read(&file).ok()?;
+        ebbflow_runtime::checkpoint::Checkpoint::decode(&bytes, &file)
+            .ok()
+            .map(|c| c.clock)
+    };
+
+    let admin = free_port();
+    let admin_api = Admin::new(admin);
+    let mut coordinator = start_with(&pods[0], &token, admin, logs.path(), &extra);
+    let mut spot: Vec<PodProcess> = pods[1..]
+        .iter()
+        .map(|pod| start(pod, &token, admin, logs.path()))
+        .collect();
+    admin_api.wait("both spot pods", Duration::from_secs(60), &|s| {
+        transient(s) == 2
+    });
+    let mut at = clock(&admin_api.wait("training", Duration::from_secs(60), &|s| clock(s) > 0));
+    while read_clock().is_none_or(|c| c < 500) {
+        at += 100;
+        assert!(
+            at < 5000,
+            "no checkpoint at clock 500 or later by clock {at}"
+        );
+        admin_api.wait(&format!("clock {at}"), Duration::from_secs(60), &|s| {
+            clock(s) >= at
+        });
+    }
+    for pod in std::iter::once(&mut coordinator).chain(spot.iter_mut()) {
+        let _ = pod.child.kill();
+        let _ = pod.child.wait();
+    }
+    let saved = read_clock().expect("a checkpoint");
+
+    // The operator replaces the failed pods; the new coordinator pod starts from the checkpoint.
+    let mut coordinator = start_with(&pods[0], &token, admin, logs.path(), &extra);
+    let mut spot: Vec<PodProcess> = pods[1..]
+        .iter()
+        .map(|pod| start(pod, &token, admin, logs.path()))
+        .collect();
+    let resumed = admin_api.wait("training again", Duration::from_secs(60), &|s| {
+        s["phase"] == "training" && s["progress"].is_object()
+    });
+    assert!(
+        clock(&resumed) >= saved,
+        "resumed at clock {} below the checkpoint's {saved}",
+        clock(&resumed)
+    );
+    let done = admin_api.wait("the job's end", Duration::from_secs(240), &|s| {
+        s["phase"] == "done"
+    });
+    for pod in std::iter::once(&mut coordinator).chain(spot.iter_mut()) {
+        terminate(pod);
+    }
+    let (exit, stdout, stderr) = wait(&mut coordinator, Duration::from_secs(30));
+    assert!(exit.success(), "coordinator pod: {exit:?}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let rmse = report["quality"]["rmse"].as_f64().unwrap();
+    println!(
+        "checkpoint at clock {saved} of 6000; resumed at {}; final rmse {rmse:.4}; {}",
+        clock(&resumed),
+        done["result"]
+    );
+    assert!(rmse < 0.3, "{report}");
+    for pod in &mut spot {
+        let (exit, _, stderr) = wait(pod, Duration::from_secs(30));
+        assert!(exit.success(), "{exit:?} {stderr}");
     }
 }

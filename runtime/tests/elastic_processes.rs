@@ -33,6 +33,18 @@ struct Job {
 }
 
 impl Job {
+    /// A job of `clocks` whose every row changes every clock: SSP staleness 1, 6 partitions,
+    /// 3 workers.
+    fn dense(clocks: u64) -> Self {
+        Self {
+            clocks,
+            staleness: 1,
+            partitions: 6,
+            workers: 3,
+            update_period: 1,
+        }
+    }
+
     /// The flags every process of the job shares (they make up its job id).
     fn flags(&self) -> Vec<String> {
         [
@@ -766,13 +778,7 @@ fn copies_keep_training_and_a_failure_rolls_back_only_to_the_last_copy(
 /// instead, each delta coalescing more clocks, and its table is still exact.
 #[test]
 fn a_copy_bandwidth_cap_spaces_the_copies_and_keeps_the_table_exact() {
-    let job = Job {
-        clocks: 400,
-        staleness: 1,
-        partitions: 6,
-        workers: 3,
-        update_period: 1,
-    };
+    let job = Job::dense(400);
     let cap = 8_000.0; // bytes per second
     let registry = prometheus::Registry::new();
     let (url, coordinator) = coordinator_capped(&job, cap, registry.clone());
@@ -850,13 +856,7 @@ fn coordinator_process(
 /// and the table comes out exact; a checkpoint of another job is refused by name.
 #[test]
 fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
-    let job = Job {
-        clocks: 400,
-        staleness: 1,
-        partitions: 6,
-        workers: 3,
-        update_period: 1,
-    };
+    let job = Job::dense(400);
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("job.ckpt");
     let report = dir.path().join("report.json");

@@ -51,6 +51,10 @@ pub const INSTANCE_TYPE_NODE_LABEL: &str = "node.kubernetes.io/instance-type";
 pub const ZONE_NODE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Key of the data-plane token in the job's Secret.
 pub const TOKEN_KEY: &str = "token";
+/// Where the coordinator pod mounts `spec.runtime.checkpoint.claimName`.
+pub const CHECKPOINT_DIR: &str = "/checkpoint";
+/// Time between checkpoint writes when `spec.runtime.checkpoint.interval` is not set.
+pub const DEFAULT_CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Name of the runtime container.
 pub const CONTAINER_NAME: &str = "runtime";
 /// Termination grace period when the spec sets none: EC2's spot notice.
@@ -816,6 +820,25 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
     if let Some(threads) = spec.runtime.worker_threads {
         env_vars.push(env("EBBFLOW_WORKER_THREADS", threads.to_string()));
     }
+    // The coordinator's checkpoint, on the claim, named after the job's uid (a job created
+    // again under the same name does not resume the old one's).
+    let checkpoint = spec.runtime.checkpoint.as_ref().filter(|_| is_coordinator);
+    if let Some(checkpoint) = checkpoint {
+        let id = job.metadata.uid.clone().unwrap_or_else(|| job_name.clone());
+        env_vars.push(env(
+            "EBBFLOW_CHECKPOINT",
+            format!("{CHECKPOINT_DIR}/{id}.ckpt"),
+        ));
+        let interval = checkpoint
+            .interval
+            .as_ref()
+            .and_then(|d| d.to_duration())
+            .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL);
+        env_vars.push(env(
+            "EBBFLOW_CHECKPOINT_INTERVAL_SECONDS",
+            interval.as_secs().max(1).to_string(),
+        ));
+    }
 
     let mut volumes = vec![Volume {
         name: "scratch".to_owned(),
@@ -827,6 +850,21 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
         mount_path: "/tmp".to_owned(),
         ..VolumeMount::default()
     }];
+    if let Some(checkpoint) = checkpoint {
+        volumes.push(Volume {
+            name: "checkpoint".to_owned(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: checkpoint.claim_name.clone(),
+                read_only: Some(false),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "checkpoint".to_owned(),
+            mount_path: CHECKPOINT_DIR.to_owned(),
+            ..VolumeMount::default()
+        });
+    }
     if let Some(claim) = &spec.app.dataset.claim_name {
         volumes.push(Volume {
             name: "data".to_owned(),

@@ -601,3 +601,77 @@ fn json_merge(base: &mut serde_json::Value, extra: serde_json::Value) {
         (base, extra) => *base = extra,
     }
 }
+
+#[test]
+fn the_coordinator_pod_alone_mounts_the_checkpoint_claim() {
+    let mut job = job().with_reliable(2);
+    job.spec.runtime.checkpoint = Some(ebbflow_crds::CheckpointSpec {
+        claim_name: "mf-checkpoints".into(),
+        interval: Some(ebbflow_crds::DurationString::new("5m").unwrap()),
+    });
+    let uid = job.metadata.uid.clone().unwrap();
+    let plan = run_plan(
+        &job,
+        &[],
+        &[],
+        &decision(&[(spot("c5.xlarge", "us-east-1a"), 1)]),
+    );
+    let env_of = |pod: &Pod, name: &str| {
+        pod.spec.as_ref().unwrap().containers[0]
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    let claim_of = |pod: &Pod| {
+        let spec = pod.spec.as_ref().unwrap();
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "checkpoint")?;
+        let mount = spec.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "checkpoint")?;
+        let claim = volume.persistent_volume_claim.as_ref()?;
+        Some((
+            claim.claim_name.clone(),
+            claim.read_only,
+            mount.mount_path.clone(),
+        ))
+    };
+    let coordinator = &plan.create[0];
+    assert_eq!(
+        env_of(coordinator, "EBBFLOW_ROLE").as_deref(),
+        Some("coordinator")
+    );
+    assert_eq!(
+        env_of(coordinator, "EBBFLOW_CHECKPOINT"),
+        Some(format!("{CHECKPOINT_DIR}/{uid}.ckpt"))
+    );
+    assert_eq!(
+        env_of(coordinator, "EBBFLOW_CHECKPOINT_INTERVAL_SECONDS").as_deref(),
+        Some("300")
+    );
+    assert_eq!(
+        claim_of(coordinator),
+        Some(("mf-checkpoints".into(), Some(false), CHECKPOINT_DIR.into()))
+    );
+    for pod in &plan.create[1..] {
+        assert_eq!(
+            env_of(pod, "EBBFLOW_CHECKPOINT"),
+            None,
+            "{}",
+            pod.name_any()
+        );
+        assert_eq!(claim_of(pod), None);
+    }
+    // without the field, nothing
+    let plain = run_plan(&self::job(), &[], &[], &decision(&[]));
+    assert_eq!(env_of(&plain.create[0], "EBBFLOW_CHECKPOINT"), None);
+    assert_eq!(claim_of(&plain.create[0]), None);
+}

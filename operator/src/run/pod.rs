@@ -18,14 +18,16 @@
 //! them; the job secret is `EBBFLOW_TOKEN` (the job's Secret); datasets are read under
 //! `EBBFLOW_DATA_DIR` (default `/data`, where the plan mounts `spec.app.dataset.claimName`).
 //! `EBBFLOW_METADATA_ENDPOINT`, if set, is the EC2 instance metadata service a node polls for
-//! interruption notices.
+//! interruption notices. `EBBFLOW_CHECKPOINT` (with `EBBFLOW_CHECKPOINT_INTERVAL_SECONDS`,
+//! default 60), on the coordinator pod, is its checkpoint file: written as training goes, and
+//! resumed from when the pod is replaced (`spec.runtime.checkpoint`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
-use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
+use ebbflow_runtime::elastic_coordinator::{CheckpointSettings, ElasticJob, run_elastic_job};
 use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use prometheus::Registry;
@@ -66,6 +68,8 @@ pub struct PodEnv {
     pub data_dir: PathBuf,
     /// EC2 instance metadata endpoint to poll for interruptions, if any.
     pub metadata_endpoint: Option<String>,
+    /// The coordinator's checkpoint file and the time between writes, if it keeps one.
+    pub checkpoint: Option<(PathBuf, Duration)>,
 }
 
 impl PodEnv {
@@ -121,6 +125,19 @@ impl PodEnv {
                 .filter(|v| !v.is_empty())
                 .map_or_else(|| PathBuf::from("/data"), PathBuf::from),
             metadata_endpoint: var("EBBFLOW_METADATA_ENDPOINT").filter(|v| !v.is_empty()),
+            checkpoint: match var("EBBFLOW_CHECKPOINT").filter(|v| !v.is_empty()) {
+                None => None,
+                Some(path) => {
+                    let name = "EBBFLOW_CHECKPOINT_INTERVAL_SECONDS";
+                    let seconds = match var(name).filter(|v| !v.is_empty()) {
+                        None => 60,
+                        Some(text) => text.parse::<u64>().map_err(|_| {
+                            RunError::Pod(format!("{name}={text:?} is not a number of seconds"))
+                        })?,
+                    };
+                    Some((PathBuf::from(path), Duration::from_secs(seconds)))
+                }
+            },
         })
     }
 
@@ -189,7 +206,10 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         join_timeout: Duration::from_secs(600),
         background_copies: true,
         linger: Some(terminated.receiver()),
-        checkpoint: None,
+        checkpoint: env
+            .checkpoint
+            .clone()
+            .map(|(path, interval)| CheckpointSettings { path, interval }),
     };
     let registry = Registry::new();
     let metrics = RuntimeMetrics::register(&registry)
