@@ -696,6 +696,28 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         None => (None, 0.0),
     };
 
+    if let Some(cost) = &cost {
+        let before = previous
+            .and_then(|s| s.cost.as_ref())
+            .map(|c| c.unpriced.as_slice())
+            .unwrap_or_default();
+        if !cost.unpriced.is_empty() && cost.unpriced != before {
+            publish(
+                &ctx,
+                &job,
+                EventType::Warning,
+                "UnpricedInstances",
+                "Charge",
+                format!(
+                    "{} run in pools the job's market has no price for (instance type and zone \
+                     not in spec.bidding.market); they are not in status.cost.spent",
+                    cost.unpriced.join(", ")
+                ),
+            )
+            .await;
+        }
+    }
+
     // stop criteria the operator enforces
     let stop = if already_succeeded || job.spec.suspend {
         None

@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 
 use super::{
     Config, Context, FINALIZER,
-    capacity::SpecCapacityPlanner,
+    capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner},
     error_policy, reconcile,
     status::{conditions, reasons},
 };
@@ -355,21 +355,32 @@ struct Scenario {
 impl Scenario {
     /// A cluster holding `job`, with a reachable coordinator.
     async fn new(job: TrainingJob) -> Self {
+        Self::planned_by(job, Arc::new(SpecCapacityPlanner)).await
+    }
+
+    /// As [`Scenario::new`] with `planner` deciding capacity (and pricing instances).
+    async fn planned_by(job: TrainingJob, planner: Arc<dyn CapacityPlanner>) -> Self {
         let coordinator = SharedCoordinator::default();
         let address = serve_coordinator(coordinator.clone()).await;
-        Self::with_coordinator_at(job, coordinator, address)
+        Self::with_coordinator_at(job, coordinator, address, planner)
     }
 
     /// A cluster holding `job` whose coordinator never answers.
     async fn unreachable(job: TrainingJob) -> Self {
         let address = closed_address().await;
-        Self::with_coordinator_at(job, SharedCoordinator::default(), address)
+        Self::with_coordinator_at(
+            job,
+            SharedCoordinator::default(),
+            address,
+            Arc::new(SpecCapacityPlanner),
+        )
     }
 
     fn with_coordinator_at(
         job: TrainingJob,
         coordinator: SharedCoordinator,
         address: SocketAddr,
+        planner: Arc<dyn CapacityPlanner>,
     ) -> Self {
         let cluster = Arc::new(Mutex::new(ClusterState {
             job: Some(job),
@@ -406,7 +417,7 @@ impl Scenario {
             metrics,
             config,
             CoordinatorClient::new(Duration::from_secs(2)).unwrap(),
-            Arc::new(SpecCapacityPlanner),
+            planner,
         );
         Self {
             cluster,
@@ -583,7 +594,12 @@ impl Scenario {
 
     /// Brings a job to Running: reliable tier and decided transient pods up.
     async fn running(job: TrainingJob) -> Self {
-        let scenario = Self::new(job.with_finalizer(FINALIZER)).await;
+        Self::running_with(job, Arc::new(SpecCapacityPlanner)).await
+    }
+
+    /// As [`Scenario::running`] with `planner`.
+    async fn running_with(job: TrainingJob, planner: Arc<dyn CapacityPlanner>) -> Self {
+        let scenario = Self::planned_by(job.with_finalizer(FINALIZER), planner).await;
         scenario.settle().await;
         scenario.schedule_and_start_pods();
         scenario.settle().await;
@@ -1081,6 +1097,52 @@ async fn an_unanswered_stop_ends_the_job_after_the_wait() {
         "WallClockLimitReached"
     );
     assert!(scenario.live_pods().is_empty());
+}
+
+/// The spec's capacity, its instances priced on the p3 trace replayed at an hour per second.
+struct PricedSpec(super::cost::Pricing);
+
+impl CapacityPlanner for PricedSpec {
+    fn decide(&self, view: &CapacityView<'_>) -> super::plan::CapacityDecision {
+        SpecCapacityPlanner.decide(view)
+    }
+
+    fn pricing(&self, _job: &TrainingJob, _now: Timestamp) -> Option<super::cost::Pricing> {
+        Some(self.0.clone())
+    }
+}
+
+#[tokio::test]
+async fn running_pods_are_charged_and_pods_without_a_price_are_warned_about() {
+    let market_job = TrainingJob::test("mf")
+        .with_trace("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv");
+    let setup = crate::jobmarket::setup_market(&market_job, &crate::test_data::spot_data())
+        .expect("the p3 trace loads");
+    let pricing = super::cost::Pricing {
+        setup: Arc::new(setup),
+        clock: super::bidbrain::MarketClock::Replay { speed: 3600.0 },
+        created: Timestamp::now(),
+    };
+    // c5.xlarge is not in the p3 market: its spot pod runs unpriced
+    let scenario = Scenario::running_with(
+        spot_job("mf", 1, &["us-east-1a"]),
+        Arc::new(PricedSpec(pricing)),
+    )
+    .await;
+    // (the reconciles take milliseconds: trace seconds at this speed)
+    scenario.change_spec(|spec| spec.stop.iterations = Some(2000));
+    scenario.settle().await;
+    let cost = scenario.status().cost.expect("a priced job is charged");
+    assert!(cost.spent > 0.0, "the reliable pod ran: {cost:?}");
+    assert_eq!(cost.unpriced, ["mf-t-0"]);
+    let warnings = scenario.events_with_reason("UnpricedInstances");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "Warning");
+    assert!(warnings[0].2.contains("mf-t-0"), "{warnings:?}");
+    // the same unpriced pods are not warned about again
+    scenario.change_spec(|spec| spec.stop.iterations = Some(3000));
+    scenario.settle().await;
+    assert_eq!(scenario.events_with_reason("UnpricedInstances").len(), 1);
 }
 
 #[tokio::test]
