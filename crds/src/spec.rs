@@ -963,7 +963,8 @@ pub struct RuntimeSpec {
 
     /// Where the coordinator keeps its checkpoint (its newest consistent copy of the
     /// parameters), so that a job whose coordinator pod is lost (its node drained, the pod
-    /// evicted) resumes from there instead of from the start. Default: no checkpoint.
+    /// evicted) resumes from there instead of from the start. Default: no checkpoint. Ignored
+    /// by `ebbflow run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 }
