@@ -75,7 +75,14 @@ fn environment(pod: &Pod, token: &str, admin: u16) -> BTreeMap<String, String> {
         env.insert(var.name.clone(), value);
     }
     env.insert("EBBFLOW_COORDINATOR".into(), format!("127.0.0.1:{admin}"));
-    env.insert("EBBFLOW_ADMIN_PORT".into(), admin.to_string());
+    // Every pod has its own IP in a cluster; here a node pod's admin port (its metrics) is a
+    // free one beside the coordinator pod's.
+    let own_admin = if env["EBBFLOW_ROLE"] == "coordinator" {
+        admin
+    } else {
+        free_port()
+    };
+    env.insert("EBBFLOW_ADMIN_PORT".into(), own_admin.to_string());
     env.insert("EBBFLOW_DATA_PORT".into(), free_port().to_string());
     env.insert("RUST_LOG".into(), "warn".into());
     env
@@ -84,6 +91,8 @@ fn environment(pod: &Pod, token: &str, admin: u16) -> BTreeMap<String, String> {
 /// A pod's process; its stdout and stderr go to files (a full pipe would stall it).
 struct PodProcess {
     child: Child,
+    /// Its `EBBFLOW_ADMIN_PORT` (a node pod's metrics).
+    admin_port: u16,
     out: std::path::PathBuf,
     err: std::path::PathBuf,
 }
@@ -113,15 +122,24 @@ fn start_with(
         .as_nanos();
     let out = logs.join(format!("{name}-{started}.out"));
     let err = logs.join(format!("{name}-{started}.err"));
+    let mut env = environment(pod, token, admin);
+    for (key, value) in extra {
+        env.insert((*key).to_owned(), value.clone());
+    }
+    let admin_port = env["EBBFLOW_ADMIN_PORT"].parse().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_ebbflow"))
         .args(&command[1..])
-        .envs(environment(pod, token, admin))
-        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
+        .envs(env)
         .stdout(Stdio::from(std::fs::File::create(&out).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
         .spawn()
         .unwrap();
-    PodProcess { child, out, err }
+    PodProcess {
+        child,
+        admin_port,
+        out,
+        err,
+    }
 }
 
 fn wait(pod: &mut PodProcess, within: Duration) -> (std::process::ExitStatus, String, String) {
@@ -208,6 +226,20 @@ impl Admin {
         }
     }
 
+    /// The text `GET http://127.0.0.1:{port}{path}` answers.
+    fn text(&self, port: u16, path: &str) -> String {
+        self.rt
+            .block_on(async {
+                self.http
+                    .get(format!("http://127.0.0.1:{port}{path}"))
+                    .send()
+                    .await?
+                    .text()
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("GET :{port}{path}: {e}"))
+    }
+
     /// Polls `/status` until `ready` holds for it.
     fn wait(
         &self,
@@ -267,6 +299,16 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
     let joined = status("both spot pods", &|s| transient(s) == 2);
     let at = clock(&joined);
     status("training after the joins", &|s| clock(s) >= at + 10);
+    // A node pod serves its own metrics on its admin port (what the chart's PodMonitor scrapes).
+    let metrics = admin_api.text(spot[0].admin_port, "/metrics");
+    let iterations = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("ebbflow_runtime_iterations_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    assert!(
+        iterations.is_some_and(|n| n > 0.0),
+        "a spot pod's /metrics: {metrics}"
+    );
     let mut victim = spot.pop().unwrap();
     terminate(&mut victim);
     let (exit, _, stderr) = wait(&mut victim, Duration::from_secs(30));

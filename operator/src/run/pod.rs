@@ -9,7 +9,8 @@
 //!   JSON line and exits.
 //! - `EBBFLOW_ROLE=reliable` / `transient`: one elastic node. It binds its data plane on
 //!   `EBBFLOW_POD_IP:EBBFLOW_DATA_PORT`, joins the coordinator at `EBBFLOW_COORDINATOR`, and
-//!   treats SIGTERM as a notice with the pod's termination grace period. Released at the job's
+//!   treats SIGTERM as a notice with the pod's termination grace period, and serves its metrics
+//!   (`/metrics`) on `EBBFLOW_ADMIN_PORT`. Released at the job's
 //!   end, it waits for SIGTERM (a pod that exited would be replaced before the operator saw the
 //!   end); one that left on a notice has had its SIGTERM and exits.
 //!
@@ -155,7 +156,11 @@ impl PodEnv {
             reliable: self.role != PodRole::Transient,
             listen: SocketAddr::new(self.pod_ip, self.data_port),
             advertise: None,
-            metrics_listen: None,
+            // A node pod has no admin API: its port serves the node's metrics (the chart's
+            // PodMonitor scrapes `admin` on every runtime pod). The coordinator pod's port is
+            // the coordinator's.
+            metrics_listen: (self.role != PodRole::Coordinator)
+                .then(|| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), self.admin_port)),
             notices: NoticeSources {
                 coordinator,
                 secret: self.token.clone(),
