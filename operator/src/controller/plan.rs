@@ -15,10 +15,12 @@ use k8s_openapi::{
         Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
         EnvVarSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
         ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-        ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
-        ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+        Probe, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext,
+        Service, ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume, VolumeMount,
     },
-    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+    apimachinery::pkg::{
+        api::resource::Quantity, apis::meta::v1::ObjectMeta, util::intstr::IntOrString,
+    },
 };
 use kube::{Resource, ResourceExt};
 
@@ -943,6 +945,18 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                 command: Some(RUNTIME_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
                 env: Some(env_vars),
                 ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
+                // Ready once the admin port is bound: the coordinator's API (after its
+                // dataset loaded), a node's metrics (as it starts). Before that the operator
+                // would find the coordinator unreachable and mark the job Degraded.
+                readiness_probe: Some(Probe {
+                    tcp_socket: Some(TCPSocketAction {
+                        port: IntOrString::String("admin".to_owned()),
+                        host: None,
+                    }),
+                    period_seconds: Some(2),
+                    failure_threshold: Some(3),
+                    ..Probe::default()
+                }),
                 resources: Some(
                     spec.runtime
                         .resources

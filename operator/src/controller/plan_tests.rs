@@ -365,6 +365,12 @@ fn pods_run_non_root_read_only_with_spec_grace_resources_and_token() {
     );
     let role = env.iter().find(|e| e.name == "EBBFLOW_ROLE").unwrap();
     assert_eq!(role.value.as_deref(), Some("coordinator"));
+    // ready once the admin port answers
+    let probe = container.readiness_probe.as_ref().unwrap();
+    assert_eq!(
+        probe.tcp_socket.as_ref().unwrap().port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("admin".into())
+    );
 
     // Defaults when the spec says nothing.
     let bare = TrainingJob::test("bare");

@@ -149,7 +149,7 @@ impl PodEnv {
             .spec
             .runtime
             .termination_grace_period_seconds
-            .unwrap_or(30);
+            .unwrap_or(crate::controller::plan::DEFAULT_GRACE_SECONDS);
         ElasticNodeSettings {
             job: elastic_config(&self.job).job,
             job_id: job_id(&self.job),
