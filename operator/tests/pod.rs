@@ -49,7 +49,10 @@ fn free_port() -> u16 {
 }
 
 /// `pod`'s environment as the kubelet would give it, with the network made local.
-fn environment(pod: &Pod, token: &str, admin: u16) -> BTreeMap<String, String> {
+/// The values of the job's Secret, by key.
+type Secrets = BTreeMap<String, String>;
+
+fn environment(pod: &Pod, secrets: &Secrets, admin: u16) -> BTreeMap<String, String> {
     let container = &pod.spec.as_ref().unwrap().containers[0];
     let mut env = BTreeMap::new();
     for var in container.env.iter().flatten() {
@@ -64,8 +67,11 @@ fn environment(pod: &Pod, token: &str, admin: u16) -> BTreeMap<String, String> {
                         other => panic!("unexpected field reference {other}"),
                     }
                 } else if let Some(secret) = &from.secret_key_ref {
-                    assert_eq!(secret.key, TOKEN_KEY);
-                    token.to_owned()
+                    assert_eq!(secret.name, "mf-token");
+                    secrets
+                        .get(&secret.key)
+                        .unwrap_or_else(|| panic!("no key {} in the job's Secret", secret.key))
+                        .clone()
                 } else {
                     panic!("unexpected env source {from:?}")
                 }
@@ -97,14 +103,14 @@ struct PodProcess {
     err: std::path::PathBuf,
 }
 
-fn start(pod: &Pod, token: &str, admin: u16, logs: &std::path::Path) -> PodProcess {
-    start_with(pod, token, admin, logs, &[])
+fn start(pod: &Pod, secrets: &Secrets, admin: u16, logs: &std::path::Path) -> PodProcess {
+    start_with(pod, secrets, admin, logs, &[])
 }
 
 /// As [`start`] with `extra` variables set over the pod's (files, once per process start).
 fn start_with(
     pod: &Pod,
-    token: &str,
+    secrets: &Secrets,
     admin: u16,
     logs: &std::path::Path,
     extra: &[(&str, String)],
@@ -122,7 +128,7 @@ fn start_with(
         .as_nanos();
     let out = logs.join(format!("{name}-{started}.out"));
     let err = logs.join(format!("{name}-{started}.err"));
-    let mut env = environment(pod, token, admin);
+    let mut env = environment(pod, secrets, admin);
     for (key, value) in extra {
         env.insert((*key).to_owned(), value.clone());
     }
@@ -171,8 +177,8 @@ fn terminate(pod: &mut PodProcess) {
 }
 
 /// The plan's pods for `job` (one reliable, one transient pod in each of two spot pools) and
-/// the job's token.
-fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, String) {
+/// the values of the job's Secret (its token and the pinned spec).
+fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, Secrets) {
     let pools = [
         PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot),
         PoolKey::new("m5.large", "us-east-1b", CapacityType::Spot),
@@ -190,21 +196,29 @@ fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, String) {
         job,
         pods: &[],
         existing_token: None,
+        existing_spec: None,
         fresh_token: "pod-test-token",
         notices: &[],
         decision: &decision,
         activity: Activity::Run,
         config: &config,
     });
-    let token =
-        String::from_utf8(planned.secret.data.as_ref().unwrap()[TOKEN_KEY].0.clone()).unwrap();
+    let secrets: Secrets = planned
+        .secret
+        .data
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|(key, value)| (key.clone(), String::from_utf8(value.0.clone()).unwrap()))
+        .collect();
+    assert!(secrets.contains_key(TOKEN_KEY));
     let names: Vec<String> = planned
         .create
         .iter()
         .map(|p| p.metadata.name.clone().unwrap())
         .collect();
     assert_eq!(names, ["mf-r-0", "mf-t-0", "mf-t-1"]);
-    (planned.create, token)
+    (planned.create, secrets)
 }
 
 /// The coordinator pod's admin API on 127.0.0.1.

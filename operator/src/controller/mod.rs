@@ -374,6 +374,8 @@ pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> 
 struct Observed {
     pods: Vec<Pod>,
     token: Option<String>,
+    /// The spec the job's runtime pods were started with (in the job's Secret).
+    pinned_spec: Option<String>,
     nodes: BTreeMap<String, notices::NodeObservation>,
 }
 
@@ -397,16 +399,24 @@ async fn observe(
         }
     };
     let secret_name = plan::secret_name(&name);
-    let token =
-        match ctx.caches.secret(namespace, &secret_name) {
-            Some(secret) => token_of(&secret),
-            None => job_token(ctx, namespace, &name).await.map_err(|source| {
-                ObserveError::GetSecret {
+    let secret = match ctx.caches.secret(namespace, &secret_name) {
+        Some(secret) => Some(secret),
+        None => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+            secrets
+                .get_opt(&secret_name)
+                .await
+                .map_err(|source| ObserveError::GetSecret {
                     name: secret_name,
                     source,
-                }
-            })?,
-        };
+                })?
+                .map(Arc::new)
+        }
+    };
+    let token = secret.as_deref().and_then(token_of);
+    let pinned_spec = secret
+        .as_deref()
+        .and_then(|secret| secret_text(secret, plan::SPEC_KEY));
     let node_names: BTreeSet<String> = pods
         .iter()
         .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
@@ -434,7 +444,12 @@ async fn observe(
         };
         nodes.insert(node_name, observation);
     }
-    Ok(Observed { pods, token, nodes })
+    Ok(Observed {
+        pods,
+        token,
+        pinned_spec,
+        nodes,
+    })
 }
 
 /// The job's data-plane token (also its coordinator's admin secret), if its Secret exists.
@@ -452,12 +467,17 @@ async fn job_token(
 
 /// The data-plane token a job's Secret holds, if any.
 fn token_of(secret: &Secret) -> Option<String> {
+    secret_text(secret, plan::TOKEN_KEY)
+}
+
+/// The non-empty UTF-8 text under `key` in `secret`, if any.
+fn secret_text(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()?
-        .get(plan::TOKEN_KEY)
+        .get(key)
         .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
-        .filter(|token| !token.is_empty())
+        .filter(|text| !text.is_empty())
 }
 
 /// A random 256-bit hex token for the data plane.
@@ -834,6 +854,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         job: &job,
         pods: &observed.pods,
         existing_token: observed.token.as_deref(),
+        existing_spec: observed.pinned_spec.as_deref(),
         fresh_token: &fresh,
         notices: &current_notices,
         decision: &decision,

@@ -53,6 +53,8 @@ pub const INSTANCE_TYPE_NODE_LABEL: &str = "node.kubernetes.io/instance-type";
 pub const ZONE_NODE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Key of the data-plane token in the job's Secret.
 pub const TOKEN_KEY: &str = "token";
+/// Key of the pinned job spec (JSON) in the job's Secret ([`pinned_spec`]).
+pub const SPEC_KEY: &str = "spec";
 /// Where the coordinator pod mounts `spec.runtime.checkpoint.claimName`.
 pub const CHECKPOINT_DIR: &str = "/checkpoint";
 /// Time between checkpoint writes when `spec.runtime.checkpoint.interval` is not set.
@@ -240,6 +242,8 @@ pub struct PlanInput<'a> {
     pub pods: &'a [Pod],
     /// The token in the existing Secret, if any.
     pub existing_token: Option<&'a str>,
+    /// The spec (JSON) the job's runtime pods were started with, from the existing Secret.
+    pub existing_spec: Option<&'a str>,
     /// A fresh token, used only when no Secret exists yet.
     pub fresh_token: &'a str,
     /// Current eviction notices of the job's pods.
@@ -431,7 +435,11 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     delete.sort_by(|a, b| a.name.cmp(&b.name));
 
     Plan {
-        secret: build_secret(job, input.existing_token.unwrap_or(input.fresh_token)),
+        secret: build_secret(
+            job,
+            input.existing_token.unwrap_or(input.fresh_token),
+            &pinned_spec(input),
+        ),
         service: build_service(job),
         create,
         delete,
@@ -584,16 +592,31 @@ fn child_meta(job: &TrainingJob, name: String, labels: BTreeMap<String, String>)
     }
 }
 
-/// The data-plane token Secret.
-pub fn build_secret(job: &TrainingJob, token: &str) -> Secret {
+/// The spec every runtime pod runs (JSON): the one pinned in the job's Secret while any of its
+/// pods exist, so that pods created after an edit of the spec (a replacement, a scale-up) run
+/// the same job as the others (the runtime refuses a node started for another spec, and a
+/// checkpoint of another); the current spec once none exist (a fresh start, a resume).
+pub fn pinned_spec(input: &PlanInput<'_>) -> String {
+    match input.existing_spec {
+        Some(pinned) if !input.pods.is_empty() => pinned.to_owned(),
+        // Serializing our own derived type cannot fail.
+        _ => serde_json::to_string(&input.job.spec).unwrap_or_default(),
+    }
+}
+
+/// The job's Secret: the data-plane token and the pinned spec ([`pinned_spec`]).
+pub fn build_secret(job: &TrainingJob, token: &str, spec_json: &str) -> Secret {
     let job_name = job.name_any();
     Secret {
         metadata: child_meta(job, secret_name(&job_name), common_labels(&job_name)),
         type_: Some("Opaque".to_owned()),
-        data: Some(BTreeMap::from([(
-            TOKEN_KEY.to_owned(),
-            ByteString(token.as_bytes().to_vec()),
-        )])),
+        data: Some(BTreeMap::from([
+            (TOKEN_KEY.to_owned(), ByteString(token.as_bytes().to_vec())),
+            (
+                SPEC_KEY.to_owned(),
+                ByteString(spec_json.as_bytes().to_vec()),
+            ),
+        ])),
         ..Secret::default()
     }
 }
@@ -644,6 +667,22 @@ fn env_field(name: &str, field_path: &str) -> EnvVar {
             field_ref: Some(ObjectFieldSelector {
                 field_path: field_path.to_owned(),
                 api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// Variable `name` from `key` of job `job_name`'s Secret.
+fn secret_env(name: &str, job_name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret_name(job_name),
+                key: key.to_owned(),
+                optional: Some(false),
             }),
             ..EnvVarSource::default()
         }),
@@ -786,8 +825,6 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
         tier.as_str()
     };
 
-    // The job spec travels as JSON; serializing our own derived type cannot fail.
-    let spec_json = serde_json::to_string(spec).unwrap_or_default();
     let mut env_vars = vec![
         env("EBBFLOW_JOB_NAME", job_name.clone()),
         env("EBBFLOW_NAMESPACE", namespace.clone()),
@@ -802,22 +839,12 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
         ),
         env("EBBFLOW_ADMIN_PORT", ADMIN_PORT.to_string()),
         env("EBBFLOW_DATA_PORT", DATA_PORT.to_string()),
-        env("EBBFLOW_JOB_SPEC", spec_json),
+        // The pinned spec, from the Secret (the same for every pod of a run).
+        secret_env("EBBFLOW_JOB_SPEC", &job_name, SPEC_KEY),
         env_field("EBBFLOW_POD_NAME", "metadata.name"),
         env_field("EBBFLOW_NODE_NAME", "spec.nodeName"),
         env_field("EBBFLOW_POD_IP", "status.podIP"),
-        EnvVar {
-            name: "EBBFLOW_TOKEN".to_owned(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret_name(&job_name),
-                    key: TOKEN_KEY.to_owned(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-        },
+        secret_env("EBBFLOW_TOKEN", &job_name, TOKEN_KEY),
     ];
     if let Some(threads) = spec.runtime.worker_threads {
         env_vars.push(env("EBBFLOW_WORKER_THREADS", threads.to_string()));

@@ -102,6 +102,7 @@ fn run_plan(
         job,
         pods,
         existing_token: None,
+        existing_spec: None,
         fresh_token: "fresh",
         notices,
         decision,
@@ -168,6 +169,7 @@ fn existing_token_is_preserved() {
         job: &job,
         pods: &[],
         existing_token: Some("kept"),
+        existing_spec: None,
         fresh_token: "fresh",
         notices: &[],
         decision: &decision(&[]),
@@ -175,6 +177,54 @@ fn existing_token_is_preserved() {
         config: &config(),
     });
     assert_eq!(plan.secret.data.as_ref().unwrap()[TOKEN_KEY].0, b"kept");
+}
+
+#[test]
+fn the_spec_is_pinned_while_the_jobs_pods_exist() {
+    let job = job();
+    let current = serde_json::to_string(&job.spec).unwrap();
+    let pinned_with = |pods: &[Pod], existing: Option<&str>| {
+        let plan = plan(&PlanInput {
+            job: &job,
+            pods,
+            existing_token: Some("kept"),
+            existing_spec: existing,
+            fresh_token: "fresh",
+            notices: &[],
+            decision: &decision(&[]),
+            activity: Activity::Run,
+            config: &config(),
+        });
+        let spec = String::from_utf8(plan.secret.data.as_ref().unwrap()[SPEC_KEY].0.clone());
+        (spec.unwrap(), plan)
+    };
+    let running = [existing("mf-r-0", None, true, "2026-11-20T10:00:00Z")];
+    // pods of the run exist: they and any new pod run the spec they started with
+    let (spec, plan) = pinned_with(&running, Some("{\"pinned\": true}"));
+    assert_eq!(spec, "{\"pinned\": true}");
+    for pod in &plan.create {
+        let var = pod.spec.as_ref().unwrap().containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "EBBFLOW_JOB_SPEC")
+            .unwrap();
+        let from = var
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (from.name.as_str(), from.key.as_str()),
+            ("mf-token", SPEC_KEY)
+        );
+    }
+    // no pods (a first start, a resume): the current spec
+    assert_eq!(pinned_with(&[], Some("{\"pinned\": true}")).0, current);
+    // a Secret from before pinning: the current spec
+    assert_eq!(pinned_with(&running, None).0, current);
 }
 
 #[test]
@@ -307,6 +357,7 @@ fn operator_label_applies_when_the_spec_keeps_the_default() {
         job: &job,
         pods: &[],
         existing_token: None,
+        existing_spec: None,
         fresh_token: "t",
         notices: &[],
         decision: &decision(&[]),
@@ -504,6 +555,7 @@ fn suspend_and_finish_release_every_pod_but_keep_secret_and_service() {
             job: &job,
             pods: &pods,
             existing_token: Some("kept"),
+            existing_spec: None,
             fresh_token: "fresh",
             notices: &[],
             decision: &decision(&[(a.clone(), 4)]),
@@ -580,9 +632,12 @@ fn an_apply_is_skipped_only_when_it_would_change_nothing() {
     assert!(!already_applied(&desired, Some(&port_dropped)));
 
     // A Secret with another token is not ours as planned.
-    let secret = build_secret(&job, "abc");
+    let secret = build_secret(&job, "abc", "{}");
     assert!(already_applied(&secret, Some(&secret.clone())));
-    assert!(!already_applied(&secret, Some(&build_secret(&job, "abd"))));
+    assert!(!already_applied(
+        &secret,
+        Some(&build_secret(&job, "abd", "{}"))
+    ));
 }
 
 /// Deep-merges `extra` into `base` (objects by key, arrays element by element).

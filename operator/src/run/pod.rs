@@ -14,7 +14,8 @@
 //!   end, it waits for SIGTERM (a pod that exited would be replaced before the operator saw the
 //!   end); one that left on a notice has had its SIGTERM and exits.
 //!
-//! Every process of a job reads the same spec (`EBBFLOW_JOB_SPEC`, JSON) and job name
+//! Every process of a job reads the same spec (`EBBFLOW_JOB_SPEC`, JSON: the spec pinned in the
+//! job's Secret while any of its pods exist, `controller::plan::pinned_spec`) and job name
 //! (`EBBFLOW_JOB_NAME`), validates it as a manifest would be, and derives the same job id from
 //! them; the job secret is `EBBFLOW_TOKEN` (the job's Secret); datasets are read under
 //! `EBBFLOW_DATA_DIR` (default `/data`, where the plan mounts `spec.app.dataset.claimName`).
