@@ -179,6 +179,22 @@ fn existing_token_is_preserved() {
     assert_eq!(plan.secret.data.as_ref().unwrap()[TOKEN_KEY].0, b"kept");
 }
 
+/// The Secret name and key variable `name` of `pod` comes from.
+fn secret_ref_of(pod: &Pod, name: &str) -> (String, String) {
+    let var = pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("{name} missing"));
+    let from = var
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{name} is not from a Secret"));
+    (from.name.clone(), from.key.clone())
+}
+
 #[test]
 fn the_spec_is_pinned_while_the_jobs_pods_exist() {
     let job = job();
@@ -203,22 +219,9 @@ fn the_spec_is_pinned_while_the_jobs_pods_exist() {
     let (spec, plan) = pinned_with(&running, Some("{\"pinned\": true}"));
     assert_eq!(spec, "{\"pinned\": true}");
     for pod in &plan.create {
-        let var = pod.spec.as_ref().unwrap().containers[0]
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == "EBBFLOW_JOB_SPEC")
-            .unwrap();
-        let from = var
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
         assert_eq!(
-            (from.name.as_str(), from.key.as_str()),
-            ("mf-token", SPEC_KEY)
+            secret_ref_of(pod, "EBBFLOW_JOB_SPEC"),
+            ("mf-token".to_owned(), SPEC_KEY.to_owned())
         );
     }
     // no pods (a first start, a resume): the current spec
@@ -402,17 +405,9 @@ fn pods_run_non_root_read_only_with_spec_grace_resources_and_token() {
         .unwrap();
     assert_eq!(requests["cpu"].0, "2");
     let env = container.env.as_ref().unwrap();
-    let token = env.iter().find(|e| e.name == "EBBFLOW_TOKEN").unwrap();
-    let secret_ref = token
-        .value_from
-        .as_ref()
-        .unwrap()
-        .secret_key_ref
-        .as_ref()
-        .unwrap();
     assert_eq!(
-        (secret_ref.name.as_str(), secret_ref.key.as_str()),
-        ("mf-token", TOKEN_KEY)
+        secret_ref_of(&plan.create[0], "EBBFLOW_TOKEN"),
+        ("mf-token".to_owned(), TOKEN_KEY.to_owned())
     );
     let role = env.iter().find(|e| e.name == "EBBFLOW_ROLE").unwrap();
     assert_eq!(role.value.as_deref(), Some("coordinator"));
