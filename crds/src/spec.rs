@@ -189,10 +189,11 @@ pub struct DatasetSpec {
     #[schemars(length(min = 1, max = 4096))]
     pub path: Option<String>,
 
-    /// An http(s) URL each node downloads its data from. Files ending in .gz are decompressed
-    /// while reading.
+    /// An http URL each node downloads its data from once (into its /tmp), e.g. a Service in
+    /// the cluster; https is not supported (the runtime carries no TLS stack: mount the file
+    /// with claimName instead). Files ending in .gz are decompressed while reading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 4096), pattern(r"^https?://"))]
+    #[schemars(length(min = 1, max = 4096), pattern(r"^http://"))]
     pub url: Option<String>,
 
     /// File format; required with path or url, not allowed with synthetic (see

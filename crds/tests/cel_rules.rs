@@ -433,7 +433,7 @@ fn varied_spec(seed: u64) -> TrainingJobSpec {
     };
     d.synthetic = c.often(synthetic);
     d.path = c.maybe("data.txt".to_owned());
-    d.url = c.maybe("https://example.invalid/data".to_owned());
+    d.url = c.maybe("http://example.invalid/data".to_owned());
     d.format = c.pick(&[
         None,
         Some(DatasetFormat::MovielensInter),

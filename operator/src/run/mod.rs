@@ -201,6 +201,75 @@ fn u(value: Option<u64>, default: u64) -> usize {
     value.unwrap_or(default) as usize
 }
 
+/// Downloads `url` (`spec.app.dataset.url`, plain http: the runtime carries no TLS stack, so
+/// a dataset is served from inside the cluster) into the temporary directory (`/tmp` in a
+/// runtime pod, an emptyDir), once per URL: a file already there is reused. The file keeps the URL's
+/// file name, so `*.gz` is still gunzipped as it is read. The download streams to a temporary
+/// name and is renamed when complete; a failure names the URL.
+fn download(url: &str) -> Result<PathBuf, RunError> {
+    let fail = |what: String| RunError::LoadData(format!("spec.app.dataset.url {url}: {what}"));
+    let name: String = url
+        .split(['?', '#'])
+        .next()
+        .and_then(|path| path.rsplit('/').next())
+        .filter(|name| !name.is_empty())
+        .unwrap_or("dataset")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = std::env::temp_dir()
+        .join("ebbflow-datasets")
+        .join(format!("{:016x}", ebbflow_crds::fnv1a(url)));
+    let target = dir.join(&name);
+    if target.is_file() {
+        return Ok(target);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+    let partial = dir.join(format!("{name}.partial"));
+    let fetch = {
+        let (url, partial) = (url.to_owned(), partial.clone());
+        // A thread of its own: the caller may be inside a tokio runtime.
+        std::thread::spawn(move || -> Result<u64, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("starting a runtime: {e}"))?;
+            rt.block_on(async {
+                use std::io::Write as _;
+                let mut response = reqwest::get(&url).await.map_err(|e| e.to_string())?;
+                if !response.status().is_success() {
+                    return Err(format!("answered {}", response.status()));
+                }
+                let mut file = std::fs::File::create(&partial)
+                    .map_err(|e| format!("creating {}: {e}", partial.display()))?;
+                let mut bytes = 0u64;
+                while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+                    file.write_all(&chunk)
+                        .map_err(|e| format!("writing {}: {e}", partial.display()))?;
+                    bytes += chunk.len() as u64;
+                }
+                file.sync_all()
+                    .map_err(|e| format!("writing {}: {e}", partial.display()))?;
+                Ok(bytes)
+            })
+        })
+    };
+    let bytes = fetch
+        .join()
+        .map_err(|_| fail("the download thread panicked".into()))?
+        .map_err(fail)?;
+    std::fs::rename(&partial, &target)
+        .map_err(|e| fail(format!("renaming {}: {e}", partial.display())))?;
+    tracing::info!(url, bytes, path = %target.display(), "dataset downloaded");
+    Ok(target)
+}
+
 /// Builds the app the spec describes: seeded synthetic data or a file in a supported format.
 fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     let app = &job.spec.app;
@@ -224,6 +293,11 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     };
     let f32_or = |value: Option<f64>, default: f32| value.map_or(default, |v| v as f32);
     let dataset = &app.dataset;
+    // A dataset URL is downloaded once and then read as a path.
+    let dataset_path = match &dataset.url {
+        Some(url) => Some(download(url)?.display().to_string()),
+        None => dataset.path.clone(),
+    };
     let decay = annealing_decay(job.spec.stop.iterations.unwrap_or(100));
     let seed = dataset.synthetic.as_ref().map_or(42, |s| u64::from(s.seed));
     Ok(match app.kind {
@@ -240,7 +314,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 .map_err(|e| load(&e))?
                 .ratings
             } else {
-                match (&dataset.path, dataset.format) {
+                match (&dataset_path, dataset.format) {
                     (Some(path), Some(DatasetFormat::MovielensInter) | None) => {
                         data::load_movielens_inter(&file(path)?).map_err(|e| load(&e))?
                     }
@@ -278,7 +352,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 .map_err(|e| load(&e))?
                 .examples
             } else {
-                match (&dataset.path, dataset.format) {
+                match (&dataset_path, dataset.format) {
                     (Some(path), Some(DatasetFormat::Libsvm)) => {
                         data::load_libsvm(&file(path)?).map_err(|e| load(&e))?
                     }
@@ -326,7 +400,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 .map_err(|e| load(&e))?
                 .corpus
             } else {
-                let path = dataset.path.as_deref().ok_or_else(|| {
+                let path = dataset_path.as_deref().ok_or_else(|| {
                     RunError::Unsupported("spec.app.dataset: needs synthetic or a path".into())
                 })?;
                 data::load_ldac(&file(path)?).map_err(|e| load(&e))?
@@ -1204,6 +1278,91 @@ mod tests {
             Some(1e6),
             "bytes per second"
         );
+    }
+
+    /// Serves `body` at paths ending in `file` on 127.0.0.1 (404 elsewhere), counting requests.
+    fn serve(
+        file: &'static str,
+        body: Vec<u8>,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                }
+                let (status, body): (&str, &[u8]) = if path.ends_with(file) {
+                    ("200 OK", &body)
+                } else {
+                    ("404 Not Found", b"no such file")
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(body);
+            }
+        });
+        (base, requests)
+    }
+
+    #[test]
+    fn a_dataset_url_is_downloaded_once_and_read_as_its_path() {
+        let Some(data) = ebbflow_runtime::data::data_dir() else {
+            println!("skipped: set EBBFLOW_DATA_DIR (scripts/fetch-data.sh)");
+            return;
+        };
+        let inter = std::fs::read(data.join("ml-100k.inter")).unwrap();
+        let (base, requests) = serve("ml-100k.inter", inter);
+        // a path of its own per run: the download cache is the machine's temporary directory
+        let unique = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        let with_url = |url: String| {
+            let mut job = example("mf-movielens.yaml");
+            job.spec.app.dataset.path = None;
+            job.spec.app.dataset.url = Some(url);
+            job.spec.app.dataset.format = Some(DatasetFormat::MovielensInter);
+            build_app(&job, Path::new("/nonexistent"))
+        };
+        let url = format!("{base}/{unique}/ml-100k.inter");
+        for _ in 0..2 {
+            match with_url(url.clone()) {
+                Ok(JobApp::Mf(app)) => assert_eq!(app.train_len(), 80_000),
+                Ok(_) => panic!("not matrix factorization"),
+                Err(error) => panic!("{error}"),
+            }
+        }
+        assert_eq!(
+            requests.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "downloaded once"
+        );
+        let missing = format!("{base}/{unique}/missing.inter");
+        let error = with_url(missing.clone())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains(&missing) && error.contains("404"), "{error}");
     }
 
     #[test]
