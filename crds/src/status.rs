@@ -108,6 +108,15 @@ pub struct TrainingJobStatus {
     /// When the operator first asked the coordinator to stop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_requested_time: Option<Time>,
+
+    /// Times the coordinator pod failed since the coordinator last answered; at 3 the job
+    /// fails (reason CoordinatorFailed) instead of replacing it again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub coordinator_failures: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl TrainingJobStatus {

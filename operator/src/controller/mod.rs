@@ -126,6 +126,10 @@ struct JobMemory {
     phase: Option<&'static str>,
     /// The job's instances and their charges.
     cost: cost::CostLedger,
+    /// Failed coordinator pods already counted (by uid).
+    counted_failures: BTreeSet<String>,
+    /// Why the last of them failed.
+    last_failure: Option<String>,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -625,6 +629,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             provisioner_error: None,
             cost: None,
             stop: None,
+            coordinator_failures: 0,
+            coordinator_failed: None,
             now,
         });
         write_status(&ctx, &job, &job_ref, &namespace, status).await?;
@@ -754,10 +760,45 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         .await
     };
 
+    // the coordinator pod's failures in a row: each failed pod counted once, reset whenever the
+    // coordinator answers; at the limit the job fails instead of replacing it again
+    let failed_coordinators: Vec<(String, String)> = observed
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            let id = pod.metadata.uid.clone().or(pod.metadata.name.clone())?;
+            Some((id, plan::coordinator_failure(pod)?))
+        })
+        .collect();
+    let (coordinator_failures, last_failure) = ctx.with_memory(&job_ref, |memory| {
+        let mut count = if report.is_some() {
+            0
+        } else {
+            previous.map_or(0, |s| s.coordinator_failures)
+        };
+        for (id, message) in failed_coordinators {
+            if memory.counted_failures.insert(id) {
+                warn!(%message, "the coordinator pod failed");
+                count += 1;
+                memory.last_failure = Some(message);
+            }
+        }
+        (count, memory.last_failure.clone())
+    });
+    let coordinator_failed = (!already_succeeded
+        && coordinator_failures >= status::COORDINATOR_FAILURE_LIMIT)
+        .then(|| {
+            format!(
+                "the coordinator pod failed {coordinator_failures} times in a row; the last time: {}",
+                last_failure.unwrap_or_else(|| "no message".to_owned())
+            )
+        });
+
     // decide capacity
     let finished = already_succeeded
         || report.is_some_and(|r| r.finished || r.failed.is_some())
-        || stop.as_ref().is_some_and(|s| s.confirmed);
+        || stop.as_ref().is_some_and(|s| s.confirmed)
+        || coordinator_failed.is_some();
     let activity = if finished {
         Activity::Finished
     } else if job.spec.suspend {
@@ -998,6 +1039,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         provisioner_error: provisioner_error.clone(),
         cost,
         stop,
+        coordinator_failures,
+        coordinator_failed,
         now,
     });
     transition_events(&ctx, &job, previous, &new_status).await;

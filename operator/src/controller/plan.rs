@@ -315,6 +315,44 @@ pub fn pod_ready(pod: &Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
+/// Why the job's coordinator pod failed, if it has (phase Failed): its termination message (the
+/// error it printed), else the container's exit reason.
+pub fn coordinator_failure(pod: &Pod) -> Option<String> {
+    if pod.labels().get(COORDINATOR_LABEL).map(String::as_str) != Some("true") {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Failed") {
+        return None;
+    }
+    let terminated = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref());
+    Some(match terminated {
+        Some(t) => t
+            .message
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .map(|m| m.trim().to_owned())
+            .unwrap_or_else(|| {
+                format!(
+                    "exit code {}{}",
+                    t.exit_code,
+                    t.reason
+                        .as_deref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                )
+            }),
+        None => status
+            .message
+            .clone()
+            .unwrap_or_else(|| "the pod failed".to_owned()),
+    })
+}
+
 /// True for the job's coordinator pod once it is ready.
 pub fn is_ready_coordinator(pod: &Pod) -> bool {
     pod.labels().get(COORDINATOR_LABEL).map(String::as_str) == Some("true") && pod_ready(pod)
@@ -970,6 +1008,8 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                 ),
                 // `ebbflow pod` (operator/src/run/pod.rs) reads everything from `env_vars`.
                 command: Some(RUNTIME_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
+                // A pod that fails at startup says why in its status (the error it printed).
+                termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
                 env: Some(env_vars),
                 ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
                 // Ready once the admin port is bound: the coordinator's API (after its

@@ -68,6 +68,8 @@ pub mod reasons {
     pub const TRAINING_FAILED: &str = "TrainingFailed";
     /// `spec.bidding.budgetTotal` is spent (see [`super::super::stop`]).
     pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
+    /// The coordinator pod failed [`super::COORDINATOR_FAILURE_LIMIT`] times in a row.
+    pub const COORDINATOR_FAILED: &str = "CoordinatorFailed";
 }
 
 /// What the coordinator query produced this reconcile.
@@ -112,6 +114,10 @@ pub struct StatusInput<'a> {
     pub cost: Option<CostStatus>,
     /// A stop the operator decided ([`super::stop`]).
     pub stop: Option<StopState>,
+    /// Times the coordinator pod failed since the coordinator last answered.
+    pub coordinator_failures: u32,
+    /// Set once those failures reach [`COORDINATOR_FAILURE_LIMIT`]: why the job fails.
+    pub coordinator_failed: Option<String>,
     /// Now.
     pub now: Timestamp,
 }
@@ -159,6 +165,16 @@ pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
     failed_for(status, reasons::TRAINING_FAILED)
 }
 
+/// Coordinator pod failures in a row (without the coordinator answering in between) after
+/// which the job fails instead of replacing the pod again: a bad dataset path or a spec the
+/// runtime refuses fails every pod the same way.
+pub const COORDINATOR_FAILURE_LIMIT: u32 = 3;
+
+/// True if the job failed because its coordinator pod kept failing.
+pub fn coordinator_failed(status: Option<&TrainingJobStatus>) -> bool {
+    failed_for(status, reasons::COORDINATOR_FAILED)
+}
+
 /// True if the job failed because its total budget is spent.
 pub fn budget_exhausted(status: Option<&TrainingJobStatus>) -> bool {
     failed_for(status, reasons::BUDGET_EXHAUSTED)
@@ -177,6 +193,7 @@ pub fn is_final(status: Option<&TrainingJobStatus>) -> bool {
     status.and_then(|s| s.phase) == Some(Phase::Succeeded)
         || training_failed(status)
         || budget_exhausted(status)
+        || coordinator_failed(status)
 }
 
 /// The new status.
@@ -242,6 +259,9 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     if let Some(cost) = &input.cost {
         status.cost = Some(cost.clone());
     }
+    if !coordinator_failed(Some(&status)) {
+        status.coordinator_failures = input.coordinator_failures;
+    }
     if let Some(stop) = &input.stop {
         status.stop_reason = Some(stop.criterion.field().to_owned());
         status
@@ -288,31 +308,36 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         reasons::VALID_SPEC,
         "the spec passed validation",
     );
-    // The budget is spent and the coordinator stopped (or did not answer): final, a failure.
+    // Failures the operator decides, final: the budget is spent and the coordinator stopped
+    // (or did not answer), or the coordinator pod kept failing.
     let out_of_budget = input
         .stop
         .as_ref()
-        .filter(|stop| stop.confirmed && !stop.criterion.succeeds());
-    if budget_exhausted(Some(&status)) || out_of_budget.is_some() {
-        if let Some(stop) = out_of_budget.filter(|_| !budget_exhausted(Some(&status))) {
+        .filter(|stop| stop.confirmed && !stop.criterion.succeeds())
+        .map(|stop| stop.message.clone());
+    for (reason, failed_now, summary) in [
+        (
+            reasons::BUDGET_EXHAUSTED,
+            out_of_budget,
+            "spec.bidding.budgetTotal is spent",
+        ),
+        (
+            reasons::COORDINATOR_FAILED,
+            input.coordinator_failed.clone(),
+            "the coordinator pod kept failing",
+        ),
+    ] {
+        let already = failed_for(Some(&status), reason);
+        if !already && failed_now.is_none() {
+            continue;
+        }
+        if let Some(message) = failed_now.filter(|_| !already) {
             status.completion_time = Some(Time(now));
-            set(
-                &mut status,
-                conditions::FAILED,
-                true,
-                reasons::BUDGET_EXHAUSTED,
-                &stop.message,
-            );
+            set(&mut status, conditions::FAILED, true, reason, &message);
         }
         status.phase = Some(Phase::Failed);
         for type_ in [conditions::READY, conditions::PROGRESSING] {
-            set(
-                &mut status,
-                type_,
-                false,
-                reasons::BUDGET_EXHAUSTED,
-                "spec.bidding.budgetTotal is spent",
-            );
+            set(&mut status, type_, false, reason, summary);
         }
         return status;
     }

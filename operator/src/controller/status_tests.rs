@@ -75,6 +75,8 @@ fn compute_with(
         provisioner_error: None,
         cost,
         stop,
+        coordinator_failures: 0,
+        coordinator_failed: None,
         now,
     })
 }
@@ -274,6 +276,8 @@ fn invalid_spec_fails_with_the_field_in_the_message() {
         provisioner_error: None,
         cost: None,
         stop: None,
+        coordinator_failures: 0,
+        coordinator_failed: None,
         now: at(0),
     });
     assert_eq!(status.phase, Some(Phase::Failed));
@@ -344,6 +348,8 @@ fn decision_log_records_changes_and_stays_bounded() {
             provisioner_error: None,
             cost: None,
             stop: None,
+            coordinator_failures: 0,
+            coordinator_failed: None,
             now: at(i as i64),
         });
     }

@@ -1146,6 +1146,57 @@ async fn running_pods_are_charged_and_pods_without_a_price_are_warned_about() {
 }
 
 #[tokio::test]
+async fn a_coordinator_pod_failing_at_startup_fails_the_job_after_three_times() {
+    let scenario =
+        Scenario::unreachable(spot_job("mf", 1, &["us-east-1a"]).with_finalizer(FINALIZER)).await;
+    scenario.settle().await;
+    scenario.schedule_and_start_pods();
+    let error = "spec.app.dataset.path: /data/ratings.csv does not exist";
+    for attempt in 1..=3u32 {
+        // the kubelet: the coordinator pod's container exited with the error it printed
+        {
+            let mut cluster = scenario.cluster.lock();
+            let pod = cluster.pods.get_mut("mf-r-0").expect("a coordinator pod");
+            pod.metadata.uid = Some(format!("uid-{attempt}"));
+            pod.status = serde_json::from_value(json!({
+                "phase": "Failed",
+                "containerStatuses": [{
+                    "name": "runtime", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": format!("Error: {error}\n")}},
+                }],
+            }))
+            .ok();
+        }
+        let _ = scenario.reconcile().await;
+        let status = scenario.status();
+        if attempt < 3 {
+            assert_eq!(status.coordinator_failures, attempt, "{status:?}");
+            assert_ne!(status.phase, Some(Phase::Failed));
+            // replaced: deleted, then created again
+            let _ = scenario.reconcile().await;
+            scenario.finish_deletions();
+            let _ = scenario.reconcile().await;
+            assert!(scenario.live_pods().contains(&"mf-r-0".to_owned()));
+            scenario.schedule_and_start_pods();
+        }
+    }
+    let status = scenario.status();
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    let (value, reason, message) = scenario.condition(conditions::FAILED);
+    assert_eq!(
+        (value.as_str(), reason.as_str()),
+        ("True", "CoordinatorFailed")
+    );
+    assert!(
+        message.contains("3 times") && message.contains(error),
+        "{message}"
+    );
+    let _ = scenario.reconcile().await;
+    assert!(scenario.live_pods().is_empty(), "every pod released");
+}
+
+#[tokio::test]
 async fn failed_training_is_final_and_releases_nodes() {
     let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
     scenario.report(|status| {
