@@ -24,6 +24,7 @@ combos=(
   "--set-string serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123456789012:role/ebbflow"
   "--set capacityType.preset=custom --set capacityType.labelKey=example.com/capacity --set capacityType.onDemandValue=od --set capacityType.spotValue=spot"
   "--set capacityType.preset=gke"
+  "--set traces.claimName=spot-traces --set traces.speed=60"
 )
 for combo in "${combos[@]}"; do
   # shellcheck disable=SC2086
@@ -48,6 +49,8 @@ bad=(
   "--set capacityType.preset=azure|preset"
   "--set capacityType.preset=custom|capacityType.labelKey"
   "--set aws.interruptionPollSeconds=0|interruptionPollSeconds"
+  "--set traces.speed=0|speed"
+  "--set traces.claimName=Not_A_Name|claimName"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"

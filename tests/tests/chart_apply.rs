@@ -30,6 +30,7 @@ const VALUE_COMBINATIONS: &[&[&str]] = &[
     &["networkPolicy.enabled=true", "dashboards.enabled=false"],
     &["aws.region=us-east-1", "aws.credentialsSecret=aws-creds"],
     &["capacityType.preset=gke"],
+    &["traces.claimName=spot-traces", "traces.speed=60"],
 ];
 
 fn helm_template(
