@@ -214,6 +214,17 @@ impl ElasticService {
     ) -> (Vec<String>, Vec<String>) {
         let mut m = self.members.lock();
         m.phase = Some(JobPhase::Training);
+        // Notices that came before training started (a node told to leave while it joined)
+        // apply at its first boundary.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        for (name, deadline) in &m.notices {
+            let _ = events.send(ElasticEvent::Notice {
+                names: vec![name.clone()],
+                lead: Duration::from_secs(deadline.saturating_sub(now)),
+            });
+        }
         *self.events.lock() = Some(events);
         (m.names(true), m.names(false))
     }

@@ -91,11 +91,27 @@ pub fn watch_for_notices(
     sources: &NoticeSources,
     http: &reqwest::Client,
 ) -> Result<(), ElasticNodeError> {
-    let mut terminate = {
-        let _guard = rt.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(setup("installing the SIGTERM handler"))?
-    };
+    let terminate = listen_for_sigterm(rt)?;
+    watch_for_notices_from(rt, terminate, sources, http)
+}
+
+/// A SIGTERM listener on `rt`: a signal that arrives once it exists is kept for its first
+/// `recv`, so a node listens before it joins and acts on a SIGTERM of that time after.
+fn listen_for_sigterm(
+    rt: &tokio::runtime::Runtime,
+) -> Result<tokio::signal::unix::Signal, ElasticNodeError> {
+    let _guard = rt.enter();
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(setup("installing the SIGTERM handler"))
+}
+
+/// As [`watch_for_notices`] with SIGTERM from `terminate`.
+fn watch_for_notices_from(
+    rt: &tokio::runtime::Runtime,
+    mut terminate: tokio::signal::unix::Signal,
+    sources: &NoticeSources,
+    http: &reqwest::Client,
+) -> Result<(), ElasticNodeError> {
     let (base, secret, name, grace, client) = (
         sources.coordinator.clone(),
         sources.secret.clone(),
@@ -194,6 +210,9 @@ pub fn run_elastic_node_with<A: App>(
         .enable_all()
         .build()
         .map_err(setup("starting the tokio runtime"))?;
+    // Listening before the join: a SIGTERM while joining is a notice once joined (it was lost
+    // when the listener started after the join, and the node ran until it was killed).
+    let terminate = listen_for_sigterm(&rt)?;
     let registry = Registry::new();
     let metrics = RuntimeMetrics::register(&registry)
         .map_err(|e| ElasticNodeError::Coordinator(format!("registering metrics: {e}")))?;
@@ -295,7 +314,7 @@ pub fn run_elastic_node_with<A: App>(
         return Err(ElasticNodeError::Coordinator(message));
     }
     tracing::info!(name = %settings.notices.name, %advertise, reliable = settings.reliable, "joined");
-    watch_for_notices(&rt, &settings.notices, &http)?;
+    watch_for_notices_from(&rt, terminate, &settings.notices, &http)?;
     // Serve until the coordinator lets this node go, or the job is over without it; a heartbeat
     // every interval tells the coordinator this process still runs.
     let name = settings.notices.name.clone();

@@ -110,7 +110,15 @@ fn coordinator_capped(
     registry: prometheus::Registry,
 ) -> (String, CoordinatorThread) {
     let timeout = HeartbeatConfig::default().timeout;
-    coordinator_configured(job, 1, 5, timeout, registry, Some(backup_bandwidth))
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    coordinator_configured(
+        listener,
+        job,
+        (1, 5),
+        timeout,
+        registry,
+        Some(backup_bandwidth),
+    )
 }
 
 /// As [`coordinator`], declaring nodes failed after `heartbeat_timeout` of silence, with its
@@ -122,25 +130,27 @@ fn coordinator_with(
     heartbeat_timeout: Duration,
     registry: prometheus::Registry,
 ) -> (String, CoordinatorThread) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     coordinator_configured(
+        listener,
         job,
-        reliable,
-        backup_every,
+        (reliable, backup_every),
         heartbeat_timeout,
         registry,
         None,
     )
 }
 
+/// A coordinator of `job` serving on `listener`, waiting for `reliable` nodes and copying every
+/// `backup_every` clocks.
 fn coordinator_configured(
+    listener: std::net::TcpListener,
     job: &Job,
-    reliable: u32,
-    backup_every: u64,
+    (reliable, backup_every): (u32, u64),
     heartbeat_timeout: Duration,
     registry: prometheus::Registry,
     backup_bandwidth: Option<f64>,
 ) -> (String, CoordinatorThread) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = job.app();
     let settings = ElasticJob {
@@ -946,4 +956,57 @@ fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
+}
+
+/// A node that gets SIGTERM while it is still joining (its coordinator not serving yet) gives
+/// notice once it has joined, instead of training on until it is killed: the coordinator records
+/// the notice, the node goes, and the table is exact.
+#[test]
+fn a_sigterm_while_joining_is_a_notice_once_joined() {
+    let job = Job::dense(300);
+    // Bound, not yet served: the node's join waits in the listener's backlog.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut t0 = node_with(
+        &job,
+        &url,
+        "t0",
+        true,
+        30,
+        &["--metrics-listen", &metrics.to_string()],
+    );
+    // The node listens for SIGTERM before it binds its metrics port.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(metrics).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the node never bound its metrics port"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&t0, "TERM");
+    let (_, coordinator) = coordinator_configured(
+        listener,
+        &job,
+        (1, 5),
+        HeartbeatConfig::default().timeout,
+        prometheus::Registry::new(),
+        None,
+    );
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert_eq!(
+        report.events.get("notice").copied(),
+        Some(1),
+        "{:?}",
+        report.events
+    );
+    let _ = wait_exit(&mut t0, Duration::from_secs(60));
+    let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(10));
+    assert!(exit.success(), "{exit:?} {stderr}");
 }
