@@ -44,6 +44,13 @@ pub struct CoordinatorStatus {
     pub transient_nodes_added: Option<u64>,
 }
 
+impl CoordinatorStatus {
+    /// Whether the run is over: finished, stopped on request or failed.
+    pub fn ended(&self) -> bool {
+        self.finished || self.stopped || self.failed.is_some()
+    }
+}
+
 impl From<StatusResponse> for CoordinatorStatus {
     /// An elastic coordinator's `progress` gives the stage, the iteration (its consistent
     /// clock: every partition holds it, and it falls back on a rollback), the migration and

@@ -195,9 +195,17 @@ impl std::fmt::Debug for CheckpointWriter {
 }
 
 impl CheckpointWriter {
-    /// A writer of job `job`'s checkpoints to `path`, at most one per `interval`; `written`
-    /// shows the clock of the last one on disk (`ebbflow_runtime_checkpoint_clock`).
-    pub fn start(path: PathBuf, job: &str, interval: Duration, written: IntGauge) -> Arc<Self> {
+    /// A writer of job `job`'s checkpoints to `path`, at most one per `interval`, over a
+    /// checkpoint of clock `on_disk` already there (0: none; only later clocks are written);
+    /// `written` shows the clock of the last one on disk (`ebbflow_runtime_checkpoint_clock`).
+    pub fn start(
+        path: PathBuf,
+        job: &str,
+        interval: Duration,
+        on_disk: u64,
+        written: IntGauge,
+    ) -> Arc<Self> {
+        written.set(on_disk as i64);
         let (sender, receiver) = mpsc::channel::<Checkpoint>();
         std::thread::Builder::new()
             .name("checkpoint".into())
@@ -220,7 +228,10 @@ impl CheckpointWriter {
         Arc::new(Self {
             job: job.to_owned(),
             interval,
-            offered: Mutex::new(Offered::default()),
+            offered: Mutex::new(Offered {
+                at: None,
+                clock: on_disk,
+            }),
             sender: Mutex::new(sender),
         })
     }
@@ -307,8 +318,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("job.ckpt");
         let gauge = IntGauge::new("t", "t").unwrap();
-        let writer =
-            CheckpointWriter::start(path.clone(), "exact/400", Duration::from_secs(3600), gauge);
+        let writer = CheckpointWriter::start(
+            path.clone(),
+            "exact/400",
+            Duration::from_secs(3600),
+            0,
+            gauge,
+        );
         let images = checkpoint().images;
         writer.offer(5, &images);
         // within the interval: not written
@@ -326,10 +342,13 @@ mod tests {
             path.clone(),
             "exact/400",
             Duration::ZERO,
+            5,
             IntGauge::new("u", "u").unwrap(),
         );
-        writer.offer(3, &images);
-        writer.offer(3, &images); // not past the last offer: ignored
-        assert_eq!(writer.offered.lock().clock, 3);
+        writer.offer(5, &images); // the clock already on disk: not written again
+        assert_eq!(writer.offered.lock().at, None);
+        writer.offer(6, &images);
+        writer.offer(6, &images); // not past the last offer: ignored
+        assert_eq!(writer.offered.lock().clock, 6);
     }
 }

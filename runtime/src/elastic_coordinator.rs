@@ -216,13 +216,10 @@ impl ElasticService {
         m.phase = Some(JobPhase::Training);
         // Notices that came before training started (a node told to leave while it joined)
         // apply at its first boundary.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         for (name, deadline) in &m.notices {
             let _ = events.send(ElasticEvent::Notice {
                 names: vec![name.clone()],
-                lead: Duration::from_secs(deadline.saturating_sub(now)),
+                lead: time_left(deadline.saturating_mul(1000)),
             });
         }
         *self.events.lock() = Some(events);
@@ -247,13 +244,11 @@ impl ElasticService {
                 new: false,
             });
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let deadline_ms = request
-            .deadline_unix_ms
-            .unwrap_or(request.deadline_unix.saturating_mul(1000));
-        let lead = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+        let lead = time_left(
+            request
+                .deadline_unix_ms
+                .unwrap_or(request.deadline_unix.saturating_mul(1000)),
+        );
         let event = ElasticEvent::Notice {
             names: vec![request.name.clone()],
             lead,
@@ -436,6 +431,14 @@ impl ElasticJobError {
     }
 }
 
+/// Time from now until the Unix time `deadline_ms` (milliseconds; zero once past).
+fn time_left(deadline_ms: u64) -> Duration {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+}
+
 /// Settings of an elastic job's coordinator.
 #[derive(Debug, Clone)]
 pub struct ElasticJob {
@@ -519,11 +522,9 @@ pub fn run_elastic_job_with<A: crate::app::App>(
                 settings.path.clone(),
                 &job.job,
                 settings.interval,
+                start.as_ref().map_or(0, |start| start.clock),
                 metrics.checkpoint_clock.clone(),
             );
-            if let Some(start) = &start {
-                metrics.checkpoint_clock.set(start.clock as i64);
-            }
             (start.map(Arc::new), Some(writer))
         }
         None => (None, None),

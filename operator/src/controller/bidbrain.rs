@@ -471,7 +471,7 @@ pub fn decide_on(
     let to_trace = |at: Timestamp| market_time(setup, clock, created, at);
 
     let now = to_trace(view.now);
-    let slot = (((now - grid.t0) / grid.step).max(0) as usize).min(grid.slots.saturating_sub(1));
+    let slot = grid.slot_at(now);
     let market_view = grid.view(slot);
 
     // the allocations: alive transient pods per known pool

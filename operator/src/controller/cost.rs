@@ -46,12 +46,6 @@ impl Pricing {
         market_time(&self.setup, self.clock, self.created, at)
     }
 
-    /// The grid's time step holding market time `t` (clamped to the grid).
-    fn slot(&self, t: i64) -> usize {
-        let grid = &self.setup.grid;
-        (((t - grid.t0) / grid.step.max(1)).max(0) as usize).min(grid.slots.saturating_sub(1))
-    }
-
     /// The pool's index in the market's grid.
     fn pool_index(&self, key: &PoolKey) -> Option<usize> {
         self.setup
@@ -112,7 +106,7 @@ impl Running {
     fn accrue(&mut self, pricing: &Pricing, to: i64) {
         let grid = &pricing.setup.grid;
         while self.accrued_to < to {
-            let slot = pricing.slot(self.accrued_to);
+            let slot = pricing.setup.grid.slot_at(self.accrued_to);
             let step_end = if slot + 1 < grid.slots {
                 grid.time(slot + 1).max(self.accrued_to + 1)
             } else {
@@ -365,7 +359,8 @@ mod tests {
         let grid = &pricing.setup.grid;
         (0..grid.pools.len())
             .find(|&p| {
-                (pricing.slot(start)..=pricing.slot(end)).all(|s| grid.price(p, s).is_some())
+                (pricing.setup.grid.slot_at(start)..=pricing.setup.grid.slot_at(end))
+                    .all(|s| grid.price(p, s).is_some())
             })
             .map(|p| (p, grid.pools[p].id.zone.clone()))
             .expect("a p3 pool with capacity for the hours asked")
@@ -377,7 +372,7 @@ mod tests {
         let mut usd = 0.0;
         let mut t = from;
         while t < to {
-            let slot = pricing.slot(t);
+            let slot = pricing.setup.grid.slot_at(t);
             let end = grid.time(slot + 1).min(to);
             usd += grid.price(pool, slot).unwrap() * (end - t) as f64 / 3600.0;
             t = end;
@@ -490,7 +485,11 @@ mod tests {
             let gone = observe(&mut ledger, &pricing, &[], &[], at(ran), None);
             let hourly_price = |hour: i64| {
                 let t = pricing.time(at(hour * 3600));
-                pricing.setup.grid.price(pool, pricing.slot(t)).unwrap()
+                pricing
+                    .setup
+                    .grid
+                    .price(pool, pricing.setup.grid.slot_at(t))
+                    .unwrap()
             };
             let expected = if charged_hours > 0.0 {
                 hourly_price(0)

@@ -405,17 +405,13 @@ async fn observe(
     let secret_name = plan::secret_name(&name);
     let secret = match ctx.caches.secret(namespace, &secret_name) {
         Some(secret) => Some(secret),
-        None => {
-            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-            secrets
-                .get_opt(&secret_name)
-                .await
-                .map_err(|source| ObserveError::GetSecret {
-                    name: secret_name,
-                    source,
-                })?
-                .map(Arc::new)
-        }
+        None => job_secret(ctx, namespace, &name)
+            .await
+            .map_err(|source| ObserveError::GetSecret {
+                name: secret_name,
+                source,
+            })?
+            .map(Arc::new),
     };
     let token = secret.as_deref().and_then(token_of);
     let pinned_spec = secret
@@ -462,11 +458,19 @@ async fn job_token(
     namespace: &str,
     name: &str,
 ) -> Result<Option<String>, kube::Error> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(secrets
-        .get_opt(&plan::secret_name(name))
+    Ok(job_secret(ctx, namespace, name)
         .await?
         .and_then(|secret| token_of(&secret)))
+}
+
+/// The job's Secret (token and pinned spec) from the API server, if it exists.
+async fn job_secret(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Secret>, kube::Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    secrets.get_opt(&plan::secret_name(name)).await
 }
 
 /// The data-plane token a job's Secret holds, if any.
@@ -555,7 +559,7 @@ async fn stop_job(
         )
         .await;
     }
-    let over = report.is_some_and(|r| r.finished || r.stopped || r.failed.is_some());
+    let over = report.is_some_and(|r| r.ended());
     // A coordinator that answers but refuses the stop does not hold the job either.
     let mut answers = report.is_some();
     if answers && !over {
@@ -706,11 +710,10 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         CoordinatorObservation::Reported(report) => Some(report),
         _ => None,
     };
-    let coordinator_over = report.is_some_and(|r| r.finished || r.stopped || r.failed.is_some());
     let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
     let (cost, spend_rate) = match ctx.capacity.pricing(&job, now) {
         Some(pricing) => {
-            let job_over = already_succeeded || coordinator_over;
+            let job_over = already_succeeded || report.is_some_and(|r| r.ended());
             let previous_cost = previous.and_then(|s| s.cost.as_ref());
             ctx.with_memory(&job_ref, |memory| {
                 let cost = memory

@@ -318,7 +318,7 @@ pub fn pod_ready(pod: &Pod) -> bool {
 /// Why the job's coordinator pod failed, if it has (phase Failed): its termination message (the
 /// error it printed), else the container's exit reason.
 pub fn coordinator_failure(pod: &Pod) -> Option<String> {
-    if pod.labels().get(COORDINATOR_LABEL).map(String::as_str) != Some("true") {
+    if !is_coordinator(pod) {
         return None;
     }
     let status = pod.status.as_ref()?;
@@ -353,9 +353,14 @@ pub fn coordinator_failure(pod: &Pod) -> Option<String> {
     })
 }
 
+/// True for the job's coordinator pod.
+fn is_coordinator(pod: &Pod) -> bool {
+    pod.labels().get(COORDINATOR_LABEL).map(String::as_str) == Some("true")
+}
+
 /// True for the job's coordinator pod once it is ready.
 pub fn is_ready_coordinator(pod: &Pod) -> bool {
-    pod.labels().get(COORDINATOR_LABEL).map(String::as_str) == Some("true") && pod_ready(pod)
+    is_coordinator(pod) && pod_ready(pod)
 }
 
 /// Classifies the job's pods; pods without the tier label are ignored.

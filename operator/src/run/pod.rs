@@ -132,7 +132,7 @@ impl PodEnv {
                 Some(path) => {
                     let name = "EBBFLOW_CHECKPOINT_INTERVAL_SECONDS";
                     let seconds = match var(name).filter(|v| !v.is_empty()) {
-                        None => 60,
+                        None => crate::controller::plan::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
                         Some(text) => text.parse::<u64>().map_err(|_| {
                             RunError::Pod(format!("{name}={text:?} is not a number of seconds"))
                         })?,

@@ -90,6 +90,11 @@ impl MarketGrid {
         self.t0 + slot as i64 * self.step
     }
 
+    /// The slot holding time `t`, clamped to the grid.
+    pub fn slot_at(&self, t: Timestamp) -> usize {
+        (((t - self.t0) / self.step.max(1)).max(0) as usize).min(self.slots.saturating_sub(1))
+    }
+
     /// Buyable price of `pool` at `slot`, if any.
     pub fn price(&self, pool: usize, slot: usize) -> Option<f64> {
         let p = self.prices[pool][slot];
