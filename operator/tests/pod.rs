@@ -428,6 +428,13 @@ fn a_replaced_coordinator_pod_resumes_from_its_checkpoint() {
     let saved = read_clock().expect("a checkpoint");
 
     // The operator replaces the failed pods; the new coordinator pod starts from the checkpoint.
+    // The job was suspended and edited meanwhile in fields that do not shape the training state
+    // (a stop goal, the budget, the grace period), so the new pods carry another spec.
+    let mut edited = job.clone();
+    edited.spec.stop.target_loss = Some(0.01);
+    edited.spec.bidding.budget_total = Some(40.0);
+    edited.spec.runtime.termination_grace_period_seconds = Some(90);
+    let (pods, token) = planned_pods(&edited);
     let mut coordinator = start_with(&pods[0], &token, admin, logs.path(), &extra);
     let mut spot: Vec<PodProcess> = pods[1..]
         .iter()

@@ -48,7 +48,11 @@ pub enum CheckpointError {
         reason: String,
     },
     /// The file is another job's checkpoint.
-    #[error("checkpoint {path} belongs to job {found:?}, not {expected:?}")]
+    #[error(
+        "checkpoint {path} belongs to job {found:?}, not {expected:?}: the training state it holds \
+         has another shape (app, dataset, consistency, worker or partition count); restore those \
+         settings, or remove the file to start again from clock 0"
+    )]
     OtherJob {
         /// The file.
         path: PathBuf,

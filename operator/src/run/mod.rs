@@ -493,17 +493,32 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
     }
 }
 
-/// What every process of a local run must agree on: the job's name and a digest of its spec.
+/// What every process of a run must agree on, and what a coordinator checkpoint is valid for:
+/// the job's name and the shape of its training state. That is the app (kind, dataset,
+/// hyperparameters, server optimizer), the consistency model, and the derived worker and
+/// partition counts (`transient.maxNodes`, `reliable.count`, `runtime.workerThreads` or the CPU
+/// request, `elasticity.partitions`): a partition image holds every worker's clock count. Fields
+/// that only steer capacity, bidding, stopping or the pods (`stop`, `bidding`, `minNodes`, grace,
+/// checkpoint interval, ...) are left out, so a job suspended, edited there and resumed carries
+/// on from its checkpoint. The digest is FNV-1a, stable across builds and toolchains (a
+/// checkpoint outlives the binary that wrote it); the counts are spelled out so a refused
+/// checkpoint's error shows what changed.
 fn job_id(job: &TrainingJob) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(&job.spec)
-        .unwrap_or_default()
-        .hash(&mut hasher);
+    let config = elastic_config(job);
+    let shape = serde_json::json!({
+        "app": job.spec.app,
+        "consistency": job.spec.consistency,
+        "workers": config.job.workers,
+        "partitions": config.job.partitions,
+    });
     format!(
-        "{} spec={:016x}",
+        "{} training={:016x} (app={:?} workers={} partitions={} staleness={})",
         job.metadata.name.as_deref().unwrap_or("job"),
-        hasher.finish()
+        ebbflow_crds::fnv1a(&shape.to_string()),
+        job.spec.app.kind,
+        config.job.workers,
+        config.job.partitions,
+        config.job.staleness,
     )
 }
 
@@ -1278,6 +1293,45 @@ mod tests {
             Some(1e6),
             "bytes per second"
         );
+    }
+
+    #[test]
+    fn the_job_id_follows_the_training_state_not_capacity_or_stop_edits() {
+        let job = example("quickstart.yaml");
+        let id = job_id(&job);
+        assert!(id.starts_with("quickstart training="), "{id}");
+        assert_eq!(id, job_id(&job.clone()), "deterministic");
+        // A job suspended, edited in these fields and resumed keeps its checkpoint.
+        let mut edited = job.clone();
+        edited.spec.stop.iterations = Some(5000);
+        edited.spec.stop.target_loss = Some(0.5);
+        edited.spec.bidding.budget_total = Some(12.0);
+        edited.spec.transient.min_nodes = 1;
+        edited.spec.runtime.termination_grace_period_seconds = Some(30);
+        edited.spec.elasticity.backup_bandwidth_mbps = Some(100.0);
+        assert_eq!(job_id(&edited), id);
+        // These change what a partition image holds: the id changes and says what.
+        let mut more_nodes = job.clone();
+        more_nodes.spec.transient.max_nodes += 2;
+        let more = job_id(&more_nodes);
+        assert_ne!(more, id);
+        let workers = |id: &str| {
+            id.split("workers=").nth(1).and_then(|rest| {
+                rest.split(' ').next().map(str::to_owned)
+            })
+        };
+        assert_ne!(workers(&more), workers(&id), "{id} vs {more}");
+        let mut other_partitions = job.clone();
+        other_partitions.spec.elasticity.partitions = Some(7);
+        assert!(job_id(&other_partitions).contains("partitions=7"));
+        let mut other_rank = job.clone();
+        other_rank
+            .spec
+            .app
+            .hyperparameters
+            .get_or_insert_with(Default::default)
+            .rank = Some(3);
+        assert_ne!(job_id(&other_rank), id);
     }
 
     /// Serves `body` at paths ending in `file` on 127.0.0.1 (404 elsewhere), counting requests.
