@@ -113,6 +113,18 @@ pub struct TrainingJobStatus {
     /// fails (reason CoordinatorFailed) instead of replacing it again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub coordinator_failures: u32,
+    /// Node pods (not the coordinator) that failed by themselves (a crash, an error at
+    /// startup, OOMKilled; not a spot node's end), in a row: a failure more than 10 minutes
+    /// after the one before starts the count again. While it is above zero, new node pods wait
+    /// for the operator's retry backoff after the last failure (5 s, doubling per failure, at
+    /// most 5 min by default) instead of being replaced at once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node_failures: u32,
+
+    /// When the last of those node pods failed (the backoff runs from it, across operator
+    /// restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_node_failure_time: Option<Time>,
 }
 
 fn is_zero(n: &u32) -> bool {

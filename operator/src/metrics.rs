@@ -38,6 +38,9 @@ pub struct Metrics {
     pub pods_created: IntCounterVec,
     /// `ebbflow_operator_pods_deleted_total{reason}`: runtime pods deleted.
     pub pods_deleted: IntCounterVec,
+    /// `ebbflow_operator_node_pod_failures_total`: node pods (not coordinators) that failed by
+    /// themselves (`status.nodeFailures`); their replacements back off.
+    pub node_pod_failures: IntCounter,
     /// `ebbflow_operator_jobs{phase}`: TrainingJobs this operator reconciles, by phase.
     pub jobs: IntGaugeVec,
     /// `ebbflow_operator_coordinator_requests_total{outcome}`: coordinator admin API calls.
@@ -164,6 +167,10 @@ impl Metrics {
                 ),
                 &["reason"],
             )?,
+            node_pod_failures: IntCounter::new(
+                "ebbflow_operator_node_pod_failures_total",
+                "Node pods that failed by themselves (crash, startup error, OOMKilled)",
+            )?,
             jobs: IntGaugeVec::new(
                 Opts::new("ebbflow_operator_jobs", "TrainingJobs reconciled, by phase"),
                 &["phase"],
@@ -195,6 +202,7 @@ impl Metrics {
         registry.register(Box::new(metrics.notice_lead.clone()))?;
         registry.register(Box::new(metrics.pods_created.clone()))?;
         registry.register(Box::new(metrics.pods_deleted.clone()))?;
+        registry.register(Box::new(metrics.node_pod_failures.clone()))?;
         registry.register(Box::new(metrics.instances.clone()))?;
         registry.register(Box::new(metrics.jobs.clone()))?;
         registry.register(Box::new(metrics.coordinator_requests.clone()))?;
@@ -242,7 +250,7 @@ mod tests {
             .observe(0.0);
         let families = registry.gather();
         let names: Vec<&str> = families.iter().map(|family| family.name()).collect();
-        assert_eq!(names.len(), 15, "{names:?}");
+        assert_eq!(names.len(), 16, "{names:?}");
         for name in names {
             assert!(name.starts_with("ebbflow_operator_"), "{name}");
         }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ebbflow_crds::TrainingJob;
 use ebbflow_operator::controller;
+use ebbflow_operator::controller::capacity::SpecCapacityPlanner;
 use ebbflow_operator::leader::{LeaderElector, LeaseConfig};
 use ebbflow_operator::notices::{KARPENTER_DISRUPTED_TAINT, NTH_SPOT_ITN_TAINT};
 use ebbflow_runtime::app::EvalReport;
@@ -90,6 +91,49 @@ async fn scheduled_pods(pods: &Api<Pod>, name: &str, count: usize) -> Result<Vec
     .await
 }
 
+/// The operator, reconciling the jobs of `namespace` only: the tests of this file run at once,
+/// each with its own operator, and one must not act on another's job (its failures, notices
+/// and backoffs live in the operator that saw them).
+async fn operator_in(
+    client: &Client,
+    registry: &prometheus::Registry,
+    namespace: &str,
+    coordinator_url: &str,
+) -> Result<tokio::sync::oneshot::Sender<()>, BoxError> {
+    ebbflow_tests::operator::start_custom(
+        client,
+        registry,
+        coordinator_url,
+        ebbflow_tests::operator::Custom {
+            capacity: Arc::new(SpecCapacityPlanner),
+            ec2: None,
+            namespace: Some(namespace.to_owned()),
+        },
+    )
+    .await
+}
+
+/// Where jobs' coordinators are when the test runs none: a closed port on 127.0.0.1.
+const NO_COORDINATOR: &str = "http://127.0.0.1:9";
+
+/// Deletes job `job`, waits for it to be gone (its finalizer run by the operator), stops the
+/// operator and drops namespace `ns`.
+async fn delete_job_and_namespace(
+    client: &Client,
+    jobs: &Api<TrainingJob>,
+    job: &str,
+    ns: &str,
+    stop: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), BoxError> {
+    jobs.delete(job, &DeleteParams::default()).await?;
+    poll_until("the job gone", Duration::from_secs(60), || async {
+        Ok(jobs.get_opt(job).await?.is_none().then_some(()))
+    })
+    .await?;
+    let _ = stop.send(());
+    drop_namespace(client, ns).await
+}
+
 fn tier(pod: &Pod) -> &str {
     pod.labels()
         .get(controller::plan::TIER_LABEL)
@@ -140,7 +184,7 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
     let serving = coordinator.clone();
     tokio::spawn(async move { axum::serve(listener, router(serving)).await });
     let registry = prometheus::Registry::new();
-    let stop = ebbflow_tests::operator::start_with_coordinator(&client, &registry, &url).await?;
+    let stop = operator_in(&client, &registry, &ns, &url).await?;
 
     apply_job(&client, &ns, job, 2, false).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -250,7 +294,7 @@ async fn suspend_resume_and_an_operator_restart_keep_pods_right() -> Result<(), 
     };
     install_crd(&client).await?;
     let ns = namespace(&client, "e2e-suspend").await?;
-    let stop = ebbflow_tests::operator::start(&client, &prometheus::Registry::new()).await?;
+    let stop = operator_in(&client, &prometheus::Registry::new(), &ns, NO_COORDINATOR).await?;
     let job = "pausable";
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
@@ -265,7 +309,7 @@ async fn suspend_resume_and_an_operator_restart_keep_pods_right() -> Result<(), 
     // An operator restart mid-job: the new one adopts the pods, creates no duplicates.
     let _ = stop.send(());
     let registry = prometheus::Registry::new();
-    let stop = ebbflow_tests::operator::start(&client, &registry).await?;
+    let stop = operator_in(&client, &registry, &ns, NO_COORDINATOR).await?;
     poll_until(
         "the restarted operator reconciled the job twice",
         Duration::from_secs(30),
@@ -308,13 +352,7 @@ async fn suspend_resume_and_an_operator_restart_keep_pods_right() -> Result<(), 
     apply_job(&client, &ns, job, 1, false).await?;
     scheduled_pods(&pods, job, 2).await?;
 
-    jobs.delete(job, &DeleteParams::default()).await?;
-    poll_until("the job gone", Duration::from_secs(60), || async {
-        Ok(jobs.get_opt(job).await?.is_none().then_some(()))
-    })
-    .await?;
-    let _ = stop.send(());
-    drop_namespace(&client, &ns).await
+    delete_job_and_namespace(&client, &jobs, job, &ns, stop).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,4 +398,113 @@ async fn two_replicas_elect_one_leader() -> Result<(), BoxError> {
         "the old leader must not take the lease back"
     );
     drop_namespace(&client, &ns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff() -> Result<(), BoxError>
+{
+    let test = "a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let ns = namespace(&client, "e2e-crash").await?;
+    let registry = prometheus::Registry::new();
+    let stop = operator_in(&client, &registry, &ns, NO_COORDINATOR).await?;
+    let job = "crashy";
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    apply_job(&client, &ns, job, 1, false).await?;
+    let spot = scheduled_pods(&pods, job, 2)
+        .await?
+        .into_iter()
+        .find(|p| tier(p) == "transient")
+        .expect("a spot pod");
+    let spot_name = spot.name_any();
+    let spot_uid = spot.metadata.uid.clone();
+
+    // The kubelet's report of a crash: the container was OOMKilled after printing an error.
+    let finished = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let finished_at = k8s_openapi::jiff::Timestamp::from_second(finished as i64)?;
+    pods.patch_status(
+        &spot_name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [{
+                    "name": "runtime", "image": "ghcr.io/ebbflow/ebbflow-runtime:e2e",
+                    "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {
+                        "exitCode": 137, "reason": "OOMKilled",
+                        "message": "loading shard 3: out of memory",
+                        "finishedAt": finished_at.to_string(),
+                    }},
+                }],
+            }
+        })),
+    )
+    .await?;
+
+    // Warned about on the job, counted in its status and the operator's metric.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let note = poll_until("a NodePodFailed event", Duration::from_secs(30), || async {
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("NodePodFailed"))
+            .and_then(|e| e.note))
+    })
+    .await?;
+    assert!(
+        note.contains(&spot_name) && note.contains("loading shard 3: out of memory"),
+        "{note}"
+    );
+    poll_until("status.nodeFailures 1", Duration::from_secs(30), || async {
+        let status = jobs.get(job).await?.status.unwrap_or_default();
+        Ok((status.node_failures == 1).then_some(()))
+    })
+    .await?;
+    let text = ebbflow_runtime::metrics::render(&registry);
+    assert!(
+        text.contains("ebbflow_operator_node_pod_failures_total 1"),
+        "{text}"
+    );
+
+    // An operator restart (or a new leader) carries the backoff on from the job's status.
+    let _ = stop.send(());
+    let registry = prometheus::Registry::new();
+    let stop = operator_in(&client, &registry, &ns, NO_COORDINATOR).await?;
+
+    // The replacement comes once the backoff after the failure (5 s after one) has passed.
+    let replacement = poll_until("the replacement spot pod", Duration::from_secs(60), || async {
+        Ok(live_pods(&pods, job)
+            .await?
+            .into_iter()
+            .find(|p| tier(p) == "transient" && p.metadata.uid != spot_uid))
+    })
+    .await?;
+    let created = replacement
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .expect("a creation time")
+        .0
+        .as_second() as u64;
+    assert!(
+        created >= finished + 5,
+        "replacement created {} s after the failure",
+        created as i64 - finished as i64
+    );
+    println!(
+        "{spot_name} failed; {} replaced it {} s later, after an operator restart; event: {note}",
+        replacement.name_any(),
+        created - finished
+    );
+    let status = jobs.get(job).await?.status.unwrap_or_default();
+    assert_eq!(status.node_failures, 1, "not counted again after the restart");
+
+    delete_job_and_namespace(&client, &jobs, job, &ns, stop).await
 }

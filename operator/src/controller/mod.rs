@@ -130,6 +130,9 @@ struct JobMemory {
     counted_failures: BTreeSet<String>,
     /// Why the last of them failed.
     last_failure: Option<String>,
+    /// Node pods that failed by themselves, in a row (counted once each, by uid, in
+    /// `counted_failures`).
+    node_failures: status::NodeFailures,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -562,11 +565,12 @@ async fn stop_job(
     let over = report.is_some_and(|r| r.ended());
     // A coordinator that answers but refuses the stop does not hold the job either.
     let mut answers = report.is_some();
-    if answers && !over {
-        if let Err(error) = ctx.coordinator.stop(base, token).await {
-            warn!(%error, "the coordinator was not told to stop; retrying next reconcile");
-            answers = false;
-        }
+    if answers
+        && !over
+        && let Err(error) = ctx.coordinator.stop(base, token).await
+    {
+        warn!(%error, "the coordinator was not told to stop; retrying next reconcile");
+        answers = false;
     }
     Some(stop::StopState {
         criterion,
@@ -635,6 +639,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             stop: None,
             coordinator_failures: 0,
             coordinator_failed: None,
+            node_failures: status::NodeFailures::from_status(previous),
             now,
         });
         write_status(&ctx, &job, &job_ref, &namespace, status).await?;
@@ -797,6 +802,59 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             )
         });
 
+    // node pods that failed by themselves: each counted once; while they keep failing, new
+    // node pods wait for the retry backoff after the last one (a crash loop would otherwise
+    // recreate pods, and with a provisioner launch instances, every reconcile)
+    let failed_nodes: Vec<(String, &str, plan::PodFailure)> = classified
+        .iter()
+        .filter_map(|pod| {
+            let id = pod.pod.metadata.uid.clone().unwrap_or_else(|| pod.name.to_owned());
+            Some((id, pod.name, plan::node_failure(pod)?))
+        })
+        .collect();
+    let (node_failures, newly_failed) = ctx.with_memory(&job_ref, |memory| {
+        // a fresh memory (operator restart, new leader) starts from the status; a failure at or
+        // before the last one there was counted by the operator before
+        let restored = memory
+            .node_failures
+            .last
+            .is_none()
+            .then(|| status::NodeFailures::from_status(previous))
+            .filter(|failures| failures.last.is_some());
+        let seen_until = restored.as_ref().and_then(|r| r.last.as_ref()).map(|(at, _)| *at);
+        if let Some(restored) = restored {
+            memory.node_failures = restored;
+        }
+        let mut newly = Vec::new();
+        for (id, pod_name, failure) in failed_nodes {
+            let seen = seen_until.is_some_and(|until| failure.at.is_some_and(|at| at <= until));
+            if memory.counted_failures.insert(id) && !seen {
+                memory
+                    .node_failures
+                    .record(failure.at.unwrap_or(now), failure.message.clone());
+                newly.push((pod_name.to_owned(), failure.message));
+            }
+        }
+        (memory.node_failures.clone(), newly)
+    });
+    for (pod_name, message) in &newly_failed {
+        warn!(pod = %pod_name, %message, "a node pod failed");
+        ctx.metrics.node_pod_failures.inc();
+        publish(
+            &ctx,
+            &job,
+            EventType::Warning,
+            "NodePodFailed",
+            "Replace",
+            format!(
+                "{pod_name} failed ({} in a row): {message}",
+                node_failures.count
+            ),
+        )
+        .await;
+    }
+    let hold_nodes_until = node_failures.hold_until(|n| ctx.backoff(n), now);
+
     // decide capacity
     let finished = already_succeeded
         || report.is_some_and(|r| r.finished || r.failed.is_some())
@@ -894,7 +952,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // plan
     let fresh = fresh_token();
-    let desired = plan::plan(&PlanInput {
+    let mut desired = plan::plan(&PlanInput {
         job: &job,
         pods: &observed.pods,
         existing_token: observed.token.as_deref(),
@@ -905,6 +963,12 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         activity,
         config: &ctx.config.plan,
     });
+    if let Some(until) = hold_nodes_until {
+        let held = plan::hold_node_pods(&mut desired.create);
+        if held > 0 {
+            debug!(held, %until, "node pods held back after failures");
+        }
+    }
 
     // apply
     let params = PatchParams::apply(MANAGER).force();
@@ -1044,6 +1108,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         stop,
         coordinator_failures,
         coordinator_failed,
+        node_failures: node_failures.clone(),
         now,
     });
     transition_events(&ctx, &job, previous, &new_status).await;
@@ -1076,8 +1141,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         now,
     );
     let stopping = new_status.stop_reason.is_some();
+    // held node pods are created when the backoff ends (whole seconds, rounded up, so the
+    // reconcile does not come a moment early and hold again)
+    let held_for = hold_nodes_until.map(|until| {
+        let wait = until.duration_since(now).as_secs_f64().max(0.0);
+        Duration::from_secs(wait.ceil() as u64)
+    });
+    let sooner = |delay: Duration| held_for.map_or(delay, |held| delay.min(held));
     let action = if !coordinator_reachable || provisioner_error.is_some() {
-        Action::requeue(ctx.backoff(failures))
+        Action::requeue(sooner(ctx.backoff(failures)))
     } else if activity != Activity::Run {
         Action::await_change()
     } else if new_status.phase != Some(ebbflow_crds::Phase::Running)
@@ -1085,9 +1157,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         || !desired.delete.is_empty()
         || stopping
     {
-        Action::requeue(ctx.config.provisioning_requeue.min(interval))
+        Action::requeue(sooner(ctx.config.provisioning_requeue.min(interval)))
     } else {
-        Action::requeue(limits.map_or(interval, |limit| limit.min(interval)))
+        Action::requeue(sooner(
+            limits.map_or(interval, |limit| limit.min(interval)),
+        ))
     };
     Ok(action)
 }

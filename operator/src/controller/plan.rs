@@ -315,12 +315,18 @@ pub fn pod_ready(pod: &Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-/// Why the job's coordinator pod failed, if it has (phase Failed): its termination message (the
-/// error it printed), else the container's exit reason.
-pub fn coordinator_failure(pod: &Pod) -> Option<String> {
-    if !is_coordinator(pod) {
-        return None;
-    }
+/// A runtime pod that failed (phase Failed): why, and when.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodFailure {
+    /// Its termination message (the error it printed), else the container's exit reason, else
+    /// the pod's status message.
+    pub message: String,
+    /// When its container finished, if the kubelet said.
+    pub at: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// Why the runtime pod failed, if it has (phase Failed).
+pub fn pod_failure(pod: &Pod) -> Option<PodFailure> {
     let status = pod.status.as_ref()?;
     if status.phase.as_deref() != Some("Failed") {
         return None;
@@ -330,7 +336,7 @@ pub fn coordinator_failure(pod: &Pod) -> Option<String> {
         .iter()
         .flatten()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref());
-    Some(match terminated {
+    let message = match terminated {
         Some(t) => t
             .message
             .clone()
@@ -350,7 +356,44 @@ pub fn coordinator_failure(pod: &Pod) -> Option<String> {
             .message
             .clone()
             .unwrap_or_else(|| "the pod failed".to_owned()),
+    };
+    Some(PodFailure {
+        message,
+        at: terminated.and_then(|t| t.finished_at.as_ref()).map(|t| t.0),
     })
+}
+
+/// Why the job's coordinator pod failed, if it has.
+pub fn coordinator_failure(pod: &Pod) -> Option<String> {
+    if !is_coordinator(pod) {
+        return None;
+    }
+    pod_failure(pod).map(|failure| failure.message)
+}
+
+/// Pod status reasons of a node's end, not the runtime's: a spot instance shut down or lost.
+const NODE_END_REASONS: [&str; 4] = ["NodeShutdown", "Shutdown", "Terminated", "NodeLost"];
+
+/// Why a node pod (not the coordinator) failed, if it failed by itself: a crash, an error at
+/// startup, OOMKilled. Not a pod with a notice against it or whose node shut down or went away:
+/// those are the spot market's doing, and the footprint replaces them at once.
+pub fn node_failure(pod: &ObservedPod<'_>) -> Option<PodFailure> {
+    if is_coordinator(pod.pod) || pod.notice.is_some() {
+        return None;
+    }
+    let reason = pod.pod.status.as_ref()?.reason.as_deref();
+    if reason.is_some_and(|r| NODE_END_REASONS.contains(&r)) {
+        return None;
+    }
+    pod_failure(pod.pod)
+}
+
+/// The node pods of `create` held back while node pods keep failing (the coordinator's are
+/// not: its failures have their own limit).
+pub fn hold_node_pods(create: &mut Vec<Pod>) -> usize {
+    let before = create.len();
+    create.retain(is_coordinator);
+    before - create.len()
 }
 
 /// True for the job's coordinator pod.

@@ -731,3 +731,74 @@ fn the_coordinator_pod_alone_mounts_the_checkpoint_claim() {
     assert_eq!(env_of(&plain.create[0], "EBBFLOW_CHECKPOINT"), None);
     assert_eq!(claim_of(&plain.create[0]), None);
 }
+
+#[test]
+fn node_failures_are_crashes_not_spot_ends_nor_the_coordinator() {
+    let a = spot("c5.xlarge", "us-east-1a");
+    let failed = |name: &str, reason: Option<&str>| {
+        let mut pod = existing(name, Some(&a), false, "2026-01-01T00:01:00Z");
+        pod.status = serde_json::from_value(serde_json::json!({
+            "phase": "Failed",
+            "reason": reason,
+            "containerStatuses": [{
+                "name": "runtime", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"terminated": {
+                    "exitCode": 1, "message": "Error: no shard 3\n",
+                    "finishedAt": "2026-01-01T00:02:00Z",
+                }},
+            }],
+        }))
+        .unwrap();
+        pod
+    };
+    let mut coordinator = failed("mf-r-0", None);
+    coordinator
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(COORDINATOR_LABEL.to_owned(), "true".to_owned());
+    let pods = vec![
+        coordinator,
+        failed("mf-t-0", None),
+        failed("mf-t-1", Some("NodeShutdown")),
+        failed("mf-t-2", None),
+    ];
+    let notices = [Notice {
+        pod: "mf-t-2".to_owned(),
+        node: None,
+        leaves_at: Timestamp::UNIX_EPOCH,
+        source: NoticeSource::AwsNodeTerminationHandler,
+    }];
+    let observed = observe_pods("mf", &pods, &notices);
+    let failures: Vec<(&str, PodFailure)> = observed
+        .iter()
+        .filter_map(|pod| Some((pod.name, node_failure(pod)?)))
+        .collect();
+    assert_eq!(
+        failures,
+        [(
+            "mf-t-0",
+            PodFailure {
+                message: "Error: no shard 3".to_owned(),
+                at: Some("2026-01-01T00:02:00Z".parse().unwrap()),
+            }
+        )]
+    );
+    assert_eq!(
+        coordinator_failure(&pods[0]).as_deref(),
+        Some("Error: no shard 3")
+    );
+
+    // held back: every node pod of a plan, not the coordinator's
+    let mut plan = run_plan(
+        &job(),
+        &[],
+        &[],
+        &decision(&[(spot("c5.xlarge", "us-east-1a"), 2)]),
+    );
+    assert!(plan.create.len() > 1);
+    let held = hold_node_pods(&mut plan.create);
+    assert_eq!(names(&plan.create), ["mf-r-0"]);
+    assert!(held >= 2, "{held}");
+}

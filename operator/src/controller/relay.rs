@@ -32,7 +32,9 @@ use std::{
 use ebbflow_crds::TrainingJob;
 use futures::{FutureExt, StreamExt, channel::mpsc, stream};
 use k8s_openapi::{
-    api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus, Secret, Service},
+    api::core::v1::{
+        ContainerState, ContainerStatus, Node, NodeSpec, Pod, PodSpec, PodStatus, Secret, Service,
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -217,9 +219,33 @@ fn slim_pod(pod: &mut Pod) {
         };
     }
     if let Some(status) = pod.status.as_mut() {
+        // A failed pod keeps why (few pods, and the reconcile reports it): its reason and
+        // message, and each container's termination (exit code, reason, message, time).
+        let failed = status.phase.as_deref() == Some("Failed");
+        let terminations = failed.then(|| {
+            status
+                .container_statuses
+                .take()
+                .into_iter()
+                .flatten()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    state: c.state.and_then(|s| s.terminated).map(|terminated| {
+                        ContainerState {
+                            terminated: Some(terminated),
+                            ..ContainerState::default()
+                        }
+                    }),
+                    ..ContainerStatus::default()
+                })
+                .collect()
+        });
         *status = PodStatus {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
+            reason: status.reason.take().filter(|_| failed),
+            message: status.message.take().filter(|_| failed),
+            container_statuses: terminations,
             ..PodStatus::default()
         };
     }
@@ -823,6 +849,21 @@ pub(super) mod tests {
         );
         assert_eq!(plan::pod_ready(&slim), plan::pod_ready(&full));
         assert_eq!(slim.labels(), full.labels());
+        // a failed pod keeps why it failed (the reconcile reports it)
+        let mut failed = full.clone();
+        let status = failed.status.as_mut().unwrap();
+        status.phase = Some("Failed".into());
+        status.container_statuses.as_mut().unwrap()[0].state = serde_json::from_value(
+            serde_json::json!({"terminated": {"exitCode": 1, "message": "Error: no shard 3"}}),
+        )
+        .unwrap();
+        let mut slim_failed = failed.clone();
+        slim_pod(&mut slim_failed);
+        assert_eq!(
+            plan::coordinator_failure(&slim_failed).as_deref(),
+            Some("Error: no shard 3")
+        );
+        assert_eq!(plan::pod_failure(&slim_failed), plan::pod_failure(&failed));
         let mut node = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
         node.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-0abc".into());
         node.status = Some(Default::default());

@@ -8,7 +8,7 @@ use ebbflow_crds::{
 };
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
+    jiff::{SignedDuration, Timestamp},
 };
 
 use super::plan::{CapacityDecision, ObservedPod, PoolKey, Tier};
@@ -118,6 +118,8 @@ pub struct StatusInput<'a> {
     pub coordinator_failures: u32,
     /// Set once those failures reach [`COORDINATOR_FAILURE_LIMIT`]: why the job fails.
     pub coordinator_failed: Option<String>,
+    /// Node pods that failed by themselves in a row ([`NodeFailures`]).
+    pub node_failures: NodeFailures,
     /// Now.
     pub now: Timestamp,
 }
@@ -169,6 +171,61 @@ pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
 /// which the job fails instead of replacing the pod again: a bad dataset path or a spec the
 /// runtime refuses fails every pod the same way.
 pub const COORDINATOR_FAILURE_LIMIT: u32 = 3;
+
+/// A failure after which a node pod's failures in a row start again from one.
+pub const NODE_FAILURE_RESET: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Node pods that failed by themselves in a row, and the last one's time and message.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeFailures {
+    /// Failures in a row.
+    pub count: u32,
+    /// When the last one happened, and why.
+    pub last: Option<(Timestamp, String)>,
+}
+
+impl NodeFailures {
+    /// The failures a job's status holds (an operator restarted, or a new leader, carries on
+    /// with them; the message is not kept).
+    pub fn from_status(status: Option<&TrainingJobStatus>) -> Self {
+        let Some(status) = status else {
+            return Self::default();
+        };
+        Self {
+            count: status.node_failures,
+            last: status
+                .last_node_failure_time
+                .as_ref()
+                .map(|at| (at.0, String::new())),
+        }
+    }
+
+    /// Counts a failure at `at`; one more than [`NODE_FAILURE_RESET`] after the last starts
+    /// the count again.
+    pub fn record(&mut self, at: Timestamp, message: String) {
+        let fresh = self.last.as_ref().is_none_or(|(last, _)| {
+            at.duration_since(*last) > SignedDuration::try_from(NODE_FAILURE_RESET).unwrap_or_default()
+        });
+        self.count = if fresh { 1 } else { self.count + 1 };
+        let newest = self.last.as_ref().is_none_or(|(last, _)| at >= *last);
+        if newest {
+            self.last = Some((at, message));
+        }
+    }
+
+    /// Until when new node pods wait: the last failure plus `backoff(count)`; `None` once that
+    /// has passed (or with no failure).
+    pub fn hold_until(
+        &self,
+        backoff: impl Fn(u32) -> std::time::Duration,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let (last, _) = self.last.as_ref()?;
+        let wait = SignedDuration::try_from(backoff(self.count)).ok()?;
+        let until = last.checked_add(wait).ok()?;
+        (self.count > 0 && until > now).then_some(until)
+    }
+}
 
 /// True if the job failed because its coordinator pod kept failing.
 pub fn coordinator_failed(status: Option<&TrainingJobStatus>) -> bool {
@@ -262,6 +319,8 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     if !coordinator_failed(Some(&status)) {
         status.coordinator_failures = input.coordinator_failures;
     }
+    status.node_failures = input.node_failures.count;
+    status.last_node_failure_time = input.node_failures.last.as_ref().map(|(at, _)| Time(*at));
     if let Some(stop) = &input.stop {
         status.stop_reason = Some(stop.criterion.field().to_owned());
         status

@@ -77,6 +77,7 @@ fn compute_with(
         stop,
         coordinator_failures: 0,
         coordinator_failed: None,
+        node_failures: NodeFailures::default(),
         now,
     })
 }
@@ -278,6 +279,7 @@ fn invalid_spec_fails_with_the_field_in_the_message() {
         stop: None,
         coordinator_failures: 0,
         coordinator_failed: None,
+        node_failures: NodeFailures::default(),
         now: at(0),
     });
     assert_eq!(status.phase, Some(Phase::Failed));
@@ -350,6 +352,7 @@ fn decision_log_records_changes_and_stays_bounded() {
             stop: None,
             coordinator_failures: 0,
             coordinator_failed: None,
+            node_failures: NodeFailures::default(),
             now: at(i as i64),
         });
     }
@@ -448,4 +451,24 @@ fn operator_stops_end_in_success_or_for_the_budget_in_failure() {
         assert_eq!(later.phase, done.phase, "{criterion:?}");
         assert_eq!(later.completion_time, done.completion_time);
     }
+}
+
+#[test]
+fn node_failures_in_a_row_back_off_and_start_again_after_ten_quiet_minutes() {
+    let backoff = |n: u32| std::time::Duration::from_secs(5 * 2_u64.pow(n - 1));
+    let mut failures = NodeFailures::default();
+    assert_eq!(failures.hold_until(backoff, at(0)), None);
+    failures.record(at(100), "exit code 1".into());
+    assert_eq!(failures.count, 1);
+    assert_eq!(failures.hold_until(backoff, at(101)), Some(at(105)));
+    assert_eq!(failures.hold_until(backoff, at(105)), None, "over at its end");
+    failures.record(at(200), "exit code 2".into());
+    failures.record(at(150), "an older pod's, seen late".into());
+    assert_eq!(failures.count, 3);
+    assert_eq!(failures.last, Some((at(200), "exit code 2".to_owned())));
+    assert_eq!(failures.hold_until(backoff, at(201)), Some(at(220)));
+    // a failure more than 10 minutes after the last starts the row again
+    failures.record(at(200 + 601), "exit code 3".into());
+    assert_eq!(failures.count, 1);
+    assert_eq!(failures.hold_until(backoff, at(802)), Some(at(806)));
 }

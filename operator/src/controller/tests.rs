@@ -1196,6 +1196,65 @@ async fn a_coordinator_pod_failing_at_startup_fails_the_job_after_three_times() 
     assert!(scenario.live_pods().is_empty(), "every pod released");
 }
 
+/// Marks pod `name` Failed: its container exited with `message` at `finished`.
+fn fail_pod(scenario: &Scenario, name: &str, uid: &str, message: &str, finished: Timestamp) {
+    let mut cluster = scenario.cluster.lock();
+    let pod = cluster.pods.get_mut(name).expect("the pod exists");
+    pod.metadata.uid = Some(uid.to_owned());
+    pod.status = serde_json::from_value(json!({
+        "phase": "Failed",
+        "containerStatuses": [{
+            "name": "runtime", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": {"terminated": {
+                "exitCode": 137, "reason": "OOMKilled", "message": message,
+                "finishedAt": finished.to_string(),
+            }},
+        }],
+    }))
+    .ok();
+}
+
+#[tokio::test]
+async fn a_failing_node_pod_is_replaced_after_a_backoff_and_warned_about() {
+    let scenario = Scenario::running(spot_job("mf", 2, &["us-east-1a"])).await;
+    // a spot pod that crashed a minute ago: warned about, and replaced at once (the backoff
+    // after one failure, 5 s, has passed)
+    let minute_ago = Timestamp::now() - SignedDuration::from_secs(60);
+    fail_pod(&scenario, "mf-t-1", "uid-t1", "out of memory loading shard 3", minute_ago);
+    let _ = scenario.settle().await;
+    assert_eq!(scenario.status().node_failures, 1);
+    let warnings = scenario.events_with_reason("NodePodFailed");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "Warning");
+    assert!(
+        warnings[0].2.contains("mf-t-1") && warnings[0].2.contains("out of memory loading shard 3"),
+        "{warnings:?}"
+    );
+    scenario.finish_deletions();
+    let _ = scenario.settle().await;
+    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0", "mf-t-2"]);
+    scenario.schedule_and_start_pods();
+    let _ = scenario.settle().await;
+    // the same failed pod is not counted twice
+    assert_eq!(scenario.events_with_reason("NodePodFailed").len(), 1);
+
+    // another crashes now, the second in a row: not created again until 10 s after it
+    fail_pod(&scenario, "mf-t-0", "uid-t0", "exit code 1", Timestamp::now());
+    let action = scenario.settle().await;
+    assert_eq!(scenario.status().node_failures, 2);
+    assert_eq!(scenario.events_with_reason("NodePodFailed").len(), 2);
+    assert_eq!(
+        scenario.metric("ebbflow_operator_node_pod_failures_total", None),
+        2.0
+    );
+    scenario.finish_deletions();
+    let held = scenario.settle().await;
+    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-2"], "held back");
+    assert_eq!(held, Action::requeue(Duration::from_secs(10)), "the backoff's end");
+    assert_ne!(action, Action::await_change());
+}
+
 #[tokio::test]
 async fn failed_training_is_final_and_releases_nodes() {
     let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
