@@ -25,6 +25,7 @@ combos=(
   "--set capacityType.preset=custom --set capacityType.labelKey=example.com/capacity --set capacityType.onDemandValue=od --set capacityType.spotValue=spot"
   "--set capacityType.preset=gke"
   "--set traces.claimName=spot-traces --set traces.speed=60"
+  "--set runtimeImage.repository=registry.example.com/ebbflow-runtime --set runtimeImage.tag=1.2.3"
 )
 for combo in "${combos[@]}"; do
   # shellcheck disable=SC2086
@@ -36,6 +37,15 @@ for combo in "${combos[@]}"; do
   grep -q "kind: CustomResourceDefinition" "$work/out.yaml" || fail "no CRD rendered with: ${combo:-defaults}"
   echo "check-chart: ok: ${combo:-defaults}"
 done
+
+# The runtime image reaches the operator: the chart's appVersion by default, or as set.
+"$helm" template ebbflow "$chart" >"$work/out.yaml" 2>/dev/null
+app_version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' "$chart/Chart.yaml")"
+grep -q -- "--runtime-image=ghcr.io/ebbflow/ebbflow-runtime:$app_version" "$work/out.yaml" ||
+  fail "the default runtime image is not ghcr.io/ebbflow/ebbflow-runtime:$app_version"
+"$helm" template ebbflow "$chart" --set runtimeImage.repository=registry.example.com/rt --set runtimeImage.tag=1.2.3 >"$work/out.yaml" 2>/dev/null
+grep -q -- "--runtime-image=registry.example.com/rt:1.2.3" "$work/out.yaml" || fail "runtimeImage is not passed to the operator"
+echo "check-chart: ok: runtime image flag"
 
 # Each mistake must fail at render time with a message naming the offending key.
 bad=(
@@ -51,6 +61,7 @@ bad=(
   "--set aws.interruptionPollSeconds=0|interruptionPollSeconds"
   "--set traces.speed=0|speed"
   "--set traces.claimName=Not_A_Name|claimName"
+  "--set runtimeImage.repository=|repository"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"

@@ -1,0 +1,31 @@
+# The operator and runtime images from source, with a container engine:
+#
+#   docker build --target operator -t ghcr.io/ebbflow/ebbflow-operator:0.1.0 .
+#   docker build --target runtime  -t ghcr.io/ebbflow/ebbflow-runtime:0.1.0 .
+#
+# Without one, scripts/build-images.sh builds the same two images (same binaries, user, paths,
+# entrypoint and command) as OCI archives from a release build on this machine; operator/tests/
+# image.rs checks those archives and runs their binaries as the pods' user.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p ebbflow-operator --bins \
+ && mkdir -p /out \
+ && objcopy --strip-debug target/release/ebbflow-operator /out/ebbflow-operator \
+ && objcopy --strip-debug target/release/ebbflow /out/ebbflow
+
+# glibc, libgcc_s, CA certificates and the nonroot user (65532) the pods run as.
+FROM gcr.io/distroless/cc-debian12:nonroot AS operator
+COPY --from=build /out/ebbflow-operator /usr/local/bin/ebbflow-operator
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/ebbflow-operator"]
+
+# Runtime pods run `ebbflow pod` (the operator sets the command).
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+COPY --from=build /out/ebbflow /usr/local/bin/ebbflow
+ENV PATH=/usr/local/bin:/usr/bin:/bin
+USER 65532:65532
+CMD ["ebbflow", "pod"]

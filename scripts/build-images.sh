@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the operator and runtime images without a container engine (see scripts/oci-image.py):
+#
+#   scripts/build-images.sh [TAG]      # TAG defaults to the workspace version
+#
+# writes out/images/ebbflow-{operator,runtime}-TAG.oci.tar from a release build. Push them with
+#   skopeo copy oci-archive:out/images/ebbflow-runtime-TAG.oci.tar docker://REGISTRY/ebbflow-runtime:TAG
+# (or `podman load` / `docker load` them) and point the chart at them: image.repository,
+# runtimeImage.repository. The Dockerfile builds the same images with an engine.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+tag="${1:-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)}"
+cargo build --release --locked -p ebbflow-operator --bins
+target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}" \
+    python3 scripts/oci-image.py --bin-dir "$target/release" --out out/images --tag "$tag"

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Builds ebbflow's container images without a container engine, as OCI image archives.
+
+    scripts/oci-image.py --bin-dir DIR --out DIR [--tag TAG] [--no-compress] [--no-strip]
+
+writes `ebbflow-operator-TAG.oci.tar` and `ebbflow-runtime-TAG.oci.tar` into --out: OCI image
+layouts in a tar (what `skopeo copy oci-archive:FILE docker://REGISTRY/NAME:TAG`, `podman load`
+and `docker load` (25+) read). Each image is two layers:
+
+- a base: the C libraries the binaries link (found with `ldd`, read from this machine), the CA
+  bundle, `/etc/passwd` and `/etc/group` with the `nonroot` user (65532) the pods run as, and
+  `/tmp`;
+- the binary (`ebbflow-operator`, or `ebbflow` for the runtime pods, whose command is
+  `ebbflow pod`) in `/usr/local/bin`, stripped of debug info unless --no-strip.
+
+The archives are reproducible: sorted entries, owner 0, fixed times (SOURCE_DATE_EPOCH, default
+0), gzip without a name or time. The `Dockerfile` at the repository root builds the same
+images with a container engine, from source.
+"""
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+NONROOT = 65532
+IMAGES = {
+    # image name: (binary, entrypoint, cmd)
+    "ebbflow-operator": ("ebbflow-operator", ["/usr/local/bin/ebbflow-operator"], []),
+    "ebbflow-runtime": ("ebbflow", [], ["ebbflow", "pod"]),
+}
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+class ImageError(Exception):
+    """A clear, one-line reason the images could not be built."""
+
+
+def linked_libraries(binary):
+    """The shared libraries `binary` loads (absolute paths on this machine)."""
+    try:
+        out = subprocess.run(
+            ["ldd", binary], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ImageError(f"ldd {binary}: {getattr(e, 'stderr', '') or e}") from e
+    libs = []
+    for line in out.splitlines():
+        line = line.strip()
+        if "not found" in line:
+            raise ImageError(f"{binary} links a library this machine lacks: {line}")
+        match = re.search(r"(/\S+)\s+\(0x", line)
+        if match:
+            libs.append(match.group(1))
+    return libs
+
+
+class Layer:
+    """A deterministic tar layer built in memory."""
+
+    def __init__(self, mtime):
+        self.buffer = io.BytesIO()
+        self.tar = tarfile.open(fileobj=self.buffer, mode="w", format=tarfile.PAX_FORMAT)
+        self.mtime = mtime
+        self.dirs = set()
+
+    def _info(self, name, kind, mode, size=0, uid=0):
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.mode = mode
+        info.size = size
+        info.mtime = self.mtime
+        info.uid = info.gid = uid
+        info.uname = info.gname = ""
+        return info
+
+    def directory(self, path, mode=0o755):
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if sub not in self.dirs:
+                self.dirs.add(sub)
+                self.tar.addfile(self._info(sub + "/", tarfile.DIRTYPE, mode))
+
+    def file(self, path, data, mode=0o644):
+        self.directory(os.path.dirname(path))
+        info = self._info(path.strip("/"), tarfile.REGTYPE, mode, len(data))
+        self.tar.addfile(info, io.BytesIO(data))
+
+    def symlink(self, path, target):
+        self.directory(os.path.dirname(path))
+        info = self._info(path.strip("/"), tarfile.SYMTYPE, 0o777)
+        info.linkname = target
+        self.tar.addfile(info)
+
+    def close(self):
+        self.tar.close()
+        return self.buffer.getvalue()
+
+
+def base_layer(binaries, mtime):
+    layer = Layer(mtime)
+    libs = sorted({lib for b in binaries for lib in linked_libraries(b)})
+    for lib in libs:
+        with open(lib, "rb") as f:
+            layer.file(lib, f.read(), 0o755)
+    if os.path.exists(CA_BUNDLE):
+        with open(CA_BUNDLE, "rb") as f:
+            layer.file(CA_BUNDLE, f.read())
+    layer.file(
+        "/etc/passwd",
+        f"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/home/nonroot:/sbin/nologin\n".encode(),
+    )
+    layer.file("/etc/group", f"root:x:0:\nnonroot:x:{NONROOT}:\n".encode())
+    layer.directory("/home/nonroot")
+    layer.directory("/tmp", 0o1777)
+    return layer.close(), libs
+
+
+def binary_layer(binary, name, mtime, strip):
+    layer = Layer(mtime)
+    if strip:
+        with tempfile.TemporaryDirectory() as tmp:
+            stripped = os.path.join(tmp, name)
+            try:
+                subprocess.run(
+                    ["objcopy", "--strip-debug", binary, stripped],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+            except (OSError, subprocess.CalledProcessError) as e:
+                raise ImageError(
+                    f"objcopy --strip-debug {binary}: {getattr(e, 'stderr', '') or e}"
+                ) from e
+            with open(stripped, "rb") as f:
+                data = f.read()
+    else:
+        with open(binary, "rb") as f:
+            data = f.read()
+    layer.file(f"/usr/local/bin/{name}", data, 0o755)
+    return layer.close()
+
+
+class Blobs:
+    """Content-addressed blobs of one image layout."""
+
+    def __init__(self):
+        self.blobs = {}
+
+    def add(self, data, media_type):
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.blobs[digest] = data
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
+def layer_blob(blobs, tar_bytes, compress):
+    diff_id = "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+    if compress:
+        out = io.BytesIO()
+        with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+            gz.write(tar_bytes)
+        return blobs.add(out.getvalue(), "application/vnd.oci.image.layer.v1.tar+gzip"), diff_id
+    return blobs.add(tar_bytes, "application/vnd.oci.image.layer.v1.tar"), diff_id
+
+
+def write_archive(path, blobs, manifest_descriptor, ref, mtime):
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            dict(manifest_descriptor, annotations={"org.opencontainers.image.ref.name": ref})
+        ],
+    }
+    entries = {
+        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
+        "index.json": json.dumps(index, sort_keys=True).encode(),
+    }
+    for digest, data in blobs.blobs.items():
+        entries["blobs/sha256/" + digest.split(":", 1)[1]] = data
+    tmp = path + ".partial"
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ["blobs", "blobs/sha256"]:
+            info = tarfile.TarInfo(name + "/")
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
+            tar.addfile(info)
+        for name in sorted(entries):
+            data = entries[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, mtime
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, path)
+
+
+def build(args):
+    binaries = {}
+    for image, (binary, _, _) in IMAGES.items():
+        path = os.path.join(args.bin_dir, binary)
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            raise ImageError(
+                f"--bin-dir {args.bin_dir}: no executable {binary} (build it with "
+                f"`cargo build --release --locked -p ebbflow-operator --bins`)"
+            )
+        binaries[image] = path
+    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    machine = os.uname().machine
+    if machine not in ARCH:
+        raise ImageError(f"unsupported machine architecture {machine}")
+    base_tar, libs = base_layer(list(binaries.values()), mtime)
+    os.makedirs(args.out, exist_ok=True)
+    written = []
+    for image, (binary, entrypoint, cmd) in IMAGES.items():
+        blobs = Blobs()
+        base, base_diff = layer_blob(blobs, base_tar, args.compress)
+        app, app_diff = layer_blob(
+            blobs, binary_layer(binaries[image], binary, mtime, args.strip), args.compress
+        )
+        config = {
+            "architecture": ARCH[machine],
+            "os": "linux",
+            "config": {
+                "User": f"{NONROOT}:{NONROOT}",
+                "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=" + CA_BUNDLE],
+                "WorkingDir": "/home/nonroot",
+                "Labels": {
+                    "org.opencontainers.image.title": image,
+                    "org.opencontainers.image.version": args.tag,
+                    "org.opencontainers.image.source": "https://github.com/ebbflow/ebbflow",
+                },
+            },
+            "rootfs": {"type": "layers", "diff_ids": [base_diff, app_diff]},
+            "history": [
+                {"created_by": "scripts/oci-image.py: C libraries, CA bundle, nonroot user"},
+                {"created_by": f"scripts/oci-image.py: /usr/local/bin/{binary}"},
+            ],
+        }
+        if entrypoint:
+            config["config"]["Entrypoint"] = entrypoint
+        if cmd:
+            config["config"]["Cmd"] = cmd
+        config_desc = blobs.add(
+            json.dumps(config, sort_keys=True).encode(),
+            "application/vnd.oci.image.config.v1+json",
+        )
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": config_desc,
+            "layers": [base, app],
+        }
+        manifest_desc = blobs.add(
+            json.dumps(manifest, sort_keys=True).encode(),
+            "application/vnd.oci.image.manifest.v1+json",
+        )
+        path = os.path.join(args.out, f"{image}-{args.tag}.oci.tar")
+        write_archive(path, blobs, manifest_desc, args.tag, mtime)
+        written.append((path, manifest_desc["digest"], app["size"] + base["size"]))
+    for path, digest, size in written:
+        print(f"{path}  {digest}  {size / 2**20:.1f} MiB of layers")
+    print(f"base layer libraries: {', '.join(libs)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin-dir", required=True, help="directory holding ebbflow and ebbflow-operator")
+    parser.add_argument("--out", required=True, help="directory for the .oci.tar archives")
+    parser.add_argument("--tag", default="dev", help="image tag (ref name in the archive)")
+    parser.add_argument("--no-compress", dest="compress", action="store_false", help="uncompressed layers")
+    parser.add_argument("--no-strip", dest="strip", action="store_false", help="keep debug info")
+    args = parser.parse_args()
+    try:
+        build(args)
+    except ImageError as e:
+        print(f"oci-image: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
