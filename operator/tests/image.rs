@@ -15,7 +15,9 @@ use std::process::Command;
 use serde_json::Value;
 
 fn run(command: &mut Command) -> String {
-    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
     assert!(
         out.status.success(),
         "{command:?}: {}\n{}",
@@ -74,7 +76,11 @@ fn check_descriptor(layout: &Path, descriptor: &Value) -> PathBuf {
 fn unpack(archive: &Path, into: &Path) -> (String, Value, PathBuf) {
     let layout = into.join("layout");
     std::fs::create_dir_all(&layout).unwrap();
-    run(Command::new("tar").arg("-xf").arg(archive).arg("-C").arg(&layout));
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&layout));
     assert_eq!(
         read_json(&layout.join("oci-layout"))["imageLayoutVersion"],
         "1.0.0"
@@ -150,7 +156,10 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
     let (digest, config, root) = unpack(&runtime, &dir.path().join("runtime"));
     assert_eq!(digests(&printed)[1], digest);
     assert_eq!(config["config"]["User"], "65532:65532");
-    assert_eq!(config["config"]["Cmd"], serde_json::json!(["ebbflow", "pod"]));
+    assert_eq!(
+        config["config"]["Cmd"],
+        serde_json::json!(["ebbflow", "pod"])
+    );
     assert!(root.join("usr/local/bin/ebbflow").exists());
     assert!(root.join("etc/passwd").exists());
 
@@ -171,7 +180,11 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
         .map_or_else(|| repo().join("../shared/data/spot"), PathBuf::from);
     let trace = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
     std::fs::create_dir(root.join("tmp/spot")).unwrap();
-    for file in [trace, "aws_on_demand_prices_us-east-1.csv", "aws_instance_specs.csv"] {
+    for file in [
+        trace,
+        "aws_on_demand_prices_us-east-1.csv",
+        "aws_instance_specs.csv",
+    ] {
         std::fs::copy(data.join(file), root.join("tmp/spot").join(file))
             .unwrap_or_else(|e| panic!("{}: {e}", data.join(file).display()));
     }
@@ -194,7 +207,10 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
         "{written:?}"
     );
     // The operator image's binary runs there too.
-    let help = in_image(&operator_root, &["/usr/local/bin/ebbflow-operator", "--help"]);
+    let help = in_image(
+        &operator_root,
+        &["/usr/local/bin/ebbflow-operator", "--help"],
+    );
     assert!(help.contains("--runtime-image"), "{help}");
     println!(
         "inside the runtime image as 65532: ebbflow simulate wrote {written:?}; the operator image's binary answers --help"

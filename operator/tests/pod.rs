@@ -178,6 +178,14 @@ fn terminate(pod: &mut PodProcess) {
 
 /// The plan's pods for `job` (one reliable, one transient pod in each of two spot pools) and
 /// the values of the job's Secret (its token and the pinned spec).
+/// The value of the sample whose line starts with `series` (name, labels and a space).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+}
+
 fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, Secrets) {
     let pools = [
         PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot),
@@ -315,13 +323,33 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
     status("training after the joins", &|s| clock(s) >= at + 10);
     // A node pod serves its own metrics on its admin port (what the chart's PodMonitor scrapes).
     let metrics = admin_api.text(spot[0].admin_port, "/metrics");
-    let iterations = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("ebbflow_runtime_iterations_total "))
-        .and_then(|value| value.trim().parse::<f64>().ok());
+    let iterations = sample(&metrics, "ebbflow_runtime_iterations_total ");
     assert!(
         iterations.is_some_and(|n| n > 0.0),
         "a spot pod's /metrics: {metrics}"
+    );
+    // The coordinator pod's own reliable node: its metrics beside the coordinator's, on the
+    // coordinator's admin port, one family each.
+    let metrics = admin_api.text(admin, "/metrics");
+    let iterations = sample(
+        &metrics,
+        "ebbflow_runtime_iterations_total{process=\"node\"} ",
+    );
+    assert!(
+        iterations.is_some_and(|n| n > 0.0),
+        "the coordinator pod's /metrics: {metrics}"
+    );
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|line| line.starts_with("# TYPE ebbflow_runtime_iterations_total "))
+            .count(),
+        1,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ebbflow_runtime_stage "),
+        "the coordinator's own: {metrics}"
     );
     let mut victim = spot.pop().unwrap();
     terminate(&mut victim);

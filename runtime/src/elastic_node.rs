@@ -168,6 +168,9 @@ pub struct ElasticNodeSettings {
     pub advertise: Option<SocketAddr>,
     /// Serve `/metrics` here.
     pub metrics_listen: Option<SocketAddr>,
+    /// Register the node's metrics here (default: a registry of its own). The coordinator pod
+    /// passes one that its admin API serves too ([`crate::metrics::Nested`]).
+    pub registry: Option<Registry>,
     /// Coordinator, name, secret and notice sources.
     pub notices: NoticeSources,
 }
@@ -213,7 +216,7 @@ pub fn run_elastic_node_with<A: App>(
     // Listening before the join: a SIGTERM while joining is a notice once joined (it was lost
     // when the listener started after the join, and the node ran until it was killed).
     let terminate = listen_for_sigterm(&rt)?;
-    let registry = Registry::new();
+    let registry = settings.registry.clone().unwrap_or_default();
     let metrics = RuntimeMetrics::register(&registry)
         .map_err(|e| ElasticNodeError::Coordinator(format!("registering metrics: {e}")))?;
     let listener = rt

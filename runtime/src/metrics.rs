@@ -222,6 +222,46 @@ impl RuntimeMetrics {
     }
 }
 
+/// Another registry's metrics, gathered into the one this is registered on with one more label
+/// on every series: the coordinator pod serves its own reliable node's data-plane and worker
+/// metrics (`process="node"`) beside the coordinator's from one admin port. Families of the same
+/// name merge (the registry's gather does that); the label keeps the series apart.
+pub struct Nested {
+    registry: Registry,
+    label: (&'static str, &'static str),
+}
+
+impl Nested {
+    /// `registry`'s metrics with `name="value"` added.
+    pub fn new(registry: Registry, name: &'static str, value: &'static str) -> Self {
+        Self {
+            registry,
+            label: (name, value),
+        }
+    }
+}
+
+impl prometheus::core::Collector for Nested {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        Vec::new()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.registry.gather();
+        for family in &mut families {
+            for metric in family.mut_metric().iter_mut() {
+                let mut label = prometheus::proto::LabelPair::default();
+                label.set_name(self.label.0.to_owned());
+                label.set_value(self.label.1.to_owned());
+                let mut labels = metric.take_label();
+                labels.push(label);
+                metric.set_label(labels);
+            }
+        }
+        families
+    }
+}
+
 /// Renders `registry` in the Prometheus text format.
 pub fn render(registry: &Registry) -> String {
     use prometheus::Encoder;

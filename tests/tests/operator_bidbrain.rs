@@ -319,6 +319,7 @@ fn calibration_node(url: &str, secret: &str, name: &str, reliable: bool) {
         listen: "127.0.0.1:0".parse().expect("an address"),
         advertise: None,
         metrics_listen: None,
+        registry: None,
         notices: NoticeSources {
             coordinator: url.to_owned(),
             secret: secret.to_owned(),

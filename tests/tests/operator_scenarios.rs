@@ -479,12 +479,16 @@ async fn a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff() ->
     let stop = operator_in(&client, &registry, &ns, NO_COORDINATOR).await?;
 
     // The replacement comes once the backoff after the failure (5 s after one) has passed.
-    let replacement = poll_until("the replacement spot pod", Duration::from_secs(60), || async {
-        Ok(live_pods(&pods, job)
-            .await?
-            .into_iter()
-            .find(|p| tier(p) == "transient" && p.metadata.uid != spot_uid))
-    })
+    let replacement = poll_until(
+        "the replacement spot pod",
+        Duration::from_secs(60),
+        || async {
+            Ok(live_pods(&pods, job)
+                .await?
+                .into_iter()
+                .find(|p| tier(p) == "transient" && p.metadata.uid != spot_uid))
+        },
+    )
     .await?;
     let created = replacement
         .metadata
@@ -504,7 +508,10 @@ async fn a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff() ->
         created - finished
     );
     let status = jobs.get(job).await?.status.unwrap_or_default();
-    assert_eq!(status.node_failures, 1, "not counted again after the restart");
+    assert_eq!(
+        status.node_failures, 1,
+        "not counted again after the restart"
+    );
 
     delete_job_and_namespace(&client, &jobs, job, &ns, stop).await
 }

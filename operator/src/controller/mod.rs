@@ -808,7 +808,12 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let failed_nodes: Vec<(String, &str, plan::PodFailure)> = classified
         .iter()
         .filter_map(|pod| {
-            let id = pod.pod.metadata.uid.clone().unwrap_or_else(|| pod.name.to_owned());
+            let id = pod
+                .pod
+                .metadata
+                .uid
+                .clone()
+                .unwrap_or_else(|| pod.name.to_owned());
             Some((id, pod.name, plan::node_failure(pod)?))
         })
         .collect();
@@ -821,7 +826,10 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             .is_none()
             .then(|| status::NodeFailures::from_status(previous))
             .filter(|failures| failures.last.is_some());
-        let seen_until = restored.as_ref().and_then(|r| r.last.as_ref()).map(|(at, _)| *at);
+        let seen_until = restored
+            .as_ref()
+            .and_then(|r| r.last.as_ref())
+            .map(|(at, _)| *at);
         if let Some(restored) = restored {
             memory.node_failures = restored;
         }
@@ -1159,9 +1167,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     {
         Action::requeue(sooner(ctx.config.provisioning_requeue.min(interval)))
     } else {
-        Action::requeue(sooner(
-            limits.map_or(interval, |limit| limit.min(interval)),
-        ))
+        Action::requeue(sooner(limits.map_or(interval, |limit| limit.min(interval))))
     };
     Ok(action)
 }

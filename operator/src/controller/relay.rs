@@ -230,12 +230,13 @@ fn slim_pod(pod: &mut Pod) {
                 .flatten()
                 .map(|c| ContainerStatus {
                     name: c.name,
-                    state: c.state.and_then(|s| s.terminated).map(|terminated| {
-                        ContainerState {
+                    state: c
+                        .state
+                        .and_then(|s| s.terminated)
+                        .map(|terminated| ContainerState {
                             terminated: Some(terminated),
                             ..ContainerState::default()
-                        }
-                    }),
+                        }),
                     ..ContainerStatus::default()
                 })
                 .collect()

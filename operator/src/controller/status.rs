@@ -204,7 +204,8 @@ impl NodeFailures {
     /// the count again.
     pub fn record(&mut self, at: Timestamp, message: String) {
         let fresh = self.last.as_ref().is_none_or(|(last, _)| {
-            at.duration_since(*last) > SignedDuration::try_from(NODE_FAILURE_RESET).unwrap_or_default()
+            at.duration_since(*last)
+                > SignedDuration::try_from(NODE_FAILURE_RESET).unwrap_or_default()
         });
         self.count = if fresh { 1 } else { self.count + 1 };
         let newest = self.last.as_ref().is_none_or(|(last, _)| at >= *last);

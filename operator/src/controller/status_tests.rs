@@ -461,7 +461,11 @@ fn node_failures_in_a_row_back_off_and_start_again_after_ten_quiet_minutes() {
     failures.record(at(100), "exit code 1".into());
     assert_eq!(failures.count, 1);
     assert_eq!(failures.hold_until(backoff, at(101)), Some(at(105)));
-    assert_eq!(failures.hold_until(backoff, at(105)), None, "over at its end");
+    assert_eq!(
+        failures.hold_until(backoff, at(105)),
+        None,
+        "over at its end"
+    );
     failures.record(at(200), "exit code 2".into());
     failures.record(at(150), "an older pod's, seen late".into());
     assert_eq!(failures.count, 3);

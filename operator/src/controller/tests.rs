@@ -1221,7 +1221,13 @@ async fn a_failing_node_pod_is_replaced_after_a_backoff_and_warned_about() {
     // a spot pod that crashed a minute ago: warned about, and replaced at once (the backoff
     // after one failure, 5 s, has passed)
     let minute_ago = Timestamp::now() - SignedDuration::from_secs(60);
-    fail_pod(&scenario, "mf-t-1", "uid-t1", "out of memory loading shard 3", minute_ago);
+    fail_pod(
+        &scenario,
+        "mf-t-1",
+        "uid-t1",
+        "out of memory loading shard 3",
+        minute_ago,
+    );
     let _ = scenario.settle().await;
     assert_eq!(scenario.status().node_failures, 1);
     let warnings = scenario.events_with_reason("NodePodFailed");
@@ -1240,7 +1246,13 @@ async fn a_failing_node_pod_is_replaced_after_a_backoff_and_warned_about() {
     assert_eq!(scenario.events_with_reason("NodePodFailed").len(), 1);
 
     // another crashes now, the second in a row: not created again until 10 s after it
-    fail_pod(&scenario, "mf-t-0", "uid-t0", "exit code 1", Timestamp::now());
+    fail_pod(
+        &scenario,
+        "mf-t-0",
+        "uid-t0",
+        "exit code 1",
+        Timestamp::now(),
+    );
     let action = scenario.settle().await;
     assert_eq!(scenario.status().node_failures, 2);
     assert_eq!(scenario.events_with_reason("NodePodFailed").len(), 2);
@@ -1251,7 +1263,11 @@ async fn a_failing_node_pod_is_replaced_after_a_backoff_and_warned_about() {
     scenario.finish_deletions();
     let held = scenario.settle().await;
     assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-2"], "held back");
-    assert_eq!(held, Action::requeue(Duration::from_secs(10)), "the backoff's end");
+    assert_eq!(
+        held,
+        Action::requeue(Duration::from_secs(10)),
+        "the backoff's end"
+    );
     assert_ne!(action, Action::await_change());
 }
 

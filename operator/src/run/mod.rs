@@ -550,6 +550,7 @@ pub fn node(args: &NodeArgs) -> Result<(), RunError> {
         listen: ([127, 0, 0, 1], 0).into(),
         advertise: None,
         metrics_listen: None,
+        registry: None,
         notices: NoticeSources {
             coordinator: args.coordinator.clone(),
             secret: args.secret.clone(),
@@ -1316,9 +1317,9 @@ mod tests {
         let more = job_id(&more_nodes);
         assert_ne!(more, id);
         let workers = |id: &str| {
-            id.split("workers=").nth(1).and_then(|rest| {
-                rest.split(' ').next().map(str::to_owned)
-            })
+            id.split("workers=")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next().map(str::to_owned))
         };
         assert_ne!(workers(&more), workers(&id), "{id} vs {more}");
         let mut other_partitions = job.clone();

@@ -162,6 +162,9 @@ impl PodEnv {
             // the coordinator's.
             metrics_listen: (self.role != PodRole::Coordinator)
                 .then(|| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), self.admin_port)),
+            // The coordinator pod's node registers on a registry of its own that the
+            // coordinator's admin port serves too (`process="node"`, [`pod`]).
+            registry: None,
             notices: NoticeSources {
                 coordinator,
                 secret: self.token.clone(),
@@ -220,8 +223,20 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
     let registry = Registry::new();
     let metrics = RuntimeMetrics::register(&registry)
         .map_err(|e| RunError::Pod(format!("registering the runtime metrics: {e}")))?;
-    // This pod's own reliable node joins over loopback.
-    let own_node = env.node_settings(format!("http://127.0.0.1:{}", bound.port()));
+    // This pod's own reliable node joins over loopback; its data-plane and worker metrics are
+    // served on the coordinator's admin port with `process="node"`.
+    let node_registry = Registry::new();
+    registry
+        .register(Box::new(ebbflow_runtime::metrics::Nested::new(
+            node_registry.clone(),
+            "process",
+            "node",
+        )))
+        .map_err(|e| RunError::Pod(format!("registering the node's metrics: {e}")))?;
+    let own_node = ElasticNodeSettings {
+        registry: Some(node_registry),
+        ..env.node_settings(format!("http://127.0.0.1:{}", bound.port()))
+    };
     // The apps hold their data behind `Arc`s: the node shares the coordinator's, loaded once.
     let node_app = app.clone();
     let node_name = env.pod_name.clone();

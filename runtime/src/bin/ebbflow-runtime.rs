@@ -548,6 +548,7 @@ fn main() -> anyhow::Result<()> {
                     listen,
                     advertise,
                     metrics_listen,
+                    registry: None,
                     notices: notices.sources(&coordinator, &secret, &name),
                 },
             };
