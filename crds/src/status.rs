@@ -115,11 +115,18 @@ pub struct TrainingJobStatus {
     pub coordinator_failures: u32,
     /// Node pods (not the coordinator) that failed by themselves (a crash, an error at
     /// startup, OOMKilled; not a spot node's end), in a row: a failure more than 10 minutes
-    /// after the one before starts the count again. While it is above zero, new node pods wait
+    /// after the one before starts the count again, and pods seen failed by one reconcile
+    /// count once (they share a cause). While it is above zero, new node pods wait
     /// for the operator's retry backoff after the last failure (5 s, doubling per failure, at
     /// most 5 min by default) instead of being replaced at once.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub node_failures: u32,
+
+    /// The ordinal the next transient pod gets: transient pod names (`<job>-t-<i>`) are never
+    /// reused within a job, since the coordinator knows a node by its pod's name for the whole
+    /// run (a node that left cannot join again under its name).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_transient_ordinal: u32,
 
     /// When the last of those node pods failed (the backoff runs from it, across operator
     /// restarts).

@@ -133,6 +133,8 @@ struct JobMemory {
     /// Node pods that failed by themselves, in a row (counted once each, by uid, in
     /// `counted_failures`).
     node_failures: status::NodeFailures,
+    /// The transient ordinal after every one this operator created pods with.
+    next_transient_ordinal: u32,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -834,14 +836,21 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             memory.node_failures = restored;
         }
         let mut newly = Vec::new();
+        let mut latest: Option<(Timestamp, String)> = None;
         for (id, pod_name, failure) in failed_nodes {
             let seen = seen_until.is_some_and(|until| failure.at.is_some_and(|at| at <= until));
             if memory.counted_failures.insert(id) && !seen {
-                memory
-                    .node_failures
-                    .record(failure.at.unwrap_or(now), failure.message.clone());
+                let at = failure.at.unwrap_or(now);
+                if latest.as_ref().is_none_or(|(last, _)| at >= *last) {
+                    latest = Some((at, failure.message.clone()));
+                }
                 newly.push((pod_name.to_owned(), failure.message));
             }
+        }
+        // node pods failing together have one cause (a lost coordinator, a bad node): one
+        // failure in the row, or every node pod would wait the longest backoff at once
+        if let Some((at, message)) = latest {
+            memory.node_failures.record(at, message);
         }
         (memory.node_failures.clone(), newly)
     });
@@ -958,10 +967,18 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         _ => None,
     };
 
-    // plan
+    // plan (transient ordinals above any this operator handed out, even if the cached job's
+    // status does not show the last write yet)
     let fresh = fresh_token();
+    let handed_out = ctx.with_memory(&job_ref, |memory| memory.next_transient_ordinal);
+    let recorded = previous.map_or(0, |s| s.next_transient_ordinal);
+    let job_for_plan = (handed_out > recorded).then(|| {
+        let mut copy = (*job).clone();
+        copy.status.get_or_insert_default().next_transient_ordinal = handed_out;
+        copy
+    });
     let mut desired = plan::plan(&PlanInput {
-        job: &job,
+        job: job_for_plan.as_ref().unwrap_or(&job),
         pods: &observed.pods,
         existing_token: observed.token.as_deref(),
         existing_spec: observed.pinned_spec.as_deref(),
@@ -1118,6 +1135,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         coordinator_failed,
         node_failures: node_failures.clone(),
         now,
+    });
+    let mut new_status = new_status;
+    new_status.next_transient_ordinal = plan::next_ordinal_after(
+        &name,
+        &desired.create,
+        plan::next_transient_ordinal(&job, &classified).max(handed_out),
+    );
+    ctx.with_memory(&job_ref, |memory| {
+        memory.next_transient_ordinal = new_status.next_transient_ordinal;
     });
     transition_events(&ctx, &job, previous, &new_status).await;
     write_status(&ctx, &job, &job_ref, &namespace, new_status.clone()).await?;

@@ -3,7 +3,7 @@
 //!
 //! Naming: the Secret is `<job>-token` (key `token`), the headless Service `<job>-coordinator`,
 //! reliable pods `<job>-r-<i>` (i < reliable.count; `<job>-r-0` hosts the coordinator) and
-//! transient pods `<job>-t-<i>` with the lowest ordinals free. Pods are immutable in the
+//! transient pods `<job>-t-<i>` with ordinals the job never used. Pods are immutable in the
 //! fields that matter, so drift is fixed by replacing pods, never by patching them.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,6 +59,9 @@ pub const SPEC_KEY: &str = "spec";
 pub const CHECKPOINT_DIR: &str = "/checkpoint";
 /// Time between checkpoint writes when `spec.runtime.checkpoint.interval` is not set.
 pub const DEFAULT_CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Karpenter's annotation keeping a pod's node from voluntary disruption (consolidation,
+/// drift); set on reliable pods.
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
 /// Name of the runtime container.
 pub const CONTAINER_NAME: &str = "runtime";
 /// Termination grace period when the spec sets none: EC2's spot notice.
@@ -625,9 +628,11 @@ fn plan_transient(
         }
     }
 
-    // Scale up with the lowest ordinals no existing pod uses.
+    // Scale up with ordinals no pod of the job ever had: above every existing pod's and the
+    // status's high-water mark. The coordinator knows a node by its pod's name for the whole run
+    // and refuses a departed or failed name that joins again, so a reused name never joins.
     let mut used: BTreeSet<u32> = transient.iter().filter_map(|pod| pod.ordinal).collect();
-    let mut next_ordinal = 0_u32;
+    let mut next_ordinal = next_transient_ordinal(input.job, observed);
     for (pool, desired) in &input.decision.transient {
         let alive = alive_per_pool.get(pool).map_or(0, Vec::len) as u32;
         for _ in alive..*desired {
@@ -645,6 +650,38 @@ fn plan_transient(
             ));
         }
     }
+}
+
+/// The lowest transient ordinal no pod of the job ever had, as far as `observed` and the job's
+/// status (`nextTransientOrdinal`) know.
+pub fn next_transient_ordinal(job: &TrainingJob, observed: &[ObservedPod<'_>]) -> u32 {
+    let recorded = job
+        .status
+        .as_ref()
+        .map_or(0, |status| status.next_transient_ordinal);
+    observed
+        .iter()
+        .filter(|pod| pod.tier == Tier::Transient)
+        .filter_map(|pod| pod.ordinal)
+        .map(|ordinal| ordinal.saturating_add(1))
+        .fold(recorded, u32::max)
+}
+
+/// The transient ordinal after the pods of `created` (names `<job>-t-<i>`), at least `floor`.
+pub fn next_ordinal_after(job: &str, created: &[Pod], floor: u32) -> u32 {
+    let prefix = format!("{job}-t-");
+    created
+        .iter()
+        .filter_map(|pod| {
+            pod.metadata
+                .name
+                .as_deref()?
+                .strip_prefix(&prefix)?
+                .parse::<u32>()
+                .ok()
+        })
+        .map(|ordinal| ordinal.saturating_add(1))
+        .fold(floor, u32::max)
 }
 
 /// Which runtime pod to build.
@@ -878,11 +915,16 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
     let mut labels = common_labels(&job_name);
     let mut annotations = BTreeMap::new();
     let (name, tier, is_coordinator) = match role {
-        PodRole::Reliable { ordinal } => (
-            reliable_pod_name(&job_name, *ordinal),
-            Tier::Reliable,
-            *ordinal == 0,
-        ),
+        PodRole::Reliable { ordinal } => {
+            // Karpenter must not consolidate the reliable tier away: the coordinator and the
+            // BackupPSs hold the job's only consistent copy (AgileML assumes it stays).
+            annotations.insert(DO_NOT_DISRUPT_ANNOTATION.to_owned(), "true".to_owned());
+            (
+                reliable_pod_name(&job_name, *ordinal),
+                Tier::Reliable,
+                *ordinal == 0,
+            )
+        }
         PodRole::Transient { ordinal, pool } => {
             labels.insert(POOL_LABEL.to_owned(), pool_slug(pool));
             annotations.insert(

@@ -802,3 +802,38 @@ fn node_failures_are_crashes_not_spot_ends_nor_the_coordinator() {
     assert_eq!(names(&plan.create), ["mf-r-0"]);
     assert!(held >= 2, "{held}");
 }
+
+#[test]
+fn transient_names_are_never_reused_within_a_job() {
+    let a = spot("c5.xlarge", "us-east-1a");
+    // t-0 and t-1 are gone (evicted, deleted); t-2 runs; the status saw ordinals up to 3
+    let mut seen = job();
+    seen.status.get_or_insert_default().next_transient_ordinal = 4;
+    let pods = vec![
+        existing("mf-r-0", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-r-1", None, true, "2026-01-01T00:00:00Z"),
+        existing("mf-t-2", Some(&a), true, "2026-01-01T00:01:00Z"),
+    ];
+    let plan = run_plan(&seen, &pods, &[], &decision(&[(a.clone(), 3)]));
+    assert_eq!(names(&plan.create), ["mf-t-4", "mf-t-5"]);
+    assert_eq!(next_ordinal_after("mf", &plan.create, 4), 6);
+    // without a status, above every pod there is
+    let plan = run_plan(&job(), &pods, &[], &decision(&[(a, 2)]));
+    assert_eq!(names(&plan.create), ["mf-t-3"]);
+    let observed = observe_pods("mf", &pods, &[]);
+    assert_eq!(next_transient_ordinal(&seen, &observed), 4);
+}
+
+#[test]
+fn reliable_pods_are_kept_from_voluntary_disruption_spot_pods_are_not() {
+    let a = spot("c5.xlarge", "us-east-1a");
+    let plan = run_plan(&job(), &[], &[], &decision(&[(a, 1)]));
+    for pod in &plan.create {
+        let annotation = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION).cloned();
+        if pod.name_any().contains("-r-") {
+            assert_eq!(annotation.as_deref(), Some("true"), "{}", pod.name_any());
+        } else {
+            assert_eq!(annotation, None, "{}", pod.name_any());
+        }
+    }
+}

@@ -204,7 +204,7 @@ impl Drop for LiveGuard {
 
 /// Keeps of a cached pod only what notices, readiness, job lookup and the reconcile's plan read
 /// (names, labels, the operator's own `ebbflow.dev/` annotations, deletion, node, grace period,
-/// phase, conditions): at thousands of pods the rest (containers, volumes, statuses of every
+/// phase, conditions, start time; a failed pod's reason and terminations): at thousands of pods the rest (containers, volumes, statuses of every
 /// container, other annotations, managed fields) is most of the memory.
 fn slim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
@@ -244,6 +244,9 @@ fn slim_pod(pod: &mut Pod) {
         *status = PodStatus {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
+            // the cost ledger charges a pod from when it started running, not from its
+            // creation (a pod Pending for capacity is not paid for)
+            start_time: status.start_time.take(),
             reason: status.reason.take().filter(|_| failed),
             message: status.message.take().filter(|_| failed),
             container_statuses: terminations,
@@ -828,6 +831,7 @@ pub(super) mod tests {
             },
             "status": {
                 "phase": "Running",
+                "startTime": "2026-01-01T00:00:02Z",
                 "conditions": [
                     { "type": "Ready", "status": "True" },
                     { "type": "DisruptionTarget", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z" }
@@ -850,6 +854,12 @@ pub(super) mod tests {
         );
         assert_eq!(plan::pod_ready(&slim), plan::pod_ready(&full));
         assert_eq!(slim.labels(), full.labels());
+        assert_eq!(
+            slim.status.as_ref().unwrap().start_time,
+            full.status.as_ref().unwrap().start_time,
+            "the cost ledger charges from it"
+        );
+        assert!(slim.status.as_ref().unwrap().start_time.is_some());
         // a failed pod keeps why it failed (the reconcile reports it)
         let mut failed = full.clone();
         let status = failed.status.as_mut().unwrap();

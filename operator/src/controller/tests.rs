@@ -853,7 +853,9 @@ async fn resume_recreates_the_reliable_tier() {
 
     scenario.change_spec(|spec| spec.suspend = false);
     scenario.settle().await;
-    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-0"]);
+    // a transient pod's name is never reused within the job
+    assert_eq!(scenario.live_pods(), ["mf-r-0", "mf-t-1"]);
+    assert_eq!(scenario.status().next_transient_ordinal, 2);
     assert_eq!(scenario.condition(conditions::SUSPENDED).0, "False");
     assert!(scenario.event_reasons().contains(&"Resumed".to_owned()));
     assert_eq!(
@@ -1269,6 +1271,25 @@ async fn a_failing_node_pod_is_replaced_after_a_backoff_and_warned_about() {
         "the backoff's end"
     );
     assert_ne!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn node_pods_failing_together_count_once() {
+    let scenario = Scenario::running(spot_job("mf", 3, &["us-east-1a"])).await;
+    let now = Timestamp::now();
+    for (pod, uid) in [("mf-t-0", "u0"), ("mf-t-1", "u1"), ("mf-t-2", "u2")] {
+        fail_pod(&scenario, pod, uid, "the coordinator is gone", now);
+    }
+    let _ = scenario.settle().await;
+    assert_eq!(scenario.status().node_failures, 1, "one cause, one failure");
+    assert_eq!(scenario.events_with_reason("NodePodFailed").len(), 3);
+    scenario.finish_deletions();
+    let held = scenario.settle().await;
+    assert_eq!(
+        held,
+        Action::requeue(Duration::from_secs(5)),
+        "the first backoff"
+    );
 }
 
 #[tokio::test]
