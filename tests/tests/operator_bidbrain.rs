@@ -827,11 +827,32 @@ async fn ec2_mode_launches_tagged_instances_and_deletion_terminates_them() -> Re
     )
     .await?;
 
-    // Deleting the job terminates everything it launched before the finalizer lets go.
+    // Edited out of ec2 mode: the job's instances are released; back in it, launched again.
+    let mut cluster_mode = job.clone();
+    cluster_mode.spec.provisioning.mode = ProvisioningMode::Cluster;
+    cluster_mode.spec.provisioning.ec2 = None;
+    apply(&client, &cluster_mode).await?;
+    poll_until(
+        "no instances once the job left ec2 mode",
+        Duration::from_secs(60),
+        live(0),
+    )
+    .await?;
+    apply(&client, &job).await?;
+    poll_until(
+        "2 instances back in ec2 mode",
+        Duration::from_secs(60),
+        live(2),
+    )
+    .await?;
+
+    // Deleting the job terminates everything it launched before the finalizer lets go, in
+    // whatever mode its spec is by then.
+    apply(&client, &cluster_mode).await?;
     jobs.delete("ec2", &DeleteParams::default()).await?;
     wait_deleted(&jobs, "ec2").await?;
     assert!(api.job_instances(&uid, false).await?.is_empty());
-    assert_eq!(api.job_instances(&uid, true).await?.len(), 3);
+    assert_eq!(api.job_instances(&uid, true).await?.len(), 5);
     let _ = stop.send(());
     test_namespace.delete().await
 }

@@ -135,6 +135,9 @@ struct JobMemory {
     node_failures: status::NodeFailures,
     /// The transient ordinal after every one this operator created pods with.
     next_transient_ordinal: u32,
+    /// The job was in ec2 provisioning mode at its last reconcile (an edit out of it releases
+    /// the instances it launched).
+    ec2_mode: bool,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -918,8 +921,48 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         changes
     });
 
-    // instances (ec2 mode): the reliable tier and the decision's transient pools
+    // instances (ec2 mode): the reliable tier and the decision's transient pools; a job edited
+    // out of ec2 mode releases the instances it launched
+    let was_ec2 = ctx.with_memory(&job_ref, |memory| {
+        std::mem::replace(
+            &mut memory.ec2_mode,
+            job.spec.provisioning.mode == ebbflow_crds::ProvisioningMode::Ec2,
+        )
+    });
     let provisioner_error = match (&ctx.ec2, job.spec.provisioning.mode) {
+        (Some(provisioner), mode) if was_ec2 && mode != ebbflow_crds::ProvisioningMode::Ec2 => {
+            match crate::provision::job_tag(&job) {
+                Ok(tag) => match provisioner.cleanup(&tag).await {
+                    Ok(terminated) => {
+                        ctx.metrics
+                            .instances
+                            .with_label_values(&["terminated"])
+                            .inc_by(terminated.len() as u64);
+                        if !terminated.is_empty() {
+                            publish(
+                                &ctx,
+                                &job,
+                                EventType::Normal,
+                                "InstancesTerminated",
+                                "Provision",
+                                format!(
+                                    "{} (the job left ec2 provisioning mode)",
+                                    terminated.join(", ")
+                                ),
+                            )
+                            .await;
+                        }
+                        None
+                    }
+                    Err(error) => {
+                        // try again next reconcile
+                        ctx.with_memory(&job_ref, |memory| memory.ec2_mode = true);
+                        Some(error.to_string())
+                    }
+                },
+                Err(error) => Some(error.to_string()),
+            }
+        }
         (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
             let wanted = if activity == Activity::Run {
                 crate::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
@@ -1446,10 +1489,9 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
             .inc();
     }
     let mut terminated = Vec::new();
-    if let (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) =
-        (&ctx.ec2, job.spec.provisioning.mode)
-    {
-        // Instances outlive nothing: the finalizer stays until EC2 confirms termination.
+    if let Some(provisioner) = &ctx.ec2 {
+        // Instances outlive nothing: the finalizer stays until EC2 confirms termination. Whatever
+        // the spec's mode is now: a job edited out of ec2 mode still owns what it launched.
         let tag = crate::provision::job_tag(&job).map_err(Error::Provision)?;
         terminated = provisioner.cleanup(&tag).await.map_err(Error::Provision)?;
         ctx.metrics
