@@ -65,8 +65,9 @@ pub struct BidBrainConfig {
     /// Decide with the application model re-estimated from each job's progress
     /// ([`super::calibration`]); when false the spec's terms are used (and still measured).
     pub recalibrate: bool,
-    /// A job's calibration not used for this long is dropped (a job deleted while the operator
-    /// was away).
+    /// A job's calibration, or a market (trace or live), that no decision used for this long is
+    /// dropped: jobs deleted, or edited onto other markets, do not keep their grids in memory,
+    /// and a trace file replaced on its volume is read again once idle.
     pub calibration_idle: Duration,
 }
 
@@ -107,6 +108,8 @@ struct LiveMarket {
     ready: Option<(Arc<MarketSetup>, Instant)>,
     fetching: bool,
     failed_at: Option<Instant>,
+    /// When a decision or a price last asked for it.
+    used: Option<Instant>,
 }
 
 impl LiveMarket {
@@ -137,7 +140,8 @@ type LiveMarkets = Arc<Mutex<HashMap<String, LiveMarket>>>;
 /// The BidBrain capacity planner (see the module docs).
 pub struct BidBrainPlanner {
     config: BidBrainConfig,
-    markets: Mutex<HashMap<String, Loaded>>,
+    /// Trace markets by [`market_key`], with when a decision last used each.
+    markets: Mutex<HashMap<String, (Loaded, Instant)>>,
     ec2: Option<Ec2MarketSource>,
     live: LiveMarkets,
     /// Per job (uid): its calibration and when a decision last used it.
@@ -191,7 +195,10 @@ impl BidBrainPlanner {
     ) -> Result<Arc<MarketSetup>, &'static str> {
         let key = market_key(job);
         let mut markets = self.live.lock();
+        let idle = self.config.calibration_idle;
+        markets.retain(|k, m| *k == key || m.fetching || m.used.is_none_or(|u| u.elapsed() < idle));
         let entry = markets.entry(key.clone()).or_default();
+        entry.used = Some(Instant::now());
         if entry.wants_fetch(&self.config) {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
@@ -272,7 +279,11 @@ impl BidBrainPlanner {
     /// The job's market, loaded on first use and shared by jobs with the same market settings.
     fn market(&self, job: &TrainingJob) -> Option<Arc<MarketSetup>> {
         let key = market_key(job);
-        if let Some(loaded) = self.markets.lock().get(&key) {
+        let idle = self.config.calibration_idle;
+        let mut markets = self.markets.lock();
+        markets.retain(|k, (_, used)| *k == key || used.elapsed() < idle);
+        if let Some((loaded, used)) = markets.get_mut(&key) {
+            *used = Instant::now();
             match loaded {
                 Loaded::Ready(setup) => return Some(setup.clone()),
                 Loaded::Failed { at } if at.elapsed() < self.config.retry_failed_after => {
@@ -281,6 +292,7 @@ impl BidBrainPlanner {
                 Loaded::Failed { .. } => {}
             }
         }
+        drop(markets);
         // Loading a trace and fitting its model takes a moment; concurrent first reconciles of
         // jobs on one market may both load it, and the last one is kept.
         let loaded = match setup_market(job, &self.config.trace_dir) {
@@ -294,7 +306,7 @@ impl BidBrainPlanner {
             Loaded::Ready(setup) => Some(setup.clone()),
             Loaded::Failed { .. } => None,
         };
-        self.markets.lock().insert(key, loaded);
+        self.markets.lock().insert(key, (loaded, Instant::now()));
         setup
     }
 }
@@ -715,6 +727,28 @@ mod tests {
     }
 
     #[test]
+    fn markets_no_decision_uses_are_dropped() {
+        let eager = BidBrainPlanner::new(BidBrainConfig {
+            trace_dir: spot_data(),
+            calibration_idle: Duration::ZERO,
+            ..BidBrainConfig::default()
+        });
+        let a = job(0, 4);
+        let mut b = job(0, 4);
+        b.spec.transient.zones = vec!["us-east-1a".into()];
+        assert!(eager.market(&a).is_some());
+        assert!(eager.market(&b).is_some());
+        // b's market is the one in use; a's, idle since, went
+        let keys: Vec<String> = eager.markets.lock().keys().cloned().collect();
+        assert_eq!(keys, [market_key(&b)]);
+        // with the default idle time both stay
+        let planner = planner();
+        assert!(planner.market(&a).is_some());
+        assert!(planner.market(&b).is_some());
+        assert_eq!(planner.markets.lock().len(), 2);
+    }
+
+    #[test]
     fn holds_what_it_bought_and_adds_only_where_capacity_is() {
         let job = job(0, 4);
         let planner = planner();
@@ -953,6 +987,24 @@ mod tests {
             for pool in decision.transient.keys() {
                 assert_eq!(pool.0.capacity_type, CapacityType::Spot);
             }
+        }
+
+        #[tokio::test]
+        async fn live_markets_no_decision_uses_are_dropped() {
+            let planner = BidBrainPlanner::new(BidBrainConfig {
+                trace_dir: spot_data(),
+                calibration_idle: Duration::ZERO,
+                ..BidBrainConfig::default()
+            })
+            .with_ec2(source(fake()));
+            let a = ec2_job(&["p3.2xlarge"]);
+            let mut b = ec2_job(&["p3.2xlarge"]);
+            b.spec.transient.zones = vec!["us-east-1a".into()];
+            settled(&planner, &a).await;
+            settled(&planner, &b).await;
+            // a's market, idle since b's loaded, went; b's is kept while in use
+            let keys: Vec<String> = planner.live.lock().keys().cloned().collect();
+            assert_eq!(keys, [market_key(&b)]);
         }
 
         #[tokio::test]
