@@ -391,23 +391,40 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
     }
 }
 
-/// The coordinator pod lost mid-run (SIGKILL, with the spot pods: a drained node) and replaced
-/// by a pod with the same spec resumes from the checkpoint on its claim, not from clock 0, and
-/// the job still reaches its quality.
-#[test]
-fn a_replaced_coordinator_pod_resumes_from_its_checkpoint() {
-    // The job of JOB running longer, its coordinator checkpointing every second.
+/// Starts the coordinator pod (with `extra` in its environment) and the spot pods of `pods`, and
+/// waits until both spot pods joined: the admin API, the coordinator pod, the spot pods.
+fn start_joined(
+    pods: &[Pod],
+    token: &Secrets,
+    logs: &std::path::Path,
+    extra: &[(&str, String)],
+) -> (Admin, PodProcess, Vec<PodProcess>) {
+    let admin = free_port();
+    let admin_api = Admin::new(admin);
+    let coordinator = start_with(&pods[0], token, admin, logs, extra);
+    let spot: Vec<PodProcess> = pods[1..]
+        .iter()
+        .map(|pod| start(pod, token, admin, logs))
+        .collect();
+    admin_api.wait("both spot pods", Duration::from_secs(60), &|s| {
+        transient(s) == 2
+    });
+    (admin_api, coordinator, spot)
+}
+
+/// JOB running longer with `spec.runtime.checkpoint` every `interval`: the job, its planned pods
+/// and token, and the claim's mount (a directory of the test's).
+fn checkpointed_job(interval: &str) -> (TrainingJob, Vec<Pod>, Secrets, Claim) {
     let mut job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
     job.metadata.uid = Some("6f1c1a52-0d0c-4f43-9a41-3f1a9b0f0c11".into());
     job.spec.stop.iterations = Some(6000);
     job.spec.runtime.checkpoint = Some(ebbflow_crds::CheckpointSpec {
         claim_name: "mf-checkpoints".into(),
-        interval: Some(ebbflow_crds::DurationString::new("1s").unwrap()),
+        interval: Some(ebbflow_crds::DurationString::new(interval).unwrap()),
     });
     let (pods, token) = planned_pods(&job);
-    let logs = tempfile::tempdir().unwrap();
-    // The claim's mount: a directory of the test's (the plan's path is /checkpoint/<uid>.ckpt).
-    let claim = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The plan's path is /checkpoint/<uid>.ckpt; the test's claim holds the same file name.
     let planned_path = pods[0].spec.as_ref().unwrap().containers[0]
         .env
         .iter()
@@ -415,29 +432,80 @@ fn a_replaced_coordinator_pod_resumes_from_its_checkpoint() {
         .find(|e| e.name == "EBBFLOW_CHECKPOINT")
         .and_then(|e| e.value.clone())
         .expect("the coordinator pod has a checkpoint");
-    let file = claim.path().join(
+    let file = dir.path().join(
         std::path::Path::new(&planned_path)
             .file_name()
             .expect("a file name"),
     );
-    let extra = [("EBBFLOW_CHECKPOINT", file.display().to_string())];
-    let read_clock = || {
-        let bytes = std::fs::read(&file).ok()?;
-        ebbflow_runtime::checkpoint::Checkpoint::decode(&bytes, &file)
+    (job, pods, token, Claim { _dir: dir, file })
+}
+
+/// A checkpoint claim's mount in a test.
+struct Claim {
+    _dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+}
+
+impl Claim {
+    /// The coordinator pod's environment pointing at the file.
+    fn env(&self) -> [(&'static str, String); 1] {
+        [("EBBFLOW_CHECKPOINT", self.file.display().to_string())]
+    }
+
+    /// The clock of the checkpoint on disk.
+    fn clock(&self) -> Option<u64> {
+        let bytes = std::fs::read(&self.file).ok()?;
+        ebbflow_runtime::checkpoint::Checkpoint::decode(&bytes, &self.file)
             .ok()
             .map(|c| c.clock)
-    };
+    }
+}
 
-    let admin = free_port();
-    let admin_api = Admin::new(admin);
-    let mut coordinator = start_with(&pods[0], &token, admin, logs.path(), &extra);
-    let mut spot: Vec<PodProcess> = pods[1..]
-        .iter()
-        .map(|pod| start(pod, &token, admin, logs.path()))
-        .collect();
-    admin_api.wait("both spot pods", Duration::from_secs(60), &|s| {
-        transient(s) == 2
-    });
+/// A coordinator pod told to stop (SIGTERM, a node drain) checkpoints its next consistent copy at
+/// once, however long its checkpoint interval: a replacement loses the clocks since that copy,
+/// not up to an interval of them.
+#[test]
+fn a_terminated_coordinator_pod_checkpoints_at_once() {
+    // An hour between checkpoints: only the first copy is written in the run's own course.
+    let (_, pods, token, claim) = checkpointed_job("1h");
+    let logs = tempfile::tempdir().unwrap();
+    let (admin_api, mut coordinator, mut spot) =
+        start_joined(&pods, &token, logs.path(), &claim.env());
+    let at = clock(&admin_api.wait("clock 300", Duration::from_secs(120), &|s| clock(s) >= 300));
+    let before = claim.clock().expect("the first copy is checkpointed");
+    assert!(before < 300, "checkpointed at {before} within the hour");
+    terminate(&mut coordinator);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while claim.clock().is_none_or(|c| c < at) {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at clock {at} or later 30 s after SIGTERM (on disk: {:?})",
+            claim.clock()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = claim.clock().unwrap();
+    println!("SIGTERM at clock {at}: checkpoint {before} → {after} (interval 1 h)");
+    for pod in std::iter::once(&mut coordinator).chain(spot.iter_mut()) {
+        let _ = pod.child.kill();
+        let _ = pod.child.wait();
+    }
+}
+
+/// The coordinator pod lost mid-run (SIGKILL, with the spot pods: a drained node) and replaced
+/// by a pod with the same spec resumes from the checkpoint on its claim, not from clock 0, and
+/// the job still reaches its quality.
+#[test]
+fn a_replaced_coordinator_pod_resumes_from_its_checkpoint() {
+    // The job of JOB running longer, its coordinator checkpointing every second.
+    let (job, pods, token, claim) = checkpointed_job("1s");
+    let logs = tempfile::tempdir().unwrap();
+    let extra = claim.env();
+    let read_clock = || claim.clock();
+
+    let (admin_api, coordinator, spot) = start_joined(&pods, &token, logs.path(), &extra);
+    let admin = admin_api.port;
+    let (mut coordinator, mut spot) = (coordinator, spot);
     let mut at = clock(&admin_api.wait("training", Duration::from_secs(60), &|s| clock(s) > 0));
     while read_clock().is_none_or(|c| c < 500) {
         at += 100;

@@ -187,6 +187,8 @@ pub struct CheckpointWriter {
     interval: Duration,
     offered: Mutex<Offered>,
     sender: Mutex<mpsc::Sender<Checkpoint>>,
+    /// The next copy offered is written whatever the interval says (the process is going).
+    urgent: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CheckpointWriter {
@@ -237,17 +239,27 @@ impl CheckpointWriter {
                 clock: on_disk,
             }),
             sender: Mutex::new(sender),
+            urgent: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The process was told to stop (SIGTERM): the next consistent copy is written at once, not
+    /// up to an interval later, so a replacement loses only the clocks since that copy.
+    pub fn write_next_now(&self) {
+        self.urgent.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Offers the consistent copy at `clock`: written if the clock moved past the last one
     /// written and the interval has passed since.
     pub fn offer(&self, clock: u64, images: &[PartitionImage]) {
         let mut offered = self.offered.lock();
-        let due = offered.at.is_none_or(|at| at.elapsed() >= self.interval);
+        let urgent = self.urgent.load(std::sync::atomic::Ordering::SeqCst);
+        let due = urgent || offered.at.is_none_or(|at| at.elapsed() >= self.interval);
         if clock <= offered.clock || !due {
             return;
         }
+        self.urgent
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         offered.at = Some(Instant::now());
         offered.clock = clock;
         let _ = self.sender.lock().send(Checkpoint {
@@ -317,9 +329,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_writer_keeps_to_its_interval_and_only_moves_forward() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A writer of job `exact/400` to `job.ckpt` in `dir`, one checkpoint an hour at most: the
+    /// file, the written-clock gauge, the writer.
+    fn hourly_writer(dir: &tempfile::TempDir) -> (PathBuf, IntGauge, Arc<CheckpointWriter>) {
         let path = dir.path().join("job.ckpt");
         let gauge = IntGauge::new("t", "t").unwrap();
         let writer = CheckpointWriter::start(
@@ -327,8 +339,15 @@ mod tests {
             "exact/400",
             Duration::from_secs(3600),
             0,
-            gauge,
+            gauge.clone(),
         );
+        (path, gauge, writer)
+    }
+
+    #[test]
+    fn the_writer_keeps_to_its_interval_and_only_moves_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _, writer) = hourly_writer(&dir);
         let images = checkpoint().images;
         writer.offer(5, &images);
         // within the interval: not written
@@ -354,5 +373,29 @@ mod tests {
         writer.offer(6, &images);
         writer.offer(6, &images); // not past the last offer: ignored
         assert_eq!(writer.offered.lock().clock, 6);
+    }
+
+    #[test]
+    fn told_to_stop_the_next_copy_is_written_within_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, gauge, writer) = hourly_writer(&dir);
+        let images = checkpoint().images;
+        writer.offer(5, &images);
+        writer.offer(9, &images); // within the interval: not written
+        assert_eq!(writer.offered.lock().clock, 5);
+        writer.write_next_now();
+        writer.offer(12, &images);
+        assert_eq!(writer.offered.lock().clock, 12, "written at once");
+        writer.offer(15, &images); // once: the interval holds again
+        assert_eq!(writer.offered.lock().clock, 12);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gauge.get() != 12 {
+            assert!(Instant::now() < deadline, "clock 12 never reached the disk");
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            Checkpoint::read(&path, "exact/400").unwrap().unwrap().clock,
+            12
+        );
     }
 }

@@ -529,6 +529,17 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         }
         None => (None, None),
     };
+    // Told to stop (a pod's SIGTERM) while training: the next consistent copy goes to disk at
+    // once, whatever the checkpoint interval.
+    if let (Some(writer), Some(linger)) = (&writer, &linger) {
+        let (writer, mut linger) = (writer.clone(), linger.clone());
+        rt.spawn(async move {
+            if linger.wait_for(|stop| *stop).await.is_ok() {
+                tracing::info!("told to stop: the next consistent copy is checkpointed at once");
+                writer.write_next_now();
+            }
+        });
+    }
     let directory = Arc::new(Mutex::new(BTreeMap::new()));
     let heartbeats = Arc::new(
         Heartbeats::new(heartbeat_timeout, &registry).unwrap_or_else(|error| {
