@@ -179,6 +179,8 @@ struct Offered {
     at: Option<Instant>,
     /// Its clock.
     clock: u64,
+    /// The next copy offered is written whatever the interval says (the process is going).
+    urgent: bool,
 }
 
 /// Writes a job's checkpoints on a thread of its own (see the module docs).
@@ -187,8 +189,6 @@ pub struct CheckpointWriter {
     interval: Duration,
     offered: Mutex<Offered>,
     sender: Mutex<mpsc::Sender<Checkpoint>>,
-    /// The next copy offered is written whatever the interval says (the process is going).
-    urgent: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CheckpointWriter {
@@ -237,29 +237,27 @@ impl CheckpointWriter {
             offered: Mutex::new(Offered {
                 at: None,
                 clock: on_disk,
+                urgent: false,
             }),
             sender: Mutex::new(sender),
-            urgent: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The process was told to stop (SIGTERM): the next consistent copy is written at once, not
     /// up to an interval later, so a replacement loses only the clocks since that copy.
     pub fn write_next_now(&self) {
-        self.urgent.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.offered.lock().urgent = true;
     }
 
     /// Offers the consistent copy at `clock`: written if the clock moved past the last one
     /// written and the interval has passed since.
     pub fn offer(&self, clock: u64, images: &[PartitionImage]) {
         let mut offered = self.offered.lock();
-        let urgent = self.urgent.load(std::sync::atomic::Ordering::SeqCst);
-        let due = urgent || offered.at.is_none_or(|at| at.elapsed() >= self.interval);
+        let due = offered.urgent || offered.at.is_none_or(|at| at.elapsed() >= self.interval);
         if clock <= offered.clock || !due {
             return;
         }
-        self.urgent
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        offered.urgent = false;
         offered.at = Some(Instant::now());
         offered.clock = clock;
         let _ = self.sender.lock().send(Checkpoint {

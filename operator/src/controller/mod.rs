@@ -931,36 +931,29 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     });
     let provisioner_error = match (&ctx.ec2, job.spec.provisioning.mode) {
         (Some(provisioner), mode) if was_ec2 && mode != ebbflow_crds::ProvisioningMode::Ec2 => {
-            match crate::provision::job_tag(&job) {
-                Ok(tag) => match provisioner.cleanup(&tag).await {
-                    Ok(terminated) => {
-                        ctx.metrics
-                            .instances
-                            .with_label_values(&["terminated"])
-                            .inc_by(terminated.len() as u64);
-                        if !terminated.is_empty() {
-                            publish(
-                                &ctx,
-                                &job,
-                                EventType::Normal,
-                                "InstancesTerminated",
-                                "Provision",
-                                format!(
-                                    "{} (the job left ec2 provisioning mode)",
-                                    terminated.join(", ")
-                                ),
-                            )
-                            .await;
-                        }
-                        None
+            match terminate_job_instances(&ctx, provisioner, &job).await {
+                Ok(terminated) => {
+                    if !terminated.is_empty() {
+                        publish(
+                            &ctx,
+                            &job,
+                            EventType::Normal,
+                            "InstancesTerminated",
+                            "Provision",
+                            format!(
+                                "{} (the job left ec2 provisioning mode)",
+                                terminated.join(", ")
+                            ),
+                        )
+                        .await;
                     }
-                    Err(error) => {
-                        // try again next reconcile
-                        ctx.with_memory(&job_ref, |memory| memory.ec2_mode = true);
-                        Some(error.to_string())
-                    }
-                },
-                Err(error) => Some(error.to_string()),
+                    None
+                }
+                Err(error) => {
+                    // try again next reconcile
+                    ctx.with_memory(&job_ref, |memory| memory.ec2_mode = true);
+                    Some(error.to_string())
+                }
             }
         }
         (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
@@ -1159,7 +1152,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     }
 
     // status
-    let new_status = status::compute_status(&StatusInput {
+    let mut new_status = status::compute_status(&StatusInput {
         previous,
         generation: job.metadata.generation,
         validation: Ok(()),
@@ -1179,11 +1172,10 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         node_failures: node_failures.clone(),
         now,
     });
-    let mut new_status = new_status;
-    new_status.next_transient_ordinal = plan::next_ordinal_after(
-        &name,
-        &desired.create,
-        plan::next_transient_ordinal(&job, &classified).max(handed_out),
+    // above every transient pod observed or created now, and any handed out before
+    new_status.next_transient_ordinal = plan::next_transient_ordinal(
+        plan::next_transient_ordinal(recorded.max(handed_out), &classified),
+        &plan::observe_pods(&name, &desired.create, &[]),
     );
     ctx.with_memory(&job_ref, |memory| {
         memory.next_transient_ordinal = new_status.next_transient_ordinal;
@@ -1445,6 +1437,22 @@ async fn write_status(
 }
 
 /// Deletes everything the job created; idempotent and safe when nothing was ever created.
+/// Terminates every EC2 instance tagged with `job`'s UID (counted in the instances metric);
+/// returns their ids.
+async fn terminate_job_instances(
+    ctx: &Context,
+    provisioner: &crate::provision::Ec2Provisioner,
+    job: &TrainingJob,
+) -> Result<Vec<String>, crate::provision::ProvisionError> {
+    let tag = crate::provision::job_tag(job)?;
+    let terminated = provisioner.cleanup(&tag).await?;
+    ctx.metrics
+        .instances
+        .with_label_values(&["terminated"])
+        .inc_by(terminated.len() as u64);
+    Ok(terminated)
+}
+
 async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = job
         .namespace()
@@ -1492,12 +1500,9 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
     if let Some(provisioner) = &ctx.ec2 {
         // Instances outlive nothing: the finalizer stays until EC2 confirms termination. Whatever
         // the spec's mode is now: a job edited out of ec2 mode still owns what it launched.
-        let tag = crate::provision::job_tag(&job).map_err(Error::Provision)?;
-        terminated = provisioner.cleanup(&tag).await.map_err(Error::Provision)?;
-        ctx.metrics
-            .instances
-            .with_label_values(&["terminated"])
-            .inc_by(terminated.len() as u64);
+        terminated = terminate_job_instances(&ctx, provisioner, &job)
+            .await
+            .map_err(Error::Provision)?;
     }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(&services, "Service", &plan::coordinator_service_name(&name)).await?;

@@ -632,7 +632,12 @@ fn plan_transient(
     // status's high-water mark. The coordinator knows a node by its pod's name for the whole run
     // and refuses a departed or failed name that joins again, so a reused name never joins.
     let mut used: BTreeSet<u32> = transient.iter().filter_map(|pod| pod.ordinal).collect();
-    let mut next_ordinal = next_transient_ordinal(input.job, observed);
+    let recorded = input
+        .job
+        .status
+        .as_ref()
+        .map_or(0, |status| status.next_transient_ordinal);
+    let mut next_ordinal = next_transient_ordinal(recorded, observed);
     for (pool, desired) in &input.decision.transient {
         let alive = alive_per_pool.get(pool).map_or(0, Vec::len) as u32;
         for _ in alive..*desired {
@@ -652,34 +657,12 @@ fn plan_transient(
     }
 }
 
-/// The lowest transient ordinal no pod of the job ever had, as far as `observed` and the job's
-/// status (`nextTransientOrdinal`) know.
-pub fn next_transient_ordinal(job: &TrainingJob, observed: &[ObservedPod<'_>]) -> u32 {
-    let recorded = job
-        .status
-        .as_ref()
-        .map_or(0, |status| status.next_transient_ordinal);
+/// The lowest transient ordinal above `floor` and every transient pod of `observed`.
+pub fn next_transient_ordinal(floor: u32, observed: &[ObservedPod<'_>]) -> u32 {
     observed
         .iter()
         .filter(|pod| pod.tier == Tier::Transient)
         .filter_map(|pod| pod.ordinal)
-        .map(|ordinal| ordinal.saturating_add(1))
-        .fold(recorded, u32::max)
-}
-
-/// The transient ordinal after the pods of `created` (names `<job>-t-<i>`), at least `floor`.
-pub fn next_ordinal_after(job: &str, created: &[Pod], floor: u32) -> u32 {
-    let prefix = format!("{job}-t-");
-    created
-        .iter()
-        .filter_map(|pod| {
-            pod.metadata
-                .name
-                .as_deref()?
-                .strip_prefix(&prefix)?
-                .parse::<u32>()
-                .ok()
-        })
         .map(|ordinal| ordinal.saturating_add(1))
         .fold(floor, u32::max)
 }

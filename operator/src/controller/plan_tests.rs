@@ -816,12 +816,16 @@ fn transient_names_are_never_reused_within_a_job() {
     ];
     let plan = run_plan(&seen, &pods, &[], &decision(&[(a.clone(), 3)]));
     assert_eq!(names(&plan.create), ["mf-t-4", "mf-t-5"]);
-    assert_eq!(next_ordinal_after("mf", &plan.create, 4), 6);
+    assert_eq!(
+        next_transient_ordinal(4, &observe_pods("mf", &plan.create, &[])),
+        6
+    );
     // without a status, above every pod there is
     let plan = run_plan(&job(), &pods, &[], &decision(&[(a, 2)]));
     assert_eq!(names(&plan.create), ["mf-t-3"]);
     let observed = observe_pods("mf", &pods, &[]);
-    assert_eq!(next_transient_ordinal(&seen, &observed), 4);
+    assert_eq!(next_transient_ordinal(4, &observed), 4);
+    assert_eq!(next_transient_ordinal(0, &observed), 3);
 }
 
 #[test]

@@ -1156,20 +1156,12 @@ async fn a_coordinator_pod_failing_at_startup_fails_the_job_after_three_times() 
     let error = "spec.app.dataset.path: /data/ratings.csv does not exist";
     for attempt in 1..=3u32 {
         // the kubelet: the coordinator pod's container exited with the error it printed
-        {
-            let mut cluster = scenario.cluster.lock();
-            let pod = cluster.pods.get_mut("mf-r-0").expect("a coordinator pod");
-            pod.metadata.uid = Some(format!("uid-{attempt}"));
-            pod.status = serde_json::from_value(json!({
-                "phase": "Failed",
-                "containerStatuses": [{
-                    "name": "runtime", "image": "i", "imageID": "", "ready": false,
-                    "restartCount": 0,
-                    "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": format!("Error: {error}\n")}},
-                }],
-            }))
-            .ok();
-        }
+        terminate_pod(
+            &scenario,
+            "mf-r-0",
+            &format!("uid-{attempt}"),
+            json!({"exitCode": 1, "reason": "Error", "message": format!("Error: {error}\n")}),
+        );
         let _ = scenario.reconcile().await;
         let status = scenario.status();
         if attempt < 3 {
@@ -1211,6 +1203,19 @@ fn assert_requeued_within(action: &Action, seconds: std::ops::RangeInclusive<u64
 
 /// Marks pod `name` Failed: its container exited with `message` at `finished`.
 fn fail_pod(scenario: &Scenario, name: &str, uid: &str, message: &str, finished: Timestamp) {
+    terminate_pod(
+        scenario,
+        name,
+        uid,
+        json!({
+            "exitCode": 137, "reason": "OOMKilled", "message": message,
+            "finishedAt": finished.to_string(),
+        }),
+    );
+}
+
+/// The kubelet's report of pod `name` (now `uid`) Failed: its container `terminated` so.
+fn terminate_pod(scenario: &Scenario, name: &str, uid: &str, terminated: Value) {
     let mut cluster = scenario.cluster.lock();
     let pod = cluster.pods.get_mut(name).expect("the pod exists");
     pod.metadata.uid = Some(uid.to_owned());
@@ -1219,10 +1224,7 @@ fn fail_pod(scenario: &Scenario, name: &str, uid: &str, message: &str, finished:
         "containerStatuses": [{
             "name": "runtime", "image": "i", "imageID": "", "ready": false,
             "restartCount": 0,
-            "state": {"terminated": {
-                "exitCode": 137, "reason": "OOMKilled", "message": message,
-                "finishedAt": finished.to_string(),
-            }},
+            "state": {"terminated": terminated},
         }],
     }))
     .ok();
