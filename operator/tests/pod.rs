@@ -176,7 +176,7 @@ fn terminate(pod: &mut PodProcess) {
     );
 }
 
-/// The plan's pods for `job` (one reliable, one transient pod in each of two spot pools) and
+/// The plan's pods for `job` (its reliable pods, one transient pod in each of two spot pools) and
 /// the values of the job's Secret (its token and the pinned spec).
 /// The value of the sample whose line starts with `series` (name, labels and a space).
 fn sample(metrics: &str, series: &str) -> Option<f64> {
@@ -225,7 +225,9 @@ fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, Secrets) {
         .iter()
         .map(|p| p.metadata.name.clone().unwrap())
         .collect();
-    assert_eq!(names, ["mf-r-0", "mf-t-0", "mf-t-1"]);
+    let reliable = (0..job.spec.reliable.count).map(|i| format!("mf-r-{i}"));
+    let expected: Vec<String> = reliable.chain(["mf-t-0".into(), "mf-t-1".into()]).collect();
+    assert_eq!(names, expected);
     (planned.create, secrets)
 }
 
@@ -299,6 +301,74 @@ fn transient(s: &serde_json::Value) -> u64 {
 
 fn clock(s: &serde_json::Value) -> u64 {
     s["progress"]["clock"].as_u64().unwrap_or(0)
+}
+
+fn reliable(s: &serde_json::Value) -> u64 {
+    s["progress"]["reliable_nodes"].as_u64().unwrap_or(0)
+}
+
+fn rollbacks(s: &serde_json::Value) -> u64 {
+    s["progress"]["rollbacks"].as_u64().unwrap_or(0)
+}
+
+/// A job with two reliable pods: the second one's process dies (OOMKilled, a crash) and the
+/// operator recreates the pod under its name, as it does every failed node pod. The coordinator
+/// rolls back, trains on without it, and switches the new process in under the same name; the
+/// job ends with its quality.
+#[test]
+fn a_crashed_reliable_pod_recreated_under_its_name_rejoins_the_job() {
+    let mut job: TrainingJob = serde_yaml::from_str(JOB).unwrap();
+    job.spec.reliable.count = 2;
+    let (pods, token) = planned_pods(&job);
+    let logs = tempfile::tempdir().unwrap();
+    let admin = free_port();
+    let admin_api = Admin::new(admin);
+    let mut processes: Vec<PodProcess> = pods
+        .iter()
+        .map(|pod| start(pod, &token, admin, logs.path()))
+        .collect();
+    let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
+        admin_api.wait(what, Duration::from_secs(60), ready)
+    };
+    let joined = status("every pod", &|s| reliable(s) == 2 && transient(s) == 2);
+    let at = clock(&joined);
+    status("training", &|s| clock(s) >= at + 10);
+
+    // mf-r-1 dies without notice.
+    let mut crashed = processes.remove(1);
+    crashed.child.kill().unwrap();
+    crashed.child.wait().unwrap();
+    let lost = status("the rollback without mf-r-1", &|s| {
+        rollbacks(s) == 1 && reliable(s) == 1
+    });
+    // The recreated pod: the same name and spec, a new process.
+    processes.push(start(&pods[1], &token, admin, logs.path()));
+    let back = status("mf-r-1 back in the layout", &|s| {
+        reliable(s) == 2 && clock(s) > clock(&lost)
+    });
+    let at = clock(&back);
+    status("training with it", &|s| clock(s) >= at + 10);
+
+    let done = admin_api.wait("the job's end", Duration::from_secs(240), &|s| {
+        s["phase"] == "done"
+    });
+    assert_eq!(rollbacks(&done), 1, "{done}");
+    for pod in &mut processes {
+        terminate(pod);
+    }
+    let (exit, stdout, stderr) = wait(&mut processes[0], Duration::from_secs(30));
+    assert!(exit.success(), "coordinator pod: {exit:?}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    println!("coordinator pod report: {report}");
+    assert_eq!(report["events"]["fail"], 1, "{report}");
+    assert!(report["events"]["join"].as_u64() >= Some(1), "{report}");
+    assert_eq!(report["clocks"], 1500, "{report}");
+    let rmse = report["quality"]["rmse"].as_f64().unwrap();
+    assert!(rmse < 0.3, "{report}");
+    for pod in &mut processes[1..] {
+        let (exit, _, stderr) = wait(pod, Duration::from_secs(30));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
 }
 
 #[test]

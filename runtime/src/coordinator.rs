@@ -70,6 +70,10 @@ pub enum AdminError {
     /// A request field is invalid.
     #[error("invalid request: {0}")]
     Validate(String),
+    /// Valid, but not now: the same request succeeds later (a replacement node whose
+    /// predecessor the run has not let go yet).
+    #[error("try again: {0}")]
+    Retry(String),
 }
 
 impl AdminError {
@@ -80,6 +84,7 @@ impl AdminError {
             AdminError::LookupNode(_) => "unknown_node",
             AdminError::JoinStarted(_) => "job_started",
             AdminError::Validate(_) => "invalid_request",
+            AdminError::Retry(_) => "retry",
         }
     }
 
@@ -89,6 +94,7 @@ impl AdminError {
             AdminError::LookupNode(_) => StatusCode::NOT_FOUND,
             AdminError::JoinStarted(_) => StatusCode::CONFLICT,
             AdminError::Validate(_) => StatusCode::BAD_REQUEST,
+            AdminError::Retry(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

@@ -110,15 +110,22 @@ pub enum ElasticEvent {
         /// Node names (unique within the job).
         names: Vec<String>,
     },
-    /// Transient nodes will be taken away `lead` after the notice arrives.
+    /// Nodes will be taken away `lead` after the notice arrives (a reliable node only while
+    /// another reliable node stays).
     Notice {
         /// Node names.
         names: Vec<String>,
         /// Time between the notice and the deadline; zero means the notice came too late.
         lead: Duration,
     },
-    /// Transient nodes are gone without notice.
+    /// Nodes are gone without notice.
     Fail {
+        /// Node names.
+        names: Vec<String>,
+    },
+    /// Reliable nodes join while training: replacements of reliable nodes that failed or left
+    /// (a crashed on-demand pod recreated under its name). They are in the next layout.
+    JoinReliable {
         /// Node names.
         names: Vec<String>,
     },
@@ -130,6 +137,7 @@ impl ElasticEvent {
     fn names(&self) -> &[String] {
         match self {
             ElasticEvent::Join { names }
+            | ElasticEvent::JoinReliable { names }
             | ElasticEvent::Notice { names, .. }
             | ElasticEvent::Fail { names } => names,
             ElasticEvent::Stop => &[],
@@ -167,7 +175,8 @@ pub struct ElasticConfig {
     pub start: Option<Arc<crate::checkpoint::Checkpoint>>,
     /// Writes the newest consistent copy to disk as the run goes.
     pub checkpoint: Option<Arc<crate::checkpoint::CheckpointWriter>>,
-    /// Reliable (on-demand) nodes; they stay for the whole job.
+    /// Reliable (on-demand) nodes at the start. Any but the last may fail or leave; a
+    /// replacement joins under the same name ([`ElasticEvent::JoinReliable`]).
     pub reliable: Vec<String>,
     /// Transient (spot) nodes present at the start.
     pub transient: Vec<String>,
@@ -517,9 +526,15 @@ impl<'a> Controller<'a> {
             return Err(format!("node {name} already joined"));
         }
         if self.departed.contains(name) {
-            return Err(format!(
-                "node {name} already left the job; join under a new name"
-            ));
+            // A reliable node is a fixed slot of the job (an on-demand pod recreated under its
+            // name); the member that held the name is gone, with its id, so its replacement is
+            // a new member. A transient name is used once.
+            if !reliable {
+                return Err(format!(
+                    "node {name} already left the job; join under a new name"
+                ));
+            }
+            self.departed.remove(name);
         }
         // The reliable tier is needed for every layout; the initial members start together.
         let ready = reliable || self.layout.is_none();
@@ -536,8 +551,9 @@ impl<'a> Controller<'a> {
         Ok(())
     }
 
-    /// Removes transient node `name`: `None` if it already left, else whether it served
-    /// partitions in the last segment.
+    /// Removes node `name`: `None` if it already left, else whether it served partitions in the
+    /// last segment. A reliable node is removed only while another reliable member stays: every
+    /// layout needs one (the BackupPS copy is the coordinator's, so nothing is lost with it).
     fn remove_member(&mut self, name: &str) -> Result<Option<(NodeId, bool)>, String> {
         if self.departed.contains(name) {
             return Ok(None);
@@ -545,9 +561,15 @@ impl<'a> Controller<'a> {
         let Some(position) = self.members.iter().position(|m| m.name == name) else {
             return Err(format!("unknown node {name}"));
         };
-        if self.members[position].reliable {
+        if self.members[position].reliable
+            && !self
+                .members
+                .iter()
+                .any(|m| m.reliable && m.ready && m.name != name)
+        {
             return Err(format!(
-                "node {name} is on the reliable tier; only transient nodes are evicted"
+                "node {name} is the last reliable node; every layout needs one, so it stays \
+                 a member until the run ends or it is replaced"
             ));
         }
         let member = self.members.remove(position);
@@ -578,9 +600,10 @@ impl<'a> Controller<'a> {
     fn apply(&mut self, event: &ElasticEvent, received: Instant) -> Vec<NodeId> {
         let mut lost = Vec::new();
         match event {
-            ElasticEvent::Join { names } => {
+            ElasticEvent::Join { names } | ElasticEvent::JoinReliable { names } => {
+                let reliable = matches!(event, ElasticEvent::JoinReliable { .. });
                 for name in names {
-                    match self.add_member(name, false) {
+                    match self.add_member(name, reliable) {
                         Ok(()) => self.count_event("join"),
                         Err(reason) => self.reject(reason),
                     }
@@ -1638,7 +1661,11 @@ fn run_controller<A: App>(
                 }
             }
             prepare_joined(config, &mut controller, fleet, &admitted, &mut preparing)?;
-            if !lost.is_empty() || std::mem::take(&mut force_rollback) {
+            // Both are read: a node lost in a segment that served partitions is also in `lost`
+            // once its failure is applied, and a `||` that skipped the flag left it set, so the
+            // next boundary rolled back a second time for the same loss.
+            let forced = std::mem::take(&mut force_rollback);
+            if !lost.is_empty() || forced {
                 roll_back_everywhere(&mut controller, fleet, &mut location, &mut pending_notice);
             }
             match run_boundary(

@@ -1,8 +1,10 @@
 //! The admin HTTP API of an elastic job's coordinator (node processes joining and leaving).
 //!
 //! - `POST /join`: a node process announces itself (name, tier, data-plane address, job secret and
-//!   the job it was started for). Reliable nodes are awaited before training starts and fixed
-//!   after; transient nodes may join at any time and are switched in at the next clock boundary.
+//!   the job it was started for). Reliable nodes are awaited before training starts; after that
+//!   a reliable name joins again only as the replacement of the member that held it, once the
+//!   run let that one go (503 "try again" until then). Transient nodes may join at any time
+//!   under a new name and are switched in at the next clock boundary.
 //! - `POST /notice` (`Authorization: Bearer <secret>`): "node X leaves at T" — the partitions it
 //!   hosts move at the next boundary if T is still ahead, else the run rolls back.
 //! - `POST /stop` (bearer): stop at the next boundary, keeping what was trained.
@@ -146,44 +148,90 @@ impl ElasticService {
             ));
         }
         let mut m = self.members.lock();
-        if self
-            .heartbeats
-            .has_failed(&request.name, std::time::Instant::now())
-        {
-            return Err(AdminError::Validate(format!(
-                "node {} was declared failed (no heartbeat); join under a new name",
-                request.name
-            )));
-        }
-        if let Some(index) = m.nodes.iter().position(|n| n.0 == request.name) {
+        let training = m.phase.is_some();
+        let existing = m.nodes.iter().position(|n| n.0 == request.name);
+        // A reliable node is a fixed slot of the job (an on-demand pod recreated under its
+        // name when it crashed or its node was drained). Once the run let the member that held
+        // the name go (the fleet dropped it from the directory), a reliable node joining under
+        // it while training is that member's replacement.
+        let replaces = existing.filter(|&index| {
+            training
+                && request.reliable
+                && m.nodes[index].1
+                && !self.directory.lock().contains_key(&request.name)
+        });
+        if let Some(index) = existing.filter(|_| replaces.is_none()) {
+            let reliable_slot = training && request.reliable && m.nodes[index].1;
+            if self
+                .heartbeats
+                .has_failed(&request.name, std::time::Instant::now())
+            {
+                if reliable_slot {
+                    return Err(AdminError::Retry(format!(
+                        "reliable node {} was declared failed; its replacement can join once \
+                         the run let it go, at the next clock boundary",
+                        request.name
+                    )));
+                }
+                return Err(AdminError::Validate(format!(
+                    "node {} was declared failed (no heartbeat); join under a new name",
+                    request.name
+                )));
+            }
             if m.nodes[index].2 == addr {
                 return Ok(JoinResponse { node: index as u32 });
+            }
+            if reliable_slot {
+                return Err(AdminError::Retry(format!(
+                    "reliable node {} is still a member of the run from {}; its replacement can \
+                     join once the run let it go",
+                    request.name, m.nodes[index].2
+                )));
             }
             return Err(AdminError::Validate(format!(
                 "node {} already joined from another address",
                 request.name
             )));
         }
-        let training = m.phase.is_some();
         let reliable_now = m.nodes.iter().filter(|n| n.1).count() as u32;
-        if request.reliable && (training || reliable_now >= self.reliable_expected) {
+        if replaces.is_none()
+            && request.reliable
+            && (training || reliable_now >= self.reliable_expected)
+        {
             return Err(AdminError::JoinStarted(request.name));
         }
-        if training && !request.reliable {
-            let sent = self.events.lock().as_ref().is_some_and(|events| {
-                events
-                    .send(ElasticEvent::Join {
-                        names: vec![request.name.clone()],
-                    })
-                    .is_ok()
-            });
+        // The address is in the directory before the controller hears of the join, so the
+        // fleet finds it when it admits the node.
+        self.directory.lock().insert(request.name.clone(), addr);
+        if training {
+            let event = if request.reliable {
+                ElasticEvent::JoinReliable {
+                    names: vec![request.name.clone()],
+                }
+            } else {
+                ElasticEvent::Join {
+                    names: vec![request.name.clone()],
+                }
+            };
+            let sent = self
+                .events
+                .lock()
+                .as_ref()
+                .is_some_and(|events| events.send(event).is_ok());
             if !sent {
+                self.directory.lock().remove(&request.name);
                 return Err(AdminError::JoinStarted(request.name));
             }
         }
-        self.directory.lock().insert(request.name.clone(), addr);
-        self.heartbeats
-            .track(&request.name, std::time::Instant::now());
+        let now = std::time::Instant::now();
+        if let Some(index) = replaces {
+            self.heartbeats.rejoin(&request.name, now);
+            m.nodes[index].2 = addr;
+            m.notices.remove(&request.name);
+            tracing::info!(name = %request.name, %addr, "reliable node replaced");
+            return Ok(JoinResponse { node: index as u32 });
+        }
+        self.heartbeats.track(&request.name, now);
         m.nodes.push((request.name.clone(), request.reliable, addr));
         tracing::info!(name = %request.name, reliable = request.reliable, %addr, "node joined");
         if !training && reliable_now + u32::from(request.reliable) == self.reliable_expected {
@@ -232,17 +280,32 @@ impl ElasticService {
         let Some(index) = m.nodes.iter().position(|n| n.0 == request.name) else {
             return Err(AdminError::LookupNode(request.name));
         };
-        if m.nodes[index].1 {
-            return Err(AdminError::Validate(format!(
-                "node {} is on the reliable tier; only transient nodes leave",
-                request.name
-            )));
-        }
         if m.notices.contains_key(&request.name) {
             return Ok(NoticeResponse {
                 node: index as u32,
                 new: false,
             });
+        }
+        if m.nodes[index].1 {
+            // A reliable node may leave (its on-demand node drained) while another one stays:
+            // every layout needs one. Its partitions move to the others.
+            let directory = self.directory.lock();
+            let others = m
+                .nodes
+                .iter()
+                .filter(|n| {
+                    n.1 && n.0 != request.name
+                        && directory.contains_key(&n.0)
+                        && !m.notices.contains_key(&n.0)
+                })
+                .count();
+            if others == 0 {
+                return Err(AdminError::Validate(format!(
+                    "node {} is the last reliable node of the job; it cannot leave while the \
+                     job runs",
+                    request.name
+                )));
+            }
         }
         let lead = time_left(
             request
@@ -670,17 +733,40 @@ mod tests {
         }
     }
 
-    #[test]
-    fn heartbeats_keep_a_node_alive_and_a_silent_one_is_fenced() {
+    /// A service of job "exact/10" with secret "s", awaiting `reliable` nodes, declaring nodes
+    /// failed after `timeout`; and its directory.
+    fn service(
+        reliable: u32,
+        timeout: Duration,
+    ) -> (
+        Arc<ElasticService>,
+        Arc<Mutex<BTreeMap<String, SocketAddr>>>,
+    ) {
+        let directory = Arc::new(Mutex::new(BTreeMap::new()));
         let service = ElasticService::new(
             "s".into(),
             "exact/10".into(),
-            1,
-            Arc::new(Mutex::new(BTreeMap::new())),
+            reliable,
+            directory.clone(),
             Registry::new(),
             crate::metrics::RuntimeMetrics::unregistered(),
-            Arc::new(Heartbeats::unregistered(Duration::from_millis(1))),
+            Arc::new(Heartbeats::unregistered(timeout)),
         );
+        (service, directory)
+    }
+
+    /// A notice for `name` with a deadline far ahead.
+    fn notice(name: &str) -> NoticeRequest {
+        NoticeRequest {
+            name: name.into(),
+            deadline_unix: u64::MAX,
+            deadline_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn heartbeats_keep_a_node_alive_and_a_silent_one_is_fenced() {
+        let (service, _) = service(1, Duration::from_millis(1));
         let beat = |name: &str| {
             service.heartbeat(HeartbeatRequest {
                 name: name.to_owned(),
@@ -705,16 +791,7 @@ mod tests {
 
     #[test]
     fn joins_are_checked_and_become_events_once_training() {
-        let directory = Arc::new(Mutex::new(BTreeMap::new()));
-        let service = ElasticService::new(
-            "s".into(),
-            "exact/10".into(),
-            1,
-            directory.clone(),
-            Registry::new(),
-            crate::metrics::RuntimeMetrics::unregistered(),
-            Arc::new(Heartbeats::unregistered(Duration::from_secs(60))),
-        );
+        let (service, directory) = service(1, Duration::from_secs(60));
         let mut wrong = join("a", true, 1);
         wrong.secret = "x".into();
         assert_eq!(service.join(wrong), Err(AdminError::CheckSecret));
@@ -752,19 +829,13 @@ mod tests {
             }
         );
         assert!(directory.lock().contains_key("t1"));
-        let notice = |name: &str| NoticeRequest {
-            name: name.into(),
-            deadline_unix: u64::MAX,
-            deadline_unix_ms: None,
-        };
         assert!(matches!(
             service.notice(notice("zz")),
             Err(AdminError::LookupNode(_))
         ));
-        assert!(matches!(
-            service.notice(notice("a")),
-            Err(AdminError::Validate(_))
-        ));
+        assert!(
+            matches!(service.notice(notice("a")), Err(AdminError::Validate(m)) if m.contains("last reliable node")),
+        );
         assert!(service.notice(notice("t1")).unwrap().new);
         assert!(
             !service.notice(notice("t1")).unwrap().new,
@@ -775,5 +846,74 @@ mod tests {
             ElasticEvent::Notice { .. }
         ));
         assert!(feed.try_recv().is_err());
+    }
+
+    /// A reliable node is a slot: its replacement joins under its name once the run let the
+    /// member that held it go, and is asked to try again until then.
+    #[test]
+    fn a_reliable_node_is_replaced_under_its_name_once_the_run_let_it_go() {
+        let (service, directory) = service(2, Duration::from_secs(60));
+        service.join(join("r0", true, 1)).unwrap();
+        service.join(join("r1", true, 2)).unwrap();
+        // Before training a reliable name is not a slot to fill again.
+        assert!(service.join(join("r1", true, 3)).is_err());
+        let (events, feed) = std::sync::mpsc::channel();
+        service.start(events);
+        // r1 crashed; its replacement comes while the run still has it as a member.
+        assert!(matches!(
+            service.join(join("r1", true, 3)),
+            Err(AdminError::Retry(m)) if m.contains("still a member")
+        ));
+        assert!(feed.try_recv().is_err(), "no event for a refused join");
+        // The run let r1 go (the fleet released it): the replacement is a new member.
+        directory.lock().remove("r1");
+        assert_eq!(service.join(join("r1", true, 3)).unwrap().node, 1);
+        assert_eq!(
+            feed.try_recv().unwrap(),
+            ElasticEvent::JoinReliable {
+                names: vec!["r1".into()]
+            }
+        );
+        assert_eq!(directory.lock()["r1"].port(), 3);
+        assert_eq!(
+            service.join(join("r1", true, 3)).unwrap().node,
+            1,
+            "idempotent"
+        );
+        assert!(feed.try_recv().is_err());
+        let status = service.status();
+        assert_eq!(status.nodes.len(), 2);
+        assert_eq!(status.nodes[1].data_addr, "127.0.0.1:3");
+        // A reliable name the job never had cannot join once training.
+        assert!(matches!(
+            service.join(join("r2", true, 4)),
+            Err(AdminError::JoinStarted(_))
+        ));
+        // A transient name is never a slot.
+        service.join(join("t0", false, 5)).unwrap();
+        feed.try_recv().unwrap();
+        directory.lock().remove("t0");
+        assert!(matches!(
+            service.join(join("t0", false, 6)),
+            Err(AdminError::Validate(m)) if m.contains("another address")
+        ));
+        // A reliable node may leave while another stays; then the other is the last one.
+        assert!(service.notice(notice("r0")).unwrap().new);
+        assert!(matches!(
+            feed.try_recv().unwrap(),
+            ElasticEvent::Notice { .. }
+        ));
+        assert!(matches!(
+            service.notice(notice("r1")),
+            Err(AdminError::Validate(m)) if m.contains("last reliable node")
+        ));
+        // r0's replacement, once the run let r0 go, may be told to leave again.
+        directory.lock().remove("r0");
+        service.join(join("r0", true, 7)).unwrap();
+        feed.try_recv().unwrap();
+        assert!(
+            service.notice(notice("r0")).unwrap().new,
+            "a new member's notice is new"
+        );
     }
 }

@@ -290,22 +290,31 @@ pub fn run_elastic_node_with<A: App>(
     };
     let joined = rt.block_on(async {
         // The coordinator may not listen yet (pods and processes start in any order): a
-        // connection that fails is tried again for a while; an answer is final.
+        // connection that fails is tried again for a while, and so is a join answered "try
+        // again" (503: a reliable node's replacement whose predecessor the run has not let go
+        // yet); any other answer is final.
         let give_up = tokio::time::Instant::now() + JOIN_RETRY_FOR;
         let mut pause = Duration::from_millis(50);
-        let response = loop {
+        let (status, body) = loop {
             match http.post(format!("{base}/join")).json(&join).send().await {
-                Ok(response) => break response,
+                Ok(response) => {
+                    let status = response.status();
+                    let body = response.text().await.unwrap_or_default();
+                    if status != reqwest::StatusCode::SERVICE_UNAVAILABLE
+                        || tokio::time::Instant::now() >= give_up
+                    {
+                        break (status, body);
+                    }
+                    tracing::info!(%body, "the coordinator asks to join again later");
+                }
                 Err(error) if error.is_connect() && tokio::time::Instant::now() < give_up => {
                     tracing::debug!(%error, "the coordinator is not reachable yet");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
                 }
                 Err(error) => return Err(format!("joining {base}: {error}")),
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         };
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
         if !status.is_success() {
             return Err(format!("{base} refused the join ({status}): {body}"));
         }

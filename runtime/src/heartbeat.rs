@@ -101,6 +101,14 @@ impl Heartbeats {
             .or_insert(Liveness::Alive { last: now });
     }
 
+    /// Watches `name` afresh (a reliable node's replacement joined under the name of one that
+    /// failed): whatever its predecessor's record, it is alive now.
+    pub fn rejoin(&self, name: &str, now: Instant) {
+        self.nodes
+            .lock()
+            .insert(name.to_owned(), Liveness::Alive { last: now });
+    }
+
     /// Records a heartbeat of `name` at `now`.
     pub fn beat(&self, name: &str, now: Instant) -> Beat {
         let mut nodes = self.nodes.lock();

@@ -307,7 +307,7 @@ fn bad_events_are_refused_and_the_run_goes_on() {
     for report in run_exact(&transient, &events) {
         assert_eq!(report.rejected.len(), 3, "{:?}", report.rejected);
         assert!(report.rejected[0].contains("unknown node ghost"));
-        assert!(report.rejected[1].contains("reliable tier"));
+        assert!(report.rejected[1].contains("last reliable node"));
         assert!(report.rejected[2].contains("already joined"));
         assert_eq!(
             report.events["notice"], 1,
@@ -598,6 +598,80 @@ fn a_storm_of_events_faster_than_boundaries_does_not_stop_training() {
         "every duplicate join is refused: {:?}",
         report.rejected.first()
     );
+}
+
+/// Reliable nodes fail and leave too (a crashed on-demand pod, a drained node): while another
+/// reliable node stays, a failed one rolls the run back and its partitions are served by the
+/// others, one with notice hands its partitions over, and a replacement under the same name
+/// joins the next layout. The last reliable node cannot go (every layout needs one).
+#[test]
+fn reliable_nodes_fail_leave_and_are_replaced_under_their_names() {
+    let fail = |list: &[&str]| ElasticEvent::Fail { names: names(list) };
+    let rejoin = |list: &[&str]| ElasticEvent::JoinReliable { names: names(list) };
+    let events = [
+        at(4, fail(&["od-1"])),
+        at(8, rejoin(&["od-1"])),
+        at(12, notice(&["od-0"])),
+        at(14, fail(&["od-1"])),
+        at(16, rejoin(&["od-0"])),
+        at(18, notice(&["od-1"])),
+        at(20, rejoin(&["od-1"])),
+    ];
+    for staleness in [0, 2] {
+        let app = exact(staleness, CLOCKS);
+        let metrics = RuntimeMetrics::unregistered();
+        let mut config = config(staleness, CLOCKS, &["s-0"]);
+        config.reliable = names(&["od-0", "od-1"]);
+        let report = run_elastic(&app, &config, &events, &metrics).unwrap();
+        assert_exact(&report, staleness);
+        assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+        assert_eq!(report.events.get("join"), Some(&3), "{:?}", report.events);
+        assert_eq!(report.events.get("notice"), Some(&2), "{:?}", report.events);
+        // At 14 od-1 is the only reliable node left (od-0 left at 12): it stays.
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        assert!(
+            report.rejected[0].contains("od-1 is the last reliable node"),
+            "{:?}",
+            report.rejected
+        );
+        assert!(report.rollbacks >= 1, "od-1 served partitions in stage 1");
+        assert_eq!(
+            report.segments.last().unwrap().reliable_nodes,
+            2,
+            "both replacements are in the last layout: {:?}",
+            report.segments.last()
+        );
+        // A transient name is used once; a departed reliable one is a slot to fill again.
+        let again = run_elastic(
+            &app,
+            &config,
+            &[
+                at(4, notice(&["s-0"])),
+                at(6, rejoin(&["od-0"])),
+                at(
+                    8,
+                    ElasticEvent::Join {
+                        names: names(&["s-0"]),
+                    },
+                ),
+            ],
+            &metrics,
+        )
+        .unwrap();
+        assert_exact(&again, staleness);
+        assert!(
+            again
+                .rejected
+                .iter()
+                .any(|r| r.contains("od-0 already joined"))
+                && again
+                    .rejected
+                    .iter()
+                    .any(|r| r.contains("s-0 already left")),
+            "{:?}",
+            again.rejected
+        );
+    }
 }
 
 #[test]

@@ -374,7 +374,11 @@ fn node_processes_join_leave_and_die_and_the_table_is_exact() {
     assert!((2..=4).contains(&joins), "{:?}", report.events);
     assert_eq!(report.events.get("notice"), Some(&3), "{:?}", report.events);
     assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
-    assert!(report.rollbacks >= 1);
+    assert_eq!(
+        report.rollbacks, 1,
+        "one loss, one rollback: {:?}",
+        report.segments
+    );
     assert!(report.partitions_migrated >= 8);
     assert!(
         !report.notice_to_safe_seconds.is_empty(),
@@ -417,7 +421,11 @@ fn a_notice_too_late_rolls_back_and_stays_exact() {
     });
     let report = coordinator.join().unwrap().expect("the job finishes");
     assert_exact(&report);
-    assert!(report.rollbacks >= 1);
+    assert_eq!(
+        report.rollbacks, 1,
+        "one loss, one rollback: {:?}",
+        report.segments
+    );
     for child in [&mut r0, &mut t1, &mut t2] {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
@@ -504,7 +512,11 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
 
     let report = coordinator.join().unwrap().expect("the job finishes");
     assert_exact(&report);
-    assert!(report.rollbacks >= 1);
+    assert_eq!(
+        report.rollbacks, 1,
+        "one loss, one rollback: {:?}",
+        report.segments
+    );
     assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
     let exported = registry
         .gather()
@@ -513,6 +525,77 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
         .map(|f| f.get_metric()[0].get_counter().get_value());
     assert_eq!(exported, Some(1.0));
     for child in [&mut r0, &mut t1, &mut t2] {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+fn reliable(status: &StatusResponse) -> u32 {
+    status.progress.as_ref().map_or(0, |p| p.reliable_nodes)
+}
+
+/// A reliable node process dies (a crashed on-demand pod): the run rolls back and goes on with
+/// the other reliable node, and a new process under the dead one's name (the pod recreated)
+/// joins the next layout. Then the other reliable node is drained (SIGTERM, a notice): its
+/// partitions move to the replacement, and the table comes out exact.
+#[test]
+fn a_dead_reliable_node_is_replaced_under_its_name_and_a_drained_one_hands_over() {
+    let job = Job {
+        clocks: 400,
+        staleness: 1,
+        partitions: 6,
+        workers: 3,
+        update_period: 1,
+    };
+    let (url, coordinator) = coordinator(&job, 2, 5);
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let mut r1 = node(&job, &url, "r1", false, 30);
+    let mut t0 = node(&job, &url, "t0", true, 30);
+    wait_for(&url, "training on both reliable nodes", |s| {
+        reliable(s) == 2 && transient(s) == 1 && clock(s) >= 20
+    });
+
+    signal(&r1, "KILL");
+    let (exit, _) = wait_exit(&mut r1, Duration::from_secs(5));
+    assert!(!exit.success());
+    let rolled_back = wait_for(&url, "the rollback without r1", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1) && reliable(s) == 1
+    });
+    wait_for(&url, "progress on r0 alone", |s| {
+        clock(s) > clock(&rolled_back) + 5
+    });
+
+    // The pod is recreated: a new process under the same name.
+    let mut r1 = node(&job, &url, "r1", false, 30);
+    let replaced = wait_for(&url, "the replacement in the layout", |s| reliable(s) == 2);
+    wait_for(&url, "progress with the replacement", |s| {
+        clock(s) > clock(&replaced) + 5
+    });
+
+    // r0's node is drained: a notice, and r1 takes over its partitions.
+    signal(&r0, "TERM");
+    let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(20));
+    assert!(exit.success(), "r0 released cleanly: {exit:?} {stderr}");
+    let drained = wait_for(&url, "the drain", |s| reliable(s) == 1);
+    assert_eq!(
+        drained.progress.as_ref().map(|p| p.rollbacks),
+        Some(1),
+        "a notice moves partitions without a rollback"
+    );
+
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert_eq!(report.rollbacks, 1);
+    assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+    assert_eq!(report.events.get("notice"), Some(&1), "{:?}", report.events);
+    assert!(
+        report.events.get("join").is_some_and(|j| *j >= 1),
+        "{:?}",
+        report.events
+    );
+    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+    assert_eq!(report.segments.last().unwrap().reliable_nodes, 1);
+    for child in [&mut r1, &mut t0] {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
