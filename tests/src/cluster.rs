@@ -67,12 +67,26 @@ pub async fn client_or_skip(test: &str) -> Result<Option<Client>, BoxError> {
         );
         return Ok(None);
     };
-    let kubeconfig = Kubeconfig::read_from(&path)
-        .map_err(|e| format!("read kubeconfig {}: {e}", PathBuf::from(&path).display()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("load kubeconfig {}: {e}", PathBuf::from(&path).display()))?;
-    Ok(Some(Client::try_from(config)?))
+    Ok(Some(Client::try_from(config_at(&path).await?)?))
+}
+
+async fn config_at(path: &std::ffi::OsStr) -> Result<Config, BoxError> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .map_err(|e| format!("read kubeconfig {}: {e}", PathBuf::from(path).display()))?;
+    Ok(
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("load kubeconfig {}: {e}", PathBuf::from(path).display()))?,
+    )
+}
+
+/// A client for the cluster named by `EBBFLOW_KUBECONFIG` that answers a 429 at once: kube's
+/// default client retries 429s (an eviction a PodDisruptionBudget refuses) for minutes.
+pub async fn client_without_retries() -> Result<Client, BoxError> {
+    let path = std::env::var_os(KUBECONFIG_ENV).ok_or("EBBFLOW_KUBECONFIG is unset")?;
+    let mut config = config_at(&path).await?;
+    config.default_retry = false;
+    Ok(Client::try_from(config)?)
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, failing with `what` after `timeout`.

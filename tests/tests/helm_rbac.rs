@@ -21,6 +21,7 @@ use ebbflow_tests::cluster::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -149,17 +150,20 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
     )
     .await?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &jobs_ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &jobs_ns);
     let selector =
         ListParams::default().labels(&format!("{}=quickstart", controller::plan::JOB_LABEL));
     poll_until(
-        "pods and a status written under the chart's RBAC",
+        "pods, the coordinator's disruption budget and a status written under the chart's RBAC",
         Duration::from_secs(60),
         || {
             let (pods, jobs, selector) = (pods.clone(), jobs.clone(), selector.clone());
+            let budgets = budgets.clone();
             async move {
                 let count = pods.list(&selector).await?.items.len();
                 let status = jobs.get("quickstart").await?.status.unwrap_or_default();
-                Ok((count >= 2 && !status.conditions.is_empty()).then_some(()))
+                let budget = budgets.get_opt("quickstart-coordinator").await?;
+                Ok((count >= 2 && !status.conditions.is_empty() && budget.is_some()).then_some(()))
             }
         },
     )
@@ -169,8 +173,12 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
         "the job cleaned up under the chart's RBAC",
         Duration::from_secs(60),
         || {
-            let jobs = jobs.clone();
-            async move { Ok(jobs.get_opt("quickstart").await?.is_none().then_some(())) }
+            let (jobs, budgets) = (jobs.clone(), budgets.clone());
+            async move {
+                let job = jobs.get_opt("quickstart").await?;
+                let budget = budgets.get_opt("quickstart-coordinator").await?;
+                Ok((job.is_none() && budget.is_none()).then_some(()))
+            }
         },
     )
     .await?;

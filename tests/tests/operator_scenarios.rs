@@ -4,7 +4,9 @@
 //!   taints) reaches a real coordinator on 127.0.0.1 before its deadline;
 //! - suspend deletes the job's pods and says so in a condition; resume brings them back;
 //! - an operator restart mid-job creates no duplicate pods;
-//! - two operator replicas contend for the Lease and exactly one leads until it stops renewing.
+//! - two operator replicas contend for the Lease and exactly one leads until it stops renewing;
+//! - a node pod that keeps failing is warned about and replaced after its backoff;
+//! - a drain (an eviction) cannot take the coordinator pod of a job without a checkpoint.
 //!
 //! Skipped (with a line saying so) unless `EBBFLOW_KUBECONFIG` is set (`scripts/e2e.sh`).
 
@@ -514,4 +516,118 @@ async fn a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff() ->
     );
 
     delete_job_and_namespace(&client, &jobs, job, &ns, stop).await
+}
+
+/// The API server's answer to an eviction of pod `name` (what `kubectl drain` asks): `Ok` if
+/// the pod may go, else the status code (429 when a PodDisruptionBudget forbids it).
+async fn evict(pods: &Api<Pod>, name: &str) -> Result<Result<(), u16>, BoxError> {
+    match pods.evict(name, &kube::api::EvictParams::default()).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(status)) => Ok(Err(status.code)),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// A drain cannot take the coordinator pod of a job without a checkpoint (its BackupPS copy is
+/// the job's only consistent one): the eviction is refused by the job's PodDisruptionBudget as
+/// computed by the real kube-controller-manager, while its spot pod may go. Once the job
+/// checkpoints (the coordinator writes its copy on SIGTERM and its replacement resumes), the
+/// coordinator pod may be evicted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_cannot_evict_the_coordinator_of_a_job_without_a_checkpoint() -> Result<(), BoxError>
+{
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let test = "a_drain_cannot_evict_the_coordinator_of_a_job_without_a_checkpoint";
+    let Some(client) = client_or_skip(test).await? else {
+        return Ok(());
+    };
+    install_crd(&client).await?;
+    let ns = namespace(&client, "e2e-drain").await?;
+    let stop = operator_in(&client, &prometheus::Registry::new(), &ns, NO_COORDINATOR).await?;
+    let job = "drained";
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    // Evictions through a client that takes a 429 for an answer.
+    let evictions: Api<Pod> =
+        Api::namespaced(ebbflow_tests::cluster::client_without_retries().await?, &ns);
+    apply_job(&client, &ns, job, 1, false).await?;
+    let live = scheduled_pods(&pods, job, 2).await?;
+    let name_of = |tier_name: &str| {
+        live.iter()
+            .find(|p| tier(p) == tier_name)
+            .map(|p| p.name_any())
+            .ok_or(format!("no {tier_name} pod"))
+    };
+    let (coordinator, spot) = (name_of("reliable")?, name_of("transient")?);
+
+    // The disruption controller has read the budget: it expects the one coordinator pod.
+    let budget_name = format!("{job}-coordinator");
+    let budget = poll_until(
+        "the coordinator's disruption budget, observed",
+        Duration::from_secs(60),
+        || async {
+            let Some(budget) = budgets.get_opt(&budget_name).await? else {
+                return Ok(None);
+            };
+            let status = budget.status.clone().unwrap_or_default();
+            let observed = status.observed_generation == budget.metadata.generation;
+            Ok((observed && status.expected_pods == 1).then_some(budget))
+        },
+    )
+    .await?;
+    let spec = budget.spec.clone().unwrap_or_default();
+    assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
+    let status = budget.status.unwrap_or_default();
+    assert_eq!(
+        (status.current_healthy, status.disruptions_allowed),
+        (1, 0),
+        "{status:?}"
+    );
+    assert_eq!(evict(&evictions, &coordinator).await?, Err(429));
+    assert_eq!(
+        evict(&evictions, &spot).await?,
+        Ok(()),
+        "a spot pod may be drained"
+    );
+    assert!(
+        pods.get_opt(&coordinator)
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the coordinator pod stayed"
+    );
+
+    // With a checkpoint the coordinator may go (it writes its copy when told to stop).
+    let mut checkpointed = ebbflow_tests::cluster::quickstart_job(job, &ns)?;
+    checkpointed.spec.transient.min_nodes = 1;
+    checkpointed.spec.transient.max_nodes = 1;
+    checkpointed.spec.runtime.checkpoint = Some(ebbflow_crds::CheckpointSpec {
+        claim_name: "drained-checkpoints".into(),
+        interval: None,
+    });
+    jobs.patch(
+        job,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&checkpointed),
+    )
+    .await?;
+    poll_until(
+        "the coordinator evicted once the job checkpoints",
+        Duration::from_secs(60),
+        || async { Ok(evict(&evictions, &coordinator).await?.ok()) },
+    )
+    .await?;
+    let budget = budgets.get(&budget_name).await?;
+    assert_eq!(
+        budget.spec.unwrap_or_default().min_available,
+        Some(IntOrString::Int(0))
+    );
+
+    delete_job_and_namespace(&client, &jobs, job, &ns, stop).await?;
+    assert!(
+        budgets.get_opt(&budget_name).await?.is_none(),
+        "the budget went with its job"
+    );
+    Ok(())
 }

@@ -22,6 +22,7 @@ use ebbflow_crds::{TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::{Node, Pod, Secret, Service},
+    api::policy::v1::PodDisruptionBudget,
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
@@ -1041,6 +1042,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let service_name = plan::coordinator_service_name(&name);
     let cached = ctx.caches.service(&namespace, &service_name);
     apply_unless_applied(&ctx, &namespace, &service_name, &desired.service, cached).await?;
+    let cached = ctx.caches.budget(&namespace, &service_name);
+    apply_unless_applied(
+        &ctx,
+        &namespace,
+        &service_name,
+        &desired.disruption_budget,
+        cached,
+    )
+    .await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut created = Vec::new();
     for pod in &desired.create {
@@ -1506,6 +1516,13 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
     }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(&services, "Service", &plan::coordinator_service_name(&name)).await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &namespace);
+    delete_ignoring_missing(
+        &budgets,
+        "PodDisruptionBudget",
+        &plan::coordinator_service_name(&name),
+    )
+    .await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(&secrets, "Secret", &plan::secret_name(&name)).await?;
     publish(
@@ -1515,10 +1532,13 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         "CleanedUp",
         "Cleanup",
         if terminated.is_empty() {
-            format!("deleted {} pods, service and secret", pods.len())
+            format!(
+                "deleted {} pods, service, disruption budget and secret",
+                pods.len()
+            )
         } else {
             format!(
-                "deleted {} pods, service and secret; terminated instances {}",
+                "deleted {} pods, service, disruption budget and secret; terminated instances {}",
                 pods.len(),
                 terminated.join(", ")
             )
@@ -1665,6 +1685,7 @@ pub async fn run(
     let controller = controller
         .owns_shared_stream(children.pods)
         .owns_shared_stream(children.services)
+        .owns_shared_stream(children.budgets)
         .owns_shared_stream(children.secrets)
         .reconcile_on(requeued)
         .graceful_shutdown_on(shutdown)

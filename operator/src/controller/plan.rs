@@ -1,7 +1,8 @@
 //! The plan step (pure): from the job, its observed pods, the eviction notices and the capacity
-//! decision, the desired Secret, Service and pods, and which pods to delete.
+//! decision, the desired Secret, Service, PodDisruptionBudget and pods, and which pods to delete.
 //!
-//! Naming: the Secret is `<job>-token` (key `token`), the headless Service `<job>-coordinator`,
+//! Naming: the Secret is `<job>-token` (key `token`), the headless Service and the
+//! PodDisruptionBudget of the coordinator pod `<job>-coordinator`,
 //! reliable pods `<job>-r-<i>` (i < reliable.count; `<job>-r-0` hosts the coordinator) and
 //! transient pods `<job>-t-<i>` with ordinals the job never used. Pods are immutable in the
 //! fields that matter, so drift is fixed by replacing pods, never by patching them.
@@ -18,8 +19,11 @@ use k8s_openapi::{
         Probe, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext,
         Service, ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume, VolumeMount,
     },
+    api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     apimachinery::pkg::{
-        api::resource::Quantity, apis::meta::v1::ObjectMeta, util::intstr::IntOrString,
+        api::resource::Quantity,
+        apis::meta::v1::{LabelSelector, ObjectMeta},
+        util::intstr::IntOrString,
     },
 };
 use kube::{Resource, ResourceExt};
@@ -266,6 +270,8 @@ pub struct Plan {
     pub secret: Secret,
     /// The headless coordinator Service (applied every time).
     pub service: Service,
+    /// The coordinator pod's PodDisruptionBudget (applied every time).
+    pub disruption_budget: PodDisruptionBudget,
     /// Pods to create.
     pub create: Vec<Pod>,
     /// Pods to delete, with why.
@@ -530,6 +536,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             &pinned_spec(input),
         ),
         service: build_service(job),
+        disruption_budget: build_disruption_budget(job),
         create,
         delete,
     }
@@ -754,6 +761,48 @@ pub fn build_service(job: &TrainingJob) -> Service {
             ..ServiceSpec::default()
         }),
         ..Service::default()
+    }
+}
+
+/// The coordinator pod's PodDisruptionBudget (named like its Service). Without
+/// `spec.runtime.checkpoint` the coordinator holds the job's only consistent copy (the BackupPS
+/// copy; a new coordinator starts from clock 0), so no eviction may take it while it runs
+/// (`minAvailable: 1`: `kubectl drain` and Karpenter wait for the job; the operator's own
+/// deletions are not evictions). With a checkpoint, a coordinator told to stop writes its newest
+/// copy at once and its replacement resumes there, so it may be evicted (`minAvailable: 0`).
+///
+/// An integer `minAvailable`, not `maxUnavailable`: for `maxUnavailable` the disruption
+/// controller reads the expected pod count from the pods' controller's scale subresource, which
+/// a TrainingJob does not have (the real kube-controller-manager marks such a budget SyncFailed,
+/// and it then allows no eviction of any kind). A coordinator pod that is not ready (starting,
+/// crash-looping) holds nothing yet and may always be evicted, so a broken job never blocks a
+/// drain.
+pub fn build_disruption_budget(job: &TrainingJob) -> PodDisruptionBudget {
+    let job_name = job.name_any();
+    let available = if job.spec.runtime.checkpoint.is_some() {
+        0
+    } else {
+        1
+    };
+    PodDisruptionBudget {
+        metadata: child_meta(
+            job,
+            coordinator_service_name(&job_name),
+            common_labels(&job_name),
+        ),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(available)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    (JOB_LABEL.to_owned(), job_name),
+                    (COORDINATOR_LABEL.to_owned(), "true".to_owned()),
+                ])),
+                ..LabelSelector::default()
+            }),
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".to_owned()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
     }
 }
 

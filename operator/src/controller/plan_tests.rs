@@ -658,6 +658,58 @@ fn json_merge(base: &mut serde_json::Value, extra: serde_json::Value) {
     }
 }
 
+/// The coordinator pod's PodDisruptionBudget: no eviction without a checkpoint (the coordinator
+/// holds the only consistent copy), one with (it checkpoints on SIGTERM and resumes).
+#[test]
+fn the_coordinator_pod_is_protected_from_eviction_unless_it_checkpoints() {
+    let mut job = job();
+    let plan = run_plan(&job, &[], &[], &decision(&[]));
+    let budget = &plan.disruption_budget;
+    assert_eq!(budget.metadata.name.as_deref(), Some("mf-coordinator"));
+    assert_eq!(
+        budget.metadata.owner_references.as_ref().unwrap()[0].name,
+        "mf"
+    );
+    let spec = budget.spec.as_ref().unwrap();
+    assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
+    assert_eq!(spec.max_unavailable, None, "needs a scale subresource");
+    assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
+    let selector = spec
+        .selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .clone()
+        .unwrap();
+    assert_eq!(
+        selector,
+        BTreeMap::from([
+            (JOB_LABEL.to_owned(), "mf".to_owned()),
+            (COORDINATOR_LABEL.to_owned(), "true".to_owned()),
+        ])
+    );
+    // It selects the coordinator pod and no other.
+    let selects = |pod: &Pod| selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v));
+    let selected: Vec<String> = plan
+        .create
+        .iter()
+        .filter(|p| selects(p))
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(selected, ["mf-r-0"]);
+
+    job.spec.runtime.checkpoint = Some(ebbflow_crds::CheckpointSpec {
+        claim_name: "mf-checkpoints".into(),
+        interval: None,
+    });
+    let plan = run_plan(&job, &[], &[], &decision(&[]));
+    let spec = plan.disruption_budget.spec.unwrap();
+    assert_eq!(spec.min_available, Some(IntOrString::Int(0)));
+}
+
 #[test]
 fn the_coordinator_pod_alone_mounts_the_checkpoint_claim() {
     let mut job = job().with_reliable(2);

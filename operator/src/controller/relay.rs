@@ -6,7 +6,8 @@
 //! pods, talks to its coordinator and server-side applies its children, so under load notices
 //! queued behind hundreds of reconciles (p99 5.9 s at 50 jobs, see BENCHMARKS.md).
 //!
-//! The relay keeps reflector caches of Nodes and of the operator's Pods, Secrets and Services
+//! The relay keeps reflector caches of Nodes and of the operator's Pods, Secrets, Services and
+//! PodDisruptionBudgets
 //! (one watch per kind for the whole operator: the controller is triggered by the same watches
 //! through [`Subscriptions`], and the reconcile reads its children from these caches instead of
 //! one LIST and two GETs per reconcile), and reacts to each watch
@@ -35,6 +36,7 @@ use k8s_openapi::{
     api::core::v1::{
         ContainerState, ContainerStatus, Node, NodeSpec, Pod, PodSpec, PodStatus, Secret, Service,
     },
+    api::policy::v1::PodDisruptionBudget,
     jiff::Timestamp,
 };
 use kube::{
@@ -60,6 +62,7 @@ struct Writers {
     nodes: reflector::store::Writer<Node>,
     secrets: reflector::store::Writer<Secret>,
     services: reflector::store::Writer<Service>,
+    budgets: reflector::store::Writer<PodDisruptionBudget>,
 }
 
 /// Changes the caches broadcast to subscribers (the controller) after applying them; a slow
@@ -77,6 +80,8 @@ pub struct Caches {
     pub secrets: Store<Secret>,
     /// The operator's Services (managed-by label), without managed fields.
     pub services: Store<Service>,
+    /// The operator's PodDisruptionBudgets (managed-by label), without managed fields.
+    pub budgets: Store<PodDisruptionBudget>,
     writers: Arc<Mutex<Option<Writers>>>,
     /// True while [`run`] keeps the stores current; a stale store is never read.
     live: Arc<AtomicBool>,
@@ -88,16 +93,19 @@ impl Default for Caches {
         let (nodes, node_writer) = reflector::store();
         let (secrets, secret_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         let (services, service_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (budgets, budget_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         Self {
             pods,
             nodes,
             secrets,
             services,
+            budgets,
             writers: Arc::new(Mutex::new(Some(Writers {
                 pods: pod_writer,
                 nodes: node_writer,
                 secrets: secret_writer,
                 services: service_writer,
+                budgets: budget_writer,
             }))),
             live: Arc::new(AtomicBool::new(false)),
         }
@@ -114,6 +122,8 @@ pub struct Subscriptions {
     pub secrets: ReflectHandle<Secret>,
     /// Applied Services.
     pub services: ReflectHandle<Service>,
+    /// Applied PodDisruptionBudgets.
+    pub budgets: ReflectHandle<PodDisruptionBudget>,
 }
 
 /// True once `store` holds a complete list (it never goes back).
@@ -146,6 +156,7 @@ impl Caches {
             pods: writers.pods.subscribe()?,
             secrets: writers.secrets.subscribe()?,
             services: writers.services.subscribe()?,
+            budgets: writers.budgets.subscribe()?,
         })
     }
 
@@ -183,6 +194,14 @@ impl Caches {
             return None;
         }
         self.services.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The cached PodDisruptionBudget `namespace/name`, if the cache is live and holds it.
+    pub fn budget(&self, namespace: &str, name: &str) -> Option<Arc<PodDisruptionBudget>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.budgets.get(&ObjectRef::new(name).within(namespace))
     }
 }
 
@@ -449,16 +468,25 @@ pub async fn run(
         .modify(|secret| secret.managed_fields_mut().clear())
         .reflect_shared(writers.secrets)
         .map(Watched::child);
-    let service_events = watcher(scoped::<Service>(&ctx.client, namespace), children)
+    let service_events = watcher(scoped::<Service>(&ctx.client, namespace), children.clone())
         .default_backoff()
         .modify(|service| service.managed_fields_mut().clear())
         .reflect_shared(writers.services)
         .map(Watched::child);
+    let budget_events = watcher(
+        scoped::<PodDisruptionBudget>(&ctx.client, namespace),
+        children,
+    )
+    .default_backoff()
+    .modify(|budget| budget.managed_fields_mut().clear())
+    .reflect_shared(writers.budgets)
+    .map(Watched::child);
     let mut events = std::pin::pin!(stream::select_all([
         pod_events.boxed(),
         node_events.boxed(),
         secret_events.boxed(),
         service_events.boxed(),
+        budget_events.boxed(),
     ]));
     let mut tracker = NodeTracker::default();
     while let Some(event) = events.next().await {
@@ -508,11 +536,12 @@ pub async fn run(
 enum Watched {
     Pod(Result<watcher::Event<Pod>, watcher::Error>),
     Node(Result<watcher::Event<Node>, watcher::Error>),
-    /// A Secret or a Service was deleted.
+    /// A Secret, Service or PodDisruptionBudget was deleted.
     ChildDeleted(ChildDeleted),
-    /// A Secret or a Service changed (the controller hears of it through its subscription).
+    /// A Secret, Service or PodDisruptionBudget changed (the controller hears of it through its
+    /// subscription).
     Quiet,
-    /// A Secret or Service watch failed (it retries with backoff).
+    /// A watch of Secrets, Services or PodDisruptionBudgets failed (it retries with backoff).
     Error(watcher::Error),
 }
 

@@ -1,10 +1,10 @@
 //! Reconciler scenarios against a mocked API server (`tower-test`) and a fake coordinator on
 //! 127.0.0.1 (port 0).
 //!
-//! The mock serves a small in-memory cluster: the job, its pods, secrets, services, nodes and
-//! events, answering the requests reconcile makes the way the API server would (404s,
-//! server-side apply creating objects, graceful pod deletion setting deletionTimestamp, JSON
-//! patches on finalizers). Scenarios drive it with fluent helpers and assert on the outcome.
+//! The mock serves a small in-memory cluster: the job, its pods, secrets, services, disruption
+//! budgets, nodes and events, answering the requests reconcile makes the way the API server
+//! would (404s, server-side apply creating objects, graceful pod deletion setting
+//! deletionTimestamp, JSON patches on finalizers). Scenarios drive it with fluent helpers and assert on the outcome.
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -20,6 +20,7 @@ use ebbflow_runtime_api::{
 use http::{Request, Response, StatusCode};
 use k8s_openapi::{
     api::core::v1::{Node, Pod, Secret, Service},
+    api::policy::v1::PodDisruptionBudget,
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
@@ -53,12 +54,16 @@ use crate::{
 /// An event as recorded by the fake: (type, reason, note).
 type RecordedEvent = (String, String, String);
 
+/// The path segment of PodDisruptionBudgets.
+const BUDGETS: &str = "poddisruptionbudgets";
+
 #[derive(Default)]
 struct ClusterState {
     job: Option<TrainingJob>,
     pods: BTreeMap<String, Pod>,
     secrets: BTreeMap<String, Secret>,
     services: BTreeMap<String, Service>,
+    budgets: BTreeMap<String, PodDisruptionBudget>,
     nodes: BTreeMap<String, Node>,
     events: Vec<RecordedEvent>,
     requests: Vec<String>,
@@ -176,6 +181,17 @@ impl ClusterState {
             ("DELETE", ["api", "v1", "namespaces", _, "services", name]) => {
                 match self.services.remove(*name) {
                     Some(service) => ok(service),
+                    None => not_found(),
+                }
+            }
+            ("PATCH", ["apis", "policy", "v1", "namespaces", _, BUDGETS, name]) => {
+                let budget: PodDisruptionBudget = serde_json::from_value(body).unwrap();
+                self.budgets.insert((*name).to_owned(), budget.clone());
+                ok(budget)
+            }
+            ("DELETE", ["apis", "policy", "v1", "namespaces", _, BUDGETS, name]) => {
+                match self.budgets.remove(*name) {
+                    Some(budget) => ok(budget),
                     None => not_found(),
                 }
             }
@@ -639,6 +655,7 @@ async fn create_adds_finalizer_then_secret_service_and_reliable_pods() {
     let token = {
         let cluster = scenario.cluster.lock();
         assert!(cluster.services.contains_key("mf-coordinator"));
+        assert!(cluster.budgets.contains_key("mf-coordinator"));
         cluster.secrets["mf-token"].data.as_ref().unwrap()["token"]
             .0
             .clone()
@@ -880,6 +897,7 @@ async fn delete_cleans_up_everything_and_releases_the_finalizer() {
     {
         let cluster = scenario.cluster.lock();
         assert!(cluster.services.is_empty());
+        assert!(cluster.budgets.is_empty());
         assert!(cluster.secrets.is_empty());
     }
     assert!(scenario.job().finalizers().is_empty(), "finalizer removed");
