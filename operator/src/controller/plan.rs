@@ -551,6 +551,21 @@ fn needs_replacement(pod: &ObservedPod<'_>) -> bool {
                 .is_some_and(|n| n.source == NoticeSource::NodeGone))
 }
 
+/// How many reliable pods the job runs: the pinned spec's `reliable.count` while any of its pods
+/// exist, the current spec's otherwise. The count is part of the training state's shape (it sets
+/// the logical workers), and the running coordinator awaited the pinned count and refuses a
+/// reliable node it did not start with: a pod added for an edited count would fail and be
+/// replaced forever, and with one removed a replaced coordinator (reading the pinned spec) would
+/// wait for a reliable node that is never created. So an edit of the count applies at the next
+/// start (suspend and resume, or a new job).
+fn reliable_count(input: &PlanInput<'_>) -> u32 {
+    let pinned = input
+        .existing_spec
+        .filter(|_| !input.pods.is_empty())
+        .and_then(|spec| serde_json::from_str::<ebbflow_crds::TrainingJobSpec>(spec).ok());
+    pinned.map_or(input.job.spec.reliable.count, |spec| spec.reliable.count)
+}
+
 fn plan_reliable(
     input: &PlanInput<'_>,
     observed: &[ObservedPod<'_>],
@@ -558,7 +573,7 @@ fn plan_reliable(
     delete: &mut Vec<PodDeletion>,
 ) {
     let job_name = input.job.name_any();
-    let count = input.job.spec.reliable.count;
+    let count = reliable_count(input);
     let reliable: Vec<&ObservedPod<'_>> = observed
         .iter()
         .filter(|p| p.tier == Tier::Reliable)

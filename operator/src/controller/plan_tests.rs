@@ -230,6 +230,45 @@ fn the_spec_is_pinned_while_the_jobs_pods_exist() {
     assert_eq!(pinned_with(&running, None).0, current);
 }
 
+/// An edit of `reliable.count` while the job runs waits for the next start: the running
+/// coordinator awaited the pinned count and would refuse a reliable node it did not start with.
+#[test]
+fn the_reliable_count_is_the_pinned_one_while_the_jobs_pods_exist() {
+    let plan_with = |job: &TrainingJob, pods: &[Pod], pinned: &TrainingJob| {
+        let pinned = serde_json::to_string(&pinned.spec).unwrap();
+        plan(&PlanInput {
+            job,
+            pods,
+            existing_token: Some("kept"),
+            existing_spec: Some(&pinned),
+            fresh_token: "fresh",
+            notices: &[],
+            decision: &decision(&[]),
+            activity: Activity::Run,
+            config: &config(),
+        })
+    };
+    let (one, three) = (job().with_reliable(1), job().with_reliable(3));
+    let reliable = |count: usize| -> Vec<Pod> {
+        (0..count)
+            .map(|i| existing(&format!("mf-r-{i}"), None, true, "2026-11-20T10:00:00Z"))
+            .collect()
+    };
+    // Pinned at 1, edited up to 3: no pod the running coordinator would refuse.
+    let up = plan_with(&three, &reliable(1), &one);
+    assert!(up.create.is_empty(), "{:?}", names(&up.create));
+    assert!(up.delete.is_empty());
+    // Pinned at 3, edited down to 1: the running reliable pods stay.
+    let down = plan_with(&one, &reliable(3), &three);
+    assert!(down.delete.is_empty(), "{:?}", deleted(&down));
+    assert!(down.create.is_empty());
+    // At the next start (no pods) the edited count.
+    assert_eq!(
+        names(&plan_with(&three, &[], &one).create),
+        ["mf-r-0", "mf-r-1", "mf-r-2"]
+    );
+}
+
 #[test]
 fn transient_pods_per_pool_carry_spot_placement() {
     let job = job();
