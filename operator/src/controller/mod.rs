@@ -139,6 +139,8 @@ struct JobMemory {
     /// The job was in ec2 provisioning mode at its last reconcile (an edit out of it releases
     /// the instances it launched).
     ec2_mode: bool,
+    /// The training shape of the spec last warned about as waiting for the next start.
+    warned_shape: Option<String>,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
@@ -501,6 +503,29 @@ fn secret_text(secret: &Secret, key: &str) -> Option<String> {
 fn fresh_token() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// While the job's pods run the pinned spec, an edit of what makes up its training state (the
+/// app, consistency, worker and partition counts: the job id) cannot reach them: the note that
+/// says so, or `None` when the shapes agree (or nothing is pinned).
+fn shape_edit_pending(job: &TrainingJob, observed: &Observed) -> Option<String> {
+    if observed.pods.is_empty() {
+        return None;
+    }
+    let pinned: ebbflow_crds::TrainingJobSpec =
+        serde_json::from_str(observed.pinned_spec.as_deref()?).ok()?;
+    let running = TrainingJob {
+        spec: pinned,
+        ..job.clone()
+    };
+    let (was, now) = (crate::run::job_id(&running), crate::run::job_id(job));
+    (was != now).then(|| {
+        format!(
+            "the spec's training shape changed while the job runs; its pods keep the spec they \
+             started with, and the edit applies at the next start (suspend and resume; a \
+             checkpoint of the old shape is refused): running {was}, edited {now}"
+        )
+    })
 }
 
 async fn publish(
@@ -1003,6 +1028,27 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         }
         _ => None,
     };
+
+    // An edit of the training state's shape waits for the next start: say so once.
+    if let Some(note) = shape_edit_pending(&job, &observed) {
+        let current = crate::run::job_id(&job);
+        let new = ctx.with_memory(&job_ref, |memory| {
+            let new = memory.warned_shape.as_ref() != Some(&current);
+            memory.warned_shape = Some(current);
+            new
+        });
+        if new {
+            publish(
+                &ctx,
+                &job,
+                EventType::Warning,
+                "ShapeEditPending",
+                "Plan",
+                note,
+            )
+            .await;
+        }
+    }
 
     // plan (transient ordinals above any this operator handed out, even if the cached job's
     // status does not show the last write yet)

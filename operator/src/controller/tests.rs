@@ -885,6 +885,47 @@ async fn resume_recreates_the_reliable_tier() {
     assert_eq!(scenario.status().phase, Some(Phase::Running));
 }
 
+/// An edit of the training shape while the job runs reaches no pod (they run the pinned spec,
+/// and the reliable count stays the pinned one) and is warned about once; a stop goal edited
+/// beside it is no shape change.
+#[tokio::test]
+async fn a_shape_edit_while_running_waits_for_the_next_start_and_is_warned_about_once() {
+    let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
+    let before = scenario.live_pods();
+    scenario.change_spec(|spec| spec.stop.iterations = Some(123));
+    scenario.settle().await;
+    assert!(scenario.events_with_reason("ShapeEditPending").is_empty());
+
+    scenario.change_spec(|spec| spec.reliable.count += 1);
+    scenario.settle().await;
+    scenario.settle().await;
+    assert_eq!(
+        scenario.live_pods(),
+        before,
+        "no reliable pod the coordinator refuses"
+    );
+    let warnings = scenario.events_with_reason("ShapeEditPending");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].2.contains("workers="), "{warnings:?}");
+
+    // At the next start the edited shape is the job's.
+    scenario.change_spec(|spec| spec.suspend = true);
+    scenario.settle().await;
+    scenario.finish_deletions();
+    scenario.settle().await;
+    scenario.change_spec(|spec| spec.suspend = false);
+    scenario.settle().await;
+    assert_eq!(
+        scenario
+            .live_pods()
+            .iter()
+            .filter(|p| p.contains("-r-"))
+            .count(),
+        2
+    );
+    assert_eq!(scenario.events_with_reason("ShapeEditPending").len(), 1);
+}
+
 #[tokio::test]
 async fn delete_cleans_up_everything_and_releases_the_finalizer() {
     let scenario = Scenario::running(spot_job("mf", 2, &["us-east-1a"])).await;

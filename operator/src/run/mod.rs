@@ -503,7 +503,7 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
 /// on from its checkpoint. The digest is FNV-1a, stable across builds and toolchains (a
 /// checkpoint outlives the binary that wrote it); the counts are spelled out so a refused
 /// checkpoint's error shows what changed.
-fn job_id(job: &TrainingJob) -> String {
+pub(crate) fn job_id(job: &TrainingJob) -> String {
     let config = elastic_config(job);
     let shape = serde_json::json!({
         "app": job.spec.app,
