@@ -1682,6 +1682,22 @@ impl ProcessFleet {
     }
 }
 
+impl ProcessFleet {
+    /// Node `name` at `addr` is no member any more: its heartbeats are no longer watched, then
+    /// its name leaves the directory (in this order: a replacement may join as soon as the name
+    /// is gone, and its heartbeat record must not be forgotten after it joined), unless a
+    /// replacement already holds it.
+    fn let_go(&self, name: &str, addr: SocketAddr) {
+        if let Some(heartbeats) = &self.heartbeats {
+            heartbeats.forget(name);
+        }
+        let mut directory = self.directory.lock();
+        if directory.get(name) == Some(&addr) {
+            directory.remove(name);
+        }
+    }
+}
+
 impl Fleet for ProcessFleet {
     fn admit(&mut self, id: NodeId, name: &str) -> Result<(), FleetError> {
         let addr = self
@@ -1691,9 +1707,16 @@ impl Fleet for ProcessFleet {
             .copied()
             .ok_or_else(|| Self::lost(id, format!("node {name} never announced an address")))?;
         // A cheap request proves the node answers (a hung one is declared failed meanwhile).
-        let (connection, _, _) = self
-            .exchange(name, addr, None, &ControlRequest::Clocks, &[])
-            .map_err(|e| Self::lost(id, e))?;
+        // One that does not is let go like a released node: a replacement under its name (a
+        // reliable slot) can join only once the directory no longer holds it.
+        let (connection, _, _) = match self.exchange(name, addr, None, &ControlRequest::Clocks, &[])
+        {
+            Ok(answer) => answer,
+            Err(error) => {
+                self.let_go(name, addr);
+                return Err(Self::lost(id, error));
+            }
+        };
         self.links.insert(
             id,
             Link {
@@ -1711,10 +1734,7 @@ impl Fleet for ProcessFleet {
             let _ = self.request(id, &ControlRequest::Shutdown, &[]);
         }
         if let Some(link) = self.links.remove(&id) {
-            self.directory.lock().remove(&link.name);
-            if let Some(heartbeats) = &self.heartbeats {
-                heartbeats.forget(&link.name);
-            }
+            self.let_go(&link.name, link.addr);
             tracing::info!(node = id, name = %link.name, "node released");
         }
         self.assignment.retain(|_, node| *node != id);
@@ -2588,6 +2608,30 @@ mod tests {
             Duration::from_secs(1),
             RuntimeMetrics::unregistered(),
         )
+    }
+
+    /// A node that cannot be reached when it is admitted is let go at once: its name leaves the
+    /// directory (a reliable slot's replacement may join) and its heartbeats are not watched.
+    #[test]
+    fn a_node_that_cannot_be_admitted_is_let_go() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let heartbeats = Arc::new(Heartbeats::unregistered(Duration::from_secs(60)));
+        let mut fleet = fleet_of(2).with_heartbeats(heartbeats.clone());
+        fleet.directory.lock().insert("r1".into(), addr);
+        heartbeats.track("r1", std::time::Instant::now());
+        assert!(matches!(fleet.admit(3, "r1"), Err(FleetError::Lost { .. })));
+        assert!(!fleet.directory.lock().contains_key("r1"));
+        assert_eq!(
+            heartbeats.beat("r1", std::time::Instant::now()),
+            crate::heartbeat::Beat::Untracked
+        );
+        // A replacement that already took the name keeps it when the old one is let go.
+        let replacement: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        fleet.directory.lock().insert("r1".into(), replacement);
+        fleet.let_go("r1", addr);
+        assert_eq!(fleet.directory.lock().get("r1"), Some(&replacement));
     }
 
     #[test]

@@ -178,6 +178,14 @@ impl ElasticService {
                     request.name
                 )));
             }
+            // A name the run let go (it left, or its admission failed) is used once: joining
+            // again, even from the same address, would be a process no one ever admits.
+            if !self.directory.lock().contains_key(&request.name) {
+                return Err(AdminError::Validate(format!(
+                    "node {} already left the job; join under a new name",
+                    request.name
+                )));
+            }
             if m.nodes[index].2 == addr {
                 return Ok(JoinResponse { node: index as u32 });
             }
@@ -893,10 +901,13 @@ mod tests {
         service.join(join("t0", false, 5)).unwrap();
         feed.try_recv().unwrap();
         directory.lock().remove("t0");
-        assert!(matches!(
-            service.join(join("t0", false, 6)),
-            Err(AdminError::Validate(m)) if m.contains("another address")
-        ));
+        for port in [5, 6] {
+            assert!(matches!(
+                service.join(join("t0", false, port)),
+                Err(AdminError::Validate(m)) if m.contains("already left")
+            ));
+        }
+        assert!(feed.try_recv().is_err());
         // A reliable node may leave while another stays; then the other is the last one.
         assert!(service.notice(notice("r0")).unwrap().new);
         assert!(matches!(
