@@ -391,6 +391,10 @@ struct Controller<'a> {
     next_id: NodeId,
     /// Left or failed nodes (a later notice for them is a harmless duplicate).
     departed: BTreeSet<String>,
+    /// Notices for reliable nodes refused because no other reliable node stayed, with their
+    /// deadlines: tried again at every boundary, so the node leaves once another one joined
+    /// (a replacement) instead of dying at its deadline.
+    deferred: BTreeMap<String, Instant>,
     /// Authoritative partition images at `clock` (shared with `backup` after a copy, so taking
     /// the copy costs no second clone).
     images: Arc<Vec<PartitionImage>>,
@@ -612,17 +616,19 @@ impl<'a> Controller<'a> {
             ElasticEvent::Notice { names, lead } => {
                 // The migration happens now, at the boundary; a deadline already past means the
                 // nodes are gone before their state could move.
-                let late = received + *lead <= Instant::now();
+                let deadline = received + *lead;
                 for name in names {
-                    match self.remove_member(name) {
-                        Ok(Some((id, served))) => {
-                            self.count_event(if late { "late_notice" } else { "notice" });
-                            if late && served {
-                                lost.push(id);
+                    match self.leave(name, deadline) {
+                        Ok(Some(id)) => lost.push(id),
+                        Ok(None) => {}
+                        Err(reason) => {
+                            let reliable =
+                                self.members.iter().any(|m| m.reliable && &m.name == name);
+                            if reliable {
+                                self.deferred.insert(name.clone(), deadline);
                             }
+                            self.reject(reason);
                         }
-                        Ok(None) => tracing::info!(node = %name, "duplicate notice ignored"),
-                        Err(reason) => self.reject(reason),
                     }
                 }
             }
@@ -643,6 +649,45 @@ impl<'a> Controller<'a> {
             }
         }
         lost
+    }
+
+    /// Node `name` leaves on a notice with `deadline`: the lost node if the deadline passed
+    /// before its partitions could move, `None` otherwise (or if it already left).
+    fn leave(&mut self, name: &str, deadline: Instant) -> Result<Option<NodeId>, String> {
+        let late = deadline <= Instant::now();
+        match self.remove_member(name)? {
+            Some((id, served)) => {
+                self.count_event(if late { "late_notice" } else { "notice" });
+                Ok((late && served).then_some(id))
+            }
+            None => {
+                tracing::info!(node = %name, "duplicate notice ignored");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Notices deferred because their reliable node was the last one, tried again (quietly:
+    /// each was reported when refused); returns the lost nodes and whether any was applied.
+    fn retry_deferred(&mut self) -> (Vec<NodeId>, bool) {
+        let mut lost = Vec::new();
+        let mut applied = false;
+        for (name, deadline) in std::mem::take(&mut self.deferred) {
+            if !self.members.iter().any(|m| m.name == name) {
+                continue;
+            }
+            match self.leave(&name, deadline) {
+                Ok(gone) => {
+                    tracing::info!(node = %name, "a deferred notice applies: another reliable node joined");
+                    applied = true;
+                    lost.extend(gone);
+                }
+                Err(_) => {
+                    self.deferred.insert(name, deadline);
+                }
+            }
+        }
+        (lost, applied)
     }
 
     /// Copies the ActivePSs' state to the BackupPSs (or, in stage 1, records the ParamServs'
@@ -1544,6 +1589,7 @@ fn run_controller<A: App>(
         members: Vec::new(),
         next_id: 0,
         departed: BTreeSet::new(),
+        deferred: BTreeMap::new(),
         backup: images.clone(),
         images,
         clock: start_clock,
@@ -1623,6 +1669,13 @@ fn run_controller<A: App>(
                 lost.extend(controller.apply(event, *received));
                 if matches!(event, ElasticEvent::Notice { .. }) && pending_notice.is_none() {
                     pending_notice = Some(*received);
+                }
+            }
+            if !controller.deferred.is_empty() {
+                let (gone, applied) = controller.retry_deferred();
+                lost.extend(gone);
+                if applied && pending_notice.is_none() {
+                    pending_notice = Some(Instant::now());
                 }
             }
             if controller.stopped {

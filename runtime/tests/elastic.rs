@@ -674,6 +674,48 @@ fn reliable_nodes_fail_leave_and_are_replaced_under_their_names() {
     }
 }
 
+/// Both reliable nodes get a notice at once (a drain of their nodes): one leaves, the other is
+/// then the last and its notice is refused, but kept: once a replacement joins, the deferred
+/// notice applies and it hands its partitions over instead of dying at its deadline.
+#[test]
+fn a_refused_notice_of_the_last_reliable_node_applies_once_a_replacement_joins() {
+    let events = [
+        at(4, notice(&["od-0", "od-1"])),
+        at(
+            8,
+            ElasticEvent::JoinReliable {
+                names: names(&["od-0"]),
+            },
+        ),
+    ];
+    for staleness in [0, 2] {
+        let app = exact(staleness, CLOCKS);
+        let metrics = RuntimeMetrics::unregistered();
+        let mut config = config(staleness, CLOCKS, &["s-0"]);
+        config.reliable = names(&["od-0", "od-1"]);
+        let report = run_elastic(&app, &config, &events, &metrics).unwrap();
+        assert_exact(&report, staleness);
+        assert_eq!(report.events.get("notice"), Some(&2), "{:?}", report.events);
+        assert_eq!(
+            report.rejected.len(),
+            1,
+            "refused once: {:?}",
+            report.rejected
+        );
+        assert_eq!(report.rollbacks, 0, "handed over, not lost");
+        let last = report.segments.last().unwrap();
+        assert_eq!(last.reliable_nodes, 1, "only the replacement: {last:?}");
+        assert!(
+            report
+                .segments
+                .iter()
+                .any(|s| s.first_clock == 8 && s.partitions_moved > 0),
+            "od-1 handed over at the replacement's boundary: {:?}",
+            report.segments
+        );
+    }
+}
+
 #[test]
 fn a_stop_event_ends_the_run_at_a_boundary_with_partial_results() {
     let clocks = 400;
