@@ -600,6 +600,13 @@ fn a_storm_of_events_faster_than_boundaries_does_not_stop_training() {
     );
 }
 
+/// The exact app with reliable nodes od-0 and od-1 and transient node s-0.
+fn two_reliable(staleness: u64) -> (ExactApp, ElasticConfig) {
+    let mut config = config(staleness, CLOCKS, &["s-0"]);
+    config.reliable = names(&["od-0", "od-1"]);
+    (exact(staleness, CLOCKS), config)
+}
+
 /// Reliable nodes fail and leave too (a crashed on-demand pod, a drained node): while another
 /// reliable node stays, a failed one rolls the run back and its partitions are served by the
 /// others, one with notice hands its partitions over, and a replacement under the same name
@@ -618,10 +625,8 @@ fn reliable_nodes_fail_leave_and_are_replaced_under_their_names() {
         at(20, rejoin(&["od-1"])),
     ];
     for staleness in [0, 2] {
-        let app = exact(staleness, CLOCKS);
+        let (app, config) = two_reliable(staleness);
         let metrics = RuntimeMetrics::unregistered();
-        let mut config = config(staleness, CLOCKS, &["s-0"]);
-        config.reliable = names(&["od-0", "od-1"]);
         let report = run_elastic(&app, &config, &events, &metrics).unwrap();
         assert_exact(&report, staleness);
         assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
@@ -689,10 +694,8 @@ fn a_refused_notice_of_the_last_reliable_node_applies_once_a_replacement_joins()
         ),
     ];
     for staleness in [0, 2] {
-        let app = exact(staleness, CLOCKS);
+        let (app, config) = two_reliable(staleness);
         let metrics = RuntimeMetrics::unregistered();
-        let mut config = config(staleness, CLOCKS, &["s-0"]);
-        config.reliable = names(&["od-0", "od-1"]);
         let report = run_elastic(&app, &config, &events, &metrics).unwrap();
         assert_exact(&report, staleness);
         assert_eq!(report.events.get("notice"), Some(&2), "{:?}", report.events);
