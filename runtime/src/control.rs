@@ -1210,6 +1210,11 @@ pub struct ProcessFleet {
     /// The largest partition image seen (placed or copied): the frame size pre-opened
     /// connections are warmed for.
     largest_image_bytes: usize,
+    /// The last segment's bystanders ([`SegmentSpec::bystanders`]): they host nothing, so
+    /// reading the partitions' clocks and images does not ask them.
+    bystanders: BTreeSet<NodeId>,
+    /// Bystanders lost in the last segment, not reported yet ([`Fleet::departed`]).
+    departed: Vec<NodeId>,
 }
 
 /// A node's part of a background copy: per partition its image, whole (`None`) or a
@@ -1416,6 +1421,8 @@ impl ProcessFleet {
             salvage: None,
             opening: BTreeMap::new(),
             largest_image_bytes: 0,
+            bystanders: BTreeSet::new(),
+            departed: Vec::new(),
         }
     }
 
@@ -1683,6 +1690,15 @@ impl ProcessFleet {
 }
 
 impl ProcessFleet {
+    /// The members that may host partitions: all but the last segment's bystanders.
+    fn hosting_nodes(&self) -> Vec<NodeId> {
+        self.links
+            .keys()
+            .copied()
+            .filter(|n| !self.bystanders.contains(n))
+            .collect()
+    }
+
     /// Node `name` at `addr` is no member any more: its heartbeats are no longer watched, then
     /// its name leaves the directory (in this order: a replacement may join as soon as the name
     /// is gone, and its heartbeat record must not be forgotten after it joined), unless a
@@ -1948,6 +1964,15 @@ impl Fleet for ProcessFleet {
         interrupt: &Interrupt,
     ) -> Result<SegmentOutcome, FleetError> {
         self.salvage = None;
+        // Joined nodes still being prepared get the order (their standby shards) but hold
+        // nothing: losing one must not fail the segment (it is reported, and fails without a
+        // rollback), so they take no part in its copies and their answers are not awaited.
+        self.bystanders = spec
+            .bystanders
+            .iter()
+            .copied()
+            .filter(|n| self.links.contains_key(n))
+            .collect();
         let copy_clocks: &[u64] = if self.background_copies {
             &spec.backup_clocks
         } else {
@@ -1988,12 +2013,30 @@ impl Fleet for ProcessFleet {
                 carried: spec.carried,
                 backup_clocks: copy_clocks.to_vec(),
             };
-            if let Err(error) = self.request(node, &ControlRequest::Segment(order), &[]) {
-                // The others may have started: stop them before reporting.
-                self.abandon_all();
-                return Err(error);
+            match self.request(node, &ControlRequest::Segment(order), &[]) {
+                Err(FleetError::Lost { reason, .. }) if self.bystanders.contains(&node) => {
+                    tracing::warn!(node, %reason, "a node being prepared was lost");
+                    self.departed.push(node);
+                }
+                Err(error) => {
+                    // The others may have started: stop them before reporting.
+                    self.abandon_all();
+                    return Err(error);
+                }
+                Ok(_) => {}
             }
         }
+        // The nodes that took the order; of those, the ones the segment depends on.
+        let addrs: Vec<(NodeId, SocketAddr)> = addrs
+            .into_iter()
+            .filter(|(n, _)| !self.departed.contains(n))
+            .collect();
+        let participants: Vec<(NodeId, SocketAddr)> = addrs
+            .iter()
+            .copied()
+            .filter(|(n, _)| !self.bystanders.contains(n))
+            .collect();
+        let quiet: Mutex<Vec<NodeId>> = Mutex::new(Vec::new());
         let lost: Mutex<Vec<(NodeId, String)>> = Mutex::new(Vec::new());
         let agreed: Mutex<Option<u64>> = Mutex::new(None);
         let copies = Mutex::new(CopySets {
@@ -2001,12 +2044,17 @@ impl Fleet for ProcessFleet {
             ..CopySets::over(spec.held_backup.clone())
         });
         let shape = (
-            addrs.len(),
+            participants.len(),
             spec.map.num_partitions() as usize,
             self.workers as usize,
         );
         let this = &*self;
         let abort = |node: NodeId, reason: String| {
+            if this.bystanders.contains(&node) {
+                tracing::warn!(node, %reason, "a node being prepared was lost");
+                quiet.lock().push(node);
+                return;
+            }
             let mut lost = lost.lock();
             let first = lost.is_empty();
             lost.push((node, reason));
@@ -2052,7 +2100,7 @@ impl Fleet for ProcessFleet {
                 // Background BackupPS copies: every node's part of each copy, while the
                 // workers go on; a copy is complete once every node sent its part.
                 if !copy_clocks.is_empty() {
-                    for &(node, addr) in &addrs {
+                    for &(node, addr) in &participants {
                         let (copies, lost) = (&copies, &lost);
                         scope.spawn(move || {
                             this.copy_in_background(node, addr, copy_clocks, copies, shape, || {
@@ -2085,6 +2133,8 @@ impl Fleet for ProcessFleet {
                 results
             });
         let lost = lost.into_inner();
+        let quiet = quiet.into_inner();
+        self.departed.extend(quiet.iter().copied());
         let latest = copies.into_inner().latest;
         if !lost.is_empty() {
             // What the failed segment copied before it failed is where the run rolls back to.
@@ -2102,6 +2152,9 @@ impl Fleet for ProcessFleet {
         let mut started = ShardLoads::default();
         let mut end = agreed.into_inner().unwrap_or(spec.end);
         for (node, outcome) in results {
+            if quiet.contains(&node) {
+                continue;
+            }
             match outcome? {
                 ControlResponse::Finished {
                     end: node_end,
@@ -2173,7 +2226,7 @@ impl Fleet for ProcessFleet {
     }
 
     fn visible_clocks(&mut self) -> Result<Vec<(PartitionId, u64)>, FleetError> {
-        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        let nodes = self.hosting_nodes();
         let mut clocks = Vec::new();
         for node in nodes {
             if let (ControlResponse::Clocks { clocks: these }, _) =
@@ -2186,7 +2239,7 @@ impl Fleet for ProcessFleet {
     }
 
     fn images(&mut self) -> Result<Vec<PartitionImage>, FleetError> {
-        let nodes: Vec<NodeId> = self.links.keys().copied().collect();
+        let nodes = self.hosting_nodes();
         let mut images = Vec::new();
         for node in nodes {
             let (_, payload) = self.request(node, &ControlRequest::Copy, &[])?;
@@ -2203,6 +2256,10 @@ impl Fleet for ProcessFleet {
 
     fn salvage(&mut self) -> Option<Salvage> {
         self.salvage.take()
+    }
+
+    fn departed(&mut self) -> Vec<NodeId> {
+        std::mem::take(&mut self.departed)
     }
 
     fn finish(&mut self) {

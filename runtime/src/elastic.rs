@@ -813,6 +813,10 @@ pub struct SegmentSpec {
     /// partition's image): a fleet whose background copies are coalesced deltas applies the
     /// first of them to it.
     pub held_backup: Option<(u64, Arc<Vec<PartitionImage>>)>,
+    /// Joined members not in this segment's layout (still being prepared): they serve no
+    /// partition and run no worker, so a fleet that loses one mid-segment reports it
+    /// ([`Fleet::departed`]) instead of failing the segment.
+    pub bystanders: Vec<NodeId>,
 }
 
 /// What a segment did: where it ended and, per logical worker, its report.
@@ -918,6 +922,11 @@ pub trait Fleet {
     /// background copy that segment took before it failed, if the fleet keeps one.
     fn salvage(&mut self) -> Option<Salvage> {
         None
+    }
+    /// Bystanders ([`SegmentSpec::bystanders`]) lost in the last segment without failing it;
+    /// each is reported once. Their failure costs no rollback: they held nothing.
+    fn departed(&mut self) -> Vec<NodeId> {
+        Vec::new()
     }
     /// Runs one segment; `interrupt` ends it early at a clock boundary.
     fn run_segment(
@@ -1721,7 +1730,7 @@ fn run_controller<A: App>(
             if !lost.is_empty() || forced {
                 roll_back_everywhere(&mut controller, fleet, &mut location, &mut pending_notice);
             }
-            match run_boundary(
+            let outcome = run_boundary(
                 config,
                 &mut controller,
                 fleet,
@@ -1732,7 +1741,15 @@ fn run_controller<A: App>(
                 events,
                 &done,
                 arrivals,
-            ) {
+            );
+            // Joined nodes lost while being prepared held nothing: they fail at the next
+            // boundary without a rollback (a segment that failed for another node still does).
+            let departed = names_of(&fleet.departed(), &admitted);
+            if !departed.is_empty() {
+                tracing::warn!(nodes = ?departed, "nodes lost while being prepared");
+                arrived.push((ElasticEvent::Fail { names: departed }, Instant::now()));
+            }
+            match outcome {
                 Ok(()) => lost_in_a_row = 0,
                 Err(FleetError::Lost { nodes, reason }) => {
                     tracing::warn!(?nodes, %reason, "nodes lost: rolling back at the next boundary");
@@ -2143,6 +2160,12 @@ fn run_boundary(
         carried,
         backup_clocks,
         held_backup: Some((controller.backup_clock, controller.backup.clone())),
+        bystanders: controller
+            .members
+            .iter()
+            .filter(|m| !m.ready && admitted.contains_key(&m.id))
+            .map(|m| m.id)
+            .collect(),
     };
     let interrupt = &arrivals.interrupt;
     interrupt.reset();

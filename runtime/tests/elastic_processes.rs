@@ -1093,3 +1093,60 @@ fn a_sigterm_while_joining_is_a_notice_once_joined() {
     let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(10));
     assert!(exit.success(), "{exit:?} {stderr}");
 }
+
+/// A joined node still being prepared serves nothing and runs no worker: killed at the moment
+/// another node's notice ends the segment (a bulk eviction), it fails without a rollback, and
+/// the notice hands over as it would alone. Before, the segment's pause reached the dead node,
+/// every node abandoned its state, and the run rolled back to its last copy.
+#[test]
+fn a_node_lost_while_being_prepared_costs_no_rollback() {
+    let job = Job::dense(700);
+    let registry = prometheus::Registry::new();
+    // Copies every 100 clocks: a segment with a node being prepared runs 1.5 s, and the node is
+    // switched in only at its end.
+    let (url, coordinator) = coordinator_with(
+        &job,
+        1,
+        100,
+        HeartbeatConfig::default().timeout,
+        registry.clone(),
+    );
+    let joins = || counter(&registry, "ebbflow_runtime_elastic_events_total", "join");
+    let mut r0 = node(&job, &url, "r0", false, 30);
+    let mut t0 = node(&job, &url, "t0", true, 30);
+    wait_for(&url, "t0 switched in", |s| {
+        transient(s) == 1 && clock(s) > 0
+    });
+    let joined_before = joins();
+    let mut t1 = node(&job, &url, "t1", true, 30);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while joins() == joined_before {
+        assert!(Instant::now() < deadline, "t1's join was never applied");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // t1 is admitted and being prepared; its cohort is switched in only at the segment's end.
+    signal(&t1, "KILL");
+    signal(&t0, "TERM");
+    let (exit, _) = wait_exit(&mut t1, Duration::from_secs(5));
+    assert!(!exit.success());
+    let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(20));
+    assert!(exit.success(), "t0 released cleanly: {exit:?} {stderr}");
+
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_exact(&report);
+    assert_eq!(
+        report.rollbacks, 0,
+        "{:?} {:?}",
+        report.events, report.rejected
+    );
+    assert_eq!(report.clocks_redone, 0);
+    assert_eq!(report.events.get("fail"), Some(&1), "{:?}", report.events);
+    assert_eq!(report.events.get("notice"), Some(&1), "{:?}", report.events);
+    assert!(
+        report.segments.iter().all(|s| s.transient_nodes <= 1),
+        "t1 was never switched in: {:?}",
+        report.segments
+    );
+    let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(10));
+    assert!(exit.success(), "{exit:?} {stderr}");
+}
