@@ -365,19 +365,23 @@ pub struct ElasticReport {
     pub run: RunReport,
     /// Segments in order.
     pub segments: Vec<SegmentRecord>,
-    /// Partitions that changed owner (migrations, flushes and restores).
+    /// Partitions placed after the first layout: migrations, flushes and restores from the
+    /// BackupPS copy, each placement counted once.
     pub partitions_migrated: u64,
     /// Rollbacks to the BackupPS copy.
     pub rollbacks: u64,
-    /// Clocks redone after rollbacks.
+    /// Clocks redone after rollbacks: those between the copy a rollback restores and the last
+    /// boundary the run had reached. A failed segment's own clocks past its last complete copy
+    /// never completed, so they are not counted.
     pub clocks_redone: u64,
     /// Events applied, by kind (`join`, `notice`, `late_notice`, `fail`).
     pub events: BTreeMap<&'static str, u64>,
     /// Events (or names within them) refused, with the reason (unknown or reliable node,
     /// duplicate join): the run goes on.
     pub rejected: Vec<String>,
-    /// Per graceful notice: seconds from its arrival until every affected partition was safe
-    /// on its new owner.
+    /// Per boundary that applied a graceful notice in time: seconds from the first such
+    /// notice's arrival until every affected partition was safe on its new owner (refused and
+    /// late notices are not counted).
     pub notice_to_safe_seconds: Vec<f64>,
     /// Clocks completed when a stop event ended the run early (`None`: it ran every clock).
     pub stopped_at: Option<u64>,
@@ -717,9 +721,6 @@ impl<'a> Controller<'a> {
             for entry in &mut layout.partitions {
                 entry.epoch += 1;
             }
-            let restored = layout.partitions.len() as u64;
-            self.report.partitions_migrated += restored;
-            self.metrics.partitions_migrated.inc_by(restored);
         }
     }
 }
@@ -1675,8 +1676,13 @@ fn run_controller<A: App>(
             due.append(&mut arrivals.queued.lock());
             let mut lost = Vec::new();
             for (event, received) in &due {
+                // Only a notice applied in time hands partitions over: a refused or late one
+                // (a rollback) is no notice-to-safe time.
+                let in_time = controller.report.events.get("notice").copied();
                 lost.extend(controller.apply(event, *received));
-                if matches!(event, ElasticEvent::Notice { .. }) && pending_notice.is_none() {
+                if controller.report.events.get("notice").copied() != in_time
+                    && pending_notice.is_none()
+                {
                     pending_notice = Some(*received);
                 }
             }
@@ -2102,10 +2108,14 @@ fn run_boundary(
     // owner (from its old one, or from the controller's copy after a rollback).
     let segment_start = Instant::now();
     let carried = location.iter().all(Option::is_some);
+    // Every placement after the first layout is a migration, a flush or a restore, counted once
+    // here (a rollback's restores used to count again when the next layout moved them).
+    let mut placed = 0u64;
     for (p, target) in layout.partitions.iter().enumerate() {
         if location[p] == Some((target.owner, target.epoch)) {
             continue;
         }
+        placed += 1;
         let from = location[p].map(|(node, _)| node);
         controller.epochs[p] = controller.epochs[p].max(target.epoch);
         fleet.place(
@@ -2117,8 +2127,10 @@ fn run_boundary(
         )?;
         location[p] = Some((target.owner, target.epoch));
     }
-    controller.report.partitions_migrated += u64::from(moved);
-    metrics.partitions_migrated.inc_by(u64::from(moved));
+    if controller.layout.is_some() {
+        controller.report.partitions_migrated += placed;
+        metrics.partitions_migrated.inc_by(placed);
+    }
     // Nodes that serve nothing now host nothing; departed ones are let go.
     let owners: BTreeSet<NodeId> = layout.partitions.iter().map(|e| e.owner).collect();
     fleet.retire_idle(&owners);

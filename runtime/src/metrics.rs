@@ -128,7 +128,7 @@ impl RuntimeMetrics {
             )?,
             partitions_migrated: IntCounter::new(
                 "ebbflow_runtime_partitions_migrated_total",
-                "partitions that changed owner",
+                "partitions placed after the first layout (migrations, flushes, restores)",
             )?,
             rollbacks: IntCounter::new(
                 "ebbflow_runtime_rollbacks_total",

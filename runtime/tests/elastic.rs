@@ -221,6 +221,11 @@ fn partial_eviction_with_notice_moves_partitions_to_survivors() {
         assert!(after.partitions_moved > 0);
         assert_eq!(report.rollbacks, 0, "a notice in time loses nothing");
         assert_eq!(report.notice_to_safe_seconds.len(), 1);
+        assert_eq!(
+            report.partitions_migrated,
+            u64::from(after.partitions_moved),
+            "only s-0's partitions moved"
+        );
     }
 }
 
@@ -253,6 +258,10 @@ fn failure_without_notice_rolls_back_to_the_backups() {
         assert_eq!(report.rollbacks, 1);
         assert_eq!(report.clocks_redone, 1);
         assert!(report.segments.iter().any(|s| s.first_clock == 9));
+        assert_eq!(
+            report.partitions_migrated, 8,
+            "each partition restored once, counted once"
+        );
     }
 }
 
@@ -286,6 +295,12 @@ fn a_notice_too_late_is_a_failure() {
         assert_eq!(report.rollbacks, 1);
         assert_eq!(report.events["late_notice"], 1);
         assert_eq!(report.clocks_redone, 2, "the last copy was at clock 9");
+        assert!(
+            report.notice_to_safe_seconds.is_empty(),
+            "a late notice is no hand-over: {:?}",
+            report.notice_to_safe_seconds
+        );
+        assert_eq!(report.partitions_migrated, 8);
     }
 }
 
@@ -312,6 +327,12 @@ fn bad_events_are_refused_and_the_run_goes_on() {
         assert_eq!(
             report.events["notice"], 1,
             "the duplicate notice is ignored"
+        );
+        assert_eq!(
+            report.notice_to_safe_seconds.len(),
+            1,
+            "refused notices hand nothing over: {:?}",
+            report.notice_to_safe_seconds
         );
     }
     let app = exact(0, CLOCKS);
