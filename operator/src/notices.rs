@@ -92,6 +92,14 @@ impl NoticeSource {
         }
     }
 
+    /// Whether a notice from this source says something about its pool's capacity (the provider
+    /// or the cluster taking instances back, or warning that it will): not the operator's own
+    /// release, nor a user deleting a pod. Only these make a pool look unsafe to the capacity
+    /// planner and count as evictions for the application model.
+    pub fn is_capacity_signal(self) -> bool {
+        !matches!(self, Self::ScaleDown | Self::PodDeletion)
+    }
+
     /// Every source, in declaration order.
     pub const ALL: [Self; 10] = [
         Self::AwsNodeTerminationHandler,

@@ -323,13 +323,27 @@ fn a_crashed_reliable_pod_recreated_under_its_name_rejoins_the_job() {
     let logs = tempfile::tempdir().unwrap();
     let admin = free_port();
     let admin_api = Admin::new(admin);
-    let mut processes: Vec<PodProcess> = pods
-        .iter()
-        .map(|pod| start(pod, &token, admin, logs.path()))
-        .collect();
     let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
         admin_api.wait(what, Duration::from_secs(60), ready)
     };
+    // The spot pods join before the second reliable one, so training (which waits for the
+    // reliable tier only) starts with all four: a job that finished before a slow process
+    // joined (a loaded CI machine) failed this test.
+    let joined_by_name = |s: &serde_json::Value, name: &str| {
+        s["nodes"]
+            .as_array()
+            .is_some_and(|nodes| nodes.iter().any(|n| n["name"] == name))
+    };
+    let mut processes: Vec<PodProcess> = vec![start(&pods[0], &token, admin, logs.path())];
+    processes.extend(
+        pods[2..]
+            .iter()
+            .map(|pod| start(pod, &token, admin, logs.path())),
+    );
+    status("the spot pods joined", &|s| {
+        joined_by_name(s, "mf-t-0") && joined_by_name(s, "mf-t-1")
+    });
+    processes.insert(1, start(&pods[1], &token, admin, logs.path()));
     let joined = status("every pod", &|s| reliable(s) == 2 && transient(s) == 2);
     let at = clock(&joined);
     status("training", &|s| clock(s) >= at + 10);

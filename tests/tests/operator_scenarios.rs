@@ -461,7 +461,8 @@ async fn a_crashing_spot_pod_is_warned_about_and_replaced_after_its_backoff() ->
     })
     .await?;
     assert!(
-        note.contains(&spot_name) && note.contains("loading shard 3: out of memory"),
+        note.contains(&spot_name)
+            && note.contains("exit code 137 (OOMKilled): loading shard 3: out of memory"),
         "{note}"
     );
     poll_until("status.nodeFailures 1", Duration::from_secs(30), || async {

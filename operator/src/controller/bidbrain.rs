@@ -688,6 +688,7 @@ mod tests {
             alive: &alive,
             launched: &launched,
             pools_under_notice: &BTreeSet::new(),
+            failed: &BTreeMap::new(),
             coordinator: None,
             now: now.parse().unwrap(),
         })
@@ -932,6 +933,7 @@ mod tests {
                 alive: &alive,
                 launched: &launched,
                 pools_under_notice: &noticed,
+                failed: &BTreeMap::new(),
                 coordinator: None,
                 now: "2026-11-23T10:04:00Z".parse().unwrap(),
             };
@@ -1076,11 +1078,13 @@ mod tests {
         let alive = BTreeMap::new();
         let launched = BTreeMap::new();
         let noticed = BTreeSet::new();
+        let failed = BTreeMap::new();
         let view = |now: &str| CapacityView {
             job: &job,
             alive: &alive,
             launched: &launched,
             pools_under_notice: &noticed,
+            failed: &failed,
             coordinator: None,
             now: now.parse().unwrap(),
         };

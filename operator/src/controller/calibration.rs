@@ -54,6 +54,8 @@ pub struct JobCalibration {
     alive: BTreeMap<PoolKey, u32>,
     /// Pools under notice at the last sample.
     noticed: BTreeSet<PoolKey>,
+    /// Transient pods per pool failed by themselves at the last sample.
+    failed: BTreeMap<PoolKey, u32>,
     /// Events not yet given to the probe (no coordinator report since).
     events: Vec<ProbeEvent>,
     next_id: u64,
@@ -81,6 +83,7 @@ impl JobCalibration {
             releasing: BTreeMap::new(),
             alive: BTreeMap::new(),
             noticed: BTreeSet::new(),
+            failed: BTreeMap::new(),
             events: Vec::new(),
             next_id: 0,
             started: false,
@@ -206,6 +209,11 @@ impl JobCalibration {
             let before = self.alive.get(&pool).copied().unwrap_or(0);
             let now = view.alive.get(&pool).copied().unwrap_or(0);
             let mut gone = before.saturating_sub(now);
+            // pods that failed by themselves since (a crash, an OOMKill) are not the market's
+            // doing: no eviction for the application model
+            let failed_before = self.failed.get(&pool).copied().unwrap_or(0);
+            let failed_now = view.failed.get(&pool).copied().unwrap_or(0);
+            gone -= gone.min(failed_now.saturating_sub(failed_before));
             let releasing = self.releasing.entry(pool.clone()).or_default();
             let released = gone.min(*releasing);
             *releasing -= released;
@@ -233,6 +241,7 @@ impl JobCalibration {
         self.releasing.retain(|_, count| *count > 0);
         self.held.retain(|_, held| !held.is_empty());
         self.alive = view.alive.clone();
+        self.failed = view.failed.clone();
     }
 
     /// Takes the decision's pool counts: raises become acquisitions dated at the last sample,
@@ -321,6 +330,7 @@ mod tests {
         now: Timestamp,
         alive: BTreeMap<PoolKey, u32>,
         noticed: BTreeSet<PoolKey>,
+        failed: BTreeMap<PoolKey, u32>,
         report: CoordinatorStatus,
         reachable: bool,
         measured: Vec<Measurement>,
@@ -335,6 +345,7 @@ mod tests {
                 now: created,
                 alive: BTreeMap::new(),
                 noticed: BTreeSet::new(),
+                failed: BTreeMap::new(),
                 report: CoordinatorStatus {
                     stage: Some(1),
                     iteration: Some(0),
@@ -358,6 +369,7 @@ mod tests {
                 alive: &self.alive,
                 launched: &BTreeMap::new(),
                 pools_under_notice: &self.noticed,
+                failed: &self.failed,
                 coordinator: self.reachable.then_some(&self.report),
                 now: self.now,
             };
@@ -366,6 +378,16 @@ mod tests {
             self.calibration
                 .decided(&decision.iter().cloned().collect::<BTreeMap<_, _>>());
             self
+        }
+
+        /// A job training with two pods in `pool` for two samples.
+        fn with_two_pods_in(pool: &PoolKey) -> Self {
+            let mut job = Self::new();
+            job.alive.insert(pool.clone(), 2);
+            job.report.transient_nodes = Some(2);
+            job.step(10, 5, &[(pool.clone(), 2)]);
+            job.step(10, 5, &[(pool.clone(), 2)]);
+            job
         }
 
         fn delays(&self) -> Vec<Measurement> {
@@ -475,12 +497,8 @@ mod tests {
 
     #[test]
     fn pods_lost_without_a_release_or_notice_are_evictions() {
-        let mut job = Job::new();
         let a = pool("us-east-1a");
-        job.alive.insert(a.clone(), 2);
-        job.report.transient_nodes = Some(2);
-        job.step(10, 5, &[(a.clone(), 2)]);
-        job.step(10, 5, &[(a.clone(), 2)]);
+        let mut job = Job::with_two_pods_in(&a);
         // one of two pods gone, unasked: the runtime rolls back and redoes 5 clocks in 30 s
         job.alive.insert(a.clone(), 1);
         job.report.transient_nodes = Some(1);
@@ -489,6 +507,31 @@ mod tests {
         job.step(10, 0, &[(a.clone(), 2)]);
         job.step(30, 6, &[(a.clone(), 2)]);
         assert_eq!(job.delays(), [Measurement::Eviction { seconds: 30.0 }]);
+    }
+
+    /// A pod that crashed (or was OOMKilled, or refused at admission) left for the runtime's
+    /// reasons: the operator replaces it, and the application model sees no eviction.
+    #[test]
+    fn pods_that_failed_by_themselves_are_no_evictions() {
+        let a = pool("us-east-1a");
+        let mut job = Job::with_two_pods_in(&a);
+        // one of the two pods crashed: listed as failed, no longer alive
+        job.alive.insert(a.clone(), 1);
+        job.failed.insert(a.clone(), 1);
+        job.report.transient_nodes = Some(1);
+        job.step(10, 5, &[(a.clone(), 2)]);
+        // it is deleted (replaced): no longer listed at all
+        job.failed.clear();
+        job.step(10, 5, &[(a.clone(), 2)]);
+        job.step(10, 5, &[(a.clone(), 2)]);
+        assert_eq!(job.calibration.counts().evictions, 0);
+        assert!(job.delays().is_empty(), "{:?}", job.delays());
+        // the same loss without the failure is an eviction
+        job.alive.insert(a.clone(), 0);
+        job.report.transient_nodes = Some(0);
+        job.step(10, 0, &[]);
+        job.step(30, 6, &[]);
+        assert_eq!(job.calibration.counts().evictions, 1);
     }
 
     #[test]

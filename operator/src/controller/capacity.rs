@@ -23,6 +23,10 @@ pub struct CapacityView<'a> {
     pub launched: &'a BTreeMap<PoolKey, Timestamp>,
     /// Pools with a pod under an eviction notice right now.
     pub pools_under_notice: &'a BTreeSet<PoolKey>,
+    /// Transient pods per pool that failed by themselves (a crash, an OOMKill, an admission
+    /// refusal) and are still listed: gone from `alive` for the runtime's reasons, not the
+    /// market's.
+    pub failed: &'a BTreeMap<PoolKey, u32>,
     /// The coordinator's last report, if reachable.
     pub coordinator: Option<&'a CoordinatorStatus>,
     /// Now.
@@ -132,6 +136,7 @@ mod tests {
             alive: &alive,
             launched: &BTreeMap::new(),
             pools_under_notice: &noticed,
+            failed: &BTreeMap::new(),
             coordinator: None,
             now: Timestamp::UNIX_EPOCH,
         })

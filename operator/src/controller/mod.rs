@@ -801,11 +801,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // the coordinator pod's failures in a row: each failed pod counted once, reset whenever the
     // coordinator answers; at the limit the job fails instead of replacing it again
-    let failed_coordinators: Vec<(String, String)> = observed
-        .pods
+    let failed_coordinators: Vec<(String, String)> = classified
         .iter()
         .filter_map(|pod| {
-            let id = pod.metadata.uid.clone().or(pod.metadata.name.clone())?;
+            let meta = &pod.pod.metadata;
+            let id = meta.uid.clone().or(meta.name.clone())?;
             Some((id, plan::coordinator_failure(pod)?))
         })
         .collect();
@@ -916,12 +916,14 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let alive = plan::alive_per_pool(&classified);
     let under_notice = plan::pools_under_notice(&classified);
     let launched = plan::oldest_per_pool(&classified);
+    let failed = plan::failed_per_pool(&classified);
     let decision = if activity == Activity::Run {
         ctx.capacity.decide(&CapacityView {
             job: &job,
             alive: &alive,
             launched: &launched,
             pools_under_notice: &under_notice,
+            failed: &failed,
             coordinator: match &coordinator {
                 CoordinatorObservation::Reported(report) => Some(report),
                 _ => None,

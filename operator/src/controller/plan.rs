@@ -345,26 +345,41 @@ pub fn pod_failure(pod: &Pod) -> Option<PodFailure> {
         .iter()
         .flatten()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref());
+    // The exit code and reason always lead (an OOMKill says so even when the termination
+    // message is the log's tail), then what the runtime printed.
     let message = match terminated {
-        Some(t) => t
-            .message
-            .clone()
-            .filter(|m| !m.trim().is_empty())
-            .map(|m| m.trim().to_owned())
-            .unwrap_or_else(|| {
-                format!(
-                    "exit code {}{}",
-                    t.exit_code,
-                    t.reason
-                        .as_deref()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default()
-                )
-            }),
-        None => status
-            .message
-            .clone()
-            .unwrap_or_else(|| "the pod failed".to_owned()),
+        Some(t) => {
+            let code = format!(
+                "exit code {}{}",
+                t.exit_code,
+                t.reason
+                    .as_deref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            );
+            match t
+                .message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+            {
+                Some(printed) => format!("{code}: {printed}"),
+                None => code,
+            }
+        }
+        None => {
+            let said = status
+                .message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty());
+            match (status.reason.as_deref(), said) {
+                (Some(reason), Some(said)) => format!("{reason}: {said}"),
+                (Some(reason), None) => reason.to_owned(),
+                (None, Some(said)) => said.to_owned(),
+                (None, None) => "the pod failed".to_owned(),
+            }
+        }
     };
     Some(PodFailure {
         message,
@@ -372,16 +387,44 @@ pub fn pod_failure(pod: &Pod) -> Option<PodFailure> {
     })
 }
 
-/// Why the job's coordinator pod failed, if it has.
-pub fn coordinator_failure(pod: &Pod) -> Option<String> {
-    if !is_coordinator(pod) {
+/// Why the job's coordinator pod failed, if its runtime failed by itself: its container ran and
+/// exited in error. Not a pod with a notice against it (a drain, a deletion), ended with its node
+/// or evicted by the kubelet for node pressure, nor one the kubelet refused at admission
+/// (`OutOfcpu`, `NodeAffinity`, `UnexpectedAdmissionError`: no container ran). Those are the
+/// cluster's doing: the pod is replaced, and they do not count toward the failures that end
+/// the job (three node shutdowns in a row failed a healthy job for good).
+pub fn coordinator_failure(pod: &ObservedPod<'_>) -> Option<String> {
+    if !is_coordinator(pod.pod) || ended_by_the_cluster(pod) || !runtime_ran(pod.pod) {
         return None;
     }
-    pod_failure(pod).map(|failure| failure.message)
+    pod_failure(pod.pod).map(|failure| failure.message)
 }
 
 /// Pod status reasons of a node's end, not the runtime's: a spot instance shut down or lost.
 const NODE_END_REASONS: [&str; 4] = ["NodeShutdown", "Shutdown", "Terminated", "NodeLost"];
+
+/// The kubelet's reason for a pod it evicted under node pressure.
+const EVICTED_REASON: &str = "Evicted";
+
+/// Whether `pod` ended by the cluster's doing: a notice against it, its node's end, or the
+/// kubelet's eviction under node pressure.
+fn ended_by_the_cluster(pod: &ObservedPod<'_>) -> bool {
+    let reason = pod.pod.status.as_ref().and_then(|s| s.reason.as_deref());
+    pod.notice.is_some()
+        || reason.is_some_and(|r| NODE_END_REASONS.contains(&r) || r == EVICTED_REASON)
+}
+
+/// Whether a container of `pod` ran and terminated (a pod refused at admission has none).
+fn runtime_ran(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|statuses| {
+            statuses
+                .iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+        })
+}
 
 /// Why a node pod (not the coordinator) failed, if it failed by itself: a crash, an error at
 /// startup, OOMKilled. Not a pod with a notice against it or whose node shut down or went away:
@@ -1189,6 +1232,20 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
 
 /// Pods the plan keeps that count towards each pool (alive transient pods), for the bidder's
 /// view and the status.
+pub fn failed_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
+    let mut counts = BTreeMap::new();
+    for pod in observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && node_failure(p).is_some())
+    {
+        *counts
+            .entry(pod.pool.clone().unwrap_or_default())
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Transient pods per pool that count towards the footprint ([`ObservedPod::alive`]).
 pub fn alive_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
     let mut counts = BTreeMap::new();
     for pod in observed
@@ -1224,11 +1281,14 @@ pub fn oldest_per_pool(
     oldest
 }
 
-/// Pools that have at least one pod under an eviction notice.
+/// Pools that have at least one pod under a notice about the pool's capacity
+/// ([`NoticeSource::is_capacity_signal`]): a user's `kubectl delete pod` or the operator's own
+/// release moved the whole transient tier of a Standard job to another pool before.
 pub fn pools_under_notice(observed: &[ObservedPod<'_>]) -> BTreeSet<PoolKey> {
     observed
         .iter()
-        .filter(|p| p.tier == Tier::Transient && p.notice.is_some())
+        .filter(|p| p.tier == Tier::Transient)
+        .filter(|p| p.notice.is_some_and(|n| n.source.is_capacity_signal()))
         .filter_map(|p| p.pool.clone())
         .collect()
 }

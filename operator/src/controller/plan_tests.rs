@@ -871,14 +871,14 @@ fn node_failures_are_crashes_not_spot_ends_nor_the_coordinator() {
         [(
             "mf-t-0",
             PodFailure {
-                message: "Error: no shard 3".to_owned(),
+                message: "exit code 1: Error: no shard 3".to_owned(),
                 at: Some("2026-01-01T00:02:00Z".parse().unwrap()),
             }
         )]
     );
     assert_eq!(
-        coordinator_failure(&pods[0]).as_deref(),
-        Some("Error: no shard 3")
+        coordinator_failure(&observed[0]).as_deref(),
+        Some("exit code 1: Error: no shard 3")
     );
 
     // held back: every node pod of a plan, not the coordinator's
@@ -892,6 +892,131 @@ fn node_failures_are_crashes_not_spot_ends_nor_the_coordinator() {
     let held = hold_node_pods(&mut plan.create);
     assert_eq!(names(&plan.create), ["mf-r-0"]);
     assert!(held >= 2, "{held}");
+}
+
+/// The coordinator's failures end the job after three in a row, so only its runtime's own
+/// count: not its node's end, the kubelet's eviction under node pressure, a notice against it,
+/// nor the kubelet refusing it at admission (no container ran). A node pod refused at admission
+/// is still a failure (its replacements wait out the backoff), named by the kubelet's reason.
+#[test]
+fn only_the_coordinators_own_failures_count_and_messages_name_the_exit() {
+    let with_status = |name: &str, status: serde_json::Value| {
+        let mut pod = existing(name, None, true, "2026-01-01T00:01:00Z");
+        pod.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(COORDINATOR_LABEL.to_owned(), "true".to_owned());
+        pod.status = serde_json::from_value(status).unwrap();
+        pod
+    };
+    let terminated = |reason: Option<&str>, exit: i32, message: &str| {
+        serde_json::json!({
+            "phase": "Failed",
+            "reason": reason,
+            "containerStatuses": [{
+                "name": "runtime", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "reason": "Error", "message": message}},
+            }],
+        })
+    };
+    let refused = serde_json::json!({
+        "phase": "Failed",
+        "reason": "OutOfcpu",
+        "message": "Pod was rejected: Node didn't have enough resource: cpu",
+    });
+    let coordinator = |status| {
+        let pods = [with_status("mf-r-0", status)];
+        let observed = observe_pods("mf", &pods, &[]);
+        coordinator_failure(&observed[0])
+    };
+    assert_eq!(
+        coordinator(terminated(None, 1, "Error: bad dataset\n")).as_deref(),
+        Some("exit code 1 (Error): Error: bad dataset")
+    );
+    for cluster in ["NodeShutdown", "Terminated", "Evicted"] {
+        assert_eq!(
+            coordinator(terminated(Some(cluster), 137, "")),
+            None,
+            "{cluster}"
+        );
+    }
+    assert_eq!(coordinator(refused.clone()), None, "no container ran");
+    // a notice against it (a drain): not its own failure either
+    let pods = [with_status("mf-r-0", terminated(None, 143, ""))];
+    let notices = [Notice {
+        pod: "mf-r-0".to_owned(),
+        node: None,
+        leaves_at: Timestamp::UNIX_EPOCH,
+        source: NoticeSource::PodDeletion,
+    }];
+    assert_eq!(
+        coordinator_failure(&observe_pods("mf", &pods, &notices)[0]),
+        None
+    );
+
+    // a node pod refused at admission is a failure, named by the kubelet
+    let mut node_pod = existing(
+        "mf-t-0",
+        Some(&spot("c5.xlarge", "us-east-1a")),
+        false,
+        "2026-01-01T00:01:00Z",
+    );
+    node_pod.status = serde_json::from_value(refused).unwrap();
+    let pods = [node_pod];
+    let observed = observe_pods("mf", &pods, &[]);
+    assert_eq!(
+        node_failure(&observed[0]).map(|f| f.message).as_deref(),
+        Some("OutOfcpu: Pod was rejected: Node didn't have enough resource: cpu")
+    );
+    // an OOMKill says so ahead of the log's tail
+    let mut oom = pods[0].clone();
+    oom.status = serde_json::from_value(serde_json::json!({
+        "phase": "Failed",
+        "containerStatuses": [{
+            "name": "runtime", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "loading shard 3"}},
+        }],
+    }))
+    .unwrap();
+    assert_eq!(
+        pod_failure(&oom).map(|f| f.message).as_deref(),
+        Some("exit code 137 (OOMKilled): loading shard 3")
+    );
+}
+
+/// Only notices about capacity mark a pool: a user deleting a pod, or the operator releasing
+/// one, says nothing about the market (before, either moved a Standard job's whole transient
+/// tier to another pool, and counted as an eviction for the application model).
+#[test]
+fn a_pool_is_under_notice_only_for_capacity_signals() {
+    let (a, b, c) = (
+        spot("c5.xlarge", "us-east-1a"),
+        spot("c5.xlarge", "us-east-1b"),
+        spot("c5.xlarge", "us-east-1c"),
+    );
+    let pods = [
+        existing("mf-t-0", Some(&a), true, "2026-01-01T00:01:00Z"),
+        existing("mf-t-1", Some(&b), true, "2026-01-01T00:01:00Z"),
+        existing("mf-t-2", Some(&c), true, "2026-01-01T00:01:00Z"),
+    ];
+    let notice = |pod: &str, source| Notice {
+        pod: pod.to_owned(),
+        node: None,
+        leaves_at: Timestamp::UNIX_EPOCH,
+        source,
+    };
+    let notices = [
+        notice("mf-t-0", NoticeSource::PodDeletion),
+        notice("mf-t-1", NoticeSource::ScaleDown),
+        notice("mf-t-2", NoticeSource::AwsNodeTerminationHandler),
+    ];
+    let observed = observe_pods("mf", &pods, &notices);
+    assert_eq!(pools_under_notice(&observed), BTreeSet::from([c]));
+    for source in NoticeSource::ALL {
+        let expected = !matches!(source, NoticeSource::PodDeletion | NoticeSource::ScaleDown);
+        assert_eq!(source.is_capacity_signal(), expected, "{source:?}");
+    }
 }
 
 #[test]

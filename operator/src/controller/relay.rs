@@ -900,8 +900,10 @@ pub(super) mod tests {
         let mut slim_failed = failed.clone();
         slim_pod(&mut slim_failed);
         assert_eq!(
-            plan::coordinator_failure(&slim_failed).as_deref(),
-            Some("Error: no shard 3")
+            plan::pod_failure(&slim_failed)
+                .map(|f| f.message)
+                .as_deref(),
+            Some("exit code 1: Error: no shard 3")
         );
         assert_eq!(plan::pod_failure(&slim_failed), plan::pod_failure(&failed));
         let mut node = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
