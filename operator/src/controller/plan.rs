@@ -324,6 +324,43 @@ pub fn pod_ready(pod: &Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
+/// How long a pod may wait for a node before the job's status says it cannot be scheduled
+/// (spot capacity a node autoscaler launches takes a minute or two).
+pub const UNSCHEDULABLE_AFTER_SECONDS: i64 = 300;
+
+/// If the scheduler has found no node for `pod` (condition PodScheduled False, reason
+/// Unschedulable) for at least [`UNSCHEDULABLE_AFTER_SECONDS`] by `now`: since when, and the
+/// scheduler's message.
+pub fn unschedulable_since(
+    pod: &Pod,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<(k8s_openapi::jiff::Timestamp, String)> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Pending") {
+        return None;
+    }
+    let scheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled")?;
+    if scheduled.status != "False" || scheduled.reason.as_deref() != Some("Unschedulable") {
+        return None;
+    }
+    let since = scheduled.last_transition_time.as_ref()?.0;
+    (now.as_second() - since.as_second() >= UNSCHEDULABLE_AFTER_SECONDS).then(|| {
+        (
+            since,
+            scheduled
+                .message
+                .clone()
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        )
+    })
+}
+
 /// A runtime pod that failed (phase Failed): why, and when.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodFailure {

@@ -62,6 +62,8 @@ pub mod reasons {
     pub const FINISHED: &str = "Finished";
     /// A node vanished without notice.
     pub const NODE_LOST: &str = "NodeLost";
+    /// Pods have waited for a node for minutes: the scheduler finds none that fits.
+    pub const PODS_UNSCHEDULABLE: &str = "PodsUnschedulable";
     /// Nothing is wrong.
     pub const AS_EXPECTED: &str = "AsExpected";
     /// The coordinator reported that training failed.
@@ -560,7 +562,35 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         .filter(|p| p.notice.is_some_and(|n| n.source == NoticeSource::NodeGone))
         .map(|p| p.name)
         .collect();
+    // Pods the scheduler has found no node for in minutes: named with the scheduler's reason,
+    // ahead of what follows from them (an unreachable coordinator whose pod never started).
+    let mut stuck: Vec<(&str, k8s_openapi::jiff::Timestamp, String)> = input
+        .pods
+        .iter()
+        .filter(|p| !p.deleting)
+        .filter_map(|p| {
+            let (since, why) = super::plan::unschedulable_since(p.pod, now)?;
+            Some((p.name, since, why))
+        })
+        .collect();
+    stuck.sort_by_key(|(name, since, _)| (*since, *name));
     match input.coordinator {
+        _ if !stuck.is_empty() => {
+            let (first, since, why) = &stuck[0];
+            let minutes = (now.as_second() - since.as_second()) / 60;
+            let others = match stuck.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            let message = format!("{first}{others} cannot be scheduled (for {minutes} min): {why}");
+            set(
+                &mut status,
+                conditions::DEGRADED,
+                true,
+                reasons::PODS_UNSCHEDULABLE,
+                &message,
+            );
+        }
         CoordinatorObservation::Unreachable(message) => {
             set(
                 &mut status,

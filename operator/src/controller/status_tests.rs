@@ -234,6 +234,51 @@ fn lost_node_degrades() {
     );
 }
 
+/// A pod the scheduler finds no node for is named in the Degraded condition once it has waited
+/// five minutes (spot capacity takes a minute or two to arrive), with the scheduler's reason.
+#[test]
+fn pods_that_cannot_be_scheduled_degrade_after_five_minutes() {
+    let unschedulable = |name: &str, since: i64| {
+        let mut pod = pod(name, false);
+        pod.status = serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                "lastTransitionTime": at(since).to_string(),
+            }],
+        }))
+        .unwrap();
+        pod
+    };
+    let pods = [
+        pod("mf-r-0", true),
+        unschedulable("mf-t-1", 100),
+        unschedulable("mf-t-0", 0),
+    ];
+    let observed = observe_pods("mf", &pods, &[]);
+    let early = compute(None, &observed, &reported(1, false), false, at(299));
+    assert_eq!(
+        condition(&early, conditions::DEGRADED),
+        ("False", reasons::AS_EXPECTED)
+    );
+    let late = compute(Some(&early), &observed, &reported(1, false), false, at(420));
+    assert_eq!(
+        condition(&late, conditions::DEGRADED),
+        ("True", reasons::PODS_UNSCHEDULABLE)
+    );
+    let message = &late.condition(conditions::DEGRADED).unwrap().message;
+    assert_eq!(
+        message,
+        "mf-t-0 and 1 more cannot be scheduled (for 7 min): 0/3 nodes are available: 3 Insufficient cpu."
+    );
+    assert_eq!(
+        late.phase,
+        Some(Phase::Running),
+        "training goes on without them"
+    );
+}
+
 #[test]
 fn suspend_and_resume() {
     let suspended = compute(None, &[], &CoordinatorObservation::NotQueried, true, at(0));
