@@ -42,6 +42,7 @@ fn decide(planner: &BidBrainPlanner, job: &TrainingJob, now: Timestamp) -> Capac
         alive: &BTreeMap::new(),
         launched: &BTreeMap::new(),
         pools_under_notice: &BTreeSet::new(),
+        failed: &BTreeMap::new(),
         coordinator: None,
         now,
     })

@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus::IntGauge;
+use prometheus::{IntCounter, IntGauge};
 use thiserror::Error;
 
 use crate::control::{decode_images, encode_images};
@@ -81,18 +81,54 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The bytes of job `job`'s checkpoint at `clock` holding `images`.
+fn encode_parts(job: &str, clock: u64, images: &[PartitionImage]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(job.len() as u32).to_le_bytes());
+    out.extend_from_slice(job.as_bytes());
+    out.extend_from_slice(&clock.to_le_bytes());
+    encode_images(images, &mut out);
+    let sum = fnv1a(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, synced, renamed over it,
+/// and the directory synced. On an error the temporary file is removed and `path` is as before.
+fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let written = (|| {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temporary, path)
+    })();
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(io(source));
+    }
+    // The rename is durable once the directory is synced (a bare file name is in `.`).
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io)
+}
+
 impl Checkpoint {
     /// The file's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&(self.job.len() as u32).to_le_bytes());
-        out.extend_from_slice(self.job.as_bytes());
-        out.extend_from_slice(&self.clock.to_le_bytes());
-        encode_images(&self.images, &mut out);
-        let sum = fnv1a(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out
+        encode_parts(&self.job, self.clock, &self.images)
     }
 
     /// Decodes the bytes of the file at `path` (named in errors).
@@ -125,27 +161,10 @@ impl Checkpoint {
         Ok(Self { job, clock, images })
     }
 
-    /// Writes the checkpoint to `path` atomically (temporary file, sync, rename).
+    /// Writes the checkpoint to `path` atomically (temporary file, sync, rename, directory
+    /// sync); on an error nothing is left behind and the old checkpoint stays.
     pub fn write_atomic(&self, path: &Path) -> Result<(), CheckpointError> {
-        let io = |source| CheckpointError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let mut temporary = path.as_os_str().to_owned();
-        temporary.push(".tmp");
-        let temporary = PathBuf::from(temporary);
-        let mut file = std::fs::File::create(&temporary).map_err(io)?;
-        file.write_all(&self.encode()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        drop(file);
-        std::fs::rename(&temporary, path).map_err(io)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            // The rename is durable once the directory is synced.
-            if let Ok(dir) = std::fs::File::open(dir) {
-                let _ = dir.sync_all();
-            }
-        }
-        Ok(())
+        write_bytes_atomic(path, &self.encode())
     }
 
     /// The checkpoint of job `job` at `path`: `None` if there is no file.
@@ -172,23 +191,31 @@ impl Checkpoint {
     }
 }
 
+/// A consistent copy: its clock and every partition's image, shared with the controller.
+type Copy = (u64, Arc<Vec<PartitionImage>>);
+
 /// What the writer last did.
 #[derive(Debug, Default)]
 struct Offered {
     /// When a checkpoint was last handed to the writing thread.
     at: Option<Instant>,
-    /// Its clock.
+    /// Its clock (while it is written, or once it is on disk).
     clock: u64,
-    /// The next copy offered is written whatever the interval says (the process is going).
+    /// The clock on disk.
+    on_disk: u64,
+    /// The process is going (SIGTERM): every newer copy is written at once.
     urgent: bool,
+    /// The newest copy the interval held back: written at once when the process is told to
+    /// stop, so a replacement resumes from it even if no copy follows.
+    held: Option<Copy>,
 }
 
 /// Writes a job's checkpoints on a thread of its own (see the module docs).
 pub struct CheckpointWriter {
     job: String,
     interval: Duration,
-    offered: Mutex<Offered>,
-    sender: Mutex<mpsc::Sender<Checkpoint>>,
+    offered: Arc<Mutex<Offered>>,
+    sender: Mutex<mpsc::Sender<Copy>>,
 }
 
 impl std::fmt::Debug for CheckpointWriter {
@@ -203,30 +230,54 @@ impl std::fmt::Debug for CheckpointWriter {
 impl CheckpointWriter {
     /// A writer of job `job`'s checkpoints to `path`, at most one per `interval`, over a
     /// checkpoint of clock `on_disk` already there (0: none; only later clocks are written);
-    /// `written` shows the clock of the last one on disk (`ebbflow_runtime_checkpoint_clock`).
+    /// `written` shows the clock of the last one on disk (`ebbflow_runtime_checkpoint_clock`),
+    /// `failures` counts writes that failed (`ebbflow_runtime_checkpoint_failures_total`). A
+    /// failed write is tried again with the next copy offered, whatever the interval.
     pub fn start(
         path: PathBuf,
         job: &str,
         interval: Duration,
         on_disk: u64,
-        written: IntGauge,
+        (written, failures): (IntGauge, IntCounter),
     ) -> Arc<Self> {
         written.set(on_disk as i64);
-        let (sender, receiver) = mpsc::channel::<Checkpoint>();
+        let offered = Arc::new(Mutex::new(Offered {
+            clock: on_disk,
+            on_disk,
+            ..Offered::default()
+        }));
+        let (sender, receiver) = mpsc::channel::<Copy>();
+        let (state, name) = (offered.clone(), job.to_owned());
         std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                while let Ok(mut checkpoint) = receiver.recv() {
+                while let Ok(mut copy) = receiver.recv() {
                     // Only the newest one queued matters.
                     while let Ok(newer) = receiver.try_recv() {
-                        checkpoint = newer;
+                        copy = newer;
                     }
-                    match checkpoint.write_atomic(&path) {
+                    let (clock, images) = &copy;
+                    match write_bytes_atomic(&path, &encode_parts(&name, *clock, images)) {
                         Ok(()) => {
-                            written.set(checkpoint.clock as i64);
-                            tracing::debug!(clock = checkpoint.clock, path = %path.display(), "checkpoint written");
+                            written.set(*clock as i64);
+                            let mut state = state.lock();
+                            state.on_disk = state.on_disk.max(*clock);
+                            tracing::debug!(clock, path = %path.display(), "checkpoint written");
                         }
-                        Err(error) => tracing::warn!(%error, "checkpoint not written"),
+                        Err(error) => {
+                            failures.inc();
+                            tracing::warn!(%error, clock, "checkpoint not written; the next copy tries again");
+                            // The next offer is due at once, and a stop writes this copy again
+                            // if nothing newer comes.
+                            let mut state = state.lock();
+                            if state.clock == *clock {
+                                state.clock = state.on_disk;
+                                state.at = None;
+                            }
+                            if state.held.as_ref().is_none_or(|(held, _)| held < clock) {
+                                state.held = Some(copy);
+                            }
+                        }
                     }
                 }
             })
@@ -234,37 +285,45 @@ impl CheckpointWriter {
         Arc::new(Self {
             job: job.to_owned(),
             interval,
-            offered: Mutex::new(Offered {
-                at: None,
-                clock: on_disk,
-                urgent: false,
-            }),
+            offered,
             sender: Mutex::new(sender),
         })
     }
 
-    /// The process was told to stop (SIGTERM): the next consistent copy is written at once, not
-    /// up to an interval later, so a replacement loses only the clocks since that copy.
+    /// The process was told to stop (SIGTERM): the newest copy the interval held back is written
+    /// now, and every newer one at once, so a replacement loses only the clocks since the last.
     pub fn write_next_now(&self) {
-        self.offered.lock().urgent = true;
+        let mut offered = self.offered.lock();
+        offered.urgent = true;
+        if let Some((clock, images)) = offered.held.take() {
+            if clock > offered.clock {
+                self.hand_over(&mut offered, clock, images);
+            }
+        }
     }
 
     /// Offers the consistent copy at `clock`: written if the clock moved past the last one
-    /// written and the interval has passed since.
-    pub fn offer(&self, clock: u64, images: &[PartitionImage]) {
+    /// written and the interval has passed since (or the process is going); otherwise kept
+    /// as the newest copy held back.
+    pub fn offer(&self, clock: u64, images: &Arc<Vec<PartitionImage>>) {
         let mut offered = self.offered.lock();
-        let due = offered.urgent || offered.at.is_none_or(|at| at.elapsed() >= self.interval);
-        if clock <= offered.clock || !due {
+        if clock <= offered.clock {
             return;
         }
-        offered.urgent = false;
+        let due = offered.urgent || offered.at.is_none_or(|at| at.elapsed() >= self.interval);
+        if due {
+            self.hand_over(&mut offered, clock, images.clone());
+        } else {
+            offered.held = Some((clock, images.clone()));
+        }
+    }
+
+    /// Hands the copy at `clock` to the writing thread.
+    fn hand_over(&self, offered: &mut Offered, clock: u64, images: Arc<Vec<PartitionImage>>) {
+        offered.held = None;
         offered.at = Some(Instant::now());
         offered.clock = clock;
-        let _ = self.sender.lock().send(Checkpoint {
-            job: self.job.clone(),
-            clock,
-            images: images.to_vec(),
-        });
+        let _ = self.sender.lock().send((clock, images));
     }
 }
 
@@ -327,45 +386,63 @@ mod tests {
         );
     }
 
-    /// A writer of job `exact/400` to `job.ckpt` in `dir`, one checkpoint an hour at most: the
-    /// file, the written-clock gauge, the writer.
+    /// A writer of job `exact/400` to `path`, one checkpoint per `interval` at most: the
+    /// written-clock gauge, the failure counter, the writer.
+    fn writer_to(
+        path: &Path,
+        interval: Duration,
+        on_disk: u64,
+    ) -> (IntGauge, IntCounter, Arc<CheckpointWriter>) {
+        let gauge = IntGauge::new("t", "t").unwrap();
+        let failures = IntCounter::new("f", "f").unwrap();
+        let writer = CheckpointWriter::start(
+            path.to_owned(),
+            "exact/400",
+            interval,
+            on_disk,
+            (gauge.clone(), failures.clone()),
+        );
+        (gauge, failures, writer)
+    }
+
+    /// A writer to `job.ckpt` in `dir`, one checkpoint an hour at most.
     fn hourly_writer(dir: &tempfile::TempDir) -> (PathBuf, IntGauge, Arc<CheckpointWriter>) {
         let path = dir.path().join("job.ckpt");
-        let gauge = IntGauge::new("t", "t").unwrap();
-        let writer = CheckpointWriter::start(
-            path.clone(),
-            "exact/400",
-            Duration::from_secs(3600),
-            0,
-            gauge.clone(),
-        );
+        let (gauge, _, writer) = writer_to(&path, Duration::from_secs(3600), 0);
         (path, gauge, writer)
+    }
+
+    /// Waits until `gauge` (the clock on disk) reads `clock`.
+    fn wait_on_disk(gauge: &IntGauge, clock: i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gauge.get() != clock {
+            assert!(
+                Instant::now() < deadline,
+                "clock {clock} never reached the disk ({})",
+                gauge.get()
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    fn images() -> Arc<Vec<PartitionImage>> {
+        Arc::new(checkpoint().images)
     }
 
     #[test]
     fn the_writer_keeps_to_its_interval_and_only_moves_forward() {
         let dir = tempfile::tempdir().unwrap();
-        let (path, _, writer) = hourly_writer(&dir);
-        let images = checkpoint().images;
+        let (path, gauge, writer) = hourly_writer(&dir);
+        let images = images();
         writer.offer(5, &images);
         // within the interval: not written
         writer.offer(9, &images);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let written = loop {
-            if let Ok(Some(written)) = Checkpoint::read(&path, "exact/400") {
-                break written;
-            }
-            assert!(Instant::now() < deadline, "no checkpoint written");
-            std::thread::yield_now();
-        };
-        assert_eq!(written.clock, 5);
-        let writer = CheckpointWriter::start(
-            path.clone(),
-            "exact/400",
-            Duration::ZERO,
-            5,
-            IntGauge::new("u", "u").unwrap(),
+        wait_on_disk(&gauge, 5);
+        assert_eq!(
+            Checkpoint::read(&path, "exact/400").unwrap().unwrap().clock,
+            5
         );
+        let (_, _, writer) = writer_to(&path, Duration::ZERO, 5);
         writer.offer(5, &images); // the clock already on disk: not written again
         assert_eq!(writer.offered.lock().at, None);
         writer.offer(6, &images);
@@ -373,27 +450,66 @@ mod tests {
         assert_eq!(writer.offered.lock().clock, 6);
     }
 
+    /// Told to stop, the writer writes the newest copy the interval held back at once (a
+    /// segment stalled on a lost node may offer none before the process exits), then every
+    /// newer copy at once.
     #[test]
-    fn told_to_stop_the_next_copy_is_written_within_the_interval() {
+    fn told_to_stop_the_newest_copy_held_back_is_written_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let (path, gauge, writer) = hourly_writer(&dir);
-        let images = checkpoint().images;
+        let images = images();
         writer.offer(5, &images);
-        writer.offer(9, &images); // within the interval: not written
+        writer.offer(9, &images); // within the interval: held back
         assert_eq!(writer.offered.lock().clock, 5);
         writer.write_next_now();
+        assert_eq!(
+            writer.offered.lock().clock,
+            9,
+            "the held copy, with no new offer"
+        );
+        wait_on_disk(&gauge, 9);
         writer.offer(12, &images);
-        assert_eq!(writer.offered.lock().clock, 12, "written at once");
-        writer.offer(15, &images); // once: the interval holds again
-        assert_eq!(writer.offered.lock().clock, 12);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while gauge.get() != 12 {
-            assert!(Instant::now() < deadline, "clock 12 never reached the disk");
-            std::thread::yield_now();
-        }
+        writer.offer(15, &images);
+        assert_eq!(
+            writer.offered.lock().clock,
+            15,
+            "every newer copy once told to stop"
+        );
+        wait_on_disk(&gauge, 15);
         assert_eq!(
             Checkpoint::read(&path, "exact/400").unwrap().unwrap().clock,
-            12
+            15
         );
+    }
+
+    /// A write that fails (here the path is a directory) is counted, leaves nothing behind, and
+    /// is tried again with the next copy offered, whatever the interval.
+    #[test]
+    fn a_failed_write_is_counted_and_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        std::fs::create_dir(&path).unwrap();
+        let (gauge, failures, writer) = writer_to(&path, Duration::from_secs(3600), 0);
+        let images = images();
+        writer.offer(5, &images);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failures.get() != 1 || writer.offered.lock().clock != 0 {
+            assert!(Instant::now() < deadline, "the failure was not recorded");
+            std::thread::yield_now();
+        }
+        assert_eq!(gauge.get(), 0);
+        assert!(
+            !dir.path().join("job.ckpt.tmp").exists(),
+            "no temporary file left"
+        );
+        // the path is writable again: the next copy is written, though within the interval
+        std::fs::remove_dir(&path).unwrap();
+        writer.offer(7, &images);
+        wait_on_disk(&gauge, 7);
+        assert_eq!(
+            Checkpoint::read(&path, "exact/400").unwrap().unwrap().clock,
+            7
+        );
+        assert_eq!(failures.get(), 1);
     }
 }

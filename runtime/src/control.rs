@@ -1291,8 +1291,7 @@ impl CopySets {
             .latest
             .take()
             .map(|latest| {
-                latest
-                    .images
+                Arc::unwrap_or_clone(latest.images)
                     .into_iter()
                     .map(|image| (image.partition, image))
                     .collect()
@@ -1377,6 +1376,7 @@ impl CopySets {
             }
         };
         metrics.consistent_clock.set(clock as i64);
+        let images = Arc::new(images);
         if let Some(writer) = &self.checkpoint {
             writer.offer(clock, &images);
         }

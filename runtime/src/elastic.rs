@@ -829,7 +829,7 @@ pub struct SegmentOutcome {
     pub reports: Vec<(u32, WorkerReport)>,
     /// The latest BackupPS copy taken in the background: its clock and every partition's
     /// image at it, in partition order.
-    pub backup: Option<(u64, Vec<PartitionImage>)>,
+    pub backup: Option<(u64, Arc<Vec<PartitionImage>>)>,
     /// Workers started for the segment, by data-shard source.
     pub shards: ShardLoads,
 }
@@ -841,8 +841,9 @@ pub struct SegmentOutcome {
 pub struct Salvage {
     /// The copy's clock.
     pub clock: u64,
-    /// Every partition's image at `clock`, in partition order.
-    pub images: Vec<PartitionImage>,
+    /// Every partition's image at `clock`, in partition order (shared with the checkpoint
+    /// writer).
+    pub images: Arc<Vec<PartitionImage>>,
     /// (logical worker, report of the segment's clocks below `clock`), in worker order.
     pub reports: Vec<(u32, WorkerReport)>,
 }
@@ -1290,7 +1291,7 @@ impl Fleet for LocalFleet {
         Ok(SegmentOutcome {
             end: gate.end(),
             reports: pool.ids().into_iter().zip(reports).collect(),
-            backup,
+            backup: backup.map(|(clock, images)| (clock, Arc::new(images))),
             shards: ShardLoads {
                 connections_pre_opened: u32::try_from(self.pre_opened.taken() - taken_before)
                     .unwrap_or(u32::MAX),
@@ -1776,7 +1777,7 @@ fn run_controller<A: App>(
                             "keeping the failed segment's last BackupPS copy"
                         );
                         merge_reports(&mut merged, copy.reports);
-                        controller.backup = Arc::new(copy.images);
+                        controller.backup = copy.images;
                         controller.backup_clock = copy.clock;
                         controller.clock = controller.clock.max(copy.clock);
                         metrics.consistent_clock.set(copy.clock as i64);
@@ -2216,7 +2217,7 @@ fn run_boundary(
     // node lost in the check after a copy was adopted once left the copy at clock 9 and the
     // clock at 0, and the rollback's count of redone clocks overflowed).
     if let Some((at, images)) = backup {
-        controller.backup = Arc::new(images);
+        controller.backup = images;
         controller.backup_clock = at;
     }
     controller.clock = end;

@@ -594,7 +594,10 @@ pub fn run_elastic_job_with<A: crate::app::App>(
                 &job.job,
                 settings.interval,
                 start.as_ref().map_or(0, |start| start.clock),
-                metrics.checkpoint_clock.clone(),
+                (
+                    metrics.checkpoint_clock.clone(),
+                    metrics.checkpoint_failures.clone(),
+                ),
             );
             (start.map(Arc::new), Some(writer))
         }

@@ -44,6 +44,8 @@ pub struct RuntimeMetrics {
     pub consistent_clock: IntGauge,
     /// Clock of the last checkpoint written to disk (0: none).
     pub checkpoint_clock: IntGauge,
+    /// Checkpoint writes that failed (the next copy tries again).
+    pub checkpoint_failures: IntCounter,
     /// Data shards a worker started from, by source (`built`: loaded when the worker started;
     /// `preloaded`: loaded in the background beforehand by the shard's second holder).
     pub shard_loads: IntCounterVec,
@@ -150,6 +152,10 @@ impl RuntimeMetrics {
                 "ebbflow_runtime_checkpoint_clock",
                 "Clock of the last checkpoint the coordinator wrote to disk (0: none yet).",
             )?,
+            checkpoint_failures: IntCounter::new(
+                "ebbflow_runtime_checkpoint_failures_total",
+                "checkpoint writes that failed (disk full, no permission); the next copy tries again",
+            )?,
             shard_loads: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_shard_loads_total",
@@ -191,6 +197,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.clocks_redone.clone()))?;
         registry.register(Box::new(metrics.consistent_clock.clone()))?;
         registry.register(Box::new(metrics.checkpoint_clock.clone()))?;
+        registry.register(Box::new(metrics.checkpoint_failures.clone()))?;
         registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.pre_opened_connections.clone()))?;
