@@ -63,10 +63,16 @@ impl Pricing {
                 let usd = self.setup.reliable.usd_hr;
                 (Some(usd), Some(usd))
             }
-            Priced::Pool { index, capacity } => {
-                let on_demand = self.setup.grid.pools[*index].on_demand_usd_hr;
-                match capacity {
-                    CapacityType::Spot => (self.setup.grid.price(*index, slot), on_demand),
+            Priced::Pool(key) => {
+                // Looked up at every charge: the market's pools are rebuilt when the spec's
+                // pools change (an index kept from before charged another pool, or was out of
+                // range).
+                let Some(index) = self.pool_index(key) else {
+                    return (None, None);
+                };
+                let on_demand = self.setup.grid.pools[index].on_demand_usd_hr;
+                match key.0.capacity_type {
+                    CapacityType::Spot => (self.setup.grid.price(index, slot), on_demand),
                     CapacityType::OnDemand => (on_demand, on_demand),
                 }
             }
@@ -79,11 +85,8 @@ impl Pricing {
 enum Priced {
     /// A reliable-tier node.
     Reliable,
-    /// A node of the market's pool `index`.
-    Pool {
-        index: usize,
-        capacity: CapacityType,
-    },
+    /// A node of this pool of the market.
+    Pool(PoolKey),
 }
 
 /// One running instance's meter.
@@ -99,6 +102,35 @@ struct Running {
     last_price: f64,
     /// The provider announced it takes the instance back.
     evicted: bool,
+    /// Market time the instance stopped running by, if known: its container's end, or the
+    /// provider's deadline for taking it back. A gone instance is charged up to it, not up to
+    /// when the operator noticed (which could push an interruption in its first hour past it).
+    ended_by: Option<i64>,
+}
+
+impl Running {
+    fn is_spot(&self) -> bool {
+        matches!(&self.priced, Priced::Pool(key) if key.0.capacity_type == CapacityType::Spot)
+    }
+
+    /// What `pod`'s status and notice say about this instance's end.
+    fn note_end(&mut self, pod: &ObservedPod<'_>, pricing: &Pricing) {
+        let reclaimed = pod.notice.filter(|n| provider_reclaims(n.source));
+        if reclaimed.is_some() && self.is_spot() {
+            self.evicted = true;
+        }
+        let finished = pod
+            .finished
+            .then(|| super::plan::pod_failure(pod.pod).and_then(|f| f.at))
+            .flatten();
+        for end in [finished, reclaimed.map(|n| n.leaves_at)]
+            .into_iter()
+            .flatten()
+        {
+            let end = pricing.time(end);
+            self.ended_by = Some(self.ended_by.map_or(end, |by| by.min(end)));
+        }
+    }
 }
 
 impl Running {
@@ -198,6 +230,11 @@ impl CostLedger {
                         .flatten()
                 })
                 .map(|t| t.0);
+            // A pod first seen finished, or under the provider's notice, still gets its
+            // eviction's refund and ends when it ended (the check came after the skip below).
+            if let Some(running) = self.running.get_mut(pod.name) {
+                running.note_end(pod, pricing);
+            }
             let Some(started) = started else {
                 continue;
             };
@@ -206,10 +243,9 @@ impl CostLedger {
             }
             let priced = match (pod.tier, &pod.pool) {
                 (Tier::Reliable, _) => Some(Priced::Reliable),
-                (Tier::Transient, Some(key)) => pricing.pool_index(key).map(|index| Priced::Pool {
-                    index,
-                    capacity: key.0.capacity_type,
-                }),
+                (Tier::Transient, Some(key)) => {
+                    pricing.pool_index(key).map(|_| Priced::Pool(key.clone()))
+                }
                 (Tier::Transient, None) => None,
             };
             let Some(priced) = priced else {
@@ -226,21 +262,10 @@ impl CostLedger {
                     on_demand_usd: 0.0,
                     last_price: 0.0,
                     evicted: false,
+                    ended_by: None,
                 }
             });
-            let spot = matches!(
-                running.priced,
-                Priced::Pool {
-                    capacity: CapacityType::Spot,
-                    ..
-                }
-            );
-            if spot && pod.notice.is_some_and(|n| provider_reclaims(n.source)) {
-                running.evicted = true;
-            }
-        }
-        for running in self.running.values_mut() {
-            running.accrue(pricing, now_m);
+            running.note_end(pod, pricing);
         }
         let gone: Vec<String> = self
             .running
@@ -248,6 +273,18 @@ impl CostLedger {
             .filter(|name| !seen.contains(*name))
             .cloned()
             .collect();
+        for (name, running) in &mut self.running {
+            // A gone instance is charged up to when it stopped, if that is known, and a spot
+            // instance the provider takes back up to its deadline (its pod may linger, listed,
+            // after the instance is gone).
+            let to = match running.ended_by {
+                Some(by) if running.evicted || gone.contains(name) => {
+                    by.clamp(running.accrued_to, now_m)
+                }
+                _ => now_m,
+            };
+            running.accrue(pricing, to);
+        }
         for name in gone {
             let Some(running) = self.running.remove(&name) else {
                 continue;
@@ -516,6 +553,120 @@ mod tests {
             assert!(released.spent > gone.spent, "{billing:?}: {released:?}");
             assert_eq!(released.free_compute, 0.0);
         }
+    }
+
+    /// The refund holds however the operator learns of the interruption: from a pod first
+    /// seen already Failed under the provider's notice, or from a pod that vanished minutes
+    /// after the provider's deadline (charged up to the deadline, not to when it was noticed:
+    /// an interruption at 59 min seen at 61 min is still in the first hour).
+    #[test]
+    fn an_interruption_noticed_late_is_still_refunded_up_to_its_deadline() {
+        let job = job(BillingModel::Aws);
+        let pricing = pricing(&job);
+        let (_, zone) = buyable_zone(&pricing, 2);
+        let spot = pod("mf-t-0", Some(("p3.2xlarge", &zone)), Some(0));
+        let notice = |leaves_at: i64| Notice {
+            pod: "mf-t-0".into(),
+            node: Some("n".into()),
+            leaves_at: at(leaves_at),
+            source: NoticeSource::NodeGone,
+        };
+        // running at 39 min, no notice yet; at 40 min Failed with its node gone
+        let mut ledger = CostLedger::default();
+        observe(
+            &mut ledger,
+            &pricing,
+            std::slice::from_ref(&spot),
+            &[],
+            at(2340),
+            None,
+        );
+        let mut failed = spot.clone();
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        let after = observe(
+            &mut ledger,
+            &pricing,
+            &[failed],
+            &[notice(2400)],
+            at(2400),
+            None,
+        );
+        assert_eq!(after.spent, 0.0, "{after:?}");
+        assert!(after.free_compute > 0.0, "{after:?}");
+
+        // under notice at 58 min (deadline 59 min), gone when the operator looks at 61 min
+        let mut ledger = CostLedger::default();
+        observe(
+            &mut ledger,
+            &pricing,
+            std::slice::from_ref(&spot),
+            &[notice(3540)],
+            at(3480),
+            None,
+        );
+        let late = observe(&mut ledger, &pricing, &[], &[], at(3660), None);
+        assert_eq!(late.spent, 0.0, "{late:?}");
+    }
+
+    /// The market's pools are rebuilt when the spec's change: a running instance keeps being
+    /// charged its own pool's price (by instance type and zone, not by its position in the old
+    /// list, which an edit of `transient.zones` shifts or puts out of range).
+    #[test]
+    fn a_rebuilt_market_charges_each_instance_its_own_pool() {
+        let job = job(BillingModel::Aws);
+        let pricing = pricing(&job);
+        let grid = &pricing.setup.grid;
+        let (start, end) = (pricing.time(at(0)), pricing.time(at(3 * 3600)));
+        let pool = (0..grid.pools.len())
+            .rev()
+            .find(|&p| {
+                (grid.slot_at(start)..=grid.slot_at(end)).all(|s| grid.price(p, s).is_some())
+            })
+            .expect("a buyable p3 pool");
+        assert!(pool > 0, "the test needs a pool after the first");
+        let zone = grid.pools[pool].id.zone.clone();
+        let spot = pod("mf-t-0", Some(("p3.2xlarge", &zone)), Some(0));
+        let mut ledger = CostLedger::default();
+        let first = observe(
+            &mut ledger,
+            &pricing,
+            std::slice::from_ref(&spot),
+            &[],
+            at(3600),
+            None,
+        );
+        // the spec drops the first pool's zone: every later pool moves up one place
+        let mut edited = job.clone();
+        edited.spec.transient.zones = grid
+            .pools
+            .iter()
+            .skip(1)
+            .map(|p| p.id.zone.clone())
+            .collect();
+        let rebuilt = Pricing {
+            setup: Arc::new(setup_market(&edited, &spot_data()).expect("the p3 trace loads")),
+            ..pricing.clone()
+        };
+        assert_eq!(rebuilt.setup.grid.pools.len(), grid.pools.len() - 1);
+        let second = observe(
+            &mut ledger,
+            &rebuilt,
+            std::slice::from_ref(&spot),
+            &[],
+            at(7200),
+            None,
+        );
+        let expected = first.spent
+            + spot_usd(
+                &pricing,
+                pool,
+                pricing.time(at(3600)),
+                pricing.time(at(7200)),
+            );
+        assert!(
+            (second.spent - expected).abs() < 1e-9,
+            "{second:?}, expected {expected}"
+        );
     }
 
     #[test]
