@@ -144,6 +144,22 @@ pub enum TraceError {
         /// The file.
         file: String,
     },
+    /// A page of EC2 price history says more pages follow, which the file does not hold.
+    #[error(
+        "read trace {file}: its last page has a NextToken, so older history is missing; save \
+         every page (the AWS CLI does without --max-items), as one page or an array of pages"
+    )]
+    ReadTruncated {
+        /// The file.
+        file: String,
+    },
+}
+
+/// Whether `value` is a price a trace may hold: finite and positive, and still so as the 32-bit
+/// float the market grid stores (1e-50 became a free 0, 5e38 an infinite price).
+fn is_price(value: f64) -> bool {
+    let stored = value as f32;
+    value.is_finite() && value > 0.0 && stored.is_finite() && stored > 0.0
 }
 
 /// Read and parse a trace file, detecting its format from its content.
@@ -327,8 +343,11 @@ impl Row<'_> {
             .text(column)?
             .parse()
             .map_err(|_| self.error(column, "not a number"))?;
-        if !value.is_finite() || value <= 0.0 {
-            return Err(self.error(column, "price must be a positive number"));
+        if !is_price(value) {
+            return Err(self.error(
+                column,
+                "price must be a positive number (and between about 1e-38 and 3e38)",
+            ));
         }
         Ok(value)
     }
@@ -758,7 +777,7 @@ fn parse_specs(file: &str, text: &str) -> Result<SpecTable, TraceError> {
 fn deserialize_price<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
     let text = String::deserialize(deserializer)?;
     match text.trim().parse::<f64>() {
-        Ok(price) if price.is_finite() && price > 0.0 => Ok(price),
+        Ok(price) if is_price(price) => Ok(price),
         _ => Err(serde::de::Error::custom(format!(
             "SpotPrice {text:?} is not a positive number"
         ))),
@@ -798,6 +817,9 @@ pub struct Ec2PriceEntry {
 #[serde(rename_all = "PascalCase")]
 struct Ec2PricePage {
     spot_price_history: Vec<Ec2PriceEntry>,
+    /// Set when more pages follow.
+    #[serde(default)]
+    next_token: Option<String>,
 }
 
 fn parse_ec2_json(file: &str, text: &str) -> Result<Market, TraceError> {
@@ -807,6 +829,8 @@ fn parse_ec2_json(file: &str, text: &str) -> Result<Market, TraceError> {
         column: e.column(),
         reason: e.to_string(),
     };
+    // A byte-order mark is no JSON (the format was detected past it).
+    let text = text.trim_start_matches('\u{feff}');
     // One page (`{"SpotPriceHistory": …}`) or several pages in an array; parsed as typed
     // structs so that errors inside an entry keep their line and column.
     let value: serde_json::Value = serde_json::from_str(text).map_err(json_error)?;
@@ -815,6 +839,15 @@ fn parse_ec2_json(file: &str, text: &str) -> Result<Market, TraceError> {
     } else {
         vec![serde_json::from_str(text).map_err(json_error)?]
     };
+    if pages
+        .last()
+        .and_then(|page| page.next_token.as_deref())
+        .is_some_and(|token| !token.is_empty())
+    {
+        return Err(TraceError::ReadTruncated {
+            file: file.to_string(),
+        });
+    }
     ec2_price_market(file, pages.into_iter().flat_map(|p| p.spot_price_history))
 }
 
@@ -1036,6 +1069,16 @@ mod tests {
         let zero = text.replace("abc", "0");
         let err = parse_trace("zero.csv", &zero, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().contains("positive"), "{err}");
+        // finite and positive as read, but 0 or infinite as the grid's 32-bit float: refused
+        for (tiny, value) in [("tiny.csv", "1e-50"), ("huge.csv", "5e38")] {
+            let err = parse_trace(tiny, &text.replace("abc", value), &ReadOptions::default())
+                .unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("{tiny} line 3 column 8 (SpotPrice)")),
+                "{err}"
+            );
+        }
 
         let short = "region,instance_type,on_demand_usd_hr\nus-east-1,m5.large\n";
         let err = parse_trace("short.csv", short, &ReadOptions::default()).unwrap_err();
@@ -1070,6 +1113,33 @@ mod tests {
         assert_eq!(*line, 3);
         assert!(*column > 40, "{err}");
         assert!(err.to_string().contains("SpotPrice"), "{err}");
+        let tiny = text.replace("\"-1\"", "\"1e-50\"");
+        let err = parse_trace("h.json", &tiny, &ReadOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, TraceError::ParseJson { line: 3, .. }),
+            "{err}"
+        );
+    }
+
+    /// A file saved with a byte-order mark reads as without; a last page that says more follow
+    /// is an error, not a silently shorter history.
+    #[test]
+    fn ec2_json_with_a_bom_reads_and_a_truncated_history_is_an_error() {
+        let page = |token: &str| {
+            format!(
+                "{{\"SpotPriceHistory\": [{{\"AvailabilityZone\": \"us-east-1a\", \"InstanceType\": \"m5.large\", \"SpotPrice\": \"0.04\", \"Timestamp\": \"2024-01-01T00:00:00Z\"}}], \"NextToken\": {token}}}"
+            )
+        };
+        let bom = format!("\u{feff}{}", page("\"\""));
+        let m = market(parse_trace("bom.json", &bom, &ReadOptions::default()).unwrap());
+        assert_eq!(m.pools.len(), 1);
+        assert!(parse_trace("null.json", &page("null"), &ReadOptions::default()).is_ok());
+        let err = parse_trace("cut.json", &page("\"abc\""), &ReadOptions::default()).unwrap_err();
+        assert!(matches!(err, TraceError::ReadTruncated { .. }), "{err}");
+        assert!(err.to_string().contains("cut.json"), "{err}");
+        // in an array of pages only the last may not say more follow
+        let pages = format!("[{}, {}]", page("\"abc\""), page("\"\""));
+        assert!(parse_trace("pages.json", &pages, &ReadOptions::default()).is_ok());
     }
 
     use crate::test_data::spot_data;
