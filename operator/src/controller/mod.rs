@@ -727,8 +727,17 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     });
     let new_evictions =
         ctx.with_memory(&job_ref, |memory| memory.ledger.count_new(&current_notices));
+    // Notices not through (the coordinator unreachable, or not answering the POST) are tried
+    // again well before their deadline, not at the next decision (120 s by default, past EC2's
+    // two minutes); one the coordinator refuses (4xx) waits for the usual cadence.
+    let mut retry_notices_by: Option<Timestamp> = None;
+    let mut not_through = |notice: &Notice| {
+        retry_notices_by =
+            Some(retry_notices_by.map_or(notice.leaves_at, |by| by.min(notice.leaves_at)));
+    };
     if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
-        for notice in &undelivered {
+        // All at once, as the relay does: a slow POST must not hold the others back.
+        let outcomes = futures::future::join_all(undelivered.iter().map(|notice| {
             notify(
                 &ctx,
                 &job,
@@ -737,8 +746,15 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                 notice,
                 now,
             )
-            .await;
+        }))
+        .await;
+        for (notice, outcome) in undelivered.iter().zip(outcomes) {
+            if outcome == Delivery::Failed {
+                not_through(notice);
+            }
         }
+    } else {
+        undelivered.iter().for_each(&mut not_through);
     }
 
     // cost: the job's instances charged on its market, when it has one
@@ -1155,6 +1171,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                     now,
                 )
                 .await
+                    == Delivery::Delivered
             {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(&notice));
             }
@@ -1274,7 +1291,13 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         let wait = until.duration_since(now).as_secs_f64().max(0.0);
         Duration::from_secs(wait.ceil() as u64)
     });
-    let sooner = |delay: Duration| held_for.map_or(delay, |held| delay.min(held));
+    let notice_retry = retry_notices_by.map(|deadline| notice_retry_delay(deadline, now));
+    let sooner = |delay: Duration| {
+        [held_for, notice_retry]
+            .into_iter()
+            .flatten()
+            .fold(delay, Duration::min)
+    };
     let action = if !coordinator_reachable || provisioner_error.is_some() {
         Action::requeue(sooner(ctx.backoff(failures)))
     } else if activity != Activity::Run {
@@ -1291,8 +1314,27 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     Ok(action)
 }
 
+/// How long to wait before posting again a notice not delivered, whose instance leaves at
+/// `deadline`: a quarter of the time left, between 1 s and 15 s (a deadline passed: 1 s, the
+/// coordinator still learns of the loss sooner than from heartbeats).
+fn notice_retry_delay(deadline: Timestamp, now: Timestamp) -> Duration {
+    let left = deadline.duration_since(now).as_secs_f64();
+    Duration::from_secs((left / 4.0).clamp(1.0, 15.0).round() as u64)
+}
+
+/// How a notice's delivery to the coordinator went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// The coordinator took it.
+    Delivered,
+    /// The coordinator refused it (4xx: a node it does not know, its last reliable node).
+    Refused,
+    /// It did not get through (unreachable, timeout, 5xx): worth trying again soon.
+    Failed,
+}
+
 /// Tells the job's coordinator at `base` about an eviction: on success the notice goes into
-/// the job's ledger and an `EvictionNotice` event is published. True if it was delivered.
+/// the job's ledger and an `EvictionNotice` event is published.
 async fn notify(
     ctx: &Context,
     job: &TrainingJob,
@@ -1300,11 +1342,11 @@ async fn notify(
     token: Option<&str>,
     notice: &Notice,
     now: Timestamp,
-) -> bool {
+) -> Delivery {
     let namespace = job.namespace().unwrap_or_default();
     let delivered =
         deliver_notice(ctx, (&namespace, &job.name_any()), base, token, notice, now).await;
-    if delivered {
+    if delivered == Delivery::Delivered {
         ctx.with_memory(&ObjectRef::from_obj(job), |memory| {
             memory.ledger.record(notice)
         });
@@ -1327,7 +1369,7 @@ async fn notify(
     delivered
 }
 
-/// Sends one notice; true if the coordinator accepted it.
+/// Sends one notice.
 async fn deliver_notice(
     ctx: &Context,
     job: (&str, &str),
@@ -1335,7 +1377,7 @@ async fn deliver_notice(
     token: Option<&str>,
     notice: &Notice,
     now: Timestamp,
-) -> bool {
+) -> Delivery {
     let request = notice_request(&notice.pod, notice.leaves_at);
     match ctx.coordinator.notice(base, token, &request).await {
         Ok(()) => {
@@ -1348,12 +1390,19 @@ async fn deliver_notice(
                 .observe(lead);
             ctx.metrics.job.notice_delivered(job.0, job.1, lead);
             info!(pod = %notice.pod, source, lead_seconds = lead, "eviction notice delivered");
-            true
+            Delivery::Delivered
         }
         Err(error) => {
             ctx.metrics.notice_failures.inc();
             warn!(pod = %notice.pod, %error, "eviction notice not delivered");
-            false
+            match error {
+                crate::coordinator::CoordinatorError::Rejected { status, .. }
+                    if (400..500).contains(&status) =>
+                {
+                    Delivery::Refused
+                }
+                _ => Delivery::Failed,
+            }
         }
     }
 }

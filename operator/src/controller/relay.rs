@@ -672,7 +672,10 @@ pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]
             .map(|notice| super::notify(ctx, job, &base, token.as_deref(), notice, now)),
     )
     .await;
-    let relayed = delivered.into_iter().filter(|&delivered| delivered).count();
+    let relayed = delivered
+        .into_iter()
+        .filter(|&outcome| outcome == super::Delivery::Delivered)
+        .count();
     ctx.metrics.notices_relayed.inc_by(relayed as u64);
 }
 

@@ -291,6 +291,8 @@ struct CoordinatorState {
     stops: usize,
     /// `/stop` answers 503.
     refuse_stop: bool,
+    /// `/notice` answers this status instead of taking the notice.
+    refuse_notice: Option<StatusCode>,
 }
 
 impl Default for CoordinatorState {
@@ -309,6 +311,7 @@ impl Default for CoordinatorState {
             notices: Vec::new(),
             stops: 0,
             refuse_stop: false,
+            refuse_notice: None,
         }
     }
 }
@@ -326,9 +329,12 @@ async fn serve_coordinator(state: SharedCoordinator) -> SocketAddr {
             post(
                 |State(s): State<SharedCoordinator>, Json(notice): Json<NoticeRequest>| async move {
                     let mut state = s.lock();
+                    if let Some(status) = state.refuse_notice {
+                        return Err(status);
+                    }
                     let new = !state.notices.contains(&notice);
                     state.notices.push(notice);
-                    Json(NoticeResponse { node: 0, new })
+                    Ok(Json(NoticeResponse { node: 0, new }))
                 },
             ),
         )
@@ -755,6 +761,39 @@ async fn partial_eviction_notifies_the_coordinator_and_replaces_capacity() {
     scenario.settle().await;
     assert_eq!(scenario.notices().len(), 2);
     assert_eq!(scenario.status().evictions, 2);
+}
+
+/// A notice the coordinator did not take (it answered 503: restarting, overloaded) is posted
+/// again well before its deadline, not at the next decision two minutes later, past EC2's
+/// notice; one it refused (404: a node it does not know) waits for the usual cadence.
+#[tokio::test]
+async fn a_notice_not_taken_is_posted_again_before_its_deadline() {
+    let scenario = Scenario::running(spot_job("mf", 2, &["us-east-1a"])).await;
+    scenario.coordinator.lock().refuse_notice = Some(StatusCode::SERVICE_UNAVAILABLE);
+    let tainted_at = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
+    scenario.taint_node_of("mf-t-1", NTH_SPOT_ITN_TAINT, tainted_at);
+    scenario.settle().await;
+    scenario.schedule_and_start_pods();
+    let action = scenario.settle().await;
+    assert!(scenario.notices().is_empty());
+    // a quarter of the two minutes left, at most 15 s
+    assert_requeued_within(&action, 14..=15, "the notice's retry");
+    assert!(
+        scenario.metric("ebbflow_operator_notice_failures_total", None) >= 2.0,
+        "counted"
+    );
+
+    scenario.coordinator.lock().refuse_notice = Some(StatusCode::NOT_FOUND);
+    let action = scenario.settle().await;
+    assert_requeued_within(&action, 120..=120, "a refusal: the decision interval");
+
+    scenario.coordinator.lock().refuse_notice = None;
+    scenario.settle().await;
+    let notices = scenario.notices();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].name, "mf-t-1");
+    let action = scenario.settle().await;
+    assert_requeued_within(&action, 120..=120, "delivered: nothing to retry");
 }
 
 #[tokio::test]
