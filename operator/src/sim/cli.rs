@@ -71,6 +71,14 @@ pub enum SimulateError {
         /// What it is.
         kind: &'static str,
     },
+    /// A file given as a table holds something else.
+    #[error("read {file}: given as the {expected} table, but its content is another format")]
+    TableKind {
+        /// The file.
+        file: String,
+        /// The table it was given as.
+        expected: &'static str,
+    },
     /// The market is incomplete.
     #[error(transparent)]
     CompleteMarket(#[from] MarketError),
@@ -156,17 +164,23 @@ pub fn load_market(
         }
     };
     let (found_on_demand, found_specs) = sibling_tables(trace);
+    // A file named on the command line that is not the table asked for is an error (before, it
+    // was dropped without a word and vCPUs defaulted to 1); the siblings were found by content.
+    let wrong = |path: &Path, expected| SimulateError::TableKind {
+        file: path.display().to_string(),
+        expected,
+    };
     let on_demand: Option<OnDemandTable> = match on_demand.or(found_on_demand) {
         Some(path) => match read_trace(&path, &ReadOptions::default())? {
             TraceFile::OnDemand(table) => Some(table),
-            _ => None,
+            _ => return Err(wrong(&path, "on-demand price")),
         },
         None => None,
     };
     let specs: Option<SpecTable> = match specs.or(found_specs) {
         Some(path) => match read_trace(&path, &ReadOptions::default())? {
             TraceFile::Specs(table) => Some(table),
-            _ => None,
+            _ => return Err(wrong(&path, "instance spec")),
         },
         None => None,
     };

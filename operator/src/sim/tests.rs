@@ -404,3 +404,25 @@ fn the_hindsight_target_is_decided_only_where_the_bracket_does_not_span_it() {
     );
     assert!(!at(1.1, 6.0).met());
 }
+
+/// A file named as a table that holds something else is an error naming it and the table it
+/// was given as (before, it was dropped without a word and every pool got 1 vCPU).
+#[test]
+fn a_wrong_table_file_is_an_error_naming_it() {
+    let dir = spot_data();
+    let trace = dir.join("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv");
+    let advisor = dir.join("aws_spot_advisor_linux_snapshot.csv");
+    let error = cli::load_market(&trace, None, None, Some(advisor.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("aws_spot_advisor_linux_snapshot.csv") && error.contains("instance spec"),
+        "{error}"
+    );
+    let error = cli::load_market(&trace, None, Some(advisor), None)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("on-demand price"), "{error}");
+    // the right tables, or none (the siblings are found by content), load
+    assert!(cli::load_market(&trace, None, None, None).is_ok());
+}
