@@ -255,9 +255,38 @@ fn taint_notice(taint: &Taint, grace: SignedDuration) -> Option<(SignedDuration,
 pub struct NoticeLedger {
     delivered: BTreeMap<String, Timestamp>,
     seen: BTreeSet<String>,
+    /// Notices no Pod or Node shows (EC2's interruption notice, from the interruption
+    /// watcher), by pod: merged into what each reconcile observes.
+    external: BTreeMap<String, Notice>,
 }
 
 impl NoticeLedger {
+    /// Keeps `notices` from outside the cluster's objects (the earliest deadline per pod).
+    pub fn remember_external(&mut self, notices: &[Notice]) {
+        for notice in notices {
+            let keep = self
+                .external
+                .get(&notice.pod)
+                .is_none_or(|kept| notice.leaves_at < kept.leaves_at);
+            if keep {
+                self.external.insert(notice.pod.clone(), notice.clone());
+            }
+        }
+    }
+
+    /// `observed` (one notice per pod, from Pods and Nodes) with the external notices merged
+    /// in: a pod's earliest deadline wins.
+    pub fn with_external(&self, mut observed: Vec<Notice>) -> Vec<Notice> {
+        for notice in self.external.values() {
+            match observed.iter_mut().find(|n| n.pod == notice.pod) {
+                Some(seen) if notice.leaves_at < seen.leaves_at => *seen = notice.clone(),
+                Some(_) => {}
+                None => observed.push(notice.clone()),
+            }
+        }
+        observed
+    }
+
     /// The notices of `current` not yet delivered with the same or an earlier deadline.
     pub fn undelivered<'a>(&self, current: &'a [Notice]) -> Vec<&'a Notice> {
         current
@@ -301,6 +330,7 @@ impl NoticeLedger {
     pub fn retain_pods(&mut self, live: &[&str]) {
         self.delivered.retain(|pod, _| live.contains(&pod.as_str()));
         self.seen.retain(|pod| live.contains(&pod.as_str()));
+        self.external.retain(|pod, _| live.contains(&pod.as_str()));
     }
 }
 
@@ -523,5 +553,63 @@ spec:
         assert_eq!(ledger.count_new(&evicted), 0, "each eviction counts once");
         ledger.retain_pods(&[]);
         assert!(!ledger.knows("mf-t-0"));
+    }
+
+    /// EC2's interruption notices (the watcher's) join what the reconcile observes from Pods
+    /// and Nodes, earliest deadline first, until their pods are gone.
+    #[test]
+    fn external_notices_merge_into_the_observed_ones() {
+        let notice = |pod: &str, leaves_at: &str, source| Notice {
+            pod: pod.into(),
+            node: None,
+            leaves_at: at(leaves_at),
+            source,
+        };
+        let mut ledger = NoticeLedger::default();
+        ledger.remember_external(&[
+            notice(
+                "mf-t-0",
+                "2026-01-01T00:02:00Z",
+                NoticeSource::Ec2SpotInterruption,
+            ),
+            notice(
+                "mf-t-1",
+                "2026-01-01T00:02:00Z",
+                NoticeSource::Ec2SpotInterruption,
+            ),
+        ]);
+        // a later deadline for the same pod does not replace the kept one
+        ledger.remember_external(&[notice(
+            "mf-t-0",
+            "2026-01-01T00:09:00Z",
+            NoticeSource::Ec2SpotInterruption,
+        )]);
+        let observed = vec![
+            // a taint seen later than EC2's notice, with a later deadline: EC2's wins
+            notice(
+                "mf-t-0",
+                "2026-01-01T00:05:00Z",
+                NoticeSource::AwsNodeTerminationHandler,
+            ),
+            notice("mf-t-2", "2026-01-01T00:03:00Z", NoticeSource::PodDeletion),
+        ];
+        let merged = ledger.with_external(observed);
+        let summary: Vec<(&str, NoticeSource)> =
+            merged.iter().map(|n| (n.pod.as_str(), n.source)).collect();
+        assert_eq!(
+            summary,
+            [
+                ("mf-t-0", NoticeSource::Ec2SpotInterruption),
+                ("mf-t-2", NoticeSource::PodDeletion),
+                ("mf-t-1", NoticeSource::Ec2SpotInterruption),
+            ]
+        );
+        assert_eq!(merged[0].leaves_at, at("2026-01-01T00:02:00Z"));
+        ledger.retain_pods(&["mf-t-2"]);
+        assert_eq!(
+            ledger.with_external(Vec::new()),
+            Vec::new(),
+            "gone pods are forgotten"
+        );
     }
 }

@@ -88,7 +88,10 @@ async fn poll_once(
     let deliveries = grouped
         .into_iter()
         .filter_map(|((namespace, name), notices)| {
-            let job = jobs.get(&ObjectRef::new(&name).within(&namespace))?;
+            let job_ref = ObjectRef::new(&name).within(&namespace);
+            let job = jobs.get(&job_ref)?;
+            // the reconcile sees them too (no Pod or Node carries them)
+            ctx.with_memory(&job_ref, |memory| memory.ledger.remember_external(&notices));
             Some(async move { relay::deliver(ctx, &job, &notices).await })
         });
     futures::future::join_all(deliveries).await;

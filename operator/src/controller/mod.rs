@@ -679,8 +679,14 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         return Ok(Action::await_change());
     }
 
-    // notices: what is leaving, from nodes and pods
-    let current_notices = notices::notices(&observed.pods, &observed.nodes, now);
+    // notices: what is leaving, from nodes and pods, and what EC2 told the interruption watcher
+    // (before, the reconcile saw an EC2 interruption only once the node was gone: no early
+    // replacement, eviction count, pool signal or refund)
+    let current_notices = ctx.with_memory(&job_ref, |memory| {
+        memory
+            .ledger
+            .with_external(notices::notices(&observed.pods, &observed.nodes, now))
+    });
     // Succeeded and failed-in-training are final: nodes stay released.
     let already_succeeded = status::is_final(previous);
     let coordinator_base = coordinator_url(
