@@ -284,6 +284,11 @@ async fn write_frame(
     stream.write_all(out).await.map_err(ConnectionError::Write)
 }
 
+/// The largest first frame a peer may send: its hello (the job secret and a node id). Anything
+/// larger is refused before it is read, so a peer that does not know the secret cannot make the
+/// server set memory aside (a header may announce up to `max_frame_bytes`, 256 MiB by default).
+const HELLO_MAX_BYTES: usize = 4096;
+
 async fn serve_connection(
     mut stream: TcpStream,
     state: &Arc<ServerState>,
@@ -296,7 +301,11 @@ async fn serve_connection(
     let mut buf = BytesMut::with_capacity(1 << 16);
     let hello = tokio::time::timeout(
         config.handshake_timeout,
-        read_frame(&mut stream, &mut buf, config.max_frame_bytes),
+        read_frame(
+            &mut stream,
+            &mut buf,
+            HELLO_MAX_BYTES.min(config.max_frame_bytes),
+        ),
     )
     .await
     .map_err(|_| ConnectionError::Handshake)??;

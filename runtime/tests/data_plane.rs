@@ -182,6 +182,10 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     oversized.extend_from_slice(&(1u32 << 30).to_le_bytes());
     expect_closed(server.addr, &oversized, false);
     wait_for_count(&metrics, "too_large", 1);
+    // Before the secret is checked only a hello-sized frame is read: a first frame announcing
+    // 512 KiB (within the cap for authenticated peers) is refused at once, not buffered.
+    expect_closed(server.addr, &(512u32 << 10).to_le_bytes(), false);
+    wait_for_count(&metrics, "too_large", 2);
     // Truncated: half a frame, then the peer goes away.
     let mut truncated = hello(SECRET);
     truncated.extend_from_slice(&pull[..pull.len() / 2]);
