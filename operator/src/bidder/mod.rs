@@ -474,14 +474,16 @@ impl Bidder<'_> {
             };
         }
 
-        let required_rate = input.job.deadline.map(|deadline| {
-            let left = (deadline - now) as f64;
-            if left <= 0.0 {
-                f64::INFINITY
-            } else {
-                input.job.remaining_work / left
-            }
-        });
+        // A deadline that has passed can no longer be met: it is reported (at risk), and the
+        // bidder goes back to the lowest cost per work. Before, the rate it asked for was
+        // infinite, so every decision bought up to maxNodes (on-demand included) and released
+        // nothing, for as long as the job ran.
+        let deadline_passed = input.job.deadline.is_some_and(|deadline| deadline <= now);
+        let required_rate = input
+            .job
+            .deadline
+            .filter(|_| !deadline_passed)
+            .map(|deadline| input.job.remaining_work / (deadline - now) as f64);
 
         // candidates: every buyable spot pool at every modelled bid delta
         let mut infeasible = NoFeasiblePool::default();
@@ -567,7 +569,7 @@ impl Bidder<'_> {
 
         // acquisitions: greedily add the candidate that lowers E most
         let mut acquire: Vec<AllocationRequest> = Vec::new();
-        let mut deadline_at_risk = false;
+        let mut deadline_at_risk = deadline_passed;
         loop {
             let free = f64::from(self.config.max_transient) - footprint.transient;
             if free < 1.0 {
@@ -638,7 +640,7 @@ impl Bidder<'_> {
                     footprint = next;
                 }
                 None => {
-                    deadline_at_risk = pressed;
+                    deadline_at_risk |= pressed;
                     break;
                 }
             }

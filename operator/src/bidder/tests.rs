@@ -257,6 +257,24 @@ fn a_deadline_buys_on_demand_when_spot_is_gone() {
     assert!(decision.acquire.iter().map(|r| r.count).sum::<u32>() <= 8);
 }
 
+/// Once the deadline has passed it is reported, and the decision is the one without a deadline
+/// (the lowest cost per work). Before, the rate asked for was infinite: every decision bought up
+/// to maxNodes, on-demand included, and released nothing.
+#[test]
+fn a_passed_deadline_is_reported_and_does_not_buy_everything() {
+    let model = eviction_model();
+    let mut scenario = Scenario::new(BillingModel::Aws)
+        .price(CHURNY, None, false)
+        .price(STABLE, None, false);
+    scenario.job.remaining_work = 360_000.0;
+    let calm = scenario.decide(&model);
+    scenario.job.deadline = Some(scenario.view.at - 1);
+    let late = scenario.decide(&model);
+    assert!(late.deadline_at_risk, "{late:?}");
+    assert_eq!(late.acquire, calm.acquire, "{late:?}");
+    assert_eq!(late.release, calm.release, "{late:?}");
+}
+
 #[test]
 fn budgets_cap_spending() {
     let model = eviction_model();
