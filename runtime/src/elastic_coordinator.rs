@@ -466,9 +466,25 @@ pub fn router(service: Arc<ElasticService>) -> axum::Router {
         .with_state(service)
 }
 
+/// Refuses an empty job secret ([`ElasticJobError::EmptySecret`]): the secret checks of the
+/// data plane and the admin API compare against it, and an empty one matches a request that
+/// presents none.
+pub fn check_secret(secret: &str) -> Result<(), ElasticJobError> {
+    if secret.is_empty() {
+        return Err(ElasticJobError::EmptySecret);
+    }
+    Ok(())
+}
+
 /// Errors of an elastic job's coordinator.
 #[derive(Debug, thiserror::Error)]
 pub enum ElasticJobError {
+    /// The job's secret is empty: every peer and every admin request would be let in.
+    #[error(
+        "the job secret is empty: every peer and admin request would be let in; set \
+         EBBFLOW_JOB_SECRET (or --secret) to the job's token"
+    )]
+    EmptySecret,
     /// The admin API could not be served.
     #[error("serving the admin API failed: {0}")]
     Serve(std::io::Error),
@@ -494,6 +510,7 @@ impl ElasticJobError {
     /// Static label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
+            ElasticJobError::EmptySecret => "empty_secret",
             ElasticJobError::Serve(_) => "serve",
             ElasticJobError::JoinTimeout { .. } => "join_timeout",
             ElasticJobError::Run(e) => e.category(),
@@ -579,6 +596,7 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     metrics: &crate::metrics::RuntimeMetrics,
     feed: JobFeed,
 ) -> Result<crate::elastic::ElasticReport, ElasticJobError> {
+    check_secret(&job.secret)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -730,6 +748,13 @@ pub fn run_elastic_job_with<A: crate::app::App>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_empty_job_secret_is_refused() {
+        let error = check_secret("").unwrap_err();
+        assert!(error.to_string().contains("EBBFLOW_JOB_SECRET"), "{error}");
+        assert!(check_secret("token").is_ok());
+    }
+
     use super::*;
 
     fn join(name: &str, reliable: bool, port: u16) -> JoinRequest {

@@ -103,8 +103,13 @@ pub struct NodeArgs {
     /// Directory holding relative dataset paths.
     #[arg(long, env = "EBBFLOW_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// The job secret.
-    #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+    /// The job secret (not empty).
+    #[arg(
+        long,
+        env = "EBBFLOW_JOB_SECRET",
+        hide_env_values = true,
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
+    )]
     pub secret: String,
 }
 

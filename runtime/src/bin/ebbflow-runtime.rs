@@ -63,7 +63,12 @@ enum Command {
         #[arg(long)]
         nodes: u32,
         /// The job's shared secret.
-        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "EBBFLOW_JOB_SECRET",
+            hide_env_values = true,
+            value_parser = clap::builder::NonEmptyStringValueParser::new()
+        )]
         secret: String,
         /// Write the final run report (JSON) here.
         #[arg(long)]
@@ -95,7 +100,12 @@ enum Command {
         #[arg(long)]
         no_serve: bool,
         /// The job's shared secret.
-        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "EBBFLOW_JOB_SECRET",
+            hide_env_values = true,
+            value_parser = clap::builder::NonEmptyStringValueParser::new()
+        )]
         secret: String,
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
@@ -147,7 +157,12 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         heartbeat_timeout_ms: u64,
         /// The job's shared secret.
-        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "EBBFLOW_JOB_SECRET",
+            hide_env_values = true,
+            value_parser = clap::builder::NonEmptyStringValueParser::new()
+        )]
         secret: String,
         /// Write the final report (JSON) here.
         #[arg(long)]
@@ -188,7 +203,12 @@ enum Command {
         #[arg(long)]
         metrics_listen: Option<SocketAddr>,
         /// The job's shared secret.
-        #[arg(long, env = "EBBFLOW_JOB_SECRET", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "EBBFLOW_JOB_SECRET",
+            hide_env_values = true,
+            value_parser = clap::builder::NonEmptyStringValueParser::new()
+        )]
         secret: String,
         /// Milliseconds between heartbeats to the coordinator.
         #[arg(long, default_value_t = 500)]
