@@ -253,9 +253,12 @@ impl CostLedger {
                 continue;
             };
             seen.insert(pod.name.to_owned());
-            let running = self.running.entry(pod.name.to_owned()).or_insert_with(|| {
+            // An instance seen before was noted above; a new one is noted as it starts.
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                self.running.entry(pod.name.to_owned())
+            {
                 let from = pricing.time(started).min(now_m);
-                Running {
+                slot.insert(Running {
                     priced: priced.clone(),
                     meter: Meter::new(pricing.setup.billing, from),
                     accrued_to: from,
@@ -263,9 +266,9 @@ impl CostLedger {
                     last_price: 0.0,
                     evicted: false,
                     ended_by: None,
-                }
-            });
-            running.note_end(pod, pricing);
+                })
+                .note_end(pod, pricing);
+            }
         }
         let gone: Vec<String> = self
             .running

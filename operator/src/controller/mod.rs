@@ -736,32 +736,30 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     // Notices not through (the coordinator unreachable, or not answering the POST) are tried
     // again well before their deadline, not at the next decision (120 s by default, past EC2's
     // two minutes); one the coordinator refuses (4xx) waits for the usual cadence.
-    let mut retry_notices_by: Option<Timestamp> = None;
-    let mut not_through = |notice: &Notice| {
-        retry_notices_by =
-            Some(retry_notices_by.map_or(notice.leaves_at, |by| by.min(notice.leaves_at)));
-    };
-    if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
-        // All at once, as the relay does: a slow POST must not hold the others back.
-        let outcomes = futures::future::join_all(undelivered.iter().map(|notice| {
-            notify(
-                &ctx,
-                &job,
-                &coordinator_base,
-                observed.token.as_deref(),
-                notice,
-                now,
-            )
-        }))
-        .await;
-        for (notice, outcome) in undelivered.iter().zip(outcomes) {
-            if outcome == Delivery::Failed {
-                not_through(notice);
-            }
-        }
-    } else {
-        undelivered.iter().for_each(&mut not_through);
-    }
+    let not_through: Vec<&Notice> =
+        if coordinator_reachable && !matches!(coordinator, CoordinatorObservation::NotQueried) {
+            // All at once, as the relay does: a slow POST must not hold the others back.
+            let outcomes = futures::future::join_all(undelivered.iter().map(|notice| {
+                notify(
+                    &ctx,
+                    &job,
+                    &coordinator_base,
+                    observed.token.as_deref(),
+                    notice,
+                    now,
+                )
+            }))
+            .await;
+            undelivered
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, outcome)| *outcome == Delivery::Failed)
+                .map(|(notice, _)| notice)
+                .collect()
+        } else {
+            undelivered.iter().collect()
+        };
+    let retry_notices_by = not_through.iter().map(|notice| notice.leaves_at).min();
 
     // cost: the job's instances charged on its market, when it has one
     let report = match &coordinator {

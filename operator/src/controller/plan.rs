@@ -446,9 +446,16 @@ const EVICTED_REASON: &str = "Evicted";
 /// Whether `pod` ended by the cluster's doing: a notice against it, its node's end, or the
 /// kubelet's eviction under node pressure.
 fn ended_by_the_cluster(pod: &ObservedPod<'_>) -> bool {
-    let reason = pod.pod.status.as_ref().and_then(|s| s.reason.as_deref());
-    pod.notice.is_some()
-        || reason.is_some_and(|r| NODE_END_REASONS.contains(&r) || r == EVICTED_REASON)
+    ended_with_its_node(pod) || status_reason(pod.pod) == Some(EVICTED_REASON)
+}
+
+/// Whether `pod` ended with its instance: a notice against it, or its node shut down or lost.
+fn ended_with_its_node(pod: &ObservedPod<'_>) -> bool {
+    pod.notice.is_some() || status_reason(pod.pod).is_some_and(|r| NODE_END_REASONS.contains(&r))
+}
+
+fn status_reason(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.reason.as_deref()
 }
 
 /// Whether a container of `pod` ran and terminated (a pod refused at admission has none).
@@ -467,11 +474,7 @@ fn runtime_ran(pod: &Pod) -> bool {
 /// startup, OOMKilled. Not a pod with a notice against it or whose node shut down or went away:
 /// those are the spot market's doing, and the footprint replaces them at once.
 pub fn node_failure(pod: &ObservedPod<'_>) -> Option<PodFailure> {
-    if is_coordinator(pod.pod) || pod.notice.is_some() {
-        return None;
-    }
-    let reason = pod.pod.status.as_ref()?.reason.as_deref();
-    if reason.is_some_and(|r| NODE_END_REASONS.contains(&r)) {
+    if is_coordinator(pod.pod) || ended_with_its_node(pod) {
         return None;
     }
     pod_failure(pod.pod)
@@ -1267,33 +1270,32 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
     }
 }
 
-/// Pods the plan keeps that count towards each pool (alive transient pods), for the bidder's
-/// view and the status.
+/// Transient pods per pool that failed by themselves ([`node_failure`]) and are still listed.
 pub fn failed_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
-    let mut counts = BTreeMap::new();
-    for pod in observed
-        .iter()
-        .filter(|p| p.tier == Tier::Transient && node_failure(p).is_some())
-    {
-        *counts
-            .entry(pod.pool.clone().unwrap_or_default())
-            .or_insert(0) += 1;
-    }
-    counts
+    transient_per_pool(observed, |p| node_failure(p).is_some())
 }
 
-/// Transient pods per pool that count towards the footprint ([`ObservedPod::alive`]).
+/// Pods the plan keeps that count towards each pool (alive transient pods), for the bidder's
+/// view and the status.
 pub fn alive_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, u32> {
-    let mut counts = BTreeMap::new();
+    transient_per_pool(observed, |p| p.alive())
+}
+
+/// Transient pods per pool for which `counts` holds.
+fn transient_per_pool(
+    observed: &[ObservedPod<'_>],
+    counts: impl Fn(&ObservedPod<'_>) -> bool,
+) -> BTreeMap<PoolKey, u32> {
+    let mut per_pool = BTreeMap::new();
     for pod in observed
         .iter()
-        .filter(|p| p.tier == Tier::Transient && p.alive())
+        .filter(|p| p.tier == Tier::Transient && counts(p))
     {
-        *counts
+        *per_pool
             .entry(pod.pool.clone().unwrap_or_default())
             .or_insert(0) += 1;
     }
-    counts
+    per_pool
 }
 
 /// When the oldest alive transient pod of each pool was created (its allocation's launch).
