@@ -69,7 +69,8 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_model: Option<AppModelStatus>,
 
-    /// Current allocations: instances bought together in one pool at one price.
+    /// Current allocations: the alive transient instances of each pool, with the lowest bid
+    /// they were launched at and the pool's price now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub allocations: Vec<AllocationStatus>,
@@ -311,8 +312,10 @@ pub struct AllocationStatus {
     /// Highest price bid, USD per instance-hour (spot only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_price: Option<f64>,
-    /// Price currently charged, USD per instance-hour.
-    pub price: f64,
+    /// Price currently charged, USD per instance-hour (absent where the job's market quotes
+    /// none for the pool, or the job has no market).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<f64>,
     /// When the allocation was acquired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,

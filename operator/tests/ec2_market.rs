@@ -41,6 +41,7 @@ fn decide(planner: &BidBrainPlanner, job: &TrainingJob, now: Timestamp) -> Capac
         job,
         alive: &BTreeMap::new(),
         launched: &BTreeMap::new(),
+        bids: &BTreeMap::new(),
         pools_under_notice: &BTreeSet::new(),
         failed: &BTreeMap::new(),
         coordinator: None,

@@ -177,6 +177,9 @@ pub struct Decision {
     pub deadline_at_risk: bool,
     /// Set when the total budget is spent: every transient allocation is released.
     pub budget_exhausted: bool,
+    /// Set when what is held costs more per hour at current prices than `budgetPerHour`:
+    /// the dearest allocations are released until the rest fits.
+    pub over_budget_per_hour: bool,
 }
 
 /// Inputs of one decision.
@@ -471,6 +474,7 @@ impl Bidder<'_> {
                 no_feasible_pool: None,
                 deadline_at_risk: input.job.deadline.is_some(),
                 budget_exhausted: true,
+                over_budget_per_hour: false,
             };
         }
 
@@ -564,6 +568,42 @@ impl Bidder<'_> {
                 release.push(id);
                 released = released.with(&self.release_term(input, allocation));
                 footprint = dropped;
+            }
+        }
+
+        // budgetPerHour holds for what is held too: prices move, so an allocation bought
+        // within the cap can take the footprint over it. The dearest instances go first (a
+        // whole allocation at a time; the acquisitions below may buy back what fits). The cap
+        // wins over a deadline: it is the user's limit on money.
+        let mut over_budget_per_hour = false;
+        if let Some(cap) = input.job.budget_per_hour_usd {
+            let reliable = f64::from(input.reliable.count) * input.reliable.usd_hr;
+            loop {
+                let kept = terms
+                    .iter()
+                    .filter(|(allocation, _, _)| !release.contains(&allocation.id));
+                let spend: f64 = kept.clone().map(|(_, term, _)| term.spend_per_hour).sum();
+                if spend + reliable <= cap + 1e-9 {
+                    break;
+                }
+                let Some((allocation, _, _)) = kept
+                    .filter(|(_, term, _)| term.spend_per_hour > 0.0)
+                    .max_by(|a, b| {
+                        let each = |t: &Term| t.spend_per_hour / t.count.max(1.0);
+                        each(&a.1).total_cmp(&each(&b.1))
+                    })
+                else {
+                    break;
+                };
+                over_budget_per_hour = true;
+                release.push(allocation.id);
+                released = released.with(&self.release_term(input, allocation));
+            }
+            if over_budget_per_hour {
+                footprint = terms
+                    .iter()
+                    .filter(|(allocation, _, _)| !release.contains(&allocation.id))
+                    .fold(released, |f, (_, term, _)| f.with(term));
             }
         }
 
@@ -668,6 +708,7 @@ impl Bidder<'_> {
             no_feasible_pool,
             deadline_at_risk,
             budget_exhausted: false,
+            over_budget_per_hour,
         }
     }
 }

@@ -293,6 +293,42 @@ fn budgets_cap_spending() {
 }
 
 #[test]
+fn budget_per_hour_holds_for_what_is_held() {
+    let model = eviction_model();
+    // held: 4 stable at 0.3 and 2 churny; prices rose to 0.45 (stable) and 0.6 (churny), so
+    // 1 + 4 × 0.45 + 2 × 0.6 = 4 USD/h against a cap of 2.5
+    let mut scenario = Scenario::new(BillingModel::Gcp)
+        .price(STABLE, Some(0.45), true)
+        .price(CHURNY, Some(0.6), true)
+        .holding(1, STABLE, 4, 0.9, 600)
+        .holding(2, CHURNY, 2, 0.9, 600);
+    scenario.job.budget_per_hour_usd = Some(2.5);
+    let decision = scenario.decide(&model);
+    assert!(decision.over_budget_per_hour, "{decision:?}");
+    // the dearest (churny) goes first; then the stable allocation is still over the cap, so
+    // it goes too and what fits (3 × 0.45 ≤ 1.5) may be bought back
+    assert!(decision.release.contains(&2), "{decision:?}");
+    let kept: f64 = scenario
+        .allocations
+        .iter()
+        .filter(|a| !decision.release.contains(&a.id))
+        .map(|a| f64::from(a.count) * scenario.view.quotes[a.pool].price.unwrap())
+        .sum();
+    let bought: f64 = decision
+        .acquire
+        .iter()
+        .map(|r| f64::from(r.count) * scenario.view.quotes[r.pool].price.unwrap())
+        .sum();
+    assert!(1.0 + kept + bought <= 2.5 + 1e-9, "{decision:?}");
+    assert!(kept + bought > 0.0, "{decision:?}");
+
+    // within the cap nothing is released for it
+    scenario.job.budget_per_hour_usd = Some(10.0);
+    let decision = scenario.decide(&model);
+    assert!(!decision.over_budget_per_hour, "{decision:?}");
+}
+
+#[test]
 fn decisions_are_deterministic() {
     let model = eviction_model();
     let scenario = Scenario::new(BillingModel::Aws).holding(1, CHURNY, 2, 0.31, 1000);

@@ -161,11 +161,34 @@ fn market_key(job: &TrainingJob) -> String {
     .to_string()
 }
 
-/// The spec's decision with `reason`.
+/// The spec's decision with `reason`, while BidBrain has no market for the job; nothing
+/// transient once the total budget is spent (the spec's maxNodes would keep buying).
 fn hold_spec(view: &CapacityView<'_>, reason: &str) -> CapacityDecision {
+    if budget_spent(view.job) {
+        return CapacityDecision {
+            reason: "BudgetExhausted".to_owned(),
+            ..CapacityDecision::default()
+        };
+    }
     let mut decision = SpecCapacityPlanner.decide(view);
     decision.reason = reason.to_owned();
     decision
+}
+
+/// USD the job has spent so far (`status.cost.spent`).
+fn spent(job: &TrainingJob) -> f64 {
+    job.status
+        .as_ref()
+        .and_then(|s| s.cost.as_ref())
+        .map_or(0.0, |c| c.spent)
+}
+
+/// The job's total budget is set and spent.
+fn budget_spent(job: &TrainingJob) -> bool {
+    job.spec
+        .bidding
+        .budget_total
+        .is_some_and(|budget| spent(job) >= budget)
 }
 
 impl BidBrainPlanner {
@@ -465,6 +488,28 @@ fn pool_key(info: &market::PoolInfo, capacity: market::CapacityType) -> PoolKey 
     PoolKey::new(&info.id.instance_type, &info.id.zone, capacity)
 }
 
+/// USD per hour of `counts` at `slot`'s prices (spot) or on-demand prices, with the reliable
+/// tier: what budgetPerHour caps.
+fn hourly_spend(
+    setup: &MarketSetup,
+    index: &BTreeMap<PoolKey, (usize, market::CapacityType)>,
+    slot: usize,
+    counts: &BTreeMap<PoolKey, u32>,
+) -> f64 {
+    let grid = &setup.grid;
+    let transient: f64 = counts
+        .iter()
+        .map(|(key, count)| {
+            let each = index.get(key).and_then(|&(pool, capacity)| match capacity {
+                market::CapacityType::Spot => grid.price(pool, slot),
+                market::CapacityType::OnDemand => grid.pools[pool].on_demand_usd_hr,
+            });
+            f64::from(*count) * each.unwrap_or(0.0)
+        })
+        .sum();
+    transient + f64::from(setup.reliable.count) * setup.reliable.usd_hr
+}
+
 /// One BidBrain decision for the job in `view` on `setup`'s market with application model
 /// `app` (pure).
 pub fn decide_on(
@@ -515,8 +560,10 @@ pub fn decide_on(
             pool,
             capacity,
             count: *count,
+            // the bid the pods were launched at (a held instance keeps its bid; the spec's cap
+            // or the on-demand price only where the pods do not record one)
             max_price: match capacity {
-                market::CapacityType::Spot => max_price(pool),
+                market::CapacityType::Spot => view.bids.get(key).copied().or(max_price(pool)),
                 market::CapacityType::OnDemand => None,
             },
             launched_at: to_trace(launched),
@@ -525,11 +572,7 @@ pub fn decide_on(
 
     let iterations = job.spec.stop.iterations.unwrap_or(0);
     let done = view.coordinator.and_then(|c| c.iteration).unwrap_or(0);
-    let spent = job
-        .status
-        .as_ref()
-        .and_then(|s| s.cost.as_ref())
-        .map_or(0.0, |c| c.spent);
+    let spent = spent(job);
     let state = JobState {
         remaining_work: iterations.saturating_sub(done) as f64,
         deadline: job
@@ -579,6 +622,8 @@ pub fn decide_on(
     }
     let mut reason = if decision.budget_exhausted {
         "BudgetExhausted"
+    } else if decision.over_budget_per_hour {
+        "BudgetPerHour"
     } else if decision.no_feasible_pool.is_some() {
         "NoFeasiblePool"
     } else if decision.deadline_at_risk {
@@ -593,16 +638,39 @@ pub fn decide_on(
     let spec = &job.spec.transient;
     let total: u32 = counts.values().sum();
     if total < spec.min_nodes && !decision.budget_exhausted {
+        // "while the market allows": the cheapest spot pool with capacity and a price within
+        // the job's max price, as many as fit under budgetPerHour beside what is kept
         let cheapest = (0..grid.pools.len())
             .filter_map(|pool| grid.price(pool, slot).map(|price| (pool, price)))
+            .filter(|&(pool, price)| max_price(pool).is_none_or(|cap| price <= cap))
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((pool, _)) = cheapest {
-            let key = pool_key(&grid.pools[pool], market::CapacityType::Spot);
-            *counts.entry(key.clone()).or_default() += spec.min_nodes - total;
-            if let Some(price) = max_price(pool) {
-                prices.entry(key).or_insert(price);
+        match cheapest {
+            Some((pool, price)) => {
+                let mut missing = spec.min_nodes - total;
+                let mut budget_limited = false;
+                if let Some(cap) = job.spec.bidding.budget_per_hour {
+                    let fits = ((cap - hourly_spend(setup, &index, slot, &counts)) / price)
+                        .floor()
+                        .max(0.0) as u32;
+                    budget_limited = fits < missing;
+                    missing = missing.min(fits);
+                }
+                let key = pool_key(&grid.pools[pool], market::CapacityType::Spot);
+                if missing > 0 {
+                    *counts.entry(key.clone()).or_default() += missing;
+                    if let Some(bid) = max_price(pool) {
+                        prices.entry(key).or_insert(bid);
+                    }
+                }
+                reason = if budget_limited {
+                    "BudgetPerHour"
+                } else {
+                    "MinNodes"
+                };
             }
-            reason = "MinNodes";
+            // minNodes holds while the market allows: here it does not, and the decision
+            // says so rather than buying above the job's max price
+            None => reason = "NoFeasiblePool",
         }
     }
     let mut total: u32 = counts.values().sum();
@@ -687,6 +755,7 @@ mod tests {
             job,
             alive: &alive,
             launched: &launched,
+            bids: &BTreeMap::new(),
             pools_under_notice: &BTreeSet::new(),
             failed: &BTreeMap::new(),
             coordinator: None,
@@ -795,6 +864,90 @@ mod tests {
                 .transient
                 .is_empty()
         );
+    }
+
+    /// The cheapest buyable spot pool at the job's start, its price, and the reliable tier's
+    /// USD per hour.
+    fn cheapest_at_start(job: &TrainingJob) -> (PoolKey, f64, f64) {
+        let setup = setup_market(job, &spot_data()).expect("the p3 trace loads");
+        let slot = setup.start_slot;
+        let (pool, price) = (0..setup.grid.pools.len())
+            .filter_map(|pool| setup.grid.price(pool, slot).map(|price| (pool, price)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("a buyable pool");
+        let key = pool_key(&setup.grid.pools[pool], market::CapacityType::Spot);
+        let reliable = f64::from(setup.reliable.count) * setup.reliable.usd_hr;
+        (key, price, reliable)
+    }
+
+    #[test]
+    fn min_nodes_holds_only_while_the_market_allows() {
+        let (_, price, reliable) = cheapest_at_start(&job(3, 3));
+        // every pool is above the job's max price: nothing is bought, and the decision says so
+        let capped = job(3, 3).with_max_price(price / 2.0);
+        let decision = decide(&planner(), &capped, &[], "2026-11-23T10:00:00Z");
+        assert_eq!(decision.reason, "NoFeasiblePool", "{decision:?}");
+        assert_eq!(decision.total(), 0, "{decision:?}");
+        // budgetPerHour leaves room for one instance beside the reliable tier: one, not three
+        let budget = job(3, 3).with_budget_per_hour(reliable + 1.5 * price);
+        let decision = decide(&planner(), &budget, &[], "2026-11-23T10:00:00Z");
+        assert_eq!(decision.reason, "BudgetPerHour", "{decision:?}");
+        assert_eq!(decision.total(), 1, "{decision:?}");
+        // room for all three: minNodes as before
+        let roomy = job(3, 3).with_budget_per_hour(reliable + 3.5 * price);
+        let decision = decide(&planner(), &roomy, &[], "2026-11-23T10:00:00Z");
+        assert_eq!(decision.total(), 3, "{decision:?}");
+    }
+
+    #[test]
+    fn a_held_allocation_keeps_the_bid_its_pods_were_launched_at() {
+        let job = job(0, 2);
+        let (pool, price, _) = cheapest_at_start(&job);
+        let alive = BTreeMap::from([(pool.clone(), 2)]);
+        let launched = BTreeMap::from([(
+            pool.clone(),
+            job.metadata.creation_timestamp.clone().unwrap().0,
+        )]);
+        let view = |bids: &BTreeMap<PoolKey, f64>| {
+            planner().decide(&CapacityView {
+                job: &job,
+                alive: &alive,
+                launched: &launched,
+                bids,
+                pools_under_notice: &BTreeSet::new(),
+                failed: &BTreeMap::new(),
+                coordinator: None,
+                now: "2026-11-23T10:00:30Z".parse().unwrap(),
+            })
+        };
+        let bid = price + 0.0001 * 3.06;
+        let recorded = view(&BTreeMap::from([(pool.clone(), bid)]));
+        assert_eq!(recorded.transient.get(&pool), Some(&2), "{recorded:?}");
+        assert_eq!(recorded.max_prices.get(&pool), Some(&bid), "{recorded:?}");
+        // a pod without a recorded bid: the job's cap (here the on-demand price)
+        let unrecorded = view(&BTreeMap::new());
+        assert_eq!(
+            unrecorded.max_prices.get(&pool),
+            Some(&3.06),
+            "{unrecorded:?}"
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_buys_nothing_while_the_market_loads() {
+        let mut live = job(0, 2)
+            .with_ec2_market("us-east-1")
+            .with_budget_total(10.0);
+        live.status = Some(ebbflow_crds::TrainingJobStatus {
+            cost: Some(ebbflow_crds::CostStatus {
+                spent: 10.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let decision = decide(&planner(), &live, &[], "2026-11-23T10:00:00Z");
+        assert_eq!(decision.reason, "BudgetExhausted");
+        assert_eq!(decision.total(), 0);
     }
 
     #[test]
@@ -932,6 +1085,7 @@ mod tests {
                 job: &job,
                 alive: &alive,
                 launched: &launched,
+                bids: &BTreeMap::new(),
                 pools_under_notice: &noticed,
                 failed: &BTreeMap::new(),
                 coordinator: None,
@@ -1079,10 +1233,12 @@ mod tests {
         let launched = BTreeMap::new();
         let noticed = BTreeSet::new();
         let failed = BTreeMap::new();
+        let bids = BTreeMap::new();
         let view = |now: &str| CapacityView {
             job: &job,
             alive: &alive,
             launched: &launched,
+            bids: &bids,
             pools_under_notice: &noticed,
             failed: &failed,
             coordinator: None,

@@ -368,6 +368,7 @@ mod tests {
                 job: &self.job,
                 alive: &self.alive,
                 launched: &BTreeMap::new(),
+                bids: &BTreeMap::new(),
                 pools_under_notice: &self.noticed,
                 failed: &self.failed,
                 coordinator: self.reachable.then_some(&self.report),

@@ -21,6 +21,9 @@ pub struct CapacityView<'a> {
     pub alive: &'a BTreeMap<PoolKey, u32>,
     /// When the oldest alive transient pod of each pool was created.
     pub launched: &'a BTreeMap<PoolKey, Timestamp>,
+    /// The lowest max price (USD per instance-hour) the alive spot pods of each pool were bid
+    /// at, where their pods record it ([`super::plan::MAX_PRICE_ANNOTATION`]).
+    pub bids: &'a BTreeMap<PoolKey, f64>,
     /// Pools with a pod under an eviction notice right now.
     pub pools_under_notice: &'a BTreeSet<PoolKey>,
     /// Transient pods per pool that failed by themselves (a crash, an OOMKill, an admission
@@ -135,6 +138,7 @@ mod tests {
             job,
             alive: &alive,
             launched: &BTreeMap::new(),
+            bids: &BTreeMap::new(),
             pools_under_notice: &noticed,
             failed: &BTreeMap::new(),
             coordinator: None,

@@ -55,6 +55,13 @@ impl Pricing {
             .position(|p| p.id.instance_type == key.0.instance_type && p.id.zone == key.0.zone)
     }
 
+    /// USD per instance-hour charged for an instance of `pool` at `at` (`None`: the market
+    /// quotes no price for it then).
+    pub fn price_at(&self, pool: &PoolKey, at: Timestamp) -> Option<f64> {
+        let slot = self.setup.grid.slot_at(self.time(at));
+        self.price(&Priced::Pool(pool.clone()), slot).0
+    }
+
     /// USD per hour charged for `what` during step `slot` (`None`: the market gives none then)
     /// and the on-demand price of the same instance.
     fn price(&self, what: &Priced, slot: usize) -> (Option<f64>, Option<f64>) {

@@ -667,6 +667,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             app_model: None,
             provisioner_error: None,
             cost: None,
+            prices: BTreeMap::new(),
             stop: None,
             coordinator_failures: 0,
             coordinator_failed: None,
@@ -767,18 +768,22 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         _ => None,
     };
     let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
-    let (cost, spend_rate) = match ctx.capacity.pricing(&job, now) {
+    let (cost, spend_rate, prices) = match ctx.capacity.pricing(&job, now) {
         Some(pricing) => {
             let job_over = already_succeeded || report.is_some_and(|r| r.ended());
             let previous_cost = previous.and_then(|s| s.cost.as_ref());
+            let prices: BTreeMap<PoolKey, f64> = plan::alive_per_pool(&classified)
+                .into_keys()
+                .filter_map(|pool| pricing.price_at(&pool, now).map(|price| (pool, price)))
+                .collect();
             ctx.with_memory(&job_ref, |memory| {
                 let cost = memory
                     .cost
                     .observe(&pricing, &classified, job_over, now, previous_cost);
-                (Some(cost), memory.cost.spend_rate(&pricing))
+                (Some(cost), memory.cost.spend_rate(&pricing), prices)
             })
         }
-        None => (None, 0.0),
+        None => (None, 0.0, BTreeMap::new()),
     };
 
     if let Some(cost) = &cost {
@@ -936,12 +941,14 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let alive = plan::alive_per_pool(&classified);
     let under_notice = plan::pools_under_notice(&classified);
     let launched = plan::oldest_per_pool(&classified);
+    let bids = plan::bids_per_pool(&classified);
     let failed = plan::failed_per_pool(&classified);
     let decision = if activity == Activity::Run {
         ctx.capacity.decide(&CapacityView {
             job: &job,
             alive: &alive,
             launched: &launched,
+            bids: &bids,
             pools_under_notice: &under_notice,
             failed: &failed,
             coordinator: match &coordinator {
@@ -1245,6 +1252,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         app_model: decision.app_model.clone(),
         provisioner_error: provisioner_error.clone(),
         cost,
+        prices,
         stop,
         coordinator_failures,
         coordinator_failed,

@@ -49,6 +49,10 @@ pub const ANNOTATION_PREFIX: &str = "ebbflow.dev/";
 pub const ZONE_ANNOTATION: &str = "ebbflow.dev/zone";
 /// Annotation with the pool's capacity type (`spot` or `on-demand`).
 pub const CAPACITY_TYPE_ANNOTATION: &str = "ebbflow.dev/capacity-type";
+/// Annotation with the max price (USD per instance-hour) a transient spot pod was bid at, as
+/// the capacity decision that created it set; read back for the held allocation's eviction
+/// outlook and `status.allocations`.
+pub const MAX_PRICE_ANNOTATION: &str = "ebbflow.dev/max-price";
 /// `app.kubernetes.io/managed-by` value on every child.
 pub const MANAGED_BY: &str = "ebbflow-operator";
 /// Well-known node label of the instance type.
@@ -1066,6 +1070,11 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                 CAPACITY_TYPE_ANNOTATION.to_owned(),
                 pool.capacity_type.as_str().to_owned(),
             );
+            if pool.capacity_type == CapacityType::Spot
+                && let Some(bid) = input.decision.max_prices.get(pool)
+            {
+                annotations.insert(MAX_PRICE_ANNOTATION.to_owned(), bid.to_string());
+            }
             (
                 transient_pod_name(&job_name, *ordinal),
                 Tier::Transient,
@@ -1318,6 +1327,33 @@ pub fn oldest_per_pool(
         }
     }
     oldest
+}
+
+/// The lowest max price each pool's alive spot pods were bid at ([`MAX_PRICE_ANNOTATION`]; the
+/// lowest bid is the first the market takes back). Pods without a readable bid are left out.
+pub fn bids_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, f64> {
+    let mut bids: BTreeMap<PoolKey, f64> = BTreeMap::new();
+    for pod in observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && p.alive())
+    {
+        let Some(bid) = pod
+            .pod
+            .annotations()
+            .get(MAX_PRICE_ANNOTATION)
+            .and_then(|text| text.parse::<f64>().ok())
+            .filter(|bid| bid.is_finite() && *bid > 0.0)
+        else {
+            continue;
+        };
+        let pool = pod.pool.clone().unwrap_or_default();
+        if pool.0.capacity_type != CapacityType::Spot {
+            continue;
+        }
+        let entry = bids.entry(pool).or_insert(bid);
+        *entry = entry.min(bid);
+    }
+    bids
 }
 
 /// Pools that have at least one pod under a notice about the pool's capacity

@@ -1057,3 +1057,31 @@ fn reliable_pods_are_kept_from_voluntary_disruption_spot_pods_are_not() {
         }
     }
 }
+
+#[test]
+fn spot_pods_record_their_bid_and_the_lowest_bid_per_pool_is_read_back() {
+    let job = job();
+    let a = spot("c5.xlarge", "us-east-1a");
+    let b = spot("m5.large", "us-east-1b");
+    let mut decided = decision(&[(a.clone(), 2), (b.clone(), 1)]);
+    decided.max_prices.insert(a.clone(), 0.1234);
+    let plan = run_plan(&job, &[], &[], &decided);
+    let bid = |pod: &Pod| pod.annotations().get(MAX_PRICE_ANNOTATION).cloned();
+    assert_eq!(bid(&plan.create[2]).as_deref(), Some("0.1234"));
+    assert_eq!(bid(&plan.create[4]), None, "no bid decided for b");
+    assert_eq!(bid(&plan.create[0]), None, "reliable pods bid nothing");
+
+    // read back: the lowest readable bid among a pool's alive pods
+    let mut pods = vec![
+        existing("mf-t-0", Some(&a), true, "2026-11-23T10:00:00Z"),
+        existing("mf-t-1", Some(&a), true, "2026-11-23T10:00:00Z"),
+        existing("mf-t-2", Some(&a), true, "2026-11-23T10:00:00Z"),
+        existing("mf-t-3", Some(&b), true, "2026-11-23T10:00:00Z"),
+    ];
+    for (pod, text) in pods.iter_mut().zip(["0.5", "0.25", "not a price", "-1"]) {
+        pod.annotations_mut()
+            .insert(MAX_PRICE_ANNOTATION.to_owned(), text.to_owned());
+    }
+    let observed = observe_pods("mf", &pods, &[]);
+    assert_eq!(bids_per_pool(&observed), BTreeMap::from([(a, 0.25)]));
+}

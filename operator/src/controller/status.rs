@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use ebbflow_crds::{
-    BidAction, BidDecision, CostStatus, NodeCounts, Phase, PoolNodes, TrainingJobStatus,
+    AllocationStatus, BidAction, BidDecision, CostStatus, NodeCounts, Phase, PoolNodes,
+    TrainingJobStatus,
 };
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -114,6 +115,9 @@ pub struct StatusInput<'a> {
     pub provisioner_error: Option<String>,
     /// The job's cost, when its instances are priced ([`super::cost`]).
     pub cost: Option<CostStatus>,
+    /// USD per instance-hour each pool is charged now, where the job's market prices it (for
+    /// `status.allocations`).
+    pub prices: BTreeMap<PoolKey, f64>,
     /// A stop the operator decided ([`super::stop`]).
     pub stop: Option<StopState>,
     /// Times the coordinator pod failed since the coordinator last answered.
@@ -124,6 +128,28 @@ pub struct StatusInput<'a> {
     pub node_failures: NodeFailures,
     /// Now.
     pub now: Timestamp,
+}
+
+/// The job's transient allocations: its alive pods per pool, bought when the oldest of them
+/// was created, at the lowest bid their pods record, charged at the pool's price now.
+pub fn allocations(
+    pods: &[ObservedPod<'_>],
+    prices: &BTreeMap<PoolKey, f64>,
+) -> Vec<AllocationStatus> {
+    let launched = super::plan::oldest_per_pool(pods);
+    let bids = super::plan::bids_per_pool(pods);
+    super::plan::alive_per_pool(pods)
+        .into_iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(pool, count)| AllocationStatus {
+            id: super::plan::pool_slug(&pool.0),
+            count,
+            max_price: bids.get(&pool).copied(),
+            price: prices.get(&pool).copied(),
+            since: launched.get(&pool).map(|at| Time(*at)),
+            pool: pool.0,
+        })
+        .collect()
 }
 
 /// Sets condition `type_` in `conditions`, keeping lastTransitionTime when the status did not
@@ -290,6 +316,7 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
             .or_insert(0) += 1;
     }
     let transient_ready: u32 = pools.values().sum();
+    status.allocations = allocations(input.pods, &input.prices);
     status.nodes = Some(NodeCounts {
         reliable: reliable_ready,
         transient: transient_ready,

@@ -7,6 +7,7 @@ use crate::{
 };
 use ebbflow_crds::{BidAction, CapacityType, MAX_RECENT_DECISIONS, Phase, TrainingJobStatus};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 
 fn pod(name: &str, ready: bool) -> Pod {
     let tier = if name.contains("-r-") {
@@ -63,22 +64,12 @@ fn compute_with(
     compute_status(&StatusInput {
         previous,
         generation: Some(4),
-        validation: Ok(()),
         suspended,
-        reliable_count: 1,
-        pods,
-        creating: 0,
         coordinator,
-        decision_changes: Vec::new(),
-        new_evictions: 0,
-        app_model: None,
-        provisioner_error: None,
         cost,
         stop,
-        coordinator_failures: 0,
-        coordinator_failed: None,
-        node_failures: NodeFailures::default(),
         now,
+        ..input(pods)
     })
 }
 
@@ -308,24 +299,10 @@ fn suspend_and_resume() {
 #[test]
 fn invalid_spec_fails_with_the_field_in_the_message() {
     let status = compute_status(&StatusInput {
-        previous: None,
         generation: Some(2),
         validation: Err("spec.transient.minNodes: must not exceed maxNodes".into()),
-        suspended: false,
-        reliable_count: 1,
-        pods: &[],
-        creating: 0,
-        coordinator: &CoordinatorObservation::NotQueried,
-        decision_changes: Vec::new(),
-        new_evictions: 0,
-        app_model: None,
-        provisioner_error: None,
-        cost: None,
-        stop: None,
-        coordinator_failures: 0,
-        coordinator_failed: None,
-        node_failures: NodeFailures::default(),
         now: at(0),
+        ..input(&[])
     });
     assert_eq!(status.phase, Some(Phase::Failed));
     assert_eq!(
@@ -382,23 +359,10 @@ fn decision_log_records_changes_and_stays_bounded() {
     for i in 0..(MAX_RECENT_DECISIONS + 5) {
         status = compute_status(&StatusInput {
             previous: Some(&status),
-            generation: Some(1),
-            validation: Ok(()),
-            suspended: false,
-            reliable_count: 1,
-            pods: &[],
-            creating: 0,
-            coordinator: &CoordinatorObservation::NotQueried,
             decision_changes: decision_changes(&before, &decided(&format!("R{i}")), at(i as i64)),
             new_evictions: 1,
-            app_model: None,
-            provisioner_error: None,
-            cost: None,
-            stop: None,
-            coordinator_failures: 0,
-            coordinator_failed: None,
-            node_failures: NodeFailures::default(),
             now: at(i as i64),
+            ..input(&[])
         });
     }
     assert_eq!(status.recent_decisions.len(), MAX_RECENT_DECISIONS);
@@ -520,4 +484,77 @@ fn node_failures_in_a_row_back_off_and_start_again_after_ten_quiet_minutes() {
     failures.record(at(200 + 601), "exit code 3".into());
     assert_eq!(failures.count, 1);
     assert_eq!(failures.hold_until(backoff, at(802)), Some(at(806)));
+}
+
+#[test]
+fn allocations_are_the_alive_pods_per_pool_with_their_bid_and_price() {
+    let mut pods = vec![
+        pod("mf-r-0", true),
+        pod("mf-t-0", true),
+        pod("mf-t-1", false),
+        pod("mf-t-2", true),
+    ];
+    for (pod, (bid, created)) in pods[1..]
+        .iter_mut()
+        .zip([("0.31", 100), ("0.3", 50), ("0.4", 10)])
+    {
+        pod.annotations_mut().insert(
+            crate::controller::plan::MAX_PRICE_ANNOTATION.to_owned(),
+            bid.to_owned(),
+        );
+        pod.metadata.creation_timestamp = Some(Time(at(created)));
+    }
+    let notices = [Notice {
+        pod: "mf-t-2".into(),
+        node: None,
+        leaves_at: at(100),
+        source: crate::notices::NoticeSource::AwsNodeTerminationHandler,
+    }];
+    let observed = observe_pods("mf", &pods, &notices);
+    let pool = PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot);
+    let status = compute_status(&StatusInput {
+        prices: BTreeMap::from([(pool.clone(), 0.29)]),
+        ..input(&observed)
+    });
+    // mf-t-2 is under notice: leaving, not held
+    assert_eq!(
+        status.allocations,
+        [AllocationStatus {
+            id: "c5.xlarge_us-east-1a_spot".to_owned(),
+            pool: pool.0,
+            count: 2,
+            max_price: Some(0.3),
+            price: Some(0.29),
+            since: Some(Time(at(50))),
+        }]
+    );
+    // no market: no price, the rest as before
+    let status = compute_status(&input(&observed));
+    assert_eq!(status.allocations[0].price, None);
+    assert_eq!(status.allocations[0].count, 2);
+}
+
+/// A status input for a running job with `pods` and nothing else.
+fn input<'a>(pods: &'a [ObservedPod<'a>]) -> StatusInput<'a> {
+    StatusInput {
+        previous: None,
+        generation: Some(1),
+        validation: Ok(()),
+        suspended: false,
+        reliable_count: 1,
+        pods,
+        creating: 0,
+        coordinator: &CoordinatorObservation::NotQueried,
+        decision_changes: Vec::new(),
+        new_evictions: 0,
+        app_model: None,
+        provisioner_error: None,
+        cost: None,
+        prices: BTreeMap::new(),
+        stop: None,
+        coordinator_failures: 0,
+        coordinator_failed: None,
+        node_failures: NodeFailures::default(),
+        now: at(200),
+    }
 }
