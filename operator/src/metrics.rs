@@ -69,6 +69,7 @@ pub const ERROR_CATEGORIES: &[&str] = &[
 /// Notice sources used as the `source` label.
 pub const NOTICE_SOURCES: &[&str] = &[
     "AwsNodeTerminationHandler",
+    "AwsMaintenance",
     "AwsRebalanceRecommendation",
     "KarpenterDisruption",
     "GkeTermination",

@@ -53,8 +53,12 @@ pub(crate) const DEFAULT_GRACE: SignedDuration = SignedDuration::from_secs(30);
 /// Where a notice came from; also the `source` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NoticeSource {
-    /// An AWS Node Termination Handler interruption, maintenance or lifecycle taint.
+    /// An AWS Node Termination Handler spot-interruption taint.
     AwsNodeTerminationHandler,
+    /// An AWS Node Termination Handler scheduled-maintenance or ASG-lifecycle taint: the
+    /// instance goes, but not because the spot market takes it back (no refund, no signal about
+    /// the pool's capacity).
+    AwsMaintenance,
     /// An AWS Node Termination Handler rebalance-recommendation taint.
     AwsRebalanceRecommendation,
     /// Karpenter's disruption taint.
@@ -80,6 +84,7 @@ impl NoticeSource {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::AwsNodeTerminationHandler => "AwsNodeTerminationHandler",
+            Self::AwsMaintenance => "AwsMaintenance",
             Self::AwsRebalanceRecommendation => "AwsRebalanceRecommendation",
             Self::KarpenterDisruption => "KarpenterDisruption",
             Self::GkeTermination => "GkeTermination",
@@ -97,12 +102,16 @@ impl NoticeSource {
     /// release, nor a user deleting a pod. Only these make a pool look unsafe to the capacity
     /// planner and count as evictions for the application model.
     pub fn is_capacity_signal(self) -> bool {
-        !matches!(self, Self::ScaleDown | Self::PodDeletion)
+        !matches!(
+            self,
+            Self::ScaleDown | Self::PodDeletion | Self::AwsMaintenance
+        )
     }
 
     /// Every source, in declaration order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::AwsNodeTerminationHandler,
+        Self::AwsMaintenance,
         Self::AwsRebalanceRecommendation,
         Self::KarpenterDisruption,
         Self::GkeTermination,
@@ -235,8 +244,9 @@ pub(crate) fn node_notices(
 /// The lead time and source a taint announces, if it announces a departure.
 fn taint_notice(taint: &Taint, grace: SignedDuration) -> Option<(SignedDuration, NoticeSource)> {
     match taint.key.as_str() {
-        NTH_SPOT_ITN_TAINT | NTH_SCHEDULED_MAINTENANCE_TAINT | NTH_ASG_LIFECYCLE_TAINT => {
-            Some((EC2_NOTICE, NoticeSource::AwsNodeTerminationHandler))
+        NTH_SPOT_ITN_TAINT => Some((EC2_NOTICE, NoticeSource::AwsNodeTerminationHandler)),
+        NTH_SCHEDULED_MAINTENANCE_TAINT | NTH_ASG_LIFECYCLE_TAINT => {
+            Some((EC2_NOTICE, NoticeSource::AwsMaintenance))
         }
         NTH_REBALANCE_TAINT => Some((REBALANCE_NOTICE, NoticeSource::AwsRebalanceRecommendation)),
         KARPENTER_DISRUPTED_TAINT => Some((grace, NoticeSource::KarpenterDisruption)),
@@ -389,6 +399,28 @@ spec:
                 source: NoticeSource::AwsNodeTerminationHandler,
             }]
         );
+    }
+
+    #[test]
+    fn nth_maintenance_and_lifecycle_taints_are_not_spot_interruptions() {
+        for key in [NTH_SCHEDULED_MAINTENANCE_TAINT, NTH_ASG_LIFECYCLE_TAINT] {
+            let n1 = node(&format!(
+                r#"
+metadata: {{ name: n1 }}
+spec:
+  taints:
+    - {{ key: {key}, effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z" }}
+"#
+            ));
+            let found = notices(
+                &[pod(POD_ON_N1)],
+                &nodes(vec![("n1", n1)]),
+                at("2026-01-01T00:00:10Z"),
+            );
+            assert_eq!(found[0].source, NoticeSource::AwsMaintenance, "{key}");
+            assert_eq!(found[0].leaves_at, at("2026-01-01T00:02:00Z"), "{key}");
+            assert!(!found[0].source.is_capacity_signal(), "{key}");
+        }
     }
 
     #[test]

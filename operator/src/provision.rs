@@ -1,9 +1,15 @@
 //! The provisioner seam: from the instances a job should have per tier and pool and the instances
 //! it holds, what to launch and what to terminate.
 //!
-//! [`plan_instances`] is pure: it launches what is missing per (tier, pool) and terminates extras,
-//! the youngest first (the oldest have proven they last; under per-second billing the order does
-//! not change what has been paid), and everything in a pool no longer wanted.
+//! [`plan_instances`] is pure: it launches what is missing per (tier, pool) and terminates extras
+//! and everything in a pool no longer wanted. Which extras go follows what they host
+//! ([`InstanceUse`]): idle instances first, then, only if more must go, busy ones; the youngest
+//! first within each (the oldest have proven they last; under per-second billing the order does
+//! not change what has been paid). An instance whose pods are shutting down (the plan released
+//! them) counts as going but is terminated only once they are gone: terminating it at once
+//! killed a released pod mid-hand-over (its partitions not yet moved, its grace period cut) and,
+//! where the plan released another pod than the youngest instance's, killed a pod the job kept —
+//! a loss without notice, a rollback, and a refund the provider never gives.
 //! [`reconcile`] carries such a plan out through a [`Provisioner`]: where a job's instances run,
 //! seen as what it holds and how to launch and terminate. [`Ec2Provisioner`] is one, over EC2;
 //! `ebbflow run`'s local processes or threads are another
@@ -48,6 +54,62 @@ pub struct Held {
     pub pool: Pool,
     /// Launch time in unix seconds, when known.
     pub launched: Option<i64>,
+    /// What it hosts of the job (idle where unknown).
+    pub usage: InstanceUse,
+}
+
+/// What an instance hosts of its job, as the cluster shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum InstanceUse {
+    /// No pod of the job that still runs (or none is known: not joined, no node mapping).
+    #[default]
+    Idle,
+    /// Only pods that are shutting down (deleted, or released by this reconcile's plan).
+    Draining,
+    /// A pod the job keeps.
+    Busy,
+}
+
+/// The instance ID in a Node's `spec.providerID` (`aws:///<zone>/<instance-id>`).
+pub fn node_instance(node: &k8s_openapi::api::core::v1::Node) -> Option<&str> {
+    let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
+    let id = provider_id.strip_prefix("aws://")?.rsplit('/').next()?;
+    id.starts_with("i-").then_some(id)
+}
+
+/// What each instance hosts of the job: its `pods` mapped through their Nodes (`node_instance`
+/// of `nodes`, by name) onto instance IDs. A pod that has finished hosts nothing; one being
+/// deleted, or named in `releasing` (the plan deletes it now), is shutting down. Pure.
+pub fn instance_uses<'a>(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    nodes: impl Fn(&str) -> Option<&'a k8s_openapi::api::core::v1::Node>,
+    releasing: &std::collections::BTreeSet<&str>,
+) -> BTreeMap<String, InstanceUse> {
+    let mut uses: BTreeMap<String, InstanceUse> = BTreeMap::new();
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let Some(instance) = pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.node_name.as_deref())
+            .and_then(&nodes)
+            .and_then(node_instance)
+        else {
+            continue;
+        };
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let usage = if pod.metadata.deletion_timestamp.is_some() || releasing.contains(name) {
+            InstanceUse::Draining
+        } else {
+            InstanceUse::Busy
+        };
+        let entry = uses.entry(instance.to_owned()).or_default();
+        *entry = (*entry).max(usage);
+    }
+    uses
 }
 
 /// What to do.
@@ -57,6 +119,8 @@ pub struct InstancePlan {
     pub launch: Vec<Wanted>,
     /// Instances to terminate.
     pub terminate: Vec<String>,
+    /// Extras left running until their pods are gone ([`InstanceUse::Draining`]).
+    pub draining: Vec<String>,
 }
 
 /// The plan that turns `held` into `wanted` (see the module docs).
@@ -78,7 +142,7 @@ pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
     }
     let mut plan = InstancePlan::default();
     for want in wanted {
-        let mut have = by_pool
+        let have = by_pool
             .remove(&key(want.tier, &want.pool))
             .unwrap_or_default();
         let count = have.len() as u32;
@@ -88,21 +152,31 @@ pub fn plan_instances(wanted: &[Wanted], held: &[Held]) -> InstancePlan {
                 ..want.clone()
             });
         } else if count > want.count {
-            // youngest first; unknown launch times count as youngest
-            have.sort_by_key(|h| std::cmp::Reverse(h.launched.unwrap_or(i64::MAX)));
-            plan.terminate.extend(
-                have.iter()
-                    .take((count - want.count) as usize)
-                    .map(|h| h.id.clone()),
-            );
+            plan.take_extras(have, (count - want.count) as usize);
         }
     }
     for (_, rest) in by_pool {
-        plan.terminate
-            .extend(rest.into_iter().map(|h| h.id.clone()));
+        let all = rest.len();
+        plan.take_extras(rest, all);
     }
     plan.terminate.sort();
+    plan.draining.sort();
     plan
+}
+
+impl InstancePlan {
+    /// Takes `extras` of `have` away: idle ones, then draining ones (which wait for their
+    /// pods), then busy ones; the youngest first within each (unknown launch times count as
+    /// youngest).
+    fn take_extras(&mut self, mut have: Vec<&Held>, extras: usize) {
+        have.sort_by_key(|h| (h.usage, std::cmp::Reverse(h.launched.unwrap_or(i64::MAX))));
+        for instance in have.into_iter().take(extras) {
+            match instance.usage {
+                InstanceUse::Draining => self.draining.push(instance.id.clone()),
+                InstanceUse::Idle | InstanceUse::Busy => self.terminate.push(instance.id.clone()),
+            }
+        }
+    }
 }
 
 /// Where a job's instances run, as [`reconcile`] sees it: what the job holds, and how to launch
@@ -152,6 +226,7 @@ pub async fn reconcile<P: Provisioner>(
         outcome.launched.extend(ids);
     }
     outcome.held = held.len() + outcome.launched.len() - plan.terminate.len();
+    outcome.draining = plan.draining;
     Ok(outcome)
 }
 
@@ -214,6 +289,8 @@ pub struct ProvisionOutcome {
     pub terminated: Vec<String>,
     /// Instances held after the reconcile.
     pub held: usize,
+    /// Extras kept until their pods are gone (counted in `held`).
+    pub draining: Vec<String>,
 }
 
 /// The EC2 provisioner (see the module docs).
@@ -257,10 +334,12 @@ impl Ec2Provisioner {
 
     /// Brings the job's instances to `wanted` ([`reconcile`] over the job's EC2 instances):
     /// launches what is missing, terminates extras and instances whose tags cannot be read.
+    /// `uses` says what each instance hosts ([`instance_uses`]; absent: idle).
     pub async fn reconcile(
         &self,
         job: &TrainingJob,
         wanted: &[Wanted],
+        uses: &BTreeMap<String, InstanceUse>,
     ) -> Result<ProvisionOutcome, ProvisionError> {
         let tag = job_tag(job)?;
         let ec2 = job
@@ -276,6 +355,7 @@ impl Ec2Provisioner {
             provisioner: self,
             tag,
             ec2,
+            uses,
         };
         reconcile(&mut instances, wanted).await
     }
@@ -328,13 +408,18 @@ struct Ec2Instances<'a> {
     tag: String,
     /// How the job launches instances.
     ec2: &'a Ec2Provisioning,
+    uses: &'a BTreeMap<String, InstanceUse>,
 }
 
 impl Provisioner for Ec2Instances<'_> {
     type Error = ProvisionError;
 
     async fn held(&mut self) -> Result<(Vec<Held>, Vec<String>), ProvisionError> {
-        self.provisioner.held(&self.tag).await
+        let (mut held, unreadable) = self.provisioner.held(&self.tag).await?;
+        for instance in &mut held {
+            instance.usage = self.uses.get(&instance.id).copied().unwrap_or_default();
+        }
+        Ok((held, unreadable))
     }
 
     async fn terminate(&mut self, ids: &[String]) -> Result<(), ProvisionError> {
@@ -470,6 +555,7 @@ fn read_held(instance: &Ec2Instance) -> Option<Held> {
         tier: tags.tier,
         pool: parse_pool_tag(&tags.pool)?,
         launched: instance.launch_time.map(|t| t.timestamp()),
+        usage: InstanceUse::Idle,
     })
 }
 
@@ -530,6 +616,7 @@ pub(crate) mod tests {
             tier,
             pool,
             launched: Some(launched),
+            usage: InstanceUse::Idle,
         }
     }
 
@@ -562,6 +649,102 @@ pub(crate) mod tests {
         assert_eq!(plan.launch, vec![want(Tier::Transient, &od, 1)]);
         assert_eq!(plan.terminate.len(), 5);
         assert_eq!(plan_instances(&[], &[]), InstancePlan::default());
+    }
+
+    #[test]
+    fn extras_go_idle_first_busy_last_and_draining_ones_wait_for_their_pods() {
+        let a = pool("c5.xlarge", "us-east-1a", CapacityType::Spot);
+        let b = pool("c5.xlarge", "us-east-1b", CapacityType::Spot);
+        let using = |id: &str, launched, usage| Held {
+            usage,
+            ..held(id, Tier::Transient, a.clone(), launched)
+        };
+        let have = vec![
+            using("i-busy-young", 400, InstanceUse::Busy),
+            using("i-busy-old", 100, InstanceUse::Busy),
+            using("i-draining", 200, InstanceUse::Draining),
+            using("i-idle", 150, InstanceUse::Idle),
+            Held {
+                usage: InstanceUse::Draining,
+                ..held("i-b", Tier::Transient, b.clone(), 100)
+            },
+        ];
+        let want = |count| Wanted {
+            tier: Tier::Transient,
+            pool: a.clone(),
+            count,
+            max_price: Some(0.1),
+        };
+        // two of four go: the idle one now, the draining one once its pod is gone; the pool no
+        // longer wanted drains too; the busy ones (the youngest among them) stay
+        let plan = plan_instances(&[want(2)], &have);
+        assert_eq!(plan.terminate, vec!["i-idle"]);
+        assert_eq!(plan.draining, vec!["i-b", "i-draining"]);
+        // three go: then the youngest busy one as well
+        let plan = plan_instances(&[want(1)], &have);
+        assert_eq!(plan.terminate, vec!["i-busy-young", "i-idle"]);
+        // nothing wanted: every idle and busy one now, draining ones later
+        let plan = plan_instances(&[], &have);
+        assert_eq!(plan.terminate, vec!["i-busy-old", "i-busy-young", "i-idle"]);
+        assert_eq!(plan.draining, vec!["i-b", "i-draining"]);
+    }
+
+    #[test]
+    fn instances_are_used_by_the_pods_on_their_nodes() {
+        use k8s_openapi::api::core::v1::{Node, Pod};
+        let node = |name: &str, provider: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name },
+                "spec": { "providerID": provider },
+            }))
+            .unwrap()
+        };
+        let pod = |name: &str, node: &str, phase: &str, deleting: bool| -> Pod {
+            let mut pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name },
+                "spec": { "nodeName": node, "containers": [] },
+                "status": { "phase": phase },
+            }))
+            .unwrap();
+            if deleting {
+                pod.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        "2026-11-26T10:00:00Z".parse().unwrap(),
+                    ));
+            }
+            pod
+        };
+        let nodes = [
+            node("n-1", "aws:///us-east-1a/i-1"),
+            node("n-2", "aws:///us-east-1a/i-2"),
+            node("n-3", "aws:///us-east-1a/i-3"),
+            node("n-4", "aws:///us-east-1a/i-4"),
+            node("kwok", "kwok://fake"),
+        ];
+        let pods = [
+            pod("mf-t-0", "n-1", "Running", false),
+            pod("mf-t-1", "n-1", "Running", true),
+            pod("mf-t-2", "n-2", "Running", true),
+            pod("mf-t-3", "n-3", "Running", false),
+            pod("mf-t-4", "n-4", "Failed", false),
+            pod("mf-t-5", "kwok", "Running", false),
+            pod("mf-t-6", "gone", "Running", false),
+        ];
+        let by_name = |name: &str| {
+            nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(name))
+        };
+        let releasing = std::collections::BTreeSet::from(["mf-t-3"]);
+        let uses = instance_uses(&pods, by_name, &releasing);
+        assert_eq!(
+            uses,
+            BTreeMap::from([
+                ("i-1".to_owned(), InstanceUse::Busy),
+                ("i-2".to_owned(), InstanceUse::Draining),
+                ("i-3".to_owned(), InstanceUse::Draining),
+            ])
+        );
     }
 
     #[test]
@@ -608,7 +791,10 @@ pub(crate) mod tests {
             &BTreeMap::from([(spot.clone(), 3)]),
             &BTreeMap::from([(spot.clone(), 0.12)]),
         );
-        let outcome = provisioner.reconcile(&job, &wanted).await.unwrap();
+        let outcome = provisioner
+            .reconcile(&job, &wanted, &BTreeMap::new())
+            .await
+            .unwrap();
         assert_eq!(outcome.launched.len(), 4, "1 reliable + 3 spot");
         assert_eq!(outcome.held, 4);
         let live = fake.instances();
@@ -618,11 +804,17 @@ pub(crate) mod tests {
             "{live:?}"
         );
         // idempotent: nothing more to do
-        let again = provisioner.reconcile(&job, &wanted).await.unwrap();
+        let again = provisioner
+            .reconcile(&job, &wanted, &BTreeMap::new())
+            .await
+            .unwrap();
         assert!(again.launched.is_empty() && again.terminated.is_empty());
         // scale down to one spot instance
         let fewer = wanted_for(&job, &BTreeMap::from([(spot, 1)]), &BTreeMap::new());
-        let outcome = provisioner.reconcile(&job, &fewer).await.unwrap();
+        let outcome = provisioner
+            .reconcile(&job, &fewer, &BTreeMap::new())
+            .await
+            .unwrap();
         assert_eq!(outcome.terminated.len(), 2);
         assert_eq!(outcome.held, 2);
         // delete: everything goes
@@ -638,7 +830,10 @@ pub(crate) mod tests {
         let mut job = ec2_job();
         job.spec.reliable.instance_types.clear();
         let wanted = wanted_for(&job, &BTreeMap::new(), &BTreeMap::new());
-        let error = provisioner.reconcile(&job, &wanted).await.unwrap_err();
+        let error = provisioner
+            .reconcile(&job, &wanted, &BTreeMap::new())
+            .await
+            .unwrap_err();
         assert!(
             error.to_string().contains("spec.reliable.instanceTypes"),
             "{error}"

@@ -1,6 +1,7 @@
 //! The operator's EC2 provisioner against a real local moto server: a job's reliable on-demand
 //! and transient spot instances are launched tagged with the job, a second reconcile launches
-//! nothing, scaling down terminates the youngest, another job's instances are never touched,
+//! nothing, scaling down terminates idle instances before busy ones and a draining instance only
+//! once its pods are gone, another job's instances are never touched,
 //! and cleanup (the finalizer's) terminates everything the job owns.
 //!
 //! Needs `EBBFLOW_PYTHON` pointing at a Python with moto (`scripts/setup-python.sh` prints one);
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use ebbflow_crds::{CapacityType, TrainingJob};
 use ebbflow_ec2::{CapacityType as Ec2Capacity, Ec2Api, InstanceState, Tier, moto::MotoServer};
 use ebbflow_operator::controller::plan::PoolKey;
-use ebbflow_operator::provision::{Ec2Provisioner, parse_pool_tag, wanted_for};
+use ebbflow_operator::provision::{Ec2Provisioner, InstanceUse, parse_pool_tag, wanted_for};
 
 /// An AMI moto ships in every region.
 const AMI: &str = "ami-03cf127a";
@@ -43,6 +44,7 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
     };
     let api: Arc<dyn Ec2Api> = Arc::new(moto.client("us-east-1").await);
     let provisioner = Ec2Provisioner::new(api.clone());
+    let none = BTreeMap::new();
 
     let spot_a = PoolKey::new("p3.2xlarge", "us-east-1a", CapacityType::Spot);
     let spot_d = PoolKey::new("p3.2xlarge", "us-east-1d", CapacityType::Spot);
@@ -52,7 +54,7 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
         &BTreeMap::from([(spot_a.clone(), 2), (spot_d.clone(), 1)]),
         &BTreeMap::from([(spot_a.clone(), 1.25)]),
     );
-    let outcome = provisioner.reconcile(&mf, &wanted).await.unwrap();
+    let outcome = provisioner.reconcile(&mf, &wanted, &none).await.unwrap();
     assert_eq!(outcome.launched.len(), 4, "{outcome:?}");
     assert_eq!(outcome.held, 4);
 
@@ -87,10 +89,13 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
     // Another job's instances are its own.
     let lda = job("lda", "uid-lda");
     let lda_wanted = wanted_for(&lda, &BTreeMap::new(), &BTreeMap::new());
-    provisioner.reconcile(&lda, &lda_wanted).await.unwrap();
+    provisioner
+        .reconcile(&lda, &lda_wanted, &none)
+        .await
+        .unwrap();
 
     // Nothing changed: nothing to do.
-    let again = provisioner.reconcile(&mf, &wanted).await.unwrap();
+    let again = provisioner.reconcile(&mf, &wanted, &none).await.unwrap();
     assert!(
         again.launched.is_empty() && again.terminated.is_empty(),
         "{again:?}"
@@ -102,7 +107,7 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
         &BTreeMap::from([(spot_a.clone(), 2)]),
         &BTreeMap::new(),
     );
-    let outcome = provisioner.reconcile(&mf, &fewer).await.unwrap();
+    let outcome = provisioner.reconcile(&mf, &fewer, &none).await.unwrap();
     assert_eq!(outcome.terminated.len(), 1, "{outcome:?}");
     assert_eq!(outcome.held, 3);
     let gone = api.job_instances("uid-mf", true).await.unwrap();
@@ -113,9 +118,50 @@ async fn provisions_scales_and_cleans_up_a_jobs_instances_on_moto() {
         .collect();
     assert_eq!(terminated, vec![Some("us-east-1d".to_owned())]);
 
+    // One of us-east-1a's two goes. The plan released the pod on one of them (draining), the
+    // other hosts a pod the job keeps (busy): the busy one stays, whatever its age, and the
+    // draining one is terminated only once its pod is gone.
+    let in_a: Vec<String> = api
+        .job_instances("uid-mf", false)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| {
+            i.zone.as_deref() == Some("us-east-1a") && i.job_tags().unwrap().tier == Tier::Transient
+        })
+        .map(|i| i.instance_id)
+        .collect();
+    assert_eq!(in_a.len(), 2);
+    let (busy, releasing) = (&in_a[0], &in_a[1]);
+    let one = wanted_for(
+        &mf,
+        &BTreeMap::from([(spot_a.clone(), 1)]),
+        &BTreeMap::new(),
+    );
+    let uses = BTreeMap::from([
+        (busy.clone(), InstanceUse::Busy),
+        (releasing.clone(), InstanceUse::Draining),
+    ]);
+    let outcome = provisioner.reconcile(&mf, &one, &uses).await.unwrap();
+    assert!(outcome.terminated.is_empty(), "{outcome:?}");
+    assert_eq!(outcome.draining, vec![releasing.clone()]);
+    assert_eq!(api.job_instances("uid-mf", false).await.unwrap().len(), 3);
+    // its pod is gone: now it goes, and only it
+    let uses = BTreeMap::from([(busy.clone(), InstanceUse::Busy)]);
+    let outcome = provisioner.reconcile(&mf, &one, &uses).await.unwrap();
+    assert_eq!(outcome.terminated, vec![releasing.clone()]);
+    let live: Vec<String> = api
+        .job_instances("uid-mf", false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.instance_id)
+        .collect();
+    assert!(live.contains(busy) && !live.contains(releasing), "{live:?}");
+
     // The finalizer's cleanup: every instance of the job, none of the other's.
     let cleaned = provisioner.cleanup("uid-mf").await.unwrap();
-    assert_eq!(cleaned.len(), 3);
+    assert_eq!(cleaned.len(), 2);
     assert!(api.job_instances("uid-mf", false).await.unwrap().is_empty());
     let others = api.job_instances("uid-lda", false).await.unwrap();
     assert_eq!(others.len(), 1);
@@ -160,7 +206,10 @@ async fn a_launch_template_job_launches_through_instant_fleets_on_moto() {
         &BTreeMap::from([(spot.clone(), 2)]),
         &BTreeMap::from([(spot, 1.5)]),
     );
-    let outcome = provisioner.reconcile(&fleet_job, &wanted).await.unwrap();
+    let outcome = provisioner
+        .reconcile(&fleet_job, &wanted, &BTreeMap::new())
+        .await
+        .unwrap();
     assert_eq!(outcome.launched.len(), 3, "{outcome:?}");
     let live = api.job_instances("uid-fleet", false).await.unwrap();
     let mut per_pool: BTreeMap<String, u32> = BTreeMap::new();
@@ -176,7 +225,10 @@ async fn a_launch_template_job_launches_through_instant_fleets_on_moto() {
             ("p3.2xlarge/us-east-1a/spot".to_owned(), 2),
         ])
     );
-    let again = provisioner.reconcile(&fleet_job, &wanted).await.unwrap();
+    let again = provisioner
+        .reconcile(&fleet_job, &wanted, &BTreeMap::new())
+        .await
+        .unwrap();
     assert!(again.launched.is_empty(), "{again:?}");
     assert_eq!(provisioner.cleanup("uid-fleet").await.unwrap().len(), 3);
 }

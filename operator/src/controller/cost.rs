@@ -562,6 +562,28 @@ mod tests {
             let released = observe(&mut ledger, &pricing, &[], &[], at(ran), None);
             assert!(released.spent > gone.spent, "{billing:?}: {released:?}");
             assert_eq!(released.free_compute, 0.0);
+
+            // Under NTH's scheduled-maintenance or ASG-lifecycle taint the instance goes, but
+            // the spot market did not take it back: no refund, it pays as released.
+            let maintenance = Notice {
+                source: NoticeSource::AwsMaintenance,
+                ..notice.clone()
+            };
+            let mut ledger = CostLedger::default();
+            observe(
+                &mut ledger,
+                &pricing,
+                std::slice::from_ref(&spot),
+                std::slice::from_ref(&maintenance),
+                at(ran - 60),
+                None,
+            );
+            let retired = observe(&mut ledger, &pricing, &[], &[], at(ran), None);
+            assert!(
+                (retired.spent - released.spent).abs() < 1e-9,
+                "{billing:?}: {retired:?} vs {released:?}"
+            );
+            assert_eq!(retired.free_compute, 0.0);
         }
     }
 

@@ -32,7 +32,7 @@ use tracing::warn;
 use super::{Context, plan, relay};
 use crate::{
     notices::{EC2_NOTICE, Notice, NoticeSource},
-    provision::{Ec2Provisioner, ProvisionError, job_tag},
+    provision::{Ec2Provisioner, ProvisionError, job_tag, node_instance},
 };
 
 /// Longest wait between polls after consecutive EC2 failures (unless the poll interval is
@@ -122,13 +122,6 @@ fn watched(jobs: &[Arc<TrainingJob>]) -> Vec<String> {
         })
         .filter_map(|job| job_tag(job).ok())
         .collect()
-}
-
-/// The instance ID in a Node's `spec.providerID` (`aws:///<zone>/<instance-id>`).
-fn node_instance(node: &Node) -> Option<&str> {
-    let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
-    let id = provider_id.strip_prefix("aws://")?.rsplit('/').next()?;
-    id.starts_with("i-").then_some(id)
 }
 
 /// When the instance of an interrupted spot request leaves; `None` when the status announces no
@@ -380,7 +373,10 @@ mod tests {
         let job = ec2_job();
         let spot = PoolKey::new("c5.xlarge", "us-east-1a", CapacityType::Spot);
         let wanted = wanted_for(&job, &BTreeMap::from([(spot, 2)]), &BTreeMap::new());
-        provisioner.reconcile(&job, &wanted).await.unwrap();
+        provisioner
+            .reconcile(&job, &wanted, &BTreeMap::new())
+            .await
+            .unwrap();
         let instances = fake.instances();
         let (spots, on_demand): (Vec<_>, Vec<_>) = instances
             .iter()

@@ -976,88 +976,6 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         changes
     });
 
-    // instances (ec2 mode): the reliable tier and the decision's transient pools; a job edited
-    // out of ec2 mode releases the instances it launched
-    let was_ec2 = ctx.with_memory(&job_ref, |memory| {
-        std::mem::replace(
-            &mut memory.ec2_mode,
-            job.spec.provisioning.mode == ebbflow_crds::ProvisioningMode::Ec2,
-        )
-    });
-    let provisioner_error = match (&ctx.ec2, job.spec.provisioning.mode) {
-        (Some(provisioner), mode) if was_ec2 && mode != ebbflow_crds::ProvisioningMode::Ec2 => {
-            match terminate_job_instances(&ctx, provisioner, &job).await {
-                Ok(terminated) => {
-                    if !terminated.is_empty() {
-                        publish(
-                            &ctx,
-                            &job,
-                            EventType::Normal,
-                            "InstancesTerminated",
-                            "Provision",
-                            format!(
-                                "{} (the job left ec2 provisioning mode)",
-                                terminated.join(", ")
-                            ),
-                        )
-                        .await;
-                    }
-                    None
-                }
-                Err(error) => {
-                    // try again next reconcile
-                    ctx.with_memory(&job_ref, |memory| memory.ec2_mode = true);
-                    Some(error.to_string())
-                }
-            }
-        }
-        (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
-            let wanted = if activity == Activity::Run {
-                crate::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
-            } else {
-                Vec::new()
-            };
-            match provisioner.reconcile(&job, &wanted).await {
-                Ok(outcome) => {
-                    ctx.metrics
-                        .instances
-                        .with_label_values(&["launched"])
-                        .inc_by(outcome.launched.len() as u64);
-                    ctx.metrics
-                        .instances
-                        .with_label_values(&["terminated"])
-                        .inc_by(outcome.terminated.len() as u64);
-                    for (reason, ids) in [
-                        ("InstancesLaunched", &outcome.launched),
-                        ("InstancesTerminated", &outcome.terminated),
-                    ] {
-                        if !ids.is_empty() {
-                            publish(
-                                &ctx,
-                                &job,
-                                EventType::Normal,
-                                reason,
-                                "Provision",
-                                format!("{} ({} held)", ids.join(", "), outcome.held),
-                            )
-                            .await;
-                        }
-                    }
-                    None
-                }
-                Err(error) => {
-                    ctx.metrics
-                        .reconcile_errors
-                        .with_label_values(&["Provisioner"])
-                        .inc();
-                    warn!(%error, "ec2 provisioning failed; retrying with backoff");
-                    Some(error.to_string())
-                }
-            }
-        }
-        _ => None,
-    };
-
     // An edit of the training state's shape waits for the next start: say so once.
     if let Some(note) = shape_edit_pending(&job, &observed) {
         let current = crate::run::job_id(&job);
@@ -1106,6 +1024,106 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             debug!(held, %until, "node pods held back after failures");
         }
     }
+
+    // instances (ec2 mode): the reliable tier and the decision's transient pools; a job edited
+    // out of ec2 mode releases the instances it launched
+    let was_ec2 = ctx.with_memory(&job_ref, |memory| {
+        std::mem::replace(
+            &mut memory.ec2_mode,
+            job.spec.provisioning.mode == ebbflow_crds::ProvisioningMode::Ec2,
+        )
+    });
+    let provisioner_error = match (&ctx.ec2, job.spec.provisioning.mode) {
+        (Some(provisioner), mode) if was_ec2 && mode != ebbflow_crds::ProvisioningMode::Ec2 => {
+            match terminate_job_instances(&ctx, provisioner, &job).await {
+                Ok(terminated) => {
+                    if !terminated.is_empty() {
+                        publish(
+                            &ctx,
+                            &job,
+                            EventType::Normal,
+                            "InstancesTerminated",
+                            "Provision",
+                            format!(
+                                "{} (the job left ec2 provisioning mode)",
+                                terminated.join(", ")
+                            ),
+                        )
+                        .await;
+                    }
+                    None
+                }
+                Err(error) => {
+                    // try again next reconcile
+                    ctx.with_memory(&job_ref, |memory| memory.ec2_mode = true);
+                    Some(error.to_string())
+                }
+            }
+        }
+        (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
+            let wanted = if activity == Activity::Run {
+                crate::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
+            } else {
+                Vec::new()
+            };
+            // what each instance hosts: one whose pods the plan releases now, or that are
+            // shutting down, is terminated only once they are gone
+            let releasing: BTreeSet<&str> =
+                desired.delete.iter().map(|d| d.name.as_str()).collect();
+            let uses = crate::provision::instance_uses(
+                &observed.pods,
+                |name| match observed.nodes.get(name) {
+                    Some(notices::NodeObservation::Present(node)) => Some(&**node),
+                    _ => None,
+                },
+                &releasing,
+            );
+            match provisioner.reconcile(&job, &wanted, &uses).await {
+                Ok(outcome) => {
+                    ctx.metrics
+                        .instances
+                        .with_label_values(&["launched"])
+                        .inc_by(outcome.launched.len() as u64);
+                    ctx.metrics
+                        .instances
+                        .with_label_values(&["terminated"])
+                        .inc_by(outcome.terminated.len() as u64);
+                    if !outcome.draining.is_empty() {
+                        debug!(
+                            draining = ?outcome.draining,
+                            "extra instances wait for their pods to shut down"
+                        );
+                    }
+                    for (reason, ids) in [
+                        ("InstancesLaunched", &outcome.launched),
+                        ("InstancesTerminated", &outcome.terminated),
+                    ] {
+                        if !ids.is_empty() {
+                            publish(
+                                &ctx,
+                                &job,
+                                EventType::Normal,
+                                reason,
+                                "Provision",
+                                format!("{} ({} held)", ids.join(", "), outcome.held),
+                            )
+                            .await;
+                        }
+                    }
+                    None
+                }
+                Err(error) => {
+                    ctx.metrics
+                        .reconcile_errors
+                        .with_label_values(&["Provisioner"])
+                        .inc();
+                    warn!(%error, "ec2 provisioning failed; retrying with backoff");
+                    Some(error.to_string())
+                }
+            }
+        }
+        _ => None,
+    };
 
     // apply
     let params = PatchParams::apply(MANAGER).force();

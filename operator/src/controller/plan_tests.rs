@@ -1014,7 +1014,10 @@ fn a_pool_is_under_notice_only_for_capacity_signals() {
     let observed = observe_pods("mf", &pods, &notices);
     assert_eq!(pools_under_notice(&observed), BTreeSet::from([c]));
     for source in NoticeSource::ALL {
-        let expected = !matches!(source, NoticeSource::PodDeletion | NoticeSource::ScaleDown);
+        let expected = !matches!(
+            source,
+            NoticeSource::PodDeletion | NoticeSource::ScaleDown | NoticeSource::AwsMaintenance
+        );
         assert_eq!(source.is_capacity_signal(), expected, "{source:?}");
     }
 }

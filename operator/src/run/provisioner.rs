@@ -18,7 +18,7 @@ use super::instances::Instances;
 use crate::bidder::Allocation;
 use crate::controller::plan::PoolKey;
 use crate::market;
-use crate::provision::{Held, Provisioner, Wanted, pool_tag, wanted_for};
+use crate::provision::{Held, InstanceUse, Provisioner, Wanted, pool_tag, wanted_for};
 use crate::sim::grid::MarketGrid;
 
 /// The notice a released instance gets: the job ends it itself once its partitions moved (at the
@@ -144,6 +144,8 @@ impl Provisioner for LocalProvisioner<'_> {
                     tier: launch.tier,
                     pool: launch.pool.clone(),
                     launched: Some(self.now),
+                    // released by notice, not killed: what it hosts does not change the order
+                    usage: InstanceUse::Idle,
                 },
                 noticed: false,
             });
@@ -228,6 +230,7 @@ pub fn reliable_held(job: &TrainingJob, names: &[String], at: i64) -> Vec<Held> 
             tier: Tier::Reliable,
             pool: pool.clone(),
             launched: Some(at),
+            usage: InstanceUse::Idle,
         })
         .collect()
 }
@@ -420,6 +423,7 @@ mod tests {
             tier: Tier::Transient,
             pool: pool("a"),
             launched: Some(0),
+            usage: InstanceUse::Idle,
         }];
         assignment.update(&[live(1, "a", 1, false)], &holding);
         assert_eq!(assignment.instances(1).unwrap(), ["x-1"]);
