@@ -215,6 +215,8 @@ pub struct CheckpointWriter {
     job: String,
     interval: Duration,
     offered: Arc<Mutex<Offered>>,
+    /// Notified by the writing thread after each write, done or failed.
+    settled: Arc<parking_lot::Condvar>,
     sender: Mutex<mpsc::Sender<Copy>>,
 }
 
@@ -247,7 +249,8 @@ impl CheckpointWriter {
             ..Offered::default()
         }));
         let (sender, receiver) = mpsc::channel::<Copy>();
-        let (state, name) = (offered.clone(), job.to_owned());
+        let settled = Arc::new(parking_lot::Condvar::new());
+        let (state, name, notify) = (offered.clone(), job.to_owned(), settled.clone());
         std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
@@ -279,6 +282,7 @@ impl CheckpointWriter {
                             }
                         }
                     }
+                    notify.notify_all();
                 }
             })
             .expect("spawning the checkpoint thread");
@@ -286,6 +290,7 @@ impl CheckpointWriter {
             job: job.to_owned(),
             interval,
             offered,
+            settled,
             sender: Mutex::new(sender),
         })
     }
@@ -300,6 +305,25 @@ impl CheckpointWriter {
                 self.hand_over(&mut offered, clock, images);
             }
         }
+    }
+
+    /// Waits up to `timeout` for the copy handed to the writing thread to be written (or to
+    /// fail); returns the clock on disk. A process that exits right after its job (a stop, a
+    /// SIGTERM) calls it last, or the final copy could be cut off mid-write.
+    pub fn flush(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        let mut offered = self.offered.lock();
+        while offered.on_disk < offered.clock {
+            if self.settled.wait_until(&mut offered, deadline).timed_out() {
+                tracing::warn!(
+                    clock = offered.clock,
+                    on_disk = offered.on_disk,
+                    "the last checkpoint was not written in time"
+                );
+                break;
+            }
+        }
+        offered.on_disk
     }
 
     /// Offers the consistent copy at `clock`: written if the clock moved past the last one
@@ -467,7 +491,9 @@ mod tests {
             9,
             "the held copy, with no new offer"
         );
-        wait_on_disk(&gauge, 9);
+        // a process about to exit waits for it
+        assert_eq!(writer.flush(Duration::from_secs(10)), 9);
+        assert_eq!(gauge.get(), 9);
         writer.offer(12, &images);
         writer.offer(15, &images);
         assert_eq!(
@@ -492,11 +518,10 @@ mod tests {
         let (gauge, failures, writer) = writer_to(&path, Duration::from_secs(3600), 0);
         let images = images();
         writer.offer(5, &images);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while failures.get() != 1 || writer.offered.lock().clock != 0 {
-            assert!(Instant::now() < deadline, "the failure was not recorded");
-            std::thread::yield_now();
-        }
+        // a flush returns once the write failed, with nothing on disk
+        assert_eq!(writer.flush(Duration::from_secs(10)), 0);
+        assert_eq!(failures.get(), 1);
+        assert_eq!(writer.offered.lock().clock, 0);
         assert_eq!(gauge.get(), 0);
         assert!(
             !dir.path().join("job.ckpt.tmp").exists(),

@@ -1696,6 +1696,11 @@ fn run_controller<A: App>(
             }
             if controller.stopped {
                 controller.report.stopped_at = Some(clock);
+                // what was trained is kept: the last consistent copy goes to disk now,
+                // whatever the checkpoint interval
+                if let Some(writer) = &config.checkpoint {
+                    writer.write_next_now();
+                }
                 break;
             }
             // New members are admitted now; one that cannot be reached never held anything, so it

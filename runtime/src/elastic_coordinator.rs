@@ -716,7 +716,7 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     .with_heartbeats(heartbeats)
     .with_partition_bytes(partition_bytes)
     .with_background_copies(job.background_copies)
-    .with_checkpoint(writer);
+    .with_checkpoint(writer.clone());
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {
@@ -734,6 +734,10 @@ pub fn run_elastic_job_with<A: crate::app::App>(
             service.finish(phase, Some(result), None);
         }
         Err(error) => service.finish(JobPhase::Failed, None, Some(error.to_string())),
+    }
+    if let Some(writer) = &writer {
+        // the process may exit right after: the last copy handed over is written first
+        writer.flush(Duration::from_secs(60));
     }
     if let Some(mut linger) = linger {
         tracing::info!("the job ended; serving its final status until told to stop");

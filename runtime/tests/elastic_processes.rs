@@ -916,11 +916,22 @@ fn coordinator_process(
     checkpoint: &std::path::Path,
     report: &std::path::Path,
 ) -> (Child, String) {
+    coordinator_process_every(job, checkpoint, report, 100)
+}
+
+/// As [`coordinator_process`], checkpointing every `interval_ms` at most.
+fn coordinator_process_every(
+    job: &Job,
+    checkpoint: &std::path::Path,
+    report: &std::path::Path,
+    interval_ms: u64,
+) -> (Child, String) {
+    let interval = interval_ms.to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"))
         .arg("elastic-coordinator")
         .args(job.flags())
         .args(["--listen", "127.0.0.1:0", "--reliable-nodes", "1"])
-        .args(["--backup-every", "5", "--checkpoint-interval-ms", "100"])
+        .args(["--backup-every", "5", "--checkpoint-interval-ms", &interval])
         .arg("--checkpoint")
         .arg(checkpoint)
         .arg("--report-out")
@@ -944,29 +955,62 @@ fn coordinator_process(
     (child, format!("http://{addr}"))
 }
 
+/// A coordinator process checkpointing every `interval_ms` at most, with a reliable and a
+/// transient node joined to it.
+struct Checkpointed {
+    dir: tempfile::TempDir,
+    checkpoint: std::path::PathBuf,
+    report: std::path::PathBuf,
+    coordinator: Child,
+    url: String,
+    nodes: Vec<Child>,
+}
+
+fn checkpointed(job: &Job, interval_ms: u64) -> Checkpointed {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("job.ckpt");
+    let report = dir.path().join("report.json");
+    let (coordinator, url) = coordinator_process_every(job, &checkpoint, &report, interval_ms);
+    let nodes = vec![
+        node(job, &url, "r0", false, 30),
+        node(job, &url, "t0", true, 30),
+    ];
+    Checkpointed {
+        dir,
+        checkpoint,
+        report,
+        coordinator,
+        url,
+        nodes,
+    }
+}
+
+/// The clock of `job`'s checkpoint at `path`, if one is there.
+fn checkpoint_clock(path: &std::path::Path, job: &Job) -> Option<u64> {
+    ebbflow_runtime::checkpoint::Checkpoint::read(path, &job.id())
+        .ok()
+        .flatten()
+        .map(|c| c.clock)
+}
+
 /// A coordinator lost mid-run (SIGKILL, with its nodes: its reliable pod drained, say) and
 /// started again on its checkpoint resumes at the checkpoint's clock, not at 0, with new nodes,
 /// and the table comes out exact; a checkpoint of another job is refused by name.
 #[test]
 fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
     let job = Job::dense(400);
-    let dir = tempfile::tempdir().unwrap();
-    let checkpoint = dir.path().join("job.ckpt");
-    let report = dir.path().join("report.json");
-    let (mut first, url) = coordinator_process(&job, &checkpoint, &report);
-    let mut nodes = vec![
-        node(&job, &url, "r0", false, 30),
-        node(&job, &url, "t0", true, 30),
-    ];
-    let job_id = job.id();
-    let read = || {
-        ebbflow_runtime::checkpoint::Checkpoint::read(&checkpoint, &job_id)
-            .ok()
-            .flatten()
-    };
+    let Checkpointed {
+        dir: _dir,
+        checkpoint,
+        report,
+        coordinator: mut first,
+        url,
+        mut nodes,
+    } = checkpointed(&job, 100);
+    let read = || checkpoint_clock(&checkpoint, &job);
     // Training went on past a checkpoint or two (each wait is on the job's progress).
     let mut at = 100;
-    while read().is_none_or(|c| c.clock < 60) {
+    while read().is_none_or(|clock| clock < 60) {
         assert!(
             at < job.clocks - 50,
             "no checkpoint at clock 60 or later by clock {at}"
@@ -982,7 +1026,7 @@ fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
     for child in &mut nodes {
         let _ = wait_exit(child, Duration::from_secs(10));
     }
-    let saved = read().expect("a checkpoint").clock;
+    let saved = read().expect("a checkpoint");
     assert!((60..job.clocks).contains(&saved), "{saved}");
 
     // Another job's coordinator refuses the file, naming it.
@@ -1035,6 +1079,48 @@ fn a_coordinator_restarted_on_its_checkpoint_resumes_and_the_table_is_exact() {
         "checkpoint at clock {saved} of {}; the restarted coordinator's first segment started there",
         job.clocks
     );
+    for child in &mut nodes {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+    }
+}
+
+/// `ebbflow-runtime elastic-coordinator` told to stop by SIGTERM (Ctrl-C is SIGINT, the same)
+/// stops at the next clock boundary, keeping what was trained: the last consistent copy goes to
+/// its checkpoint at once, though the checkpoint interval (an hour here) has not passed, the
+/// report says where it stopped, its nodes are released, and it exits 0. Before, SIGTERM
+/// killed it: no report, and the checkpoint was whatever the interval last allowed.
+#[test]
+fn a_coordinator_told_to_stop_by_sigterm_checkpoints_what_it_trained_and_exits() {
+    let job = Job::dense(2000);
+    let Checkpointed {
+        dir: _dir,
+        checkpoint,
+        report,
+        mut coordinator,
+        url,
+        mut nodes,
+    } = checkpointed(&job, 3_600_000);
+    let read = || checkpoint_clock(&checkpoint, &job);
+    // the first copy is written at once; the next not for an hour
+    wait_for(&url, "clock 100", |s| clock(s) >= 100);
+    let first = read().expect("the first copy is on disk");
+    assert!(first < 100, "{first}");
+    signal(&coordinator, "TERM");
+    let (exit, stderr) = wait_exit(&mut coordinator, Duration::from_secs(60));
+    assert!(exit.success(), "{exit:?} {stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("the report")).unwrap();
+    let stopped = summary["stopped_at"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no stopped_at: {summary}"));
+    assert!((100..job.clocks).contains(&stopped), "{stopped}");
+    let saved = read().expect("a checkpoint");
+    assert!(
+        saved > first && saved <= stopped,
+        "checkpoint at {saved}: first {first}, stopped at {stopped}"
+    );
+    eprintln!("stopped at clock {stopped}; checkpoint at {saved} (first {first})");
     for child in &mut nodes {
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");

@@ -595,6 +595,8 @@ impl AppTask for ElasticCoordinatorTask {
         // The launcher reads this line to learn the port.
         println!("listening on {bound}");
         tracing::info!(%bound, reliable = self.job.reliable_nodes, "elastic coordinator listening");
+        let (events, feed) = ebbflow_runtime::elastic::LiveFeed::new();
+        stop_on_signals(events.clone()).context("installing the SIGTERM/SIGINT handler")?;
         let report = run_elastic_job_with(
             &app,
             self.job,
@@ -602,7 +604,7 @@ impl AppTask for ElasticCoordinatorTask {
             listener,
             registry,
             &metrics,
-            ebbflow_runtime::elastic::LiveFeed::new(),
+            (events, feed),
         )?;
         let summary = serde_json::json!({
             "run": report.run,
@@ -627,6 +629,49 @@ impl AppTask for ElasticCoordinatorTask {
         );
         Ok(())
     }
+}
+
+/// SIGTERM or SIGINT stops the elastic job at the next clock boundary, as `POST /stop` does:
+/// what was trained is kept (checkpointed at once under `--checkpoint`), the report is written
+/// and the nodes are released. A second signal exits at once.
+fn stop_on_signals(
+    events: std::sync::mpsc::Sender<ebbflow_runtime::elastic::ElasticEvent>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut terminate, mut interrupt) = {
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        )
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                let mut told = false;
+                loop {
+                    let name = tokio::select! {
+                        _ = terminate.recv() => "SIGTERM",
+                        _ = interrupt.recv() => "SIGINT",
+                    };
+                    if told {
+                        tracing::warn!(signal = name, "told again: exiting now");
+                        std::process::exit(130);
+                    }
+                    told = true;
+                    tracing::info!(
+                        signal = name,
+                        "stopping at the next clock boundary (again to exit now)"
+                    );
+                    let _ = events.send(ebbflow_runtime::elastic::ElasticEvent::Stop);
+                }
+            });
+        })?;
+    Ok(())
 }
 
 /// An elastic node's life once the app is built.
