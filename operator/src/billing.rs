@@ -173,6 +173,13 @@ impl Meter {
             BillingModel::AwsHourly2016 => {
                 let in_hour = (self.until - self.hour_start) as f64;
                 match reason {
+                    // an hour that ran to its end was complete when the eviction came: paid
+                    // (only a partial hour is refunded)
+                    EndReason::Evicted if in_hour >= HOUR => Charge {
+                        usd: self.usd + self.hour_usd,
+                        paid_seconds: ran,
+                        free_seconds: 0.0,
+                    },
                     EndReason::Evicted => Charge {
                         usd: self.usd,
                         paid_seconds: ran - in_hour,
@@ -376,6 +383,23 @@ mod tests {
         );
         assert_eq!(early.usd, 0.0);
         assert_eq!(early.free_seconds, 1200.0);
+        // evicted exactly at an hour mark: that hour was complete, so it is paid (before, it
+        // was refunded whole; the simulator checks evictions at slot starts, which fall on
+        // hour marks whenever the step divides an hour)
+        let on_the_mark = run(
+            BillingModel::AwsHourly2016,
+            &[(3600, 1.0)],
+            EndReason::Evicted,
+        );
+        assert!(close(on_the_mark.usd, 1.0), "{on_the_mark:?}");
+        assert_eq!(on_the_mark.free_seconds, 0.0);
+        assert_eq!(on_the_mark.paid_seconds, 3600.0);
+        let second_mark = run(
+            BillingModel::AwsHourly2016,
+            &[(3600, 1.0), (7200, 2.0)],
+            EndReason::Evicted,
+        );
+        assert!(close(second_mark.usd, 3.0), "{second_mark:?}");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   a necessary condition for refunded compute under `aws` (interrupted in the first hour)
 //!   and `aws-hourly-2016` (evicted partial hour); never under `gcp` or `fixed`;
 //! - otherwise a slot's work costs at least the cheapest price per work of any buyable pool
-//!   or of on-demand capacity;
+//!   or of on-demand capacity; under `aws-hourly-2016`, where an hour is charged at the price
+//!   when it began, the cheapest price of the pool over the hour up to the slot (an instance
+//!   running in the slot may have started its hour at any of those prices);
 //! - every slot offers `cluster_size` instances at the highest per-instance rate of any pool,
 //!   with no σ, no λ, and reliable nodes always working; with a measured throughput table,
 //!   both tiers at the table's highest relative throughput at any ratio;
@@ -16,7 +18,9 @@
 //!   cheapest), and costs are rounded down to a log-spaced bucket.
 //!
 //! Each relaxation only lowers the cost, so the minimum over `D` is a lower bound on what any
-//! strategy under the same application model can pay. `D` is scanned in intervals
+//! strategy under the same application model can pay. On-demand only is one such strategy the
+//! optimum may choose (the bound's on-demand capacity works at the transient share of ν, the
+//! baseline at full rate), so the bound is also at most its cost. `D` is scanned in intervals
 //! `[D_a, D_b]`, pricing the reliable tier at `D_a` and the transient work with the slots of
 //! `D_b`, which keeps the bound valid between grid points.
 
@@ -102,7 +106,12 @@ impl SlotCosts {
                         next_event[slot] = greater.min(next_gone);
                         stack.push(slot);
                         if rate > 0.0 {
-                            cheapest[slot] = cheapest[slot].min(p / 3600.0 / rate);
+                            let charged = if billing == BillingModel::AwsHourly2016 {
+                                hour_low(grid, pool, slot, hour_slots)
+                            } else {
+                                p
+                            };
+                            cheapest[slot] = cheapest[slot].min(charged / 3600.0 / rate);
                         }
                         if refunds
                             && next_event[slot] != usize::MAX
@@ -166,6 +175,15 @@ impl SlotCosts {
             next_ride,
         }
     }
+}
+
+/// The lowest price of `pool` over the hour up to `slot` (the `hour_slots` slots ending at it),
+/// where it had one: what an instance running in `slot` may have been charged for its hour
+/// under `aws-hourly-2016`.
+fn hour_low(grid: &MarketGrid, pool: usize, slot: usize, hour_slots: usize) -> f64 {
+    (slot.saturating_sub(hour_slots - 1)..=slot)
+        .filter_map(|s| grid.price(pool, s))
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// The lower bound for `work` starting at `start_slot` (see the module docs).
@@ -241,14 +259,18 @@ pub(super) fn lower_bound(
         }
         d_a += width;
     }
-    // the trace ended before any duration could finish: bound by the on-demand rest
-    best.unwrap_or_else(|| {
-        let hours = work / ctx.baseline_rate() / 3600.0;
-        RunResult {
+    // on-demand only is a strategy too: the optimum costs at most that (and where the trace
+    // ended before any duration could finish, the bound is the on-demand rest)
+    let hours = work / ctx.baseline_rate() / 3600.0;
+    let on_demand = super::on_demand_only(ctx, hours);
+    match best {
+        Some(bound) if bound.cost_usd <= on_demand.cost_usd => bound,
+        Some(_) => on_demand,
+        None => RunResult {
             completed_in_trace: false,
-            ..super::on_demand_only(ctx, hours)
-        }
-    })
+            ..on_demand
+        },
+    }
 }
 
 /// An allocation of `cluster_size` instances the hindsight schedule buys at a slot.

@@ -111,6 +111,40 @@ pub struct SimConfig {
     pub threads: usize,
 }
 
+impl SimConfig {
+    /// Refuses settings that would make every figure meaningless (a zero baseline makes every
+    /// relative cost NaN; an infinite job overflows the start range), naming the flag.
+    pub fn check(&self) -> Result<(), SimError> {
+        let bad = |setting, reason: String| Err(SimError::Config { setting, reason });
+        if self.starts == 0 {
+            return bad("--starts", "must be at least 1".into());
+        }
+        if self.job_hours.is_empty() {
+            return bad("--hours", "needs at least one job length".into());
+        }
+        if let Some(hours) = self
+            .job_hours
+            .iter()
+            .find(|h| !(h.is_finite() && **h > 0.0))
+        {
+            return bad(
+                "--hours",
+                format!("must be positive and finite hours, got {hours}"),
+            );
+        }
+        if self.cluster_size == 0 {
+            return bad("--cluster-size", "must be at least 1".into());
+        }
+        if !(self.train_fraction > 0.0 && self.train_fraction < 1.0) {
+            return bad(
+                "the training share",
+                format!("must be between 0 and 1, got {}", self.train_fraction),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
@@ -141,6 +175,14 @@ pub enum SimError {
     /// The eviction model could not be fitted.
     #[error(transparent)]
     Eviction(#[from] EvictionError),
+    /// A setting of the study is out of range (named as its flag).
+    #[error("simulate: {setting} {reason}")]
+    Config {
+        /// The setting, as its flag (`--hours`).
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The trace is too short for the configuration.
     #[error("plan simulation on {source_name}: {reason}")]
     Plan {
@@ -264,6 +306,7 @@ pub fn run_study(
     config: &SimConfig,
     progress: &(dyn Fn() + Sync),
 ) -> Result<Study, SimError> {
+    config.check()?;
     let (first, last) = market.span()?;
     let train_end = first + ((last - first) as f64 * config.train_fraction) as i64;
     let training = market.slice(first, train_end);
@@ -295,8 +338,8 @@ pub fn run_study(
     // start slots: uniform over the evaluation slice, leaving room for 4× the longest job
     let first_slot = ((train_end - grid.t0) / step).max(0) as usize;
     let longest = config.job_hours.iter().copied().fold(0.0, f64::max);
-    let room = (4.0 * longest * 3600.0 / step as f64).ceil() as usize;
-    if first_slot + room >= grid.slots {
+    let room = (4.0 * longest * 3600.0 / step as f64).ceil();
+    if first_slot as f64 + room >= grid.slots as f64 {
         return Err(SimError::Plan {
             source_name: market.source.clone(),
             reason: format!(
@@ -305,6 +348,7 @@ pub fn run_study(
             ),
         });
     }
+    let room = room as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
     let mut jobs: Vec<(f64, usize)> = Vec::new();
     for &hours in &config.job_hours {
