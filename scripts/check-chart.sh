@@ -24,6 +24,8 @@ combos=(
   "--set-string serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123456789012:role/ebbflow"
   "--set capacityType.preset=custom --set capacityType.labelKey=example.com/capacity --set capacityType.onDemandValue=od --set capacityType.spotValue=spot"
   "--set capacityType.preset=gke"
+  "--set capacityType.preset=custom --set capacityType.labelKey=example.com/spot --set-string capacityType.spotValue=true"
+  "--set serviceAccount.create=false --set serviceAccount.name=ebbflow-existing"
   "--set traces.claimName=spot-traces --set traces.speed=60"
   "--set runtimeImage.repository=registry.example.com/ebbflow-runtime --set runtimeImage.tag=1.2.3"
 )
@@ -47,6 +49,14 @@ grep -q -- "--runtime-image=ghcr.io/ebbflow/ebbflow-runtime:$app_version" "$work
 grep -q -- "--runtime-image=registry.example.com/rt:1.2.3" "$work/out.yaml" || fail "runtimeImage is not passed to the operator"
 echo "check-chart: ok: runtime image flag"
 
+# The ServiceMonitor keeps the per-job series' own namespace label.
+"$helm" template ebbflow "$chart" --set metrics.serviceMonitor.enabled=true >"$work/out.yaml" 2>/dev/null
+grep -q "honorLabels: true" "$work/out.yaml" || fail "the ServiceMonitor does not honor the jobs' namespace labels"
+# Without leader election no replica is told to hold a lease; the readiness probe stays.
+"$helm" template ebbflow "$chart" --set leaderElection.enabled=false >"$work/out.yaml" 2>/dev/null
+if grep -q -- "--leader-election" "$work/out.yaml"; then fail "leader election flags rendered while disabled"; fi
+echo "check-chart: ok: service monitor labels, leader election off"
+
 # Each mistake must fail at render time with a message naming the offending key.
 bad=(
   "--set replicas=two|replicas"
@@ -62,6 +72,8 @@ bad=(
   "--set traces.speed=0|speed"
   "--set traces.claimName=Not_A_Name|claimName"
   "--set runtimeImage.repository=|repository"
+  "--set serviceAccount.create=false|serviceAccount.name"
+  "--set leaderElection.leaseDurationSeconds=5|renewDeadlineSeconds"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"

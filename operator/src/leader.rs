@@ -101,6 +101,31 @@ pub fn held_lease(previous: Option<&Lease>, config: &LeaseConfig, now: Timestamp
     }
 }
 
+impl LeaseConfig {
+    /// Refuses timings under which two replicas could lead at once: the leader must give up
+    /// (after `renew_deadline`, noticed within one `retry_period`) before a standby may take
+    /// the lease over (`lease_duration` after the last renewal), and every period must be set.
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        let bad = |reason: String| Err(LeaderError::Config(reason));
+        if self.lease_duration.is_zero()
+            || self.renew_deadline.is_zero()
+            || self.retry_period.is_zero()
+        {
+            return bad(
+                "lease duration, renew deadline and retry period must all be at least 1 s".into(),
+            );
+        }
+        if self.renew_deadline + self.retry_period >= self.lease_duration {
+            return bad(format!(
+                "renew deadline ({:?}) plus retry period ({:?}) must be shorter than the lease \
+                 duration ({:?}), or a standby could take over while the leader still leads",
+                self.renew_deadline, self.retry_period, self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Errors of leader election.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -112,6 +137,28 @@ pub enum LeaderError {
         /// The renew deadline.
         deadline: Duration,
     },
+    /// Another replica holds the lease now.
+    #[error("lost the leader lease {name}: {holder} holds it")]
+    Taken {
+        /// Lease name.
+        name: String,
+        /// The new holder.
+        holder: String,
+    },
+    /// The lease timings are unsafe.
+    #[error("leader election settings: {0}")]
+    Config(String),
+}
+
+/// The outcome of one round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Round {
+    /// We hold the lease.
+    Held,
+    /// Another replica holds a valid lease.
+    HeldBy(String),
+    /// The lease could not be read or written (an API error, a conflict, a timeout).
+    Failed,
 }
 
 /// Competes for one Lease.
@@ -130,17 +177,22 @@ impl LeaderElector {
     /// One round: true if we hold the lease afterwards. Conflicts and API errors are a lost
     /// round, not an error.
     pub async fn try_acquire_or_renew(&self) -> bool {
+        self.round().await == Round::Held
+    }
+
+    /// One round (see [`Round`]).
+    pub async fn round(&self) -> Round {
         let current = match self.api.get_opt(&self.config.name).await {
             Ok(lease) => lease,
             Err(error) => {
                 warn!(%error, lease = %self.config.name, "read leader lease failed");
-                return false;
+                return Round::Failed;
             }
         };
         let now = Timestamp::now();
         let params = PostParams::default();
         let result = match decide(current.as_ref(), &self.config.identity, now) {
-            LeaseDecision::Wait { .. } => return false,
+            LeaseDecision::Wait { holder } => return Round::HeldBy(holder),
             LeaseDecision::Create => {
                 self.api
                     .create(&params, &held_lease(None, &self.config, now))
@@ -157,11 +209,35 @@ impl LeaderElector {
             }
         };
         match result {
-            Ok(_) => true,
+            Ok(_) => Round::Held,
             Err(error) => {
                 warn!(%error, lease = %self.config.name, "write leader lease failed");
-                false
+                Round::Failed
             }
+        }
+    }
+
+    /// Gives the lease up if we hold it (on shutdown), as client-go's `ReleaseOnCancel`: no
+    /// holder and a one-second duration, so a standby takes over at its next round instead of
+    /// waiting out the lease. Best effort: an error is logged.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_default();
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => info!(lease = %self.config.name, "released the leader lease"),
+            Err(error) => warn!(%error, lease = %self.config.name, "release leader lease failed"),
         }
     }
 
@@ -176,19 +252,33 @@ impl LeaderElector {
         }
     }
 
-    /// Renews the held lease until a renewal fails for longer than the renew deadline; then
-    /// returns the error (the caller exits so a standby takes over).
+    /// Renews the held lease until it cannot be renewed within the renew deadline, or another
+    /// replica holds it; then returns why (the caller exits so a standby takes over). Each
+    /// round gets only the time left to the deadline: a request that hangs (the API server
+    /// unreachable, no read timeout) cannot keep a leader leading past it.
     pub async fn keep(&self) -> LeaderError {
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period).await;
-            if self.try_acquire_or_renew().await {
-                last_renewal = tokio::time::Instant::now();
-            } else if last_renewal.elapsed() > self.config.renew_deadline {
-                return LeaderError::Lost {
-                    name: self.config.name.clone(),
-                    deadline: self.config.renew_deadline,
-                };
+            let deadline = last_renewal + self.config.renew_deadline;
+            let round = tokio::time::timeout_at(deadline, self.round())
+                .await
+                .unwrap_or(Round::Failed);
+            match round {
+                Round::Held => last_renewal = tokio::time::Instant::now(),
+                Round::HeldBy(holder) => {
+                    return LeaderError::Taken {
+                        name: self.config.name.clone(),
+                        holder,
+                    };
+                }
+                Round::Failed if tokio::time::Instant::now() >= deadline => {
+                    return LeaderError::Lost {
+                        name: self.config.name.clone(),
+                        deadline: self.config.renew_deadline,
+                    };
+                }
+                Round::Failed => {}
             }
         }
     }
@@ -236,6 +326,78 @@ mod tests {
         assert_eq!(spec.lease_transitions, Some(1), "renewal is no transition");
         assert_eq!(spec.acquire_time.as_ref().unwrap().0, at(16));
         assert_eq!(spec.renew_time.as_ref().unwrap().0, at(20));
+    }
+
+    #[test]
+    fn unsafe_timings_are_refused() {
+        assert!(config("a").validate().is_ok());
+        let mut short = config("a");
+        short.lease_duration = Duration::from_secs(5);
+        let error = short.validate().unwrap_err().to_string();
+        assert!(error.contains("shorter than the lease duration"), "{error}");
+        let mut zero = config("a");
+        zero.retry_period = Duration::ZERO;
+        assert!(zero.validate().is_err());
+    }
+
+    /// An elector over a mocked API server whose requests the returned handle answers (or not).
+    fn elector(
+        identity: &str,
+    ) -> (
+        LeaderElector,
+        tower_test::mock::Handle<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >,
+    ) {
+        let (service, handle) = tower_test::mock::pair();
+        let client = Client::new(service, "ebbflow");
+        (LeaderElector::new(client, config(identity)), handle)
+    }
+
+    /// A renewal that hangs (the API server never answers) ends the leadership by the renew
+    /// deadline: before, `keep` waited on the request as long as it took.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_renewal_steps_down_by_the_renew_deadline() {
+        let (elector, mut handle) = elector("a");
+        let _server = tokio::spawn(async move {
+            let mut unanswered = Vec::new();
+            while let Some(request) = handle.next_request().await {
+                unanswered.push(request);
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let cfg = config("a");
+        let lost = tokio::time::timeout(cfg.renew_deadline + cfg.retry_period * 2, elector.keep())
+            .await
+            .expect("keep returns by the deadline");
+        assert!(matches!(lost, LeaderError::Lost { .. }), "{lost}");
+        assert!(started.elapsed() <= cfg.renew_deadline + cfg.retry_period);
+    }
+
+    /// A leader that finds another replica holding the lease stops leading at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_taken_over_ends_the_leadership_at_once() {
+        let (elector, mut handle) = elector("a");
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.unwrap();
+            assert_eq!(request.method(), http::Method::GET);
+            let lease = held_lease(None, &config("b"), Timestamp::now());
+            respond.send_response(
+                http::Response::builder()
+                    .status(200)
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&lease).unwrap(),
+                    ))
+                    .unwrap(),
+            );
+        });
+        let lost = elector.keep().await;
+        assert!(
+            matches!(&lost, LeaderError::Taken { holder, .. } if holder == "b"),
+            "{lost}"
+        );
+        server.await.unwrap();
     }
 
     #[test]

@@ -399,6 +399,21 @@ async fn two_replicas_elect_one_leader() -> Result<(), BoxError> {
         !first.try_acquire_or_renew().await,
         "the old leader must not take the lease back"
     );
+    // A leader that stops (SIGTERM, a rolling update) releases the lease: the standby takes it
+    // at its next round, not after the lease would have expired.
+    second.release().await;
+    assert!(
+        first.try_acquire_or_renew().await,
+        "the released lease is free at once"
+    );
+    // A replica that finds the lease held by another stops leading at its next round.
+    let lost = tokio::time::timeout(Duration::from_secs(5), second.keep())
+        .await
+        .map_err(|_| "keep() went on leading while another replica held the lease")?;
+    assert!(
+        matches!(&lost, ebbflow_operator::leader::LeaderError::Taken { holder, .. } if holder == "replica-a"),
+        "{lost}"
+    );
     drop_namespace(&client, &ns).await
 }
 

@@ -27,5 +27,9 @@ app.kubernetes.io/component: operator
 
 {{/* ServiceAccount name. */}}
 {{- define "ebbflow.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
 {{- default (include "ebbflow.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false (the account must exist)" .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}

@@ -258,6 +258,12 @@ async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     init_tracing();
     let capacity_label = flags.capacity_label()?;
+    if !(flags.trace_speed.is_finite() && flags.trace_speed > 0.0) {
+        anyhow::bail!(
+            "--trace-speed must be a positive number of trace seconds per second, got {}",
+            flags.trace_speed
+        );
+    }
     let identity = flags.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| "ebbflow-operator".to_owned())
     });
@@ -288,31 +294,36 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
 
+    // Ready once it can serve as leader or standby: a standby waiting for the lease is a
+    // healthy replica. Gating readiness on the lease kept every rolling update from finishing
+    // (the new pod waited for a lease the old one held, so the old one was never replaced) and
+    // kept a second replica unready for good.
+    ready.store(true, Ordering::Relaxed);
+
     let mut elector = None;
     if flags.leader_election {
-        let lease = LeaderElector::new(
-            client.clone(),
-            LeaseConfig {
-                name: flags.lease_name.clone(),
-                namespace: flags.lease_namespace.clone(),
-                identity: identity.clone(),
-                lease_duration: Duration::from_secs(flags.lease_duration_seconds),
-                renew_deadline: Duration::from_secs(flags.renew_deadline_seconds),
-                retry_period: Duration::from_secs(flags.retry_period_seconds),
-            },
-        );
+        let config = LeaseConfig {
+            name: flags.lease_name.clone(),
+            namespace: flags.lease_namespace.clone(),
+            identity: identity.clone(),
+            lease_duration: Duration::from_secs(flags.lease_duration_seconds),
+            renew_deadline: Duration::from_secs(flags.renew_deadline_seconds),
+            retry_period: Duration::from_secs(flags.retry_period_seconds),
+        };
+        config.validate()?;
+        let lease = LeaderElector::new(client.clone(), config);
         info!(lease = %flags.lease_name, %identity, "waiting for leadership");
-        lease.acquire().await;
+        tokio::select! {
+            () = lease.acquire() => {}
+            () = shutdown_signal() => {
+                info!("told to stop while a standby");
+                return Ok(());
+            }
+        }
         elector = Some(lease);
     }
     metrics.leader.set(1);
 
-    if !(flags.trace_speed.is_finite() && flags.trace_speed > 0.0) {
-        anyhow::bail!(
-            "--trace-speed must be a positive number of trace seconds per second, got {}",
-            flags.trace_speed
-        );
-    }
     let ec2_api: Option<Arc<dyn Ec2Api>> = match &flags.ec2_region {
         Some(region) => {
             let config = ebbflow_ec2::Ec2Config::new(region.clone());
@@ -375,13 +386,16 @@ async fn main() -> anyhow::Result<()> {
     }
     let ctx = Arc::new(ctx);
 
-    ready.store(true, Ordering::Relaxed);
     info!("controller starting");
     let controller = controller::run(ctx, shutdown_signal());
     match elector {
         Some(elector) => {
             tokio::select! {
-                () = controller => {}
+                () = controller => {
+                    // shutting down: hand the lease over now, not after it expires
+                    metrics.leader.set(0);
+                    elector.release().await;
+                }
                 lost = elector.keep() => {
                     metrics.leader.set(0);
                     // Exit so the pod restarts as a standby; never reconcile without the lease.

@@ -349,11 +349,12 @@ impl Error {
 #[instrument(skip(job, ctx), fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciliations.inc();
-    ctx.metrics.reconciles_in_flight.inc();
-    let started = Instant::now();
     let namespace = job
         .namespace()
         .ok_or(Error::InvalidObject("namespace missing"))?;
+    // counted from here: an early return above left the gauge raised for good
+    ctx.metrics.reconciles_in_flight.inc();
+    let started = Instant::now();
     let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&jobs, FINALIZER, job, |event| async {
         match event {
@@ -1207,7 +1208,13 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             ctx.with_memory(&job_ref, |memory| memory.ledger.mark_released(&notice.pod));
         }
         match pods.delete(&deletion.name, &DeleteParams::default()).await {
-            Ok(_) => {}
+            // counted only when this reconcile deleted it (a pod the cache still lists after
+            // it went is not deleted twice)
+            Ok(_) => ctx
+                .metrics
+                .pods_deleted
+                .with_label_values(&[deletion.reason.as_str()])
+                .inc(),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(ApplyError::Delete {
@@ -1218,10 +1225,6 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                 .into());
             }
         }
-        ctx.metrics
-            .pods_deleted
-            .with_label_values(&[deletion.reason.as_str()])
-            .inc();
     }
     if !created.is_empty() {
         publish(
