@@ -585,6 +585,12 @@ fn simulate(
     let mut bidder_config = config.bidder.clone();
     bidder_config.max_transient = config.cluster_size;
     bidder_config.throughput = config.throughput.clone();
+    // The replay decides at slot starts only, so the bidder is told so: its decisions come
+    // every step at the soonest, and the last one before a billing boundary is up to a step
+    // ahead of it. Before, on a 15-minute grid (hourly data) the time to a boundary was
+    // never within the 5-minute lead, and under aws-hourly-2016 BidBrain never released.
+    bidder_config.interval_seconds = bidder_config.interval_seconds.max(step);
+    bidder_config.boundary_lead_seconds = bidder_config.boundary_lead_seconds.max(step);
     let bidder = Bidder {
         config: bidder_config,
         billing,
@@ -611,8 +617,15 @@ fn simulate(
     loop {
         let t = grid.time(slot);
         if slot >= grid.slots {
-            // the trace ended: finish the rest on the on-demand baseline
-            let rest_hours = (work - done) / ctx.baseline_rate() / 3600.0;
+            // the trace ended: finish the rest on the on-demand baseline; a checkpointed job
+            // restarts there from its last checkpoint (what it did since is lost), after the
+            // restart delay
+            let (kept, restart) = if agile {
+                (done, 0.0)
+            } else {
+                (checkpoint_work, config.restart_seconds)
+            };
+            let rest_hours = (work - kept) / ctx.baseline_rate() / 3600.0;
             ledger.close_all(&mut live, EndReason::JobFinished);
             if let Some(meter) = reliable_meter.take() {
                 ledger.result.cost_usd +=
@@ -623,7 +636,7 @@ fn simulate(
             let fallback = on_demand_only(ctx, rest_hours);
             ledger.result.cost_usd += fallback.cost_usd;
             ledger.result.on_demand_hours += fallback.on_demand_hours;
-            ledger.result.runtime_seconds = (t - start) as f64 + rest_hours * 3600.0;
+            ledger.result.runtime_seconds = (t - start) as f64 + restart + rest_hours * 3600.0;
             ledger.result.completed_in_trace = false;
             return ledger.result;
         }

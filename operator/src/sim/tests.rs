@@ -381,6 +381,73 @@ fn the_bound_is_never_above_on_demand_only() {
     }
 }
 
+/// A checkpointed job that outlives the trace restarts on the on-demand baseline from its last
+/// checkpoint, after the restart delay: what it did since the checkpoint is lost. Before, the
+/// fallback went on from all the work done, as an AgileML job would.
+#[test]
+fn a_checkpointed_job_that_outlives_the_trace_restarts_from_its_checkpoint() {
+    let market = one_pool_market(&|_| 0.3);
+    let config = small_config(BillingModel::Aws);
+    let grid = MarketGrid::new(&market, 60).unwrap();
+    let model = EvictionModel::fit(&market, config.eviction.clone()).unwrap();
+    let ctx = one_reliable(&grid, &model, &config);
+    let costs = hindsight::SlotCosts::new(&grid, &config.app, None, config.billing);
+    // 9 minutes of trace left: no checkpoint in them (the interval is at least 10 minutes), a
+    // 20 h job
+    let start = grid.slots - 9;
+    let hours = 20.0;
+    let work = hours * 3600.0 * ctx.baseline_rate();
+    let run = simulate(&ctx, &costs, Strategy::StandardCheckpoint, start, work);
+    assert!(!run.completed_in_trace, "{run:?}");
+    let left = 9.0 * 60.0;
+    assert!(
+        run.runtime_seconds >= left + config.restart_seconds + hours * 3600.0 - 1e-6,
+        "{run:?}"
+    );
+    // AgileML keeps what it did
+    let agile = simulate(&ctx, &costs, Strategy::StandardAgileMl, start, work);
+    assert!(agile.runtime_seconds < left + hours * 3600.0, "{agile:?}");
+}
+
+/// Hourly data gives a 15-minute grid, and the replay decides at slot starts only: BidBrain is
+/// told so, so the last decision before an hour's end may release. Before, the time to a
+/// boundary was never within the 5-minute lead, and under aws-hourly-2016 BidBrain held the
+/// pool it bought first whatever its later price.
+#[test]
+fn on_a_coarse_grid_bidbrain_still_leaves_a_pool_that_became_dear() {
+    // pool a: 0.30 for the first hour, then 0.60; pool b: 0.31 throughout (hourly samples)
+    let hourly = |price: &dyn Fn(i64) -> f64| -> Vec<Sample> {
+        (0..4 * 24)
+            .map(|h| Sample {
+                at: h * 3600,
+                price: Some(price(h)),
+                available: true,
+            })
+            .collect()
+    };
+    let mut market = synthetic_market();
+    market.gap = GapPolicy::for_interval(3600);
+    market.pools.truncate(2);
+    market.pools[0].samples = hourly(&|h| if h == 0 { 0.30 } else { 0.60 });
+    market.pools[1].samples = hourly(&|_| 0.31);
+    assert_eq!(MarketGrid::step_for(&market), 900);
+    let mut config = small_config(BillingModel::AwsHourly2016);
+    // bids well above the price, so the rise to 0.60 evicts nothing: leaving takes a release
+    config.eviction.bid_deltas = vec![0.5];
+    let grid = MarketGrid::new(&market, 900).unwrap();
+    let model = EvictionModel::fit(&market, config.eviction.clone()).unwrap();
+    let ctx = one_reliable(&grid, &model, &config);
+    let costs = hindsight::SlotCosts::new(&grid, &config.app, None, config.billing);
+    let work = 6.0 * 3600.0 * ctx.baseline_rate();
+    let bidbrain = simulate(&ctx, &costs, Strategy::BidBrainAgileMl, 0, work);
+    let standard = simulate(&ctx, &costs, Strategy::StandardAgileMl, 0, work);
+    // standard holds pool a at 0.60 after its first hour; BidBrain moves to b at 0.31
+    assert!(
+        bidbrain.cost_usd < 0.8 * standard.cost_usd,
+        "BidBrain {bidbrain:?} vs standard {standard:?}"
+    );
+}
+
 #[test]
 fn a_throughput_table_sets_the_work_rate_as_measured() {
     // two pools that never move: standard + AgileML holds 8 instances (ratio 8:1) from the start
