@@ -26,6 +26,7 @@ combos=(
   "--set capacityType.preset=gke"
   "--set capacityType.preset=custom --set capacityType.labelKey=example.com/spot --set-string capacityType.spotValue=true"
   "--set serviceAccount.create=false --set serviceAccount.name=ebbflow-existing"
+  "--set watchNamespace=ml-jobs"
   "--set traces.claimName=spot-traces --set traces.speed=60"
   "--set runtimeImage.repository=registry.example.com/ebbflow-runtime --set runtimeImage.tag=1.2.3"
 )
@@ -57,6 +58,20 @@ grep -q "honorLabels: true" "$work/out.yaml" || fail "the ServiceMonitor does no
 if grep -q -- "--leader-election" "$work/out.yaml"; then fail "leader election flags rendered while disabled"; fi
 echo "check-chart: ok: service monitor labels, leader election off"
 
+# watchNamespace: the namespaced rights move from the ClusterRole to a Role in that namespace.
+"$helm" template ebbflow "$chart" --set watchNamespace=ml-jobs --show-only templates/rbac.yaml >"$work/rbac.yaml" 2>/dev/null
+# one file per document: the ClusterRole is the first, the namespaced Role follows the leader Role
+awk -v dir="$work" '/^---/{n++} {print > (dir "/rbac-" n ".yaml")}' "$work/rbac.yaml"
+cluster_role="$(grep -l "^kind: ClusterRole$" "$work"/rbac-*.yaml)"
+scoped_role="$(grep -l "^  namespace: ml-jobs$" "$work"/rbac-*.yaml | xargs grep -l "^kind: Role$")"
+if grep -q '"secrets"\|"pods"' "$cluster_role"; then fail "with watchNamespace the ClusterRole still grants pods or secrets"; fi
+grep -q '"nodes"' "$cluster_role" || fail "with watchNamespace the ClusterRole lost nodes"
+grep -q '"secrets"' "$scoped_role" && grep -q '"trainingjobs"' "$scoped_role" && grep -q '"events"' "$scoped_role" ||
+  fail "with watchNamespace the Role in it lacks the jobs' rights"
+"$helm" template ebbflow "$chart" --set watchNamespace=ml-jobs >"$work/out.yaml" 2>/dev/null
+grep -q -- "--watch-namespace=ml-jobs" "$work/out.yaml" || fail "watchNamespace is not passed to the operator"
+echo "check-chart: ok: watchNamespace scopes the RBAC"
+
 # Each mistake must fail at render time with a message naming the offending key.
 bad=(
   "--set replicas=two|replicas"
@@ -74,6 +89,7 @@ bad=(
   "--set runtimeImage.repository=|repository"
   "--set serviceAccount.create=false|serviceAccount.name"
   "--set leaderElection.leaseDurationSeconds=5|renewDeadlineSeconds"
+  "--set watchNamespace=Not_A_Namespace|watchNamespace"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"

@@ -2,7 +2,9 @@
 //! token of the chart's ServiceAccount, so the chart's RBAC is what is tested (issue 7): with it
 //! the controller reconciles a TrainingJob end to end (pods, status, events, cleanup) and holds
 //! its Lease; without cluster-admin it cannot, for instance, delete a node or read another
-//! namespace's ConfigMaps.
+//! namespace's ConfigMaps. Installed with `watchNamespace`, the same holds with the namespaced
+//! rights in a Role there: the operator scoped to that namespace reconciles its job, and cannot
+//! read Secrets anywhere else.
 //!
 //! Skipped (with a line saying so) unless `EBBFLOW_KUBECONFIG` and `EBBFLOW_HELM` are set
 //! (`scripts/e2e.sh` sets both).
@@ -20,13 +22,11 @@ use ebbflow_tests::cluster::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-
-const RELEASE: &str = "ebbflow";
 
 fn helm(args: &[&str]) -> Result<String, BoxError> {
     let helm = std::env::var("EBBFLOW_HELM")?;
@@ -82,7 +82,27 @@ async fn service_account_client(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), BoxError> {
-    let test = "the_chart_installs_and_its_rbac_is_enough_and_no_more";
+    chart_rbac_scenario(
+        "the_chart_installs_and_its_rbac_is_enough_and_no_more",
+        "ebbflow",
+        false,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_watch_namespace_the_rights_are_a_role_in_that_namespace() -> Result<(), BoxError> {
+    chart_rbac_scenario(
+        "with_watch_namespace_the_rights_are_a_role_in_that_namespace",
+        "ebbflow-scoped",
+        true,
+    )
+    .await
+}
+
+/// Installs the chart as release `release` (with `watchNamespace` set to the jobs' namespace if
+/// `scoped`) and runs a job through the operator authenticated as its ServiceAccount.
+async fn chart_rbac_scenario(test: &str, release: &str, scoped: bool) -> Result<(), BoxError> {
     if std::env::var_os("EBBFLOW_HELM").is_none() {
         let _ = writeln!(
             std::io::stderr(),
@@ -94,36 +114,46 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
         return Ok(());
     };
     install_crd(&admin).await?;
-    let release_namespace = TestNamespace::create(&admin, "e2e-helm").await?;
-    let jobs_namespace = TestNamespace::create(&admin, "e2e-helm-jobs").await?;
+    let prefix = if scoped {
+        "e2e-helm-scoped"
+    } else {
+        "e2e-helm"
+    };
+    let release_namespace = TestNamespace::create(&admin, prefix).await?;
+    let jobs_namespace = TestNamespace::create(&admin, &format!("{prefix}-jobs")).await?;
     let release_ns = release_namespace.name().to_owned();
     let jobs_ns = jobs_namespace.name().to_owned();
 
     let chart = repo_root().join("charts/ebbflow");
-    helm(&[
+    let watch = format!("watchNamespace={jobs_ns}");
+    let mut install = vec![
         "install",
-        RELEASE,
-        &chart.display().to_string(),
+        release,
+        chart.to_str().ok_or("chart path")?,
         "--namespace",
         &release_ns,
-    ])?;
+    ];
+    if scoped {
+        install.extend(["--set", &watch]);
+    }
+    helm(&install)?;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &release_ns);
-    let deployment = deployments.get(RELEASE).await?;
+    let deployment = deployments.get(release).await?;
     let pod_spec = deployment
         .spec
         .and_then(|s| s.template.spec)
         .ok_or("the chart's Deployment has no pod spec")?;
-    assert_eq!(pod_spec.service_account_name.as_deref(), Some(RELEASE));
+    assert_eq!(pod_spec.service_account_name.as_deref(), Some(release));
 
     // The operator as the chart's ServiceAccount.
-    let operator = service_account_client(&admin, &release_ns, RELEASE).await?;
+    let operator = service_account_client(&admin, &release_ns, release).await?;
     controller::check_crd(&operator)
         .await
         .map_err(|e| format!("the CRD check as the ServiceAccount failed: {e}"))?;
     let lease = LeaderElector::new(
         operator.clone(),
         LeaseConfig {
-            name: RELEASE.into(),
+            name: release.into(),
             namespace: release_ns.clone(),
             identity: "e2e".into(),
             lease_duration: Duration::from_secs(15),
@@ -135,7 +165,17 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
         lease.try_acquire_or_renew().await,
         "the ServiceAccount cannot take its Lease"
     );
-    let stop = ebbflow_tests::operator::start(&operator, &prometheus::Registry::new()).await?;
+    let stop = ebbflow_tests::operator::start_custom(
+        &operator,
+        &prometheus::Registry::new(),
+        "http://127.0.0.1:9",
+        ebbflow_tests::operator::Custom {
+            capacity: std::sync::Arc::new(controller::capacity::SpecCapacityPlanner),
+            ec2: None,
+            namespace: scoped.then(|| jobs_ns.clone()),
+        },
+    )
+    .await?;
 
     // A job reconciled end to end by the ServiceAccount-authenticated operator.
     let quickstart = std::fs::read_to_string(repo_root().join("examples/quickstart.yaml"))?;
@@ -205,8 +245,18 @@ async fn the_chart_installs_and_its_rbac_is_enough_and_no_more() -> Result<(), B
         "the ServiceAccount could list ConfigMaps in kube-system: {refused:?}"
     );
 
+    if scoped {
+        // the rights on Secrets are the jobs' namespace's only
+        let secrets: Api<Secret> = Api::namespaced(operator.clone(), &release_ns);
+        let refused = secrets.list(&ListParams::default()).await;
+        assert!(
+            matches!(&refused, Err(kube::Error::Api(status)) if status.code == 403),
+            "the scoped ServiceAccount could list Secrets in {release_ns}: {refused:?}"
+        );
+    }
+
     let _ = stop.send(());
-    helm(&["uninstall", RELEASE, "--namespace", &release_ns])?;
+    helm(&["uninstall", release, "--namespace", &release_ns])?;
     release_namespace.delete().await?;
     jobs_namespace.delete().await?;
     Ok(())

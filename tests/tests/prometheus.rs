@@ -193,16 +193,44 @@ fn dashboard_expressions() -> Result<Vec<(String, String)>, BoxError> {
     for name in ["operator.json", "jobs.json", "runtime.json"] {
         let text = std::fs::read_to_string(repo_root().join("dashboards").join(name))?;
         let dashboard: serde_json::Value = serde_json::from_str(&text)?;
+        let unvar = |expr: &str| {
+            ["$instance", "$namespace", "$trainingjob"]
+                .iter()
+                .fold(expr.to_owned(), |expr, var| expr.replace(var, ".*"))
+        };
         for panel in dashboard["panels"].as_array().into_iter().flatten() {
             for target in panel["targets"].as_array().into_iter().flatten() {
                 if let Some(expr) = target["expr"].as_str() {
                     let title = format!("{name}: {}", panel["title"].as_str().unwrap_or("?"));
-                    let expr = ["$instance", "$namespace", "$trainingjob"]
-                        .iter()
-                        .fold(expr.to_owned(), |expr, var| expr.replace(var, ".*"));
-                    expressions.push((title, expr));
+                    expressions.push((title, unvar(expr)));
                 }
             }
+        }
+        // the variables' `label_values(selector, label)`: a variable whose metric has no
+        // series leaves its panels without a value to choose
+        for variable in dashboard["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(inner) = variable["definition"]
+                .as_str()
+                .and_then(|q| q.strip_prefix("label_values("))
+                .and_then(|q| q.strip_suffix(')'))
+            else {
+                continue;
+            };
+            let Some((selector, label)) = inner.rsplit_once(',') else {
+                continue;
+            };
+            let title = format!(
+                "{name}: variable {}",
+                variable["name"].as_str().unwrap_or("?")
+            );
+            expressions.push((
+                title,
+                format!("group by ({}) ({})", label.trim(), unvar(selector)),
+            ));
         }
     }
     Ok(expressions)
