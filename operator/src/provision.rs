@@ -77,18 +77,34 @@ pub fn node_instance(node: &k8s_openapi::api::core::v1::Node) -> Option<&str> {
     id.starts_with("i-").then_some(id)
 }
 
-/// What each instance hosts of the job: its `pods` mapped through their Nodes (`node_instance`
-/// of `nodes`, by name) onto instance IDs. A pod that has finished hosts nothing; one being
-/// deleted, or named in `releasing` (the plan deletes it now), is shutting down. Pure.
+/// How long past its deletion deadline (the deletion timestamp: the request plus the grace
+/// period) a pod still being deleted keeps its instance: a kubelet that stopped answering never
+/// confirms the deletion, and its instance must not be kept for that.
+pub const DRAIN_SLACK: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(30);
+
+/// What each instance hosts of the job at `now`: its `pods` mapped through their Nodes
+/// (`node_instance` of `nodes`, by name) onto instance IDs. A pod that has finished hosts
+/// nothing, nor does one [`DRAIN_SLACK`] past its deletion deadline; one being deleted, or named
+/// in `releasing` (the plan deletes it now), is shutting down. Pure.
 pub fn instance_uses<'a>(
     pods: &[k8s_openapi::api::core::v1::Pod],
     nodes: impl Fn(&str) -> Option<&'a k8s_openapi::api::core::v1::Node>,
     releasing: &std::collections::BTreeSet<&str>,
+    now: k8s_openapi::jiff::Timestamp,
 ) -> BTreeMap<String, InstanceUse> {
     let mut uses: BTreeMap<String, InstanceUse> = BTreeMap::new();
     for pod in pods {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        if pod
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .is_some_and(|deadline| deadline.0 + DRAIN_SLACK < now)
+        {
             continue;
         }
         let Some(instance) = pod
@@ -736,7 +752,9 @@ pub(crate) mod tests {
                 .find(|n| n.metadata.name.as_deref() == Some(name))
         };
         let releasing = std::collections::BTreeSet::from(["mf-t-3"]);
-        let uses = instance_uses(&pods, by_name, &releasing);
+        // the deletions are due at 10:00:00; at 10:00:20 they still drain
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:20Z".parse().unwrap();
+        let uses = instance_uses(&pods, by_name, &releasing, now);
         assert_eq!(
             uses,
             BTreeMap::from([
@@ -745,6 +763,12 @@ pub(crate) mod tests {
                 ("i-3".to_owned(), InstanceUse::Draining),
             ])
         );
+        // past the deadline and the slack (a kubelet that never confirms): i-2 hosts nothing,
+        // and i-1 only the pod the job keeps
+        let later: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:31Z".parse().unwrap();
+        let uses = instance_uses(&pods, by_name, &releasing, later);
+        assert_eq!(uses.get("i-2"), None);
+        assert_eq!(uses.get("i-1"), Some(&InstanceUse::Busy));
     }
 
     #[test]

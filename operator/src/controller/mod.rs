@@ -1078,6 +1078,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                     _ => None,
                 },
                 &releasing,
+                now,
             );
             match provisioner.reconcile(&job, &wanted, &uses).await {
                 Ok(outcome) => {
