@@ -27,6 +27,7 @@ combos=(
   "--set capacityType.preset=custom --set capacityType.labelKey=example.com/spot --set-string capacityType.spotValue=true"
   "--set serviceAccount.create=false --set serviceAccount.name=ebbflow-existing"
   "--set watchNamespace=ml-jobs"
+  "--set metrics.bindAddress=[::]"
   "--set traces.claimName=spot-traces --set traces.speed=60"
   "--set runtimeImage.repository=registry.example.com/ebbflow-runtime --set runtimeImage.tag=1.2.3"
 )
@@ -90,6 +91,7 @@ bad=(
   "--set serviceAccount.create=false|serviceAccount.name"
   "--set leaderElection.leaseDurationSeconds=5|renewDeadlineSeconds"
   "--set watchNamespace=Not_A_Namespace|watchNamespace"
+  "--set metrics.bindAddress=localhost|bindAddress"
 )
 for case in "${bad[@]}"; do
   args="${case%%|*}" want="${case##*|}"
