@@ -90,6 +90,7 @@ bad=(
   "--set runtimeImage.repository=|repository"
   "--set serviceAccount.create=false|serviceAccount.name"
   "--set leaderElection.leaseDurationSeconds=5|renewDeadlineSeconds"
+  "--set leaderElection.renewDeadlineSeconds=2|renewDeadlineSeconds"
   "--set watchNamespace=Not_A_Namespace|watchNamespace"
   "--set metrics.bindAddress=localhost|bindAddress"
 )

@@ -122,7 +122,32 @@ pub fn crd() -> CustomResourceDefinition {
                 });
         }
     }
+    let hash = schema_hash_of(&crd);
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(SCHEMA_ANNOTATION.to_owned(), hash);
     crd
+}
+
+/// Annotation on the generated CRD with the hash of its spec ([`schema_hash`]): the operator
+/// checks at start that the CRD the API server serves is the one it was built with (Helm never
+/// upgrades a chart's CRDs, and an API server silently drops fields its schema lacks).
+pub const SCHEMA_ANNOTATION: &str = "ebbflow.dev/schema-hash";
+
+/// The hash of the CRD spec these types generate (FNV-1a of its JSON, keys sorted), as the
+/// [`SCHEMA_ANNOTATION`] of [`crd`] carries it.
+pub fn schema_hash() -> String {
+    crd()
+        .metadata
+        .annotations
+        .and_then(|mut a| a.remove(SCHEMA_ANNOTATION))
+        .expect("crd() sets the schema annotation")
+}
+
+fn schema_hash_of(crd: &CustomResourceDefinition) -> String {
+    let spec = sort_keys(serde_json::to_value(&crd.spec).expect("CRD spec serializes to JSON"));
+    format!("{:016x}", fnv1a(&spec.to_string()))
 }
 
 /// Makes the derived schema read well in `kubectl explain` and stay within the formats the API

@@ -115,6 +115,14 @@ impl LeaseConfig {
                 "lease duration, renew deadline and retry period must all be at least 1 s".into(),
             );
         }
+        // client-go asks renewDeadline > 1.2 · retryPeriod: a renewal must get a round or two
+        // between the retry pause and the deadline
+        if self.renew_deadline.as_secs_f64() <= 1.2 * self.retry_period.as_secs_f64() {
+            return bad(format!(
+                "renew deadline ({:?}) must be more than 1.2 × the retry period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
         if self.renew_deadline + self.retry_period >= self.lease_duration {
             return bad(format!(
                 "renew deadline ({:?}) plus retry period ({:?}) must be shorter than the lease \
@@ -241,41 +249,51 @@ impl LeaderElector {
         }
     }
 
-    /// Waits until this replica holds the lease.
-    pub async fn acquire(&self) {
+    /// Waits until this replica holds the lease; returns when the winning round started (the
+    /// lease's `renewTime` is no earlier: what [`Self::keep`] counts its deadline from).
+    pub async fn acquire(&self) -> tokio::time::Instant {
         loop {
+            let started = tokio::time::Instant::now();
             if self.try_acquire_or_renew().await {
                 info!(lease = %self.config.name, identity = %self.config.identity, "became leader");
-                return;
+                return started;
             }
             tokio::time::sleep(self.config.retry_period).await;
         }
     }
 
-    /// Renews the held lease until it cannot be renewed within the renew deadline, or another
-    /// replica holds it; then returns why (the caller exits so a standby takes over). Each
-    /// round gets only the time left to the deadline: a request that hangs (the API server
-    /// unreachable, no read timeout) cannot keep a leader leading past it.
-    pub async fn keep(&self) -> LeaderError {
-        let mut last_renewal = tokio::time::Instant::now();
+    /// Renews the held lease every retry period until it cannot be renewed by the deadline,
+    /// or another replica holds it; then returns why (the caller exits so a standby takes
+    /// over).
+    ///
+    /// The deadline is `renew_deadline + retry_period` after the start of the round that last
+    /// renewed (`since` for the first: when the winning round of [`Self::acquire`] started).
+    /// The lease others see was renewed no earlier than that start, and the settings keep the
+    /// sum below the lease duration ([`LeaseConfig::validate`]), so this replica stops leading
+    /// before a standby may take over, however slow the answers were. Each round gets only the
+    /// time left: a request that hangs (no read timeout) cannot keep it leading past it.
+    pub async fn keep(&self, since: tokio::time::Instant) -> LeaderError {
+        let mut last_start = since;
         loop {
-            tokio::time::sleep(self.config.retry_period).await;
-            let deadline = last_renewal + self.config.renew_deadline;
+            let deadline = last_start + self.config.retry_period + self.config.renew_deadline;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return LeaderError::Lost {
+                    name: self.config.name.clone(),
+                    deadline: self.config.renew_deadline,
+                };
+            }
+            tokio::time::sleep(self.config.retry_period.min(left)).await;
+            let started = tokio::time::Instant::now();
             let round = tokio::time::timeout_at(deadline, self.round())
                 .await
                 .unwrap_or(Round::Failed);
             match round {
-                Round::Held => last_renewal = tokio::time::Instant::now(),
+                Round::Held => last_start = started,
                 Round::HeldBy(holder) => {
                     return LeaderError::Taken {
                         name: self.config.name.clone(),
                         holder,
-                    };
-                }
-                Round::Failed if tokio::time::Instant::now() >= deadline => {
-                    return LeaderError::Lost {
-                        name: self.config.name.clone(),
-                        deadline: self.config.renew_deadline,
                     };
                 }
                 Round::Failed => {}
@@ -338,6 +356,19 @@ mod tests {
         let mut zero = config("a");
         zero.retry_period = Duration::ZERO;
         assert!(zero.validate().is_err());
+        // a renew deadline within one retry pause: every renewal would time out
+        let mut tight = config("a");
+        tight.renew_deadline = Duration::from_secs(2);
+        let error = tight.validate().unwrap_err().to_string();
+        assert!(error.contains("1.2"), "{error}");
+    }
+
+    /// The API server's answer carrying `lease`.
+    fn lease_response(lease: &Lease) -> http::Response<kube::client::Body> {
+        http::Response::builder()
+            .status(200)
+            .body(kube::client::Body::from(serde_json::to_vec(lease).unwrap()))
+            .unwrap()
     }
 
     /// An elector over a mocked API server whose requests the returned handle answers (or not).
@@ -368,11 +399,46 @@ mod tests {
         });
         let started = tokio::time::Instant::now();
         let cfg = config("a");
-        let lost = tokio::time::timeout(cfg.renew_deadline + cfg.retry_period * 2, elector.keep())
-            .await
-            .expect("keep returns by the deadline");
+        let lost = tokio::time::timeout(
+            cfg.renew_deadline + cfg.retry_period * 2,
+            elector.keep(started),
+        )
+        .await
+        .expect("keep returns by the deadline");
         assert!(matches!(lost, LeaderError::Lost { .. }), "{lost}");
         assert!(started.elapsed() <= cfg.renew_deadline + cfg.retry_period);
+    }
+
+    /// Renewals that answer keep the leadership with the shortest deadline the settings allow
+    /// (before, a renew deadline no longer than the retry pause timed every renewal out).
+    #[tokio::test(start_paused = true)]
+    async fn renewals_that_answer_keep_the_leadership() {
+        let (service, mut handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let mut cfg = config("a");
+        cfg.renew_deadline = Duration::from_secs(3);
+        cfg.retry_period = Duration::from_secs(2);
+        cfg.validate().unwrap();
+        let elector = LeaderElector::new(Client::new(service, "ebbflow"), cfg.clone());
+        let _server = tokio::spawn(async move {
+            let mut lease = held_lease(None, &cfg, Timestamp::now());
+            while let Some((request, respond)) = handle.next_request().await {
+                // answers take a second: the GET, then the PUT of the renewal
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if request.method() == http::Method::PUT {
+                    lease = held_lease(Some(&lease), &cfg, Timestamp::now());
+                }
+                respond.send_response(lease_response(&lease));
+            }
+        });
+        let kept = tokio::time::timeout(
+            Duration::from_secs(60),
+            elector.keep(tokio::time::Instant::now()),
+        )
+        .await;
+        assert!(kept.is_err(), "gave up a lease it renewed: {kept:?}");
     }
 
     /// A leader that finds another replica holding the lease stops leading at once.
@@ -383,16 +449,9 @@ mod tests {
             let (request, respond) = handle.next_request().await.unwrap();
             assert_eq!(request.method(), http::Method::GET);
             let lease = held_lease(None, &config("b"), Timestamp::now());
-            respond.send_response(
-                http::Response::builder()
-                    .status(200)
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&lease).unwrap(),
-                    ))
-                    .unwrap(),
-            );
+            respond.send_response(lease_response(&lease));
         });
-        let lost = elector.keep().await;
+        let lost = elector.keep(tokio::time::Instant::now()).await;
         assert!(
             matches!(&lost, LeaderError::Taken { holder, .. } if holder == "b"),
             "{lost}"

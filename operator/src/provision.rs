@@ -83,14 +83,16 @@ pub fn node_instance(node: &k8s_openapi::api::core::v1::Node) -> Option<&str> {
 pub const DRAIN_SLACK: k8s_openapi::jiff::SignedDuration =
     k8s_openapi::jiff::SignedDuration::from_secs(30);
 
-/// What each instance hosts of the job at `now`: its `pods` mapped through their Nodes
-/// (`node_instance` of `nodes`, by name) onto instance IDs. A pod that has finished hosts
-/// nothing, nor does one [`DRAIN_SLACK`] past its deletion deadline; one being deleted, or named
-/// in `releasing` (the plan deletes it now), is shutting down. Pure.
-pub fn instance_uses<'a>(
+/// What each instance hosts at `now`: `pods` (every runtime pod the operator knows, of any
+/// job: pods are placed by pool, so another job's pod may run on this job's instance) mapped
+/// through their Nodes (`instance_of` a node name, from its `providerID`) onto instance IDs. A
+/// pod that has finished hosts nothing, nor does one [`DRAIN_SLACK`] past its deletion
+/// deadline; one being deleted, or `releasing` (the plan deletes it now), is shutting down.
+/// Pure.
+pub fn instance_uses(
     pods: &[k8s_openapi::api::core::v1::Pod],
-    nodes: impl Fn(&str) -> Option<&'a k8s_openapi::api::core::v1::Node>,
-    releasing: &std::collections::BTreeSet<&str>,
+    instance_of: impl Fn(&str) -> Option<String>,
+    releasing: impl Fn(&k8s_openapi::api::core::v1::Pod) -> bool,
     now: k8s_openapi::jiff::Timestamp,
 ) -> BTreeMap<String, InstanceUse> {
     let mut uses: BTreeMap<String, InstanceUse> = BTreeMap::new();
@@ -111,18 +113,16 @@ pub fn instance_uses<'a>(
             .spec
             .as_ref()
             .and_then(|spec| spec.node_name.as_deref())
-            .and_then(&nodes)
-            .and_then(node_instance)
+            .and_then(&instance_of)
         else {
             continue;
         };
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let usage = if pod.metadata.deletion_timestamp.is_some() || releasing.contains(name) {
+        let usage = if pod.metadata.deletion_timestamp.is_some() || releasing(pod) {
             InstanceUse::Draining
         } else {
             InstanceUse::Busy
         };
-        let entry = uses.entry(instance.to_owned()).or_default();
+        let entry = uses.entry(instance).or_default();
         *entry = (*entry).max(usage);
     }
     uses
@@ -750,11 +750,13 @@ pub(crate) mod tests {
             nodes
                 .iter()
                 .find(|n| n.metadata.name.as_deref() == Some(name))
+                .and_then(node_instance)
+                .map(str::to_owned)
         };
-        let releasing = std::collections::BTreeSet::from(["mf-t-3"]);
+        let releasing = |pod: &Pod| pod.metadata.name.as_deref() == Some("mf-t-3");
         // the deletions are due at 10:00:00; at 10:00:20 they still drain
         let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:20Z".parse().unwrap();
-        let uses = instance_uses(&pods, by_name, &releasing, now);
+        let uses = instance_uses(&pods, by_name, releasing, now);
         assert_eq!(
             uses,
             BTreeMap::from([
@@ -766,7 +768,7 @@ pub(crate) mod tests {
         // past the deadline and the slack (a kubelet that never confirms): i-2 hosts nothing,
         // and i-1 only the pod the job keeps
         let later: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:31Z".parse().unwrap();
-        let uses = instance_uses(&pods, by_name, &releasing, later);
+        let uses = instance_uses(&pods, by_name, releasing, later);
         assert_eq!(uses.get("i-2"), None);
         assert_eq!(uses.get("i-1"), Some(&InstanceUse::Busy));
     }

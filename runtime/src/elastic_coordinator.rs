@@ -498,6 +498,16 @@ pub enum ElasticJobError {
         /// How long the coordinator waited.
         waited: Duration,
     },
+    /// Told to stop before training started.
+    #[error(
+        "told to stop before training started ({joined} of {expected} reliable nodes had joined)"
+    )]
+    Stopped {
+        /// Reliable nodes that joined.
+        joined: usize,
+        /// Reliable nodes awaited.
+        expected: u32,
+    },
     /// The run failed.
     #[error(transparent)]
     Run(#[from] crate::elastic::ElasticError),
@@ -513,6 +523,7 @@ impl ElasticJobError {
             ElasticJobError::EmptySecret => "empty_secret",
             ElasticJobError::Serve(_) => "serve",
             ElasticJobError::JoinTimeout { .. } => "join_timeout",
+            ElasticJobError::Stopped { .. } => "stopped",
             ElasticJobError::Run(e) => e.category(),
             ElasticJobError::Checkpoint(_) => "checkpoint",
         }
@@ -547,6 +558,10 @@ pub struct ElasticJob {
     /// true or its sender is dropped: a pod's coordinator lingers so that its operator reads
     /// the outcome before it deletes the job's pods. `None`: stop serving at once.
     pub linger: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Turns true when the process is told to stop (SIGTERM): while the coordinator still waits
+    /// for its reliable nodes it stops waiting ([`ElasticJobError::Stopped`]); once training
+    /// runs, the caller's `POST /stop`-like event on the feed is what stops it.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
     /// Checkpoint the newest consistent copy to disk, and resume from the checkpoint there.
     pub checkpoint: Option<CheckpointSettings>,
 }
@@ -680,9 +695,31 @@ pub fn run_elastic_job_with<A: crate::app::App>(
             })
             .await
     });
+    let stop = job.stop.clone();
+    let told_to_stop = async move {
+        let told = match stop {
+            Some(mut stop) => stop.wait_for(|stop| *stop).await.is_ok(),
+            None => false,
+        };
+        if !told {
+            // no stop signal, or its sender gone: wait for the nodes alone
+            std::future::pending::<()>().await;
+        }
+    };
     let waited = rt.block_on(async {
-        tokio::time::timeout(job.join_timeout, service.wait_for_reliable()).await
+        tokio::select! {
+            waited = tokio::time::timeout(job.join_timeout, service.wait_for_reliable()) => Some(waited),
+            () = told_to_stop => None,
+        }
     });
+    let Some(waited) = waited else {
+        let joined = service.status().nodes.len();
+        let _ = stop_serving.send(());
+        return Err(ElasticJobError::Stopped {
+            joined,
+            expected: job.reliable_nodes,
+        });
+    };
     if waited.is_err() {
         let joined = service.status().nodes.len();
         let _ = stop_serving.send(());

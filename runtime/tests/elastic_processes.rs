@@ -178,6 +178,7 @@ fn coordinator_configured(
         join_timeout: Duration::from_secs(60),
         background_copies: true,
         linger: None,
+        stop: None,
         checkpoint: None,
     };
     let metrics = RuntimeMetrics::register(&registry).unwrap();
@@ -1125,6 +1126,30 @@ fn a_coordinator_told_to_stop_by_sigterm_checkpoints_what_it_trained_and_exits()
         let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
         assert!(exit.success(), "{exit:?} {stderr}");
     }
+}
+
+/// SIGTERM while the command-line coordinator still waits for its nodes ends the wait at once
+/// with a line saying so; before, nothing read the stop until training started, so the signal
+/// did nothing for up to the join timeout (10 minutes by default).
+#[test]
+fn a_coordinator_told_to_stop_while_waiting_for_nodes_exits_at_once() {
+    let job = Job::dense(100);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut coordinator, url) = coordinator_process_every(
+        &job,
+        &dir.path().join("job.ckpt"),
+        &dir.path().join("report.json"),
+        100,
+    );
+    // serving, no node joined
+    wait_for(&url, "the admin API", |_| true);
+    signal(&coordinator, "TERM");
+    let (exit, stderr) = wait_exit(&mut coordinator, Duration::from_secs(10));
+    assert!(!exit.success(), "{exit:?} {stderr}");
+    assert!(
+        stderr.contains("told to stop before training started (0 of 1 reliable nodes had joined)"),
+        "{stderr}"
+    );
 }
 
 /// A node that gets SIGTERM while it is still joining (its coordinator not serving yet) gives

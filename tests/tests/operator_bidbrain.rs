@@ -528,6 +528,7 @@ fn start_coordinator(
         join_timeout: Duration::from_secs(120),
         background_copies: true,
         linger,
+        stop: None,
         checkpoint: None,
     };
     let coordinator = std::thread::spawn(move || {

@@ -407,9 +407,12 @@ async fn two_replicas_elect_one_leader() -> Result<(), BoxError> {
         "the released lease is free at once"
     );
     // A replica that finds the lease held by another stops leading at its next round.
-    let lost = tokio::time::timeout(Duration::from_secs(5), second.keep())
-        .await
-        .map_err(|_| "keep() went on leading while another replica held the lease")?;
+    let lost = tokio::time::timeout(
+        Duration::from_secs(5),
+        second.keep(tokio::time::Instant::now()),
+    )
+    .await
+    .map_err(|_| "keep() went on leading while another replica held the lease")?;
     assert!(
         matches!(&lost, ebbflow_operator::leader::LeaderError::Taken { holder, .. } if holder == "replica-a"),
         "{lost}"

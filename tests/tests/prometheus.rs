@@ -188,8 +188,13 @@ fn percent_encode(text: &str) -> String {
         .collect()
 }
 
-fn dashboard_expressions() -> Result<Vec<(String, String)>, BoxError> {
+/// Every panel expression, and every variable's `label_values` as a query that must return
+/// data, each with where it comes from.
+type Expressions = Vec<(String, String)>;
+
+fn dashboard_expressions() -> Result<(Expressions, Expressions), BoxError> {
     let mut expressions = Vec::new();
+    let mut variables = Vec::new();
     for name in ["operator.json", "jobs.json", "runtime.json"] {
         let text = std::fs::read_to_string(repo_root().join("dashboards").join(name))?;
         let dashboard: serde_json::Value = serde_json::from_str(&text)?;
@@ -227,13 +232,17 @@ fn dashboard_expressions() -> Result<Vec<(String, String)>, BoxError> {
                 "{name}: variable {}",
                 variable["name"].as_str().unwrap_or("?")
             );
-            expressions.push((
-                title,
-                format!("group by ({}) ({})", label.trim(), unvar(selector)),
-            ));
+            // only series that carry the label give the variable a value
+            let label = label.trim();
+            let selector = unvar(selector);
+            let selector = match selector.strip_suffix('}') {
+                Some(open) => format!("{open}, {label}!=\"\"}}"),
+                None => format!("{selector}{{{label}!=\"\"}}"),
+            };
+            variables.push((title, format!("count by ({label}) ({selector})")));
         }
     }
-    Ok(expressions)
+    Ok((expressions, variables))
 }
 
 /// Metric families an expression names (histogram suffixes folded).
@@ -318,13 +327,14 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
     assert!(summary.clocks > 0);
     let run_addr = serve_metrics(run_registry).await?;
 
-    // Prometheus scraping all three every second.
+    // Prometheus scraping all three every second; the runtime targets carry the labels the
+    // chart's PodMonitor gives them (the pod's namespace, its ebbflow.dev/job as trainingjob).
     let port = free_port()?;
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
          - job_name: ebbflow-operator\n    static_configs:\n      - targets: ['{operator_addr}']\n  \
-         - job_name: ebbflow-runtime\n    static_configs:\n      - targets: ['{runtime_addr}']\n  \
-         - job_name: ebbflow-run\n    static_configs:\n      - targets: ['{run_addr}']\n"
+         - job_name: ebbflow-runtime\n    static_configs:\n      - targets: ['{runtime_addr}']\n        labels: {{namespace: e2e, trainingjob: quickstart}}\n  \
+         - job_name: ebbflow-run\n    static_configs:\n      - targets: ['{run_addr}']\n        labels: {{namespace: e2e, trainingjob: run}}\n"
     );
     std::fs::write(dir.join("prometheus.yml"), config)?;
     let log = std::fs::File::create(dir.join("prometheus.log"))?;
@@ -371,7 +381,15 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
 
     let mut failures = Vec::new();
     let mut answered = 0;
-    for (title, expr) in dashboard_expressions()? {
+    let (expressions, variables) = dashboard_expressions()?;
+    // a variable with no value leaves its dashboard empty: every one must have values
+    for (title, expr) in &variables {
+        let body = query(&http, &base, expr).await?;
+        if body["data"]["result"].as_array().is_none_or(Vec::is_empty) {
+            failures.push(format!("{title}: {expr} has no values"));
+        }
+    }
+    for (title, expr) in expressions {
         let body = match query(&http, &base, &expr).await {
             Ok(body) => body,
             Err(error) => {

@@ -313,14 +313,14 @@ async fn main() -> anyhow::Result<()> {
         config.validate()?;
         let lease = LeaderElector::new(client.clone(), config);
         info!(lease = %flags.lease_name, %identity, "waiting for leadership");
-        tokio::select! {
-            () = lease.acquire() => {}
+        let won = tokio::select! {
+            won = lease.acquire() => won,
             () = shutdown_signal() => {
                 info!("told to stop while a standby");
                 return Ok(());
             }
-        }
-        elector = Some(lease);
+        };
+        elector = Some((lease, won));
     }
     metrics.leader.set(1);
 
@@ -389,14 +389,14 @@ async fn main() -> anyhow::Result<()> {
     info!("controller starting");
     let controller = controller::run(ctx, shutdown_signal());
     match elector {
-        Some(elector) => {
+        Some((elector, won)) => {
             tokio::select! {
                 () = controller => {
                     // shutting down: hand the lease over now, not after it expires
                     metrics.leader.set(0);
                     elector.release().await;
                 }
-                lost = elector.keep() => {
+                lost = elector.keep(won) => {
                     metrics.leader.set(0);
                     // Exit so the pod restarts as a standby; never reconcile without the lease.
                     anyhow::bail!("{lost}");

@@ -488,6 +488,13 @@ fn pool_key(info: &market::PoolInfo, capacity: market::CapacityType) -> PoolKey 
     PoolKey::new(&info.id.instance_type, &info.id.zone, capacity)
 }
 
+/// The max price a held spot allocation is modelled at: in ec2 mode the bid its instances
+/// were launched at (`recorded`, where the pods record one), else the job's `cap` (the cluster
+/// buys spot capacity without our bid).
+fn held_bid(ec2: bool, recorded: Option<f64>, cap: Option<f64>) -> Option<f64> {
+    if ec2 { recorded.or(cap) } else { cap }
+}
+
 /// USD per hour of `counts` at `slot`'s prices (spot) or on-demand prices, with the reliable
 /// tier: what budgetPerHour caps.
 fn hourly_spend(
@@ -546,6 +553,7 @@ pub fn decide_on(
             (None, od) => od,
         }
     };
+    let ec2_bids = job.spec.provisioning.mode == ebbflow_crds::ProvisioningMode::Ec2;
     let mut allocations = Vec::new();
     for (id, (key, count)) in view.alive.iter().enumerate() {
         let Some(&(pool, capacity)) = index.get(key) else {
@@ -560,10 +568,14 @@ pub fn decide_on(
             pool,
             capacity,
             count: *count,
-            // the bid the pods were launched at (a held instance keeps its bid; the spec's cap
-            // or the on-demand price only where the pods do not record one)
+            // in ec2 mode the bid the instances were launched at (a held instance keeps its
+            // bid); elsewhere the cluster buys spot capacity without our bid (Karpenter and
+            // the like pay the market up to on-demand), and pods that record none fall back
+            // on the cap or the on-demand price too
             max_price: match capacity {
-                market::CapacityType::Spot => view.bids.get(key).copied().or(max_price(pool)),
+                market::CapacityType::Spot => {
+                    held_bid(ec2_bids, view.bids.get(key).copied(), max_price(pool))
+                }
                 market::CapacityType::OnDemand => None,
             },
             launched_at: to_trace(launched),
@@ -609,7 +621,11 @@ pub fn decide_on(
         }
         let key = pool_key(&grid.pools[allocation.pool], allocation.capacity);
         *counts.entry(key.clone()).or_default() += allocation.count;
-        if let Some(price) = allocation.max_price {
+        // an instance launched for this pool without a new acquisition (a replacement) bids
+        // the job's cap, not the held ones' bid: that was near the price of its day
+        if allocation.capacity == market::CapacityType::Spot
+            && let Some(price) = max_price(allocation.pool)
+        {
             prices.insert(key, price);
         }
     }
@@ -659,7 +675,7 @@ pub fn decide_on(
                 if missing > 0 {
                     *counts.entry(key.clone()).or_default() += missing;
                     if let Some(bid) = max_price(pool) {
-                        prices.entry(key).or_insert(bid);
+                        prices.insert(key, bid);
                     }
                 }
                 reason = if budget_limited {
@@ -900,8 +916,9 @@ mod tests {
     }
 
     #[test]
-    fn a_held_allocation_keeps_the_bid_its_pods_were_launched_at() {
-        let job = job(0, 2);
+    fn a_held_allocation_is_modelled_at_its_bid_and_a_replacement_bids_the_cap() {
+        let mut job = job(0, 2);
+        job.spec.provisioning.mode = ebbflow_crds::ProvisioningMode::Ec2;
         let (pool, price, _) = cheapest_at_start(&job);
         let alive = BTreeMap::from([(pool.clone(), 2)]);
         let launched = BTreeMap::from([(
@@ -923,14 +940,13 @@ mod tests {
         let bid = price + 0.0001 * 3.06;
         let recorded = view(&BTreeMap::from([(pool.clone(), bid)]));
         assert_eq!(recorded.transient.get(&pool), Some(&2), "{recorded:?}");
-        assert_eq!(recorded.max_prices.get(&pool), Some(&bid), "{recorded:?}");
-        // a pod without a recorded bid: the job's cap (here the on-demand price)
-        let unrecorded = view(&BTreeMap::new());
-        assert_eq!(
-            unrecorded.max_prices.get(&pool),
-            Some(&3.06),
-            "{unrecorded:?}"
-        );
+        // an instance launched in the pool without a new acquisition (a replacement) bids the
+        // job's cap (here the on-demand price), not the held ones' bid near an old price
+        assert_eq!(recorded.max_prices.get(&pool), Some(&3.06), "{recorded:?}");
+        // the held allocation itself is modelled at its recorded bid, in ec2 mode only
+        assert_eq!(held_bid(true, Some(bid), Some(3.06)), Some(bid));
+        assert_eq!(held_bid(true, None, Some(3.06)), Some(3.06));
+        assert_eq!(held_bid(false, Some(bid), Some(3.06)), Some(3.06));
     }
 
     #[test]

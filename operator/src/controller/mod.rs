@@ -1067,17 +1067,31 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             } else {
                 Vec::new()
             };
-            // what each instance hosts: one whose pods the plan releases now, or that are
-            // shutting down, is terminated only once they are gone
+            // what each instance hosts, of this job or another (pods are placed by pool): one
+            // whose pods the plan releases now, or that are shutting down, is terminated only
+            // once they are gone, and one hosting any other pod last
             let releasing: BTreeSet<&str> =
                 desired.delete.iter().map(|d| d.name.as_str()).collect();
+            let every_pod = ctx
+                .caches
+                .managed_pods()
+                .unwrap_or_else(|| observed.pods.clone());
             let uses = crate::provision::instance_uses(
-                &observed.pods,
-                |name| match observed.nodes.get(name) {
-                    Some(notices::NodeObservation::Present(node)) => Some(&**node),
-                    _ => None,
+                &every_pod,
+                |node_name| {
+                    let instance = |node: &k8s_openapi::api::core::v1::Node| {
+                        crate::provision::node_instance(node).map(str::to_owned)
+                    };
+                    match observed.nodes.get(node_name) {
+                        Some(notices::NodeObservation::Present(node)) => instance(node),
+                        _ => ctx.caches.node(node_name).and_then(|node| instance(&node)),
+                    }
                 },
-                &releasing,
+                |pod| {
+                    pod.metadata.namespace.as_deref() == Some(namespace.as_str())
+                        && pod.labels().get(plan::JOB_LABEL) == Some(&name)
+                        && releasing.contains(pod.metadata.name.as_deref().unwrap_or_default())
+                },
                 now,
             );
             match provisioner.reconcile(&job, &wanted, &uses).await {
@@ -1746,20 +1760,44 @@ pub enum StartError {
         "the TrainingJob CRD (trainingjobs.ebbflow.dev) is not installed in this cluster; install it with `ebbflow crd | kubectl apply -f -` or the Helm chart"
     )]
     CrdMissing,
+    /// The installed CRD is another version's: Helm does not upgrade a chart's CRDs.
+    #[error(
+        "the installed TrainingJob CRD (trainingjobs.ebbflow.dev) is not the one this operator was built with (schema {found}, expected {expected}); apply it first: `kubectl apply --server-side -f charts/ebbflow/crds/` (or `ebbflow crd | kubectl apply --server-side -f -`)"
+    )]
+    CrdStale {
+        /// The installed CRD's schema hash (`none` without the annotation).
+        found: String,
+        /// This operator's.
+        expected: String,
+    },
     /// The API server could not be asked.
     #[error("checking for the TrainingJob CRD failed: {0}")]
     Check(#[source] kube::Error),
 }
 
-/// Fails with a one-line error when the TrainingJob CRD is not installed.
+/// Fails with a one-line error when the TrainingJob CRD is not installed, or is not the one
+/// these types generate (its [`ebbflow_crds::SCHEMA_ANNOTATION`] differs): a stale schema would
+/// make the API server drop the fields it lacks from every spec and status write, silently.
 pub async fn check_crd(client: &Client) -> Result<(), StartError> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.get_opt("trainingjobs.ebbflow.dev").await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(StartError::CrdMissing),
-        Err(error) => Err(StartError::Check(error)),
+    let crd = match crds.get_opt("trainingjobs.ebbflow.dev").await {
+        Ok(Some(crd)) => crd,
+        Ok(None) => return Err(StartError::CrdMissing),
+        Err(error) => return Err(StartError::Check(error)),
+    };
+    let expected = ebbflow_crds::schema_hash();
+    let found = crd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ebbflow_crds::SCHEMA_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| "none".to_owned());
+    if found != expected {
+        return Err(StartError::CrdStale { found, expected });
     }
+    Ok(())
 }
 
 /// Runs the controller until `shutdown` resolves: TrainingJobs, owning Pods, Services and

@@ -49,9 +49,9 @@ pub const ANNOTATION_PREFIX: &str = "ebbflow.dev/";
 pub const ZONE_ANNOTATION: &str = "ebbflow.dev/zone";
 /// Annotation with the pool's capacity type (`spot` or `on-demand`).
 pub const CAPACITY_TYPE_ANNOTATION: &str = "ebbflow.dev/capacity-type";
-/// Annotation with the max price (USD per instance-hour) a transient spot pod was bid at, as
-/// the capacity decision that created it set; read back for the held allocation's eviction
-/// outlook and `status.allocations`.
+/// Annotation with the max price (USD per instance-hour) a transient spot pod's instance was
+/// bid at in ec2 mode, as the capacity decision that created it set; read back for the held
+/// allocation's eviction outlook and `status.allocations`.
 pub const MAX_PRICE_ANNOTATION: &str = "ebbflow.dev/max-price";
 /// `app.kubernetes.io/managed-by` value on every child.
 pub const MANAGED_BY: &str = "ebbflow-operator";
@@ -1070,7 +1070,9 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                 CAPACITY_TYPE_ANNOTATION.to_owned(),
                 pool.capacity_type.as_str().to_owned(),
             );
+            // the bid is real only where the operator launches the instance (ec2 mode)
             if pool.capacity_type == CapacityType::Spot
+                && spec.provisioning.mode == ebbflow_crds::ProvisioningMode::Ec2
                 && let Some(bid) = input.decision.max_prices.get(pool)
             {
                 annotations.insert(MAX_PRICE_ANNOTATION.to_owned(), bid.to_string());

@@ -1063,7 +1063,8 @@ fn reliable_pods_are_kept_from_voluntary_disruption_spot_pods_are_not() {
 
 #[test]
 fn spot_pods_record_their_bid_and_the_lowest_bid_per_pool_is_read_back() {
-    let job = job();
+    let mut job = job();
+    job.spec.provisioning.mode = ebbflow_crds::ProvisioningMode::Ec2;
     let a = spot("c5.xlarge", "us-east-1a");
     let b = spot("m5.large", "us-east-1b");
     let mut decided = decision(&[(a.clone(), 2), (b.clone(), 1)]);
@@ -1073,6 +1074,11 @@ fn spot_pods_record_their_bid_and_the_lowest_bid_per_pool_is_read_back() {
     assert_eq!(bid(&plan.create[2]).as_deref(), Some("0.1234"));
     assert_eq!(bid(&plan.create[4]), None, "no bid decided for b");
     assert_eq!(bid(&plan.create[0]), None, "reliable pods bid nothing");
+    // outside ec2 mode the cluster buys the capacity: no bid to record
+    let mut cluster = job.clone();
+    cluster.spec.provisioning.mode = ebbflow_crds::ProvisioningMode::Cluster;
+    let plan = run_plan(&cluster, &[], &[], &decided);
+    assert_eq!(bid(&plan.create[2]), None);
 
     // read back: the lowest readable bid among a pool's alive pods
     let mut pods = vec![

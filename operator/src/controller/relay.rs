@@ -178,6 +178,20 @@ impl Caches {
         )
     }
 
+    /// Every runtime pod the operator manages (any job), if the cache is live and synced.
+    pub fn managed_pods(&self) -> Option<Vec<Pod>> {
+        if !self.live.load(Ordering::Acquire) || !synced(&self.pods) {
+            return None;
+        }
+        Some(
+            self.pods
+                .state()
+                .iter()
+                .map(|pod| pod.as_ref().clone())
+                .collect(),
+        )
+    }
+
     /// The cached Secret `namespace/name`, if the cache is live and holds it (`None` is not
     /// "absent": a cache that missed a just-applied Secret must not make the caller mint a new
     /// token, so callers ask the API server then).

@@ -1449,6 +1449,70 @@ async fn node_events_map_back_to_jobs_with_pods_there() {
     assert!(scenario.ctx.node_index.jobs_on("node-elsewhere").is_empty());
 }
 
+/// `check_crd` against an API server serving `crd`.
+async fn check_crd_serving(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Result<(), super::StartError> {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let (_, respond) = handle.next_request().await.unwrap();
+        respond.send_response(
+            Response::builder()
+                .status(StatusCode::OK)
+                .body(Body::from(serde_json::to_vec(&crd).unwrap()))
+                .unwrap(),
+        );
+    });
+    let result = super::check_crd(&Client::new(service, "default")).await;
+    server.await.unwrap();
+    result
+}
+
+/// The CRD this build generates passes; one of another build (a field added since, the
+/// annotation's hash differs) or one without the annotation (before it existed) is a one-line
+/// error saying to apply the CRD: Helm does not upgrade it, and the API server would drop the
+/// new fields silently.
+#[tokio::test]
+async fn a_stale_crd_is_refused_with_the_command_that_updates_it() {
+    let current = ebbflow_crds::crd();
+    check_crd_serving(current.clone()).await.unwrap();
+    let mut other = current.clone();
+    other.metadata.annotations.as_mut().unwrap().insert(
+        ebbflow_crds::SCHEMA_ANNOTATION.into(),
+        "0123456789abcdef".into(),
+    );
+    let error = check_crd_serving(other).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        matches!(error, super::StartError::CrdStale { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("0123456789abcdef") && text.contains("kubectl apply --server-side"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'));
+    let mut unannotated = current;
+    unannotated.metadata.annotations = None;
+    let error = check_crd_serving(unannotated).await.unwrap_err();
+    assert!(error.to_string().contains("schema none"), "{error}");
+}
+
+#[test]
+fn the_schema_hash_follows_the_schema() {
+    let hash = ebbflow_crds::schema_hash();
+    assert_eq!(hash.len(), 16);
+    assert_eq!(hash, ebbflow_crds::schema_hash(), "stable");
+    // the committed CRD YAML carries it (crds/tests/crd_yaml.rs keeps the file generated)
+    let yaml = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(ebbflow_crds::CRD_YAML_PATH),
+    )
+    .unwrap();
+    assert!(yaml.contains(&hash), "the committed CRD lacks {hash}");
+}
+
 #[tokio::test]
 async fn missing_crd_is_one_clear_line() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();

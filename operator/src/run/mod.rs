@@ -763,6 +763,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             join_timeout: Duration::from_secs(120),
             background_copies: true,
             linger: None,
+            stop: None,
             checkpoint: None,
         };
         let outcome = std::thread::scope(|scope| {

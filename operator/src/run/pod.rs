@@ -215,6 +215,7 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         join_timeout: Duration::from_secs(600),
         background_copies: true,
         linger: Some(terminated.receiver()),
+        stop: Some(terminated.receiver()),
         checkpoint: env
             .checkpoint
             .clone()

@@ -527,6 +527,7 @@ fn main() -> anyhow::Result<()> {
                     join_timeout: Duration::from_secs(join_timeout_seconds),
                     background_copies: !boundary_copies,
                     linger: None,
+                    stop: None,
                     checkpoint: checkpoint.map(|path| CheckpointSettings {
                         path,
                         interval: Duration::from_millis(checkpoint_interval_ms),
@@ -596,10 +597,14 @@ impl AppTask for ElasticCoordinatorTask {
         println!("listening on {bound}");
         tracing::info!(%bound, reliable = self.job.reliable_nodes, "elastic coordinator listening");
         let (events, feed) = ebbflow_runtime::elastic::LiveFeed::new();
-        stop_on_signals(events.clone()).context("installing the SIGTERM/SIGINT handler")?;
+        let stop =
+            stop_on_signals(events.clone()).context("installing the SIGTERM/SIGINT handler")?;
         let report = run_elastic_job_with(
             &app,
-            self.job,
+            ElasticJob {
+                stop: Some(stop),
+                ..self.job
+            },
             self.heartbeat_timeout,
             listener,
             registry,
@@ -633,10 +638,12 @@ impl AppTask for ElasticCoordinatorTask {
 
 /// SIGTERM or SIGINT stops the elastic job at the next clock boundary, as `POST /stop` does:
 /// what was trained is kept (checkpointed at once under `--checkpoint`), the report is written
-/// and the nodes are released. A second signal exits at once.
+/// and the nodes are released; before training starts it ends the wait for the nodes (the
+/// returned receiver turns true). A second signal exits at once.
 fn stop_on_signals(
     events: std::sync::mpsc::Sender<ebbflow_runtime::elastic::ElasticEvent>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    let (stopping, stop) = tokio::sync::watch::channel(false);
     use tokio::signal::unix::{SignalKind, signal};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -668,10 +675,11 @@ fn stop_on_signals(
                         "stopping at the next clock boundary (again to exit now)"
                     );
                     let _ = events.send(ebbflow_runtime::elastic::ElasticEvent::Stop);
+                    let _ = stopping.send(true);
                 }
             });
         })?;
-    Ok(())
+    Ok(stop)
 }
 
 /// An elastic node's life once the app is built.
