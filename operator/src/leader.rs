@@ -1,6 +1,7 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, as client-go's leaderelection does it:
-//! the holder renews `renewTime`; anyone may take the lease over once it is older than
-//! `leaseDurationSeconds`. Writes use the lease's resourceVersion, so two candidates can never
+//! the holder renews `renewTime`; anyone may take the lease over once it has seen it unchanged
+//! for `leaseDurationSeconds` on its own monotonic clock (not by comparing `renewTime` with its
+//! wall clock, which skew between nodes would break). Writes use the lease's resourceVersion, so two candidates can never
 //! both win a round. Needs `get`, `create` and `update` on leases in one namespace.
 
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
-    jiff::{SignedDuration, Timestamp},
+    jiff::Timestamp,
 };
 use kube::{Api, Client, api::PostParams};
 use tracing::{info, warn};
@@ -46,8 +47,28 @@ pub enum LeaseDecision {
     },
 }
 
-/// Decides (pure) what to do with `lease` at `now`.
+/// Decides (pure) what to do with `lease` at `now`, judging expiry by the holder's `renewTime`
+/// against `now` (wall clocks; the elector itself uses [`decide_seen`]).
 pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> LeaseDecision {
+    let spec = lease.and_then(|l| l.spec.clone()).unwrap_or_default();
+    let age = spec
+        .renew_time
+        .or(spec.acquire_time)
+        .map_or(Duration::MAX, |renewed| {
+            Duration::try_from(now.duration_since(renewed.0)).unwrap_or(Duration::ZERO)
+        });
+    decide_seen(lease, identity, age)
+}
+
+/// Decides (pure) what to do with `lease`, judging expiry as client-go does: by how long this
+/// replica has seen the lease unchanged (`unchanged_for`, on its own monotonic clock since the
+/// holder or `renewTime` last changed), not by comparing the holder's `renewTime` with this
+/// replica's wall clock, which a clock skew between nodes would turn into an early takeover.
+pub fn decide_seen(
+    lease: Option<&Lease>,
+    identity: &str,
+    unchanged_for: Duration,
+) -> LeaseDecision {
     let Some(lease) = lease else {
         return LeaseDecision::Create;
     };
@@ -56,16 +77,22 @@ pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> LeaseDec
     if holder == identity {
         return LeaseDecision::Renew;
     }
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-    let expired = spec
-        .renew_time
-        .or(spec.acquire_time)
-        .is_none_or(|renewed| renewed.0 + duration <= now);
-    if holder.is_empty() || expired {
+    let duration =
+        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
+    if holder.is_empty() || unchanged_for >= duration {
         LeaseDecision::TakeOver
     } else {
         LeaseDecision::Wait { holder }
     }
+}
+
+/// What a replica last saw of a lease held by another: who held it, its `renewTime`, and when
+/// (this replica's monotonic clock) it first saw them so.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    holder: Option<String>,
+    renewed: Option<MicroTime>,
+    at: tokio::time::Instant,
 }
 
 /// The lease after we take or renew it.
@@ -173,13 +200,38 @@ pub enum Round {
 pub struct LeaderElector {
     api: Api<Lease>,
     config: LeaseConfig,
+    /// The lease as last seen ([`decide_seen`]).
+    seen: parking_lot::Mutex<Option<Seen>>,
 }
 
 impl LeaderElector {
     /// An elector for `config` using `client`.
     pub fn new(client: Client, config: LeaseConfig) -> Self {
         let api = Api::namespaced(client, &config.namespace);
-        Self { api, config }
+        Self {
+            api,
+            config,
+            seen: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// How long `lease` has looked as it does now to this replica.
+    fn unchanged_for(&self, lease: Option<&Lease>) -> Duration {
+        let spec = lease.and_then(|l| l.spec.clone()).unwrap_or_default();
+        let now = tokio::time::Instant::now();
+        let mut seen = self.seen.lock();
+        let current = (spec.holder_identity, spec.renew_time);
+        match seen.as_ref() {
+            Some(s) if (s.holder.clone(), s.renewed.clone()) == current => now - s.at,
+            _ => {
+                *seen = Some(Seen {
+                    holder: current.0,
+                    renewed: current.1,
+                    at: now,
+                });
+                Duration::ZERO
+            }
+        }
     }
 
     /// One round: true if we hold the lease afterwards. Conflicts and API errors are a lost
@@ -199,7 +251,8 @@ impl LeaderElector {
         };
         let now = Timestamp::now();
         let params = PostParams::default();
-        let result = match decide(current.as_ref(), &self.config.identity, now) {
+        let unchanged_for = self.unchanged_for(current.as_ref());
+        let result = match decide_seen(current.as_ref(), &self.config.identity, unchanged_for) {
             LeaseDecision::Wait { holder } => return Round::HeldBy(holder),
             LeaseDecision::Create => {
                 self.api
@@ -457,6 +510,39 @@ mod tests {
             "{lost}"
         );
         server.await.unwrap();
+    }
+
+    /// Expiry is how long this replica saw the lease unchanged, whatever the holder's clock
+    /// wrote: a `renewTime` an hour in the past (a holder whose clock is behind) is not expired
+    /// while it keeps changing.
+    #[test]
+    fn expiry_is_judged_on_this_replicas_clock() {
+        let mut lease = held_lease(None, &config("a"), at(-3600));
+        assert_eq!(
+            decide_seen(Some(&lease), "b", Duration::ZERO),
+            LeaseDecision::Wait { holder: "a".into() }
+        );
+        assert_eq!(
+            decide_seen(Some(&lease), "b", Duration::from_secs(14)),
+            LeaseDecision::Wait { holder: "a".into() }
+        );
+        assert_eq!(
+            decide_seen(Some(&lease), "b", Duration::from_secs(15)),
+            LeaseDecision::TakeOver
+        );
+        assert_eq!(
+            decide_seen(Some(&lease), "a", Duration::from_secs(60)),
+            LeaseDecision::Renew
+        );
+        assert_eq!(
+            decide_seen(None, "b", Duration::ZERO),
+            LeaseDecision::Create
+        );
+        lease.spec.as_mut().unwrap().holder_identity = None;
+        assert_eq!(
+            decide_seen(Some(&lease), "b", Duration::ZERO),
+            LeaseDecision::TakeOver
+        );
     }
 
     #[test]
