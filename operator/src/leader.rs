@@ -47,19 +47,6 @@ pub enum LeaseDecision {
     },
 }
 
-/// Decides (pure) what to do with `lease` at `now`, judging expiry by the holder's `renewTime`
-/// against `now` (wall clocks; the elector itself uses [`decide_seen`]).
-pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> LeaseDecision {
-    let spec = lease.and_then(|l| l.spec.clone()).unwrap_or_default();
-    let age = spec
-        .renew_time
-        .or(spec.acquire_time)
-        .map_or(Duration::MAX, |renewed| {
-            Duration::try_from(now.duration_since(renewed.0)).unwrap_or(Duration::ZERO)
-        });
-    decide_seen(lease, identity, age)
-}
-
 /// Decides (pure) what to do with `lease`, judging expiry as client-go does: by how long this
 /// replica has seen the lease unchanged (`unchanged_for`, on its own monotonic clock since the
 /// holder or `renewTime` last changed), not by comparing the holder's `renewTime` with this
@@ -376,15 +363,22 @@ mod tests {
 
     #[test]
     fn create_renew_wait_and_take_over() {
-        assert_eq!(decide(None, "a", at(0)), LeaseDecision::Create);
+        let seen = Duration::from_secs;
+        assert_eq!(decide_seen(None, "a", seen(0)), LeaseDecision::Create);
         let lease = held_lease(None, &config("a"), at(0));
         assert_eq!(lease.spec.as_ref().unwrap().lease_transitions, Some(0));
-        assert_eq!(decide(Some(&lease), "a", at(5)), LeaseDecision::Renew);
         assert_eq!(
-            decide(Some(&lease), "b", at(14)),
+            decide_seen(Some(&lease), "a", seen(5)),
+            LeaseDecision::Renew
+        );
+        assert_eq!(
+            decide_seen(Some(&lease), "b", seen(14)),
             LeaseDecision::Wait { holder: "a".into() }
         );
-        assert_eq!(decide(Some(&lease), "b", at(15)), LeaseDecision::TakeOver);
+        assert_eq!(
+            decide_seen(Some(&lease), "b", seen(15)),
+            LeaseDecision::TakeOver
+        );
 
         let taken = held_lease(Some(&lease), &config("b"), at(16));
         let spec = taken.spec.as_ref().unwrap();
@@ -549,6 +543,9 @@ mod tests {
     fn a_lease_without_holder_is_free() {
         let mut lease = held_lease(None, &config("a"), at(0));
         lease.spec.as_mut().unwrap().holder_identity = None;
-        assert_eq!(decide(Some(&lease), "b", at(1)), LeaseDecision::TakeOver);
+        assert_eq!(
+            decide_seen(Some(&lease), "b", Duration::from_secs(1)),
+            LeaseDecision::TakeOver
+        );
     }
 }

@@ -54,19 +54,19 @@ pub struct Held {
     pub pool: Pool,
     /// Launch time in unix seconds, when known.
     pub launched: Option<i64>,
-    /// What it hosts of the job (idle where unknown).
+    /// What it hosts (idle where unknown).
     pub usage: InstanceUse,
 }
 
-/// What an instance hosts of its job, as the cluster shows it.
+/// What an instance hosts, of its job or another's, as the cluster shows it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum InstanceUse {
-    /// No pod of the job that still runs (or none is known: not joined, no node mapping).
+    /// No pod that still runs (or none is known: not joined, no node mapping).
     #[default]
     Idle,
     /// Only pods that are shutting down (deleted, or released by this reconcile's plan).
     Draining,
-    /// A pod the job keeps.
+    /// A pod that is kept.
     Busy,
 }
 
@@ -97,8 +97,7 @@ pub fn instance_uses(
 ) -> BTreeMap<String, InstanceUse> {
     let mut uses: BTreeMap<String, InstanceUse> = BTreeMap::new();
     for pod in pods {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+        if crate::controller::plan::pod_finished(pod) {
             continue;
         }
         if pod

@@ -769,13 +769,18 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         _ => None,
     };
     let classified = plan::observe_pods(&name, &observed.pods, &current_notices);
+    let alive = plan::alive_per_pool(&classified);
     let (cost, spend_rate, prices) = match ctx.capacity.pricing(&job, now) {
         Some(pricing) => {
             let job_over = already_succeeded || report.is_some_and(|r| r.ended());
             let previous_cost = previous.and_then(|s| s.cost.as_ref());
-            let prices: BTreeMap<PoolKey, f64> = plan::alive_per_pool(&classified)
-                .into_keys()
-                .filter_map(|pool| pricing.price_at(&pool, now).map(|price| (pool, price)))
+            let prices: BTreeMap<PoolKey, f64> = alive
+                .keys()
+                .filter_map(|pool| {
+                    pricing
+                        .price_at(pool, now)
+                        .map(|price| (pool.clone(), price))
+                })
                 .collect();
             ctx.with_memory(&job_ref, |memory| {
                 let cost = memory
@@ -939,7 +944,6 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     } else {
         Activity::Run
     };
-    let alive = plan::alive_per_pool(&classified);
     let under_notice = plan::pools_under_notice(&classified);
     let launched = plan::oldest_per_pool(&classified);
     let bids = plan::bids_per_pool(&classified);

@@ -523,7 +523,6 @@ pub fn observe_pods<'a>(
             let ordinal = name
                 .strip_prefix(&prefix)
                 .and_then(|rest| rest.parse().ok());
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             Some(ObservedPod {
                 pod,
                 name,
@@ -531,11 +530,17 @@ pub fn observe_pods<'a>(
                 pool: (tier == Tier::Transient).then(|| pool_of(pod)),
                 ordinal,
                 deleting: pod.metadata.deletion_timestamp.is_some(),
-                finished: matches!(phase, Some("Succeeded" | "Failed")),
+                finished: pod_finished(pod),
                 notice: notices.iter().find(|notice| notice.pod == name),
             })
         })
         .collect()
+}
+
+/// True if the pod's phase is final (Succeeded or Failed).
+pub fn pod_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The pool a transient pod was created for, from its annotations.
