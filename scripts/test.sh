@@ -14,6 +14,14 @@ mkdir -p "$EBBFLOW_CACHE"
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "==> the shared spot traces (EBBFLOW_SPOT_DATA, else ../shared/data/spot beside the repository)"
+spot_data="${EBBFLOW_SPOT_DATA:-$repo/../shared/data/spot}"
+if [[ ! -f "$spot_data/aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv" ]]; then
+  echo "test.sh: error: no spot traces in $spot_data: put the shared data beside the repository (../shared/data/spot) or set EBBFLOW_SPOT_DATA to that directory" >&2
+  exit 1
+fi
+export EBBFLOW_SPOT_DATA="$(cd "$spot_data" && pwd)"
+
 echo "==> real data sets (scripts/fetch-data.sh) and the Python test venv (scripts/setup-python.sh)"
 export EBBFLOW_DATA_DIR="${EBBFLOW_DATA_DIR:-$(scripts/fetch-data.sh)}"
 export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
