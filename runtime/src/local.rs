@@ -242,7 +242,7 @@ impl Transport for LocalTransport {
         read_through: Option<u64>,
     ) -> Result<usize, WorkerError> {
         Ok(self.state.with_partition(partition, LOCAL_EPOCH, |store| {
-            store.register_read(worker, tables, read_through)
+            store.register_read(worker, tables, read_through, usize::MAX)
         })?)
     }
 

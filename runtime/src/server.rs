@@ -4,7 +4,9 @@
 //! semaphore caps open connections; on shutdown it stops accepting, tells handlers to finish and
 //! waits for them. Each connection must start with a `Hello` carrying the job secret (compared in
 //! constant time). A peer without it, or one sending a malformed, truncated or oversized frame, is
-//! logged and disconnected; every other connection keeps being served. Request-level failures
+//! told why in an `Error` frame, logged and disconnected; every other connection keeps being
+//! served. A registration of more values than one frame carries is refused before any row is
+//! materialised. Request-level failures
 //! (wrong epoch, unknown partition) are answered with an `Error` message instead.
 //!
 //! Store operations that touch many values run on the blocking pool, so the async workers never
@@ -289,8 +291,43 @@ async fn write_frame(
 /// server set memory aside (a header may announce up to `max_frame_bytes`, 256 MiB by default).
 const HELLO_MAX_BYTES: usize = 4096;
 
+/// How long a refused peer's socket is given to take the reason (it may not be reading).
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Serves one peer; when the server closes the connection for a reason the peer caused (no or
+/// a wrong hello, a malformed, oversized or client-illegal frame), it first tells the peer why
+/// with an `Error` frame, so a misconfigured worker reports "refused: unauthenticated" rather
+/// than a bare end of stream.
 async fn serve_connection(
     mut stream: TcpStream,
+    state: &Arc<ServerState>,
+    config: &ServerConfig,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let result = serve(&mut stream, state, config, stop).await;
+    if let Err(error) = &result {
+        if !matches!(
+            error,
+            ConnectionError::Read(_) | ConnectionError::Write(_) | ConnectionError::Truncate
+        ) {
+            let mut out = Vec::new();
+            Message::Error {
+                category: error.category(),
+                message: &error.to_string(),
+            }
+            .encode(&mut out);
+            let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+                stream.write_all(&out).await?;
+                stream.shutdown().await
+            })
+            .await;
+        }
+    }
+    result
+}
+
+async fn serve(
+    stream: &mut TcpStream,
     state: &Arc<ServerState>,
     config: &ServerConfig,
     mut stop: watch::Receiver<bool>,
@@ -302,7 +339,7 @@ async fn serve_connection(
     let hello = tokio::time::timeout(
         config.handshake_timeout,
         read_frame(
-            &mut stream,
+            stream,
             &mut buf,
             HELLO_MAX_BYTES.min(config.max_frame_bytes),
         ),
@@ -322,10 +359,10 @@ async fn serve_connection(
     let mut out = Vec::with_capacity(1 << 16);
     Message::Welcome.encode(&mut out);
     own.receive(hello_bytes).await;
-    write_frame(&mut stream, &out, &own).await?;
+    write_frame(stream, &out, &own).await?;
     loop {
         let frame = tokio::select! {
-            frame = read_frame(&mut stream, &mut buf, config.max_frame_bytes) => frame?,
+            frame = read_frame(stream, &mut buf, config.max_frame_bytes) => frame?,
             _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
         };
         let Some(frame) = frame else { return Ok(()) };
@@ -360,14 +397,14 @@ async fn serve_connection(
                 .await
                 .map_err(|_| ConnectionError::Unexpected("panicking"))?;
                 Message::Warmed.encode(&mut out);
-                write_frame(&mut stream, &out, &own).await?;
+                write_frame(stream, &out, &own).await?;
                 continue;
             }
             Message::Control { .. } => {
                 own.receive(frame.len()).await;
                 out.clear();
                 out = control(config.agent.clone(), frame, out).await?;
-                write_frame(&mut stream, &out, &own).await?;
+                write_frame(stream, &out, &own).await?;
                 continue;
             }
             other => return Err(ConnectionError::Unexpected(other.kind())),
@@ -397,17 +434,22 @@ async fn serve_connection(
             }
             Ok(()) => {
                 let state = state.clone();
+                let max_frame_bytes = config.max_frame_bytes;
                 tokio::task::spawn_blocking(move || {
-                    process(&state, &frame[HEADER_BYTES..], &mut out);
+                    process(&state, &frame[HEADER_BYTES..], &mut out, max_frame_bytes);
                     out
                 })
                 .await
                 .map_err(|_| ConnectionError::Unexpected("panicking"))?
             }
         };
-        write_frame(&mut stream, &out, &link).await?;
+        write_frame(stream, &out, &link).await?;
     }
 }
+
+/// Room a push or pull answer's fields take in its frame besides the values (kind, ids, clock,
+/// epoch, length prefix: 34 bytes; the rest is slack).
+const PUSH_HEADER_BYTES: usize = 64;
 
 /// Answers a `Control` frame through the node's agent (on a blocking thread: agents copy
 /// partitions and wait for segments).
@@ -459,7 +501,9 @@ fn encode_error(error: &StoreError, out: &mut Vec<u8>) {
 }
 
 /// Serves one decoded request into `out` (the reply frame).
-fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
+fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>, max_frame_bytes: usize) {
+    // A batch's push or pull carries all its values in one frame, beside a small header.
+    let max_values = max_frame_bytes.saturating_sub(PUSH_HEADER_BYTES) / 4;
     let Ok(message) = Message::decode(body) else {
         return;
     };
@@ -472,7 +516,7 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>) {
             read_through,
         } => state
             .with_partition(partition, epoch, |store| {
-                store.register_read(worker, &tables, read_through)
+                store.register_read(worker, &tables, read_through, max_values)
             })
             .map(|len| {
                 Message::Registered {

@@ -79,6 +79,21 @@ pub enum StoreError {
         /// The partition's visible clock.
         visible: u64,
     },
+    /// A registration declared more values than one push or pull of it may carry.
+    #[error(
+        "worker {worker} registered {values} values with partition {partition}, more than the \
+         {max} one frame carries"
+    )]
+    RegisterTooLarge {
+        /// The worker.
+        worker: u32,
+        /// The partition.
+        partition: PartitionId,
+        /// Values the registration declared.
+        values: u64,
+        /// Most values a batch may hold.
+        max: usize,
+    },
     /// A registration named a key of another partition.
     #[error("key {key} does not belong to partition {partition}")]
     RegisterKey {
@@ -189,6 +204,7 @@ impl StoreError {
             StoreError::LookupWorker { .. } => "lookup_worker",
             StoreError::RegisterTable { .. } => "register_table",
             StoreError::RegisterKey { .. } => "register_key",
+            StoreError::RegisterTooLarge { .. } => "register_too_large",
             StoreError::RegisterReadThrough { .. } => "register_read_through",
             StoreError::LookupBatch { .. } => "lookup_batch",
             StoreError::PushLength { .. } => "push_length",
@@ -632,18 +648,21 @@ impl PartitionStore {
         worker: u32,
         tables: &[(TableId, Vec<u64>)],
     ) -> Result<usize, StoreError> {
-        self.register_read(worker, tables, None)
+        self.register_read(worker, tables, None, usize::MAX)
     }
 
     /// As [`PartitionStore::register`]; `read_through` says the worker already holds the rows
     /// as of that visible clock (read from the partition's previous owner at a clock boundary:
     /// the move changed no value), so BSP pushes need not wait for it to read them again. It
-    /// cannot be ahead of this copy's visible clock.
+    /// cannot be ahead of this copy's visible clock. A batch of more than `max_values` values
+    /// (what one frame carries) is refused. Everything is checked before any row is
+    /// materialised, so a refused registration leaves the partition as it was.
     pub fn register_read(
         &mut self,
         worker: u32,
         tables: &[(TableId, Vec<u64>)],
         read_through: Option<u64>,
+        max_values: usize,
     ) -> Result<usize, StoreError> {
         let w = self.check_worker(worker)?;
         if let Some(clock) = read_through.filter(|&c| c > self.visible_clock) {
@@ -654,8 +673,8 @@ impl PartitionStore {
                 visible: self.visible_clock,
             });
         }
-        let with_state = self.optimizer.has_state();
-        let mut batch = Batch::default();
+        let mut positions = Vec::with_capacity(tables.len());
+        let mut values = 0u64;
         for (table, keys) in tables {
             let position = self
                 .tables
@@ -670,6 +689,22 @@ impl PartitionStore {
                     partition: self.partition,
                 });
             }
+            values = values.saturating_add(
+                (keys.len() as u64).saturating_mul(self.tables[position].spec.width as u64),
+            );
+            positions.push(position);
+        }
+        if values > max_values as u64 {
+            return Err(StoreError::RegisterTooLarge {
+                worker,
+                partition: self.partition,
+                values,
+                max: max_values,
+            });
+        }
+        let with_state = self.optimizer.has_state();
+        let mut batch = Batch::default();
+        for ((_, keys), position) in tables.iter().zip(positions) {
             let rows = &mut self.tables[position];
             let indices = keys
                 .iter()
@@ -1665,7 +1700,7 @@ mod tests {
         let mut store = PartitionStore::new(0, 2, 1, &spec(), 2, Optimizer::Add, true);
         // A claim ahead of the partition is refused and registers nothing.
         assert!(matches!(
-            store.register_read(0, &[(0, keys.clone())], Some(1)),
+            store.register_read(0, &[(0, keys.clone())], Some(1), usize::MAX),
             Err(StoreError::RegisterReadThrough {
                 clock: 1,
                 visible: 0,
@@ -1677,7 +1712,7 @@ mod tests {
         // 0 need no new read.
         for worker in 0..2 {
             store
-                .register_read(worker, &[(0, keys.clone())], Some(0))
+                .register_read(worker, &[(0, keys.clone())], Some(0), usize::MAX)
                 .unwrap();
         }
         assert_eq!(store.push_gate(0, 0), Ok(PushGate::Open));
@@ -2005,6 +2040,24 @@ mod tests {
                 ..
             })
         ));
+        // Refused registrations materialise no row: not one of more values than a frame
+        // carries, nor one whose second table is undeclared.
+        let keys = keys_of(1, 2, 3);
+        assert!(matches!(
+            store.register_read(0, &[(0, keys.clone())], None, 5),
+            Err(StoreError::RegisterTooLarge {
+                values: 6,
+                max: 5,
+                ..
+            })
+        ));
+        assert!(matches!(
+            store.register(0, &[(0, keys.clone()), (9, vec![])]),
+            Err(StoreError::RegisterTable { table: 9 })
+        ));
+        assert_eq!(store.parameter_bytes(), 0);
+        assert_eq!(store.register_read(0, &[(0, keys)], None, 6).unwrap(), 6);
+        assert_eq!(store.parameter_bytes(), 6 * 4);
     }
 
     #[test]

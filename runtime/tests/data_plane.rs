@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ebbflow_runtime::app::{RowInit, TableSpec};
 use ebbflow_runtime::client::Connection;
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
+use ebbflow_runtime::frame::{HEADER_BYTES, check};
 use ebbflow_runtime::local::run_single_process;
 use ebbflow_runtime::message::{Message, Values};
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -91,8 +92,9 @@ fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> 
     .unwrap()
 }
 
-/// Writes raw bytes and waits for the server to close the connection.
-fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) {
+/// Writes raw bytes and waits for the server to close the connection; returns the category of
+/// the `Error` frame it sent first, if any (after a welcome, for peers that got one).
+fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) -> Option<String> {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -102,9 +104,22 @@ fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) {
         stream.shutdown(std::net::Shutdown::Write).unwrap();
     }
     let mut rest = Vec::new();
-    // A refused peer gets nothing (or only the welcome, for authenticated ones) and then EOF.
     let _ = stream.read_to_end(&mut rest);
-    assert!(rest.len() <= 5, "server kept talking: {rest:?}");
+    let mut refusal = None;
+    let mut at = 0;
+    while at < rest.len() {
+        let total = check(&rest[at..], 1 << 20).expect("the server sent a whole frame");
+        match Message::decode(&rest[at + HEADER_BYTES..at + total]).unwrap() {
+            Message::Welcome if at == 0 => {}
+            Message::Error { category, message } if refusal.is_none() => {
+                assert!(!message.is_empty());
+                refusal = Some(category.to_owned());
+            }
+            other => panic!("server kept talking: {other:?}"),
+        }
+        at += total;
+    }
+    refusal
 }
 
 fn hello(secret: &[u8]) -> Vec<u8> {
@@ -136,6 +151,9 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     let metrics = RuntimeMetrics::unregistered();
     let server = start_server(&runtime, &metrics);
     let timeout = Duration::from_secs(60);
+    // A worker with the wrong secret learns why it was refused.
+    let refused = Connection::connect(server.addr, b"stale", 1, 1 << 20, timeout).unwrap_err();
+    assert!(refused.to_string().contains("unauthenticated"), "{refused}");
     let mut good = Connection::connect(server.addr, SECRET, 1, 1 << 20, timeout).unwrap();
     let key = (0..).find(|&k| partition_of(k, 1) == 0).unwrap();
     // A claim to hold rows of a clock the partition has not reached is refused.
@@ -166,7 +184,11 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     ));
 
     // Wrong secret, then no secret at all (a request as first frame).
-    expect_closed(server.addr, &hello(b"wrong"), false);
+    // Each is told why before the server hangs up.
+    assert_eq!(
+        expect_closed(server.addr, &hello(b"wrong"), false).as_deref(),
+        Some("unauthenticated")
+    );
     let mut pull = Vec::new();
     Message::Pull {
         worker: 0,
@@ -175,26 +197,46 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
         min_clock: 0,
     }
     .encode(&mut pull);
-    expect_closed(server.addr, &pull, false);
-    wait_for_count(&metrics, "unauthenticated", 2);
+    assert_eq!(
+        expect_closed(server.addr, &pull, false).as_deref(),
+        Some("unauthenticated")
+    );
+    wait_for_count(&metrics, "unauthenticated", 3);
     // Oversized: a header announcing 1 GiB is refused without reading (or allocating) it.
     let mut oversized = hello(SECRET);
     oversized.extend_from_slice(&(1u32 << 30).to_le_bytes());
-    expect_closed(server.addr, &oversized, false);
+    assert_eq!(
+        expect_closed(server.addr, &oversized, false).as_deref(),
+        Some("too_large")
+    );
     wait_for_count(&metrics, "too_large", 1);
     // Before the secret is checked only a hello-sized frame is read: a first frame announcing
     // 512 KiB (within the cap for authenticated peers) is refused at once, not buffered.
-    expect_closed(server.addr, &(512u32 << 10).to_le_bytes(), false);
+    assert_eq!(
+        expect_closed(server.addr, &(512u32 << 10).to_le_bytes(), false).as_deref(),
+        Some("too_large")
+    );
     wait_for_count(&metrics, "too_large", 2);
     // Truncated: half a frame, then the peer goes away.
     let mut truncated = hello(SECRET);
     truncated.extend_from_slice(&pull[..pull.len() / 2]);
-    expect_closed(server.addr, &truncated, true);
+    // (A peer that went away mid-frame is not written to.)
+    assert_eq!(expect_closed(server.addr, &truncated, true), None);
     wait_for_count(&metrics, "truncated", 1);
     // Garbage body.
     let mut garbage = hello(SECRET);
     garbage.extend_from_slice(&[3, 0, 0, 0, 250, 1, 2]);
-    expect_closed(server.addr, &garbage, false);
+    assert_eq!(
+        expect_closed(server.addr, &garbage, false).as_deref(),
+        Some("invalid")
+    );
+    // A server-to-client message from a client.
+    let mut welcome = hello(SECRET);
+    Message::Welcome.encode(&mut welcome);
+    assert_eq!(
+        expect_closed(server.addr, &welcome, false).as_deref(),
+        Some("unexpected")
+    );
     wait_for_count(&metrics, "invalid", 1);
 
     // The good client is still served, and request-level errors keep its connection open.
