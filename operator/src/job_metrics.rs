@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ebbflow_crds::TrainingJobStatus;
 use parking_lot::Mutex;
-use prometheus::{Gauge, GaugeVec, Opts, Registry};
+use prometheus::{Gauge, GaugeVec, IntCounterVec, Opts, Registry};
 
 const JOB_LABELS: &[&str] = &["namespace", "trainingjob"];
 
@@ -29,11 +29,12 @@ pub struct JobMetrics {
     spent: GaugeVec,
     on_demand_equivalent: GaugeVec,
     free_compute: GaugeVec,
-    evictions: GaugeVec,
-    migrations: GaugeVec,
-    rollbacks: GaugeVec,
+    evictions: IntCounterVec,
+    migrations: IntCounterVec,
+    rollbacks: IntCounterVec,
     notice_lead: GaugeVec,
-    app_model: GaugeVec,
+    /// ν, φ, σ, λ: one gauge each, as their units differ.
+    app_model: [GaugeVec; 4],
     /// Pool label pairs set per job (to remove them when the job goes or the pool empties).
     pools: Mutex<PoolSeries>,
 }
@@ -41,6 +42,24 @@ pub struct JobMetrics {
 fn gauge(name: &str, help: &str, extra: &[&str]) -> prometheus::Result<GaugeVec> {
     let labels: Vec<&str> = JOB_LABELS.iter().chain(extra).copied().collect();
     GaugeVec::new(Opts::new(name, help), &labels)
+}
+
+fn counter(name: &str, help: &str) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), JOB_LABELS)
+}
+
+/// Brings `namespace/job`'s series of `vec` to `total`, a count from the job's status. Counts
+/// in a status only rise; if one is lower (the job was recreated under its name), the series
+/// restarts from it, which rate() reads as a counter reset.
+fn count_to(vec: &IntCounterVec, namespace: &str, job: &str, total: u64) {
+    let series = vec.with_label_values(&[namespace, job]);
+    let now = series.get();
+    if total >= now {
+        series.inc_by(total - now);
+    } else {
+        let _ = vec.remove_label_values(&[namespace, job]);
+        vec.with_label_values(&[namespace, job]).inc_by(total);
+    }
 }
 
 impl JobMetrics {
@@ -71,28 +90,52 @@ impl JobMetrics {
                 "USD of compute received free (refunded or uncharged evicted time)",
                 &[],
             )?,
-            evictions: gauge("ebbflow_job_evictions", "Evictions so far", &[])?,
-            migrations: gauge("ebbflow_job_migrations", "Partition migrations so far", &[])?,
-            rollbacks: gauge("ebbflow_job_rollbacks", "Rollbacks so far", &[])?,
+            evictions: counter("ebbflow_job_evictions_total", "Evictions so far")?,
+            migrations: counter(
+                "ebbflow_job_migrations_total",
+                "Partition migrations so far",
+            )?,
+            rollbacks: counter("ebbflow_job_rollbacks_total", "Rollbacks so far")?,
             notice_lead: gauge(
                 "ebbflow_job_notice_lead_seconds",
                 "Lead time of the latest eviction notice delivered",
                 &[],
             )?,
-            app_model: gauge(
-                "ebbflow_job_app_model",
-                "BidBrain's application model measured from the job (term: nu, phi, sigma_seconds, lambda_seconds)",
-                &["term"],
-            )?,
+            app_model: [
+                gauge(
+                    "ebbflow_job_app_model_nu_clocks_per_vcpu_second",
+                    "BidBrain's application model: training clocks per vCPU per market second (nu)",
+                    &[],
+                )?,
+                gauge(
+                    "ebbflow_job_app_model_phi_ratio",
+                    "BidBrain's application model: share of a transient node's nu that becomes progress (phi)",
+                    &[],
+                )?,
+                gauge(
+                    "ebbflow_job_app_model_sigma_seconds",
+                    "BidBrain's application model: from buying capacity until the runtime switched it in (sigma)",
+                    &[],
+                )?,
+                gauge(
+                    "ebbflow_job_app_model_lambda_seconds",
+                    "BidBrain's application model: progress lost after an eviction (lambda)",
+                    &[],
+                )?,
+            ],
             pools: Mutex::new(BTreeMap::new()),
         };
-        for collector in metrics.vecs() {
-            registry.register(Box::new(collector.clone()))?;
+        for gauge in metrics.gauges() {
+            registry.register(Box::new(gauge.clone()))?;
+        }
+        for counter in metrics.counters() {
+            registry.register(Box::new(counter.clone()))?;
         }
         Ok(metrics)
     }
 
-    fn vecs(&self) -> [&GaugeVec; 13] {
+    /// The gauges with only the job's labels.
+    fn gauges(&self) -> [&GaugeVec; 13] {
         [
             &self.iteration,
             &self.loss,
@@ -102,12 +145,16 @@ impl JobMetrics {
             &self.spent,
             &self.on_demand_equivalent,
             &self.free_compute,
-            &self.evictions,
-            &self.migrations,
-            &self.rollbacks,
             &self.notice_lead,
-            &self.app_model,
+            &self.app_model[0],
+            &self.app_model[1],
+            &self.app_model[2],
+            &self.app_model[3],
         ]
+    }
+
+    fn counters(&self) -> [&IntCounterVec; 3] {
+        [&self.evictions, &self.migrations, &self.rollbacks]
     }
 
     fn one(&self, vec: &GaugeVec, namespace: &str, job: &str) -> Gauge {
@@ -160,17 +207,18 @@ impl JobMetrics {
             self.one(&self.free_compute, namespace, job)
                 .set(cost.free_compute);
         }
-        self.one(&self.evictions, namespace, job)
-            .set(status.evictions as f64);
-        self.one(&self.migrations, namespace, job)
-            .set(status.migrations as f64);
-        self.one(&self.rollbacks, namespace, job)
-            .set(status.rollbacks as f64);
+        count_to(&self.evictions, namespace, job, status.evictions);
+        count_to(&self.migrations, namespace, job, status.migrations);
+        count_to(&self.rollbacks, namespace, job, status.rollbacks);
         if let Some(model) = &status.app_model {
-            for (term, value) in app_model_terms(model) {
-                self.app_model
-                    .with_label_values(&[namespace, job, term])
-                    .set(value);
+            let terms = [
+                model.nu,
+                model.phi,
+                model.sigma_seconds,
+                model.lambda_seconds,
+            ];
+            for (gauge, value) in self.app_model.iter().zip(terms) {
+                self.one(gauge, namespace, job).set(value);
             }
         }
     }
@@ -184,14 +232,14 @@ impl JobMetrics {
     /// Removes every series of `namespace/job` (the job was deleted).
     pub fn forget(&self, namespace: &str, job: &str) {
         // The vectors with more labels refuse the two-label removal; they follow below.
-        for vec in self.vecs() {
+        for vec in self.gauges() {
+            let _ = vec.remove_label_values(&[namespace, job]);
+        }
+        for vec in self.counters() {
             let _ = vec.remove_label_values(&[namespace, job]);
         }
         for tier in ["reliable", "transient"] {
             let _ = self.nodes.remove_label_values(&[namespace, job, tier]);
-        }
-        for (term, _) in app_model_terms(&ebbflow_crds::AppModelStatus::default()) {
-            let _ = self.app_model.remove_label_values(&[namespace, job, term]);
         }
         let pools = self
             .pools
@@ -204,16 +252,6 @@ impl JobMetrics {
                 .remove_label_values(&[namespace, job, &instance_type, &zone]);
         }
     }
-}
-
-/// The `term` label values of `ebbflow_job_app_model` and their values in `model`.
-fn app_model_terms(model: &ebbflow_crds::AppModelStatus) -> [(&'static str, f64); 4] {
-    [
-        ("nu", model.nu),
-        ("phi", model.phi),
-        ("sigma_seconds", model.sigma_seconds),
-        ("lambda_seconds", model.lambda_seconds),
-    ]
 }
 
 #[cfg(test)]
@@ -277,13 +315,29 @@ mod tests {
             "ebbflow_job_nodes{namespace=\"ns\",tier=\"transient\",trainingjob=\"job\"} 3",
             "ebbflow_job_pool_nodes{instance_type=\"m5.large\",namespace=\"ns\",trainingjob=\"job\",zone=\"b\"} 1",
             "ebbflow_job_notice_lead_seconds{namespace=\"ns\",trainingjob=\"job\"} 95",
-            "ebbflow_job_app_model{namespace=\"ns\",term=\"sigma_seconds\",trainingjob=\"job\"} 30.5",
+            "ebbflow_job_app_model_sigma_seconds{namespace=\"ns\",trainingjob=\"job\"} 30.5",
+            "ebbflow_job_app_model_nu_clocks_per_vcpu_second{namespace=\"ns\",trainingjob=\"job\"} 0.03",
+            "# TYPE ebbflow_job_evictions_total counter",
+            "ebbflow_job_evictions_total{namespace=\"ns\",trainingjob=\"job\"} 2",
         ] {
             assert!(
                 before.contains(expected),
                 "{expected} missing from\n{before}"
             );
         }
+        // Counts follow the status; a lower one (the job recreated) restarts the series.
+        status.evictions = 5;
+        metrics.observe("ns", "job", &status);
+        assert!(
+            text(&registry)
+                .contains("ebbflow_job_evictions_total{namespace=\"ns\",trainingjob=\"job\"} 5")
+        );
+        status.evictions = 1;
+        metrics.observe("ns", "job", &status);
+        assert!(
+            text(&registry)
+                .contains("ebbflow_job_evictions_total{namespace=\"ns\",trainingjob=\"job\"} 1")
+        );
         // A pool that empties loses its series.
         status.nodes.as_mut().unwrap().pools.pop();
         metrics.observe("ns", "job", &status);

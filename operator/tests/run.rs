@@ -2,7 +2,6 @@
 //! clock, real training through joins and evictions, the bill and the output files; and bad input
 //! (invalid manifest, missing dataset, unknown trace, port in use) as one clear error.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ebbflow_operator::run::{RunArgs, RunError, run, run_on};
@@ -128,29 +127,22 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
         app_model.decided_with, app_model.calibrated,
         "{app_model:?}"
     );
-    // and published it on the jobs dashboard's gauge, one series per term
+    // and published it on the jobs dashboard's gauges, one per term
     let families = registry.gather();
-    let gauge = families
-        .iter()
-        .find(|f| f.name() == "ebbflow_job_app_model")
-        .expect("no ebbflow_job_app_model");
-    let terms: BTreeMap<String, f64> = gauge
-        .get_metric()
-        .iter()
-        .map(|m| {
-            let term = m
-                .get_label()
-                .iter()
-                .find(|l| l.name() == "term")
-                .map(|l| l.value().to_owned())
-                .unwrap_or_default();
-            (term, m.get_gauge().get_value())
-        })
-        .collect();
-    for term in ["nu", "phi", "sigma_seconds", "lambda_seconds"] {
+    for name in [
+        "ebbflow_job_app_model_nu_clocks_per_vcpu_second",
+        "ebbflow_job_app_model_phi_ratio",
+        "ebbflow_job_app_model_sigma_seconds",
+        "ebbflow_job_app_model_lambda_seconds",
+    ] {
+        let value = families
+            .iter()
+            .find(|f| f.name() == name)
+            .and_then(|f| f.get_metric().first())
+            .map(|m| m.get_gauge().get_value());
         assert!(
-            terms.get(term).is_some_and(|v| v.is_finite() && *v > 0.0),
-            "{term}: {terms:?}"
+            value.is_some_and(|v| v.is_finite() && v > 0.0),
+            "{name}: {value:?}"
         );
     }
     for file in ["summary.json", "timeseries.csv", "chart.svg"] {
