@@ -308,6 +308,7 @@ pub fn bidder_config(job: &TrainingJob) -> BidderConfig {
             .to_duration()
             .map_or(120, |d| d.as_secs().max(1) as i64),
         max_transient: spec.transient.max_nodes,
+        min_transient: spec.transient.min_nodes,
         max_price_cap: spec.bidding.max_price,
         ..BidderConfig::default()
     }

@@ -114,6 +114,10 @@ pub struct BidderConfig {
     pub horizon_seconds: f64,
     /// Most transient instances held at once.
     pub max_transient: u32,
+    /// Transient instances held "while the market allows" (the spec's `minNodes`): bought in
+    /// the cheapest spot pool priced within the bid ceiling, as many as fit under
+    /// `budgetPerHour`, whatever they do to the cost per work (default 0).
+    pub min_transient: u32,
     /// Highest max price ever bid in USD per instance-hour.
     pub max_price_cap: Option<f64>,
     /// A candidate must lower `E` by at least this fraction (hysteresis, default 0.5%).
@@ -130,6 +134,7 @@ impl Default for BidderConfig {
             boundary_lead_seconds: 300,
             horizon_seconds: 3600.0,
             max_transient: 16,
+            min_transient: 0,
             max_price_cap: None,
             min_improvement: 0.005,
             throughput: None,
@@ -158,6 +163,27 @@ impl fmt::Display for NoFeasiblePool {
     }
 }
 
+/// What a decision did to hold [`BidderConfig::min_transient`] (absent: what is kept and bought
+/// for the cost per work already holds it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MinTransientFill {
+    /// This many instances were bought for the minimum alone.
+    Filled {
+        /// Instances bought.
+        count: u32,
+    },
+    /// Fewer instances than missing fit under `budgetPerHour`.
+    BudgetLimited {
+        /// Instances bought.
+        count: u32,
+        /// Instances the minimum still lacks.
+        missing: u32,
+    },
+    /// No spot pool is priced within the bid ceiling (the job's max price and on-demand):
+    /// nothing was bought.
+    NoFeasiblePool(NoFeasiblePool),
+}
+
 /// What the bidder wants done.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -180,6 +206,8 @@ pub struct Decision {
     /// Set when what is held costs more per hour at current prices than `budgetPerHour`:
     /// the dearest allocations are released until the rest fits.
     pub over_budget_per_hour: bool,
+    /// What holding the minimum of transient instances took, if anything.
+    pub min_transient: Option<MinTransientFill>,
 }
 
 /// Inputs of one decision.
@@ -475,6 +503,7 @@ impl Bidder<'_> {
                 deadline_at_risk: input.job.deadline.is_some(),
                 budget_exhausted: true,
                 over_budget_per_hour: false,
+                min_transient: None,
             };
         }
 
@@ -569,6 +598,34 @@ impl Bidder<'_> {
                 released = released.with(&self.release_term(input, allocation));
                 footprint = dropped;
             }
+        }
+
+        // the minimum of transient instances keeps what the cost per work alone would release
+        // (a fresh instance bought back for it would cost its switch-in and a hand-over);
+        // budgetPerHour below still releases what it must
+        let mut restored = false;
+        while input
+            .allocations
+            .iter()
+            .filter(|a| !release.contains(&a.id))
+            .map(|a| a.count)
+            .sum::<u32>()
+            < self.config.min_transient
+            && release.pop().is_some()
+        {
+            restored = true;
+        }
+        if restored {
+            released = terms
+                .iter()
+                .filter(|(allocation, _, _)| release.contains(&allocation.id))
+                .fold(Footprint::empty(), |f, (allocation, _, _)| {
+                    f.with(&self.release_term(input, allocation))
+                });
+            footprint = terms
+                .iter()
+                .filter(|(allocation, _, _)| !release.contains(&allocation.id))
+                .fold(released, |f, (_, term, _)| f.with(term));
         }
 
         // budgetPerHour holds for what is held too: prices move, so an allocation bought
@@ -685,6 +742,7 @@ impl Bidder<'_> {
                 }
             }
         }
+        let min_transient = self.hold_min_transient(input, &release, &mut acquire, &mut footprint);
         if let Some(r) = required_rate {
             let rate = self.expected_rate(input, &footprint);
             deadline_at_risk |= rate < r;
@@ -709,7 +767,93 @@ impl Bidder<'_> {
             deadline_at_risk,
             budget_exhausted: false,
             over_budget_per_hour,
+            min_transient,
         }
+    }
+
+    /// Tops the transient instances kept (`input.allocations` but `release`) and bought
+    /// (`acquire`) up to [`BidderConfig::min_transient`], "while the market allows": in the
+    /// cheapest available spot pool priced within its bid ceiling (the job's max price and the
+    /// pool's on-demand price), bidding that ceiling, as many as fit under `budgetPerHour`.
+    fn hold_min_transient(
+        &self,
+        input: &BidderInput<'_>,
+        release: &[u64],
+        acquire: &mut Vec<AllocationRequest>,
+        footprint: &mut Footprint,
+    ) -> Option<MinTransientFill> {
+        let kept: u32 = input
+            .allocations
+            .iter()
+            .filter(|a| !release.contains(&a.id))
+            .map(|a| a.count)
+            .chain(acquire.iter().map(|r| r.count))
+            .sum();
+        let missing = self.config.min_transient.checked_sub(kept)?;
+        if missing == 0 {
+            return None;
+        }
+        let cap = self.config.max_price_cap.unwrap_or(f64::INFINITY);
+        let mut infeasible = NoFeasiblePool::default();
+        let mut cheapest: Option<(usize, f64, f64)> = None;
+        for (pool, quote) in input.market.quotes.iter().enumerate() {
+            let Some(info) = input.pools.get(pool) else {
+                continue;
+            };
+            if info.id.capacity != CapacityType::Spot {
+                continue;
+            }
+            let ceiling = info.on_demand_usd_hr.map_or(cap, |od| od.min(cap));
+            match quote.price {
+                _ if !quote.available => infeasible.unavailable += 1,
+                None => infeasible.unpriced += 1,
+                Some(price) if price > ceiling => infeasible.above_max_price += 1,
+                Some(price) => {
+                    if cheapest.is_none_or(|(_, best, _)| price < best) {
+                        cheapest = Some((pool, price, ceiling));
+                    }
+                }
+            }
+        }
+        let Some((pool, price, ceiling)) = cheapest else {
+            return Some(MinTransientFill::NoFeasiblePool(infeasible));
+        };
+        let mut count = missing;
+        if let Some(budget) = input.job.budget_per_hour_usd {
+            let room = budget
+                - footprint.spend_per_hour
+                - f64::from(input.reliable.count) * input.reliable.usd_hr;
+            let fits = (room / price).floor().max(0.0);
+            count = count.min(fits.min(f64::from(u32::MAX)) as u32);
+        }
+        if count > 0 {
+            let max_price = ceiling.is_finite().then_some(ceiling);
+            if let Some(term) = self.term(
+                input,
+                pool,
+                CapacityType::Spot,
+                f64::from(count),
+                max_price,
+                0.0,
+                true,
+            ) {
+                *footprint = footprint.with(&term);
+            }
+            acquire.push(AllocationRequest {
+                pool,
+                capacity: CapacityType::Spot,
+                count,
+                max_price,
+            });
+        }
+        Some(if count < missing {
+            MinTransientFill::BudgetLimited {
+                count,
+                missing: missing - count,
+            }
+        } else {
+            MinTransientFill::Filled { count }
+        })
     }
 }
 

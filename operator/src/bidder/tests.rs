@@ -481,3 +481,80 @@ fn with_a_table_the_bidder_scores_the_counts_that_reach_each_measured_ratio() {
     let counts: Vec<u32> = decision.acquire.iter().map(|a| a.count).collect();
     assert_eq!(counts, vec![4], "{decision:?}");
 }
+
+#[test]
+fn min_transient_holds_while_the_market_allows() {
+    let model = eviction_model();
+    // spot at 0.99 of on-demand: no addition lowers the cost per work, so without a minimum
+    // the bidder buys nothing
+    let mut scenario = Scenario::new(BillingModel::Gcp)
+        .price(CHURNY, Some(0.995), true)
+        .price(STABLE, Some(0.99), true);
+    let decision = scenario.decide(&model);
+    assert!(decision.acquire.is_empty(), "{decision:?}");
+    assert_eq!(decision.min_transient, None);
+
+    // minimum 3: three in the cheapest pool, bidding its ceiling (on-demand here)
+    scenario.config.min_transient = 3;
+    let decision = scenario.decide(&model);
+    assert_eq!(
+        decision.acquire,
+        vec![AllocationRequest {
+            pool: STABLE,
+            capacity: CapacityType::Spot,
+            count: 3,
+            max_price: Some(1.0),
+        }],
+        "{decision:?}"
+    );
+    assert_eq!(
+        decision.min_transient,
+        Some(MinTransientFill::Filled { count: 3 })
+    );
+
+    // what is held counts, and is kept for the minimum even where the cost per work alone
+    // would release it: one held, two bought
+    let held = Scenario {
+        allocations: Vec::new(),
+        pools: scenario.pools.clone(),
+        view: scenario.view.clone(),
+        reliable: scenario.reliable.clone(),
+        app: scenario.app.clone(),
+        job: scenario.job.clone(),
+        config: scenario.config.clone(),
+        billing: scenario.billing,
+    }
+    .holding(9, CHURNY, 1, 1.0, 600);
+    let decision = held.decide(&model);
+    let bought: u32 = decision.acquire.iter().map(|r| r.count).sum();
+    assert_eq!(bought, 2, "{decision:?}");
+    assert!(decision.release.is_empty(), "{decision:?}");
+    let mut no_minimum = held;
+    no_minimum.config.min_transient = 0;
+    assert_eq!(no_minimum.decide(&model).release, vec![9]);
+
+    // budgetPerHour limits it: 1 (reliable) + 2 × 0.99 fits under 3, a third does not
+    scenario.job.budget_per_hour_usd = Some(3.0);
+    let decision = scenario.decide(&model);
+    assert_eq!(
+        decision.min_transient,
+        Some(MinTransientFill::BudgetLimited {
+            count: 2,
+            missing: 1
+        }),
+        "{decision:?}"
+    );
+    scenario.job.budget_per_hour_usd = None;
+
+    // above the job's max price nothing is bought, and the decision says why
+    scenario.config.max_price_cap = Some(0.5);
+    let decision = scenario.decide(&model);
+    assert!(decision.acquire.is_empty(), "{decision:?}");
+    assert_eq!(
+        decision.min_transient,
+        Some(MinTransientFill::NoFeasiblePool(NoFeasiblePool {
+            above_max_price: 2,
+            ..NoFeasiblePool::default()
+        }))
+    );
+}

@@ -495,28 +495,6 @@ fn held_bid(ec2: bool, recorded: Option<f64>, cap: Option<f64>) -> Option<f64> {
     if ec2 { recorded.or(cap) } else { cap }
 }
 
-/// USD per hour of `counts` at `slot`'s prices (spot) or on-demand prices, with the reliable
-/// tier: what budgetPerHour caps.
-fn hourly_spend(
-    setup: &MarketSetup,
-    index: &BTreeMap<PoolKey, (usize, market::CapacityType)>,
-    slot: usize,
-    counts: &BTreeMap<PoolKey, u32>,
-) -> f64 {
-    let grid = &setup.grid;
-    let transient: f64 = counts
-        .iter()
-        .map(|(key, count)| {
-            let each = index.get(key).and_then(|&(pool, capacity)| match capacity {
-                market::CapacityType::Spot => grid.price(pool, slot),
-                market::CapacityType::OnDemand => grid.pools[pool].on_demand_usd_hr,
-            });
-            f64::from(*count) * each.unwrap_or(0.0)
-        })
-        .sum();
-    transient + f64::from(setup.reliable.count) * setup.reliable.usd_hr
-}
-
 /// One BidBrain decision for the job in `view` on `setup`'s market with application model
 /// `app` (pure).
 pub fn decide_on(
@@ -636,59 +614,27 @@ pub fn decide_on(
             prices.insert(key, price);
         }
     }
+    // minNodes is the bidder's (BidderConfig::min_transient): it bought what the market
+    // allows, and says when the market or budgetPerHour allowed less
+    use crate::bidder::MinTransientFill;
     let mut reason = if decision.budget_exhausted {
         "BudgetExhausted"
-    } else if decision.over_budget_per_hour {
-        "BudgetPerHour"
-    } else if decision.no_feasible_pool.is_some() {
-        "NoFeasiblePool"
-    } else if decision.deadline_at_risk {
-        "DeadlineAtRisk"
-    } else if !decision.acquire.is_empty() || !decision.release.is_empty() {
-        "BidBrain"
     } else {
-        "BidBrainHold"
+        match &decision.min_transient {
+            Some(MinTransientFill::Filled { .. }) => "MinNodes",
+            Some(MinTransientFill::BudgetLimited { .. }) => "BudgetPerHour",
+            Some(MinTransientFill::NoFeasiblePool(_)) => "NoFeasiblePool",
+            None if decision.over_budget_per_hour => "BudgetPerHour",
+            None if decision.no_feasible_pool.is_some() => "NoFeasiblePool",
+            None if decision.deadline_at_risk => "DeadlineAtRisk",
+            None if !decision.acquire.is_empty() || !decision.release.is_empty() => "BidBrain",
+            None => "BidBrainHold",
+        }
     };
 
-    // the spec's bounds
+    // the spec's upper bound on what is held (the bidder buys within it, but a lowered
+    // maxNodes leaves more held than it allows)
     let spec = &job.spec.transient;
-    let total: u32 = counts.values().sum();
-    if total < spec.min_nodes && !decision.budget_exhausted {
-        // "while the market allows": the cheapest spot pool with capacity and a price within
-        // the job's max price, as many as fit under budgetPerHour beside what is kept
-        let cheapest = (0..grid.pools.len())
-            .filter_map(|pool| grid.price(pool, slot).map(|price| (pool, price)))
-            .filter(|&(pool, price)| max_price(pool).is_none_or(|cap| price <= cap))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        match cheapest {
-            Some((pool, price)) => {
-                let mut missing = spec.min_nodes - total;
-                let mut budget_limited = false;
-                if let Some(cap) = job.spec.bidding.budget_per_hour {
-                    let fits = ((cap - hourly_spend(setup, &index, slot, &counts)) / price)
-                        .floor()
-                        .max(0.0) as u32;
-                    budget_limited = fits < missing;
-                    missing = missing.min(fits);
-                }
-                let key = pool_key(&grid.pools[pool], market::CapacityType::Spot);
-                if missing > 0 {
-                    *counts.entry(key.clone()).or_default() += missing;
-                    if let Some(bid) = max_price(pool) {
-                        prices.insert(key, bid);
-                    }
-                }
-                reason = if budget_limited {
-                    "BudgetPerHour"
-                } else {
-                    "MinNodes"
-                };
-            }
-            // minNodes holds while the market allows: here it does not, and the decision
-            // says so rather than buying above the job's max price
-            None => reason = "NoFeasiblePool",
-        }
-    }
     let mut total: u32 = counts.values().sum();
     while total > spec.max_nodes {
         let dearest = counts
