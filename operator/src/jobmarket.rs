@@ -82,8 +82,11 @@ pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, J
             "no such file (relative paths resolve against the working directory, then the manifest's)".into(),
         ));
     }
-    let (mut market, _) = crate::sim::cli::load_market(&path, None, None, None)
+    let (mut market, _, notes) = crate::sim::cli::load_market(&path, None, None, None)
         .map_err(|e| trace_error(e.to_string()))?;
+    for note in notes {
+        tracing::info!(trace = %path.display(), "{note}");
+    }
     retain_job_pools(&mut market, job);
     if market.pools.is_empty() {
         return Err(trace_error(

@@ -257,7 +257,7 @@ pub fn ec2_market(
         }
     }
     market
-        .complete(Some(table), Some(&spec_table(types)))
+        .complete(std::slice::from_ref(table), Some(&spec_table(types)))
         .map_err(|e| LiveMarketError::Setup {
             region: region.to_owned(),
             reason: e.to_string(),

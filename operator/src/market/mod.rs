@@ -273,16 +273,46 @@ impl Market {
 
     /// Fill in on-demand prices and vCPUs from tables where the trace lacks them; a pool whose
     /// on-demand price stays unknown is an error (never a silent zero).
+    ///
+    /// On-demand prices differ by region, so a pool takes its price from the table of its zone's
+    /// region ([`region_of_zone`]), else from a table of no stated region. Only when neither
+    /// lists its type does it borrow another region's price, and the returned notes say so, one
+    /// per instance type and pair of regions, for the caller to show (the p3.2xlarge trace's
+    /// us-east-2 and us-west-2 zones cost what us-east-1 lists, but most types do not).
     pub fn complete(
         &mut self,
-        on_demand: Option<&OnDemandTable>,
+        on_demand: &[OnDemandTable],
         specs: Option<&SpecTable>,
-    ) -> Result<(), MarketError> {
+    ) -> Result<Vec<String>, MarketError> {
+        let mut notes: Vec<String> = Vec::new();
         for pool in &mut self.pools {
-            if pool.info.on_demand_usd_hr.is_none()
-                && let Some(price) = on_demand.and_then(|t| t.price(&pool.info.id.instance_type))
-            {
-                pool.info.on_demand_usd_hr = Some(price);
+            if pool.info.on_demand_usd_hr.is_none() {
+                let instance_type = pool.info.id.instance_type.as_str();
+                let region = region_of_zone(&pool.info.id.zone);
+                let own = on_demand
+                    .iter()
+                    .filter(|t| t.region.as_deref() == Some(region))
+                    .chain(on_demand.iter().filter(|t| t.region.is_none()))
+                    .find_map(|t| t.price(instance_type));
+                let borrowed = || {
+                    on_demand.iter().find_map(|t| {
+                        t.price(instance_type)
+                            .map(|price| (price, t.region.clone().unwrap_or_default()))
+                    })
+                };
+                pool.info.on_demand_usd_hr = match own {
+                    Some(price) => Some(price),
+                    None => borrowed().map(|(price, from)| {
+                        let note = format!(
+                            "on-demand price of {instance_type} in {region} taken from the \
+                             {from} list ({price} USD/h): no {region} list names it"
+                        );
+                        if !notes.contains(&note) {
+                            notes.push(note);
+                        }
+                        price
+                    }),
+                };
             }
             if let Some(spec) = specs.and_then(|t| t.spec(&pool.info.id.instance_type)) {
                 pool.info.vcpus = spec.vcpus;
@@ -295,7 +325,25 @@ impl Market {
                 });
             }
         }
-        Ok(())
+        Ok(notes)
+    }
+}
+
+/// The region of an availability zone: AWS `us-east-1a` and local zone `us-west-2-lax-1a` are in
+/// `us-west-2`/`us-east-1` (the name up to its first number), GCP `us-central1-a` is in
+/// `us-central1` (the name without its zone letter).
+pub fn region_of_zone(zone: &str) -> &str {
+    let mut at = 0;
+    for (i, part) in zone.split('-').enumerate() {
+        if i >= 1 && part.starts_with(|c: char| c.is_ascii_digit()) {
+            let digits = part.len() - part.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            return &zone[..at + digits];
+        }
+        at += part.len() + 1;
+    }
+    match zone.rsplit_once('-') {
+        Some((region, letter)) if letter.len() == 1 => region,
+        _ => zone,
     }
 }
 
@@ -312,6 +360,8 @@ pub struct MarketView {
 /// On-demand prices per instance type (one region).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OnDemandTable {
+    /// The region the prices are for (`None`: not stated).
+    pub region: Option<String>,
     /// `(instance type, USD per hour)`, sorted by type.
     pub prices: Vec<(String, f64)>,
 }
@@ -456,12 +506,60 @@ mod tests {
             pools: vec![pool],
             gap: GapPolicy::for_interval(60),
         };
-        let err = market.complete(None, None).unwrap_err();
+        let err = market.complete(&[], None).unwrap_err();
         assert!(err.to_string().contains("m5.large/z/spot"), "{err}");
         let table = OnDemandTable {
+            region: None,
             prices: vec![("m5.large".into(), 0.096)],
         };
-        market.complete(Some(&table), None).unwrap();
+        assert!(market.complete(&[table], None).unwrap().is_empty());
         assert_eq!(market.pools[0].info.on_demand_usd_hr, Some(0.096));
+    }
+
+    #[test]
+    fn complete_takes_the_price_of_the_pools_region_and_says_when_it_borrows() {
+        let table = |region: &str, price| OnDemandTable {
+            region: Some(region.into()),
+            prices: vec![("m5.large".into(), price)],
+        };
+        let pool = |zone: &str| {
+            let mut pool = series(vec![]);
+            pool.info.on_demand_usd_hr = None;
+            pool.info.id.zone = zone.into();
+            pool
+        };
+        let mut market = Market {
+            source: "t.csv".into(),
+            pools: vec![pool("eu-west-1b"), pool("us-east-1a"), pool("ap-south-1a")],
+            gap: GapPolicy::for_interval(60),
+        };
+        let tables = [table("us-east-1", 0.096), table("eu-west-1", 0.107)];
+        let notes = market.complete(&tables, None).unwrap();
+        let prices: Vec<_> = market
+            .pools
+            .iter()
+            .map(|p| p.info.on_demand_usd_hr)
+            .collect();
+        assert_eq!(prices, vec![Some(0.107), Some(0.096), Some(0.096)]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("ap-south-1") && notes[0].contains("from the us-east-1 list"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn zones_map_to_their_regions() {
+        for (zone, region) in [
+            ("us-east-1a", "us-east-1"),
+            ("us-gov-west-1b", "us-gov-west-1"),
+            ("us-west-2-lax-1a", "us-west-2"),
+            ("ap-northeast-1d", "ap-northeast-1"),
+            ("us-central1-a", "us-central1"),
+            ("europe-west4-b", "europe-west4"),
+            ("z", "z"),
+        ] {
+            assert_eq!(region_of_zone(zone), region, "{zone}");
+        }
     }
 }

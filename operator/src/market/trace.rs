@@ -41,7 +41,7 @@ pub enum TraceFile {
     /// Prices (and maybe availability) over time.
     Market(Market),
     /// On-demand prices.
-    OnDemand(OnDemandTable),
+    OnDemand(Vec<OnDemandTable>),
     /// Instance sizes.
     Specs(SpecTable),
     /// Spot Advisor interruption bands.
@@ -290,7 +290,8 @@ pub fn parse_trace(file: &str, text: &str, options: &ReadOptions) -> Result<Trac
         TraceFormat::SpotLake => parse_spotlake(file, text).map(TraceFile::Market),
         TraceFormat::GcpPriceHistory => parse_gcp(file, text).map(TraceFile::Market),
         TraceFormat::SpotAdvisor => parse_advisor(file, text).map(TraceFile::Advisor),
-        TraceFormat::OnDemandPrices => parse_on_demand(file, text).map(TraceFile::OnDemand),
+        TraceFormat::OnDemandPrices => parse_on_demand_by_region(file, text)
+            .map(|regions| TraceFile::OnDemand(regions.into_values().collect())),
         TraceFormat::InstanceSpecs => parse_specs(file, text).map(TraceFile::Specs),
         TraceFormat::Ec2SpotPriceHistoryJson => parse_ec2_json(file, text).map(TraceFile::Market),
     }
@@ -716,18 +717,14 @@ fn on_demand_rows(file: &str, text: &str) -> Result<Vec<(String, String, f64)>, 
     Ok(rows)
 }
 
-/// A table from `(type, price)` pairs; a type listed twice keeps its first price.
-fn on_demand_table(mut prices: Vec<(String, f64)>) -> OnDemandTable {
+/// `region`'s table from `(type, price)` pairs; a type listed twice keeps its first price.
+fn on_demand_table(region: String, mut prices: Vec<(String, f64)>) -> OnDemandTable {
     prices.sort_by(|a, b| a.0.cmp(&b.0));
     prices.dedup_by(|a, b| a.0 == b.0);
-    OnDemandTable { prices }
-}
-
-fn parse_on_demand(file: &str, text: &str) -> Result<OnDemandTable, TraceError> {
-    let rows = on_demand_rows(file, text)?;
-    Ok(on_demand_table(
-        rows.into_iter().map(|(_, t, price)| (t, price)).collect(),
-    ))
+    OnDemandTable {
+        region: Some(region),
+        prices,
+    }
 }
 
 /// An on-demand price list (`region,instance_type,on_demand_usd_hr`, see
@@ -748,7 +745,7 @@ pub fn parse_on_demand_by_region(
     }
     Ok(regions
         .into_iter()
-        .map(|(region, prices)| (region, on_demand_table(prices)))
+        .map(|(region, prices)| (region.clone(), on_demand_table(region, prices)))
         .collect())
 }
 
@@ -1005,6 +1002,10 @@ mod tests {
         else {
             panic!("on-demand table expected")
         };
+        let [od] = od.as_slice() else {
+            panic!("one region expected: {od:?}")
+        };
+        assert_eq!(od.region.as_deref(), Some("us-east-1"));
         assert_eq!(od.price("p3.2xlarge"), Some(3.06));
         assert_eq!(od.price("nope"), None);
         let specs = "instance_type,vcpus,memory_gib,emr\np3.2xlarge,8,61.0,True\n";
@@ -1175,7 +1176,7 @@ mod tests {
             matches!(read("aws_spot_advisor_linux_snapshot.csv"), TraceFile::Advisor(a) if a.entries.len() == 14_962)
         );
         assert!(
-            matches!(read("aws_on_demand_prices_us-east-1.csv"), TraceFile::OnDemand(t) if t.prices.len() > 1000)
+            matches!(read("aws_on_demand_prices_us-east-1.csv"), TraceFile::OnDemand(t) if t[0].prices.len() > 1000)
         );
         assert!(
             matches!(read("aws_instance_specs.csv"), TraceFile::Specs(t) if t.specs.len() == 929)

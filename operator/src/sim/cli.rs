@@ -94,15 +94,15 @@ pub enum SimulateError {
 }
 
 /// Tables beside `trace` recognised by content: (on-demand prices, specs).
-fn sibling_tables(trace: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
-    let mut on_demand = None;
+fn sibling_tables(trace: &Path) -> (Vec<PathBuf>, Option<PathBuf>) {
+    let mut on_demand = Vec::new();
     let mut specs = None;
     let dir = trace
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return (None, None);
+        return (Vec::new(), None);
     };
     let mut paths: Vec<PathBuf> = entries
         .flatten()
@@ -115,7 +115,7 @@ fn sibling_tables(trace: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
             continue;
         };
         match detect_format(&head) {
-            Some(TraceFormat::OnDemandPrices) if on_demand.is_none() => on_demand = Some(path),
+            Some(TraceFormat::OnDemandPrices) => on_demand.push(path),
             Some(TraceFormat::InstanceSpecs) if specs.is_none() => specs = Some(path),
             _ => {}
         }
@@ -132,13 +132,15 @@ fn first_line(path: &Path) -> Option<String> {
 }
 
 /// Loads a price trace and completes it with the on-demand price and instance spec tables (given,
-/// or found beside the trace by content). Also returns the trace's detected format.
+/// or found beside the trace by content: every on-demand list there, one per region or more).
+/// Also returns the trace's detected format and the notes of [`crate::market::Market::complete`]
+/// (on-demand prices borrowed from another region's list).
 pub fn load_market(
     trace: &Path,
     instance_type: Option<String>,
     on_demand: Option<PathBuf>,
     specs: Option<PathBuf>,
-) -> Result<(crate::market::Market, Option<TraceFormat>), SimulateError> {
+) -> Result<(crate::market::Market, Option<TraceFormat>, Vec<String>), SimulateError> {
     let options = ReadOptions { instance_type };
     let file = trace.display().to_string();
     let format = first_line(trace).and_then(|l| detect_format(&l));
@@ -170,13 +172,13 @@ pub fn load_market(
         file: path.display().to_string(),
         expected,
     };
-    let on_demand: Option<OnDemandTable> = match on_demand.or(found_on_demand) {
-        Some(path) => match read_trace(&path, &ReadOptions::default())? {
-            TraceFile::OnDemand(table) => Some(table),
+    let mut tables: Vec<OnDemandTable> = Vec::new();
+    for path in on_demand.map_or(found_on_demand, |path| vec![path]) {
+        match read_trace(&path, &ReadOptions::default())? {
+            TraceFile::OnDemand(regions) => tables.extend(regions),
             _ => return Err(wrong(&path, "on-demand price")),
-        },
-        None => None,
-    };
+        }
+    }
     let specs: Option<SpecTable> = match specs.or(found_specs) {
         Some(path) => match read_trace(&path, &ReadOptions::default())? {
             TraceFile::Specs(table) => Some(table),
@@ -184,13 +186,13 @@ pub fn load_market(
         },
         None => None,
     };
-    market.complete(on_demand.as_ref(), specs.as_ref())?;
-    Ok((market, format))
+    let notes = market.complete(&tables, specs.as_ref())?;
+    Ok((market, format, notes))
 }
 
 /// Run `ebbflow simulate`: the report on stdout, files in `--out`, progress on stderr.
 pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
-    let (market, format) = load_market(
+    let (market, format, notes) = load_market(
         &args.trace,
         args.instance_type.clone(),
         args.on_demand.clone(),
@@ -230,6 +232,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     let paths = report::write_outputs(&study, &summaries, &args.out)?;
     let mut text = report::table(&study, &summaries);
     text.push('\n');
+    for note in notes {
+        text.push_str(&format!("note: {note}\n"));
+    }
     for path in paths {
         text.push_str(&format!("wrote {}\n", path.display()));
     }

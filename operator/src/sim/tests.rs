@@ -241,7 +241,9 @@ fn real_p3_trace_study_keeps_its_invariants() {
     let TraceFile::Specs(specs) = read("aws_instance_specs.csv") else {
         panic!("instance specs expected")
     };
-    market.complete(Some(&on_demand), Some(&specs)).unwrap();
+    let notes = market.complete(&on_demand, Some(&specs)).unwrap();
+    // us-east-2 and us-west-2 zones borrow us-east-1's p3.2xlarge price, and say so
+    assert_eq!(notes.len(), 2, "{notes:?}");
     assert_eq!(market.pools.len(), 9);
     assert_eq!(market.pools[0].info.vcpus, 8.0);
     assert_eq!(market.pools[0].info.on_demand_usd_hr, Some(3.06));
