@@ -30,7 +30,7 @@ for name in r0 t0 t1 t2; do
     --grace-seconds "$grace" >"$name.out" 2>"$name.log" &
   echo $! >"$name.pid"
 done
-until curl -s "$url/status" | grep -q '"stage":2'; do sleep 0.05; done
+until curl -s -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "$url/status" | grep -q '"stage":2'; do sleep 0.05; done
 sleep "0.$((RANDOM % 9))"
 kill -TERM "$(cat t0.pid)"
 for _ in $(seq 1 200); do

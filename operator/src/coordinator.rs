@@ -127,6 +127,28 @@ pub enum CoordinatorError {
     },
 }
 
+/// Sends `request` to `url`, authenticated with the job's token when there is one (the job's
+/// data-plane token is also its admin secret).
+async fn send(
+    mut request: reqwest::RequestBuilder,
+    url: &str,
+    token: Option<&str>,
+) -> Result<reqwest::Response, CoordinatorError> {
+    if let Some(token) = token {
+        request = request.header(
+            reqwest::header::AUTHORIZATION,
+            ebbflow_runtime_api::bearer(token),
+        );
+    }
+    request
+        .send()
+        .await
+        .map_err(|source| CoordinatorError::Unreachable {
+            url: url.to_owned(),
+            source,
+        })
+}
+
 /// HTTP client for coordinators of any job; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct CoordinatorClient {
@@ -143,18 +165,14 @@ impl CoordinatorClient {
         Ok(Self { http })
     }
 
-    /// `GET {base}/status`.
-    pub async fn status(&self, base: &str) -> Result<CoordinatorStatus, CoordinatorError> {
+    /// `GET {base}/status`, authenticated with the job's token.
+    pub async fn status(
+        &self,
+        base: &str,
+        token: Option<&str>,
+    ) -> Result<CoordinatorStatus, CoordinatorError> {
         let url = format!("{}/status", base.trim_end_matches('/'));
-        let response =
-            self.http
-                .get(&url)
-                .send()
-                .await
-                .map_err(|source| CoordinatorError::Unreachable {
-                    url: url.clone(),
-                    source,
-                })?;
+        let response = send(self.http.get(&url), &url, token).await?;
         let response = check_status(&url, response)?;
         response
             .json::<StatusResponse>()
@@ -187,23 +205,10 @@ impl CoordinatorClient {
     ) -> Result<(), CoordinatorError> {
         let url = format!("{}{path}", base.trim_end_matches('/'));
         let mut request = self.http.post(&url);
-        // The job's data-plane token is also its admin secret.
-        if let Some(token) = token {
-            request = request.header(
-                reqwest::header::AUTHORIZATION,
-                ebbflow_runtime_api::bearer(token),
-            );
-        }
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|source| CoordinatorError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let response = send(request, &url, token).await?;
         check_status(&url, response).map(drop)
     }
 }
@@ -316,7 +321,7 @@ mod tests {
         drop(listener);
         let client = CoordinatorClient::new(Duration::from_secs(2)).unwrap();
         let error = client
-            .status(&format!("http://{address}"))
+            .status(&format!("http://{address}"), None)
             .await
             .unwrap_err();
         assert!(

@@ -250,11 +250,14 @@ struct Admin {
     rt: tokio::runtime::Runtime,
     http: reqwest::Client,
     port: u16,
+    /// The job's token: `/status` is for the job only.
+    token: String,
 }
 
 impl Admin {
-    fn new(port: u16) -> Self {
+    fn new(port: u16, secrets: &Secrets) -> Self {
         Self {
+            token: secrets[TOKEN_KEY].clone(),
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -292,6 +295,7 @@ impl Admin {
             let answer = self.rt.block_on(async {
                 self.http
                     .get(url)
+                    .bearer_auth(&self.token)
                     .send()
                     .await?
                     .json::<serde_json::Value>()
@@ -336,7 +340,7 @@ fn a_crashed_reliable_pod_recreated_under_its_name_rejoins_the_job() {
     let (pods, token) = planned_pods(&job);
     let logs = tempfile::tempdir().unwrap();
     let admin = free_port();
-    let admin_api = Admin::new(admin);
+    let admin_api = Admin::new(admin, &token);
     let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
         admin_api.wait(what, Duration::from_secs(60), ready)
     };
@@ -412,7 +416,7 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
         .collect();
 
     // Once both spot pods have joined and training moved on, one is terminated: a notice.
-    let admin_api = Admin::new(admin);
+    let admin_api = Admin::new(admin, &token);
     let status = |what: &str, ready: &dyn Fn(&serde_json::Value) -> bool| {
         admin_api.wait(what, Duration::from_secs(60), ready)
     };
@@ -498,7 +502,7 @@ fn start_joined(
     extra: &[(&str, String)],
 ) -> (Admin, PodProcess, Vec<PodProcess>) {
     let admin = free_port();
-    let admin_api = Admin::new(admin);
+    let admin_api = Admin::new(admin, &token);
     let coordinator = start_with(&pods[0], token, admin, logs, extra);
     let spot: Vec<PodProcess> = pods[1..]
         .iter()

@@ -11,7 +11,9 @@
 //! - `POST /heartbeat` (bearer): a node is alive. A node silent for the heartbeat timeout is
 //!   declared failed ([`crate::heartbeat`]): the fleet treats it like a broken connection and its
 //!   later heartbeats are answered `fenced`.
-//! - `GET /status`, `GET /metrics`.
+//! - `GET /status` (bearer): phase, members with their data-plane addresses, partition owners,
+//!   notices and progress; only for the job (its nodes and the operator hold the secret).
+//! - `GET /metrics`: open, as a Prometheus scrape is (counts and gauges, no addresses).
 //!
 //! Handlers only validate and turn requests into [`ElasticEvent`]s on the controller's
 //! [`LiveFeed`]; the controller's loop (`elastic::run_elastic_on` over a
@@ -446,8 +448,12 @@ async fn heartbeat_handler(
     s.heartbeat(request).map(Json)
 }
 
-async fn status_handler(State(s): State<Arc<ElasticService>>) -> Json<StatusResponse> {
-    Json(s.status())
+async fn status_handler(
+    State(s): State<Arc<ElasticService>>,
+    headers: HeaderMap,
+) -> Result<Json<StatusResponse>, AdminError> {
+    check_bearer(&headers, &s.secret, "status")?;
+    Ok(Json(s.status()))
 }
 
 async fn metrics_handler(State(s): State<Arc<ElasticService>>) -> String {

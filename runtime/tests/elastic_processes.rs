@@ -232,12 +232,30 @@ fn status(url: &str) -> Option<StatusResponse> {
         .build()
         .unwrap();
     rt.block_on(async {
-        reqwest::get(format!("{url}/status"))
+        reqwest::Client::new()
+            .get(format!("{url}/status"))
+            .bearer_auth(SECRET)
+            .send()
             .await
             .ok()?
             .json()
             .await
             .ok()
+    })
+}
+
+/// The HTTP status `GET /status` answers with `bearer` (or without one).
+fn status_code(url: &str, bearer: Option<&str>) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut request = reqwest::Client::new().get(format!("{url}/status"));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        request.send().await.unwrap().status().as_u16()
     })
 }
 
@@ -329,6 +347,11 @@ fn node_processes_join_leave_and_die_and_the_table_is_exact() {
     let mut t0 = node(&job, &url, "t0", true, 30);
     let mut t1 = node(&job, &url, "t1", true, 30);
     wait_for(&url, "training", |s| clock(s) >= 10);
+    // The status (members and their data-plane addresses) is for the job only.
+    for bearer in [None, Some("wrong")] {
+        assert_eq!(status_code(&url, bearer), 401, "bearer {bearer:?}");
+    }
+    assert_eq!(status_code(&url, Some(SECRET)), 200);
 
     // Bulk add while training: two more transient nodes switch in at a boundary (stage 2).
     let mut t2 = node(&job, &url, "t2", true, 30);

@@ -703,7 +703,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         && !already_succeeded
         && (coordinator_pod_ready || ctx.config.coordinator_url_override.is_some());
     let coordinator = if ask_coordinator {
-        match ctx.coordinator.status(&coordinator_base).await {
+        match ctx
+            .coordinator
+            .status(&coordinator_base, observed.token.as_deref())
+            .await
+        {
             Ok(report) => {
                 ctx.metrics
                     .coordinator_requests
