@@ -229,12 +229,10 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     let study = super::run_study(&market, &config, &|| bar.inc(1))?;
     bar.finish_and_clear();
     let summaries = report::summarize(&study);
-    let paths = report::write_outputs(&study, &summaries, &args.out)?;
+    let paths = report::write_outputs(&study, &summaries, &notes, &args.out)?;
     let mut text = report::table(&study, &summaries);
+    text.push_str(&report::note_lines(&notes));
     text.push('\n');
-    for note in notes {
-        text.push_str(&format!("note: {note}\n"));
-    }
     for path in paths {
         text.push_str(&format!("wrote {}\n", path.display()));
     }

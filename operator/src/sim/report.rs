@@ -306,11 +306,26 @@ fn write_file(path: &Path, content: &str) -> Result<(), ReportError> {
         })
 }
 
+/// `notes` as `note: …` lines after a blank line (nothing without notes).
+pub fn note_lines(notes: &[String]) -> String {
+    if notes.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("\n");
+    for note in notes {
+        text.push_str(&format!("note: {note}\n"));
+    }
+    text
+}
+
 /// Write `runs.csv` (one row per start, length and strategy), `summary.csv`, `report.txt`
-/// and `cost.svg` into `dir` (created if missing); returns the paths written.
+/// and `cost.svg` into `dir` (created if missing); returns the paths written. `notes` (how the
+/// market was completed, e.g. on-demand prices borrowed from another region) end the report as
+/// `note:` lines, as on stdout.
 pub fn write_outputs(
     study: &Study,
     summaries: &[Summary],
+    notes: &[String],
     dir: &Path,
 ) -> Result<Vec<PathBuf>, ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
@@ -363,7 +378,10 @@ pub fn write_outputs(
     let paths = [
         (dir.join("runs.csv"), runs),
         (dir.join("summary.csv"), summary),
-        (dir.join("report.txt"), table(study, summaries)),
+        (
+            dir.join("report.txt"),
+            table(study, summaries) + &note_lines(notes),
+        ),
         (dir.join("cost.svg"), svg(study, summaries)),
     ];
     for (path, content) in &paths {

@@ -177,7 +177,14 @@ fn progress_is_reported_once_per_run_and_outputs_are_written() {
     );
     let dir = tempfile::tempdir().unwrap();
     let summaries = report::summarize(&study);
-    let paths = report::write_outputs(&study, &summaries, dir.path()).unwrap();
+    let notes =
+        vec!["on-demand price of m5.large in eu-west-1 taken from the us-east-1 list".to_owned()];
+    let paths = report::write_outputs(&study, &summaries, &notes, dir.path()).unwrap();
+    let report = std::fs::read_to_string(dir.path().join("report.txt")).unwrap();
+    assert!(
+        report.ends_with(&format!("\nnote: {}\n", notes[0])),
+        "{report}"
+    );
     let runs = std::fs::read_to_string(&paths[0]).unwrap();
     assert_eq!(
         runs.lines().count(),
