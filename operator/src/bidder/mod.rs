@@ -46,7 +46,7 @@ pub use calibration::{Calibration, CalibrationError};
 
 use crate::billing::BillingModel;
 use crate::eviction::EvictionModel;
-use crate::market::{CapacityType, MarketView, PoolInfo, Timestamp};
+use crate::market::{CapacityType, MarketView, PoolInfo, Quote, Timestamp};
 
 /// A set of instances of one pool bought at the same time and max price.
 #[derive(Clone, Debug, PartialEq)]
@@ -161,6 +161,36 @@ impl fmt::Display for NoFeasiblePool {
             self.unavailable, self.unpriced, self.above_max_price
         )
     }
+}
+
+impl NoFeasiblePool {
+    /// `quote`'s price if capacity can be bought at it within `ceiling`; otherwise counts why
+    /// not and gives `None`.
+    fn admit(&mut self, quote: &Quote, ceiling: f64) -> Option<f64> {
+        if !quote.available {
+            self.unavailable += 1;
+            return None;
+        }
+        let Some(price) = quote.price else {
+            self.unpriced += 1;
+            return None;
+        };
+        if price > ceiling {
+            self.above_max_price += 1;
+            return None;
+        }
+        Some(price)
+    }
+}
+
+/// Transient instances of `input.allocations` that `release` does not name.
+fn held_count(input: &BidderInput<'_>, release: &[u64]) -> u32 {
+    input
+        .allocations
+        .iter()
+        .filter(|a| !release.contains(&a.id))
+        .map(|a| a.count)
+        .sum()
 }
 
 /// What a decision did to hold [`BidderConfig::min_transient`] (absent: what is kept and bought
@@ -531,19 +561,10 @@ impl Bidder<'_> {
             if info.id.capacity != CapacityType::Spot {
                 continue;
             }
-            if !quote.available {
-                infeasible.unavailable += 1;
-                continue;
-            }
-            let Some(price) = quote.price else {
-                infeasible.unpriced += 1;
+            let cap = self.config.max_price_cap.unwrap_or(f64::INFINITY);
+            let Some(price) = infeasible.admit(quote, cap) else {
                 continue;
             };
-            let cap = self.config.max_price_cap.unwrap_or(f64::INFINITY);
-            if price > cap {
-                infeasible.above_max_price += 1;
-                continue;
-            }
             for &delta in &self.eviction.config().bid_deltas {
                 let max_price = (price + delta * on_demand).min(cap);
                 candidates.push((pool, CapacityType::Spot, Some(max_price)));
@@ -604,28 +625,11 @@ impl Bidder<'_> {
         // (a fresh instance bought back for it would cost its switch-in and a hand-over);
         // budgetPerHour below still releases what it must
         let mut restored = false;
-        while input
-            .allocations
-            .iter()
-            .filter(|a| !release.contains(&a.id))
-            .map(|a| a.count)
-            .sum::<u32>()
-            < self.config.min_transient
-            && release.pop().is_some()
-        {
+        while held_count(input, &release) < self.config.min_transient && release.pop().is_some() {
             restored = true;
         }
         if restored {
-            released = terms
-                .iter()
-                .filter(|(allocation, _, _)| release.contains(&allocation.id))
-                .fold(Footprint::empty(), |f, (allocation, _, _)| {
-                    f.with(&self.release_term(input, allocation))
-                });
-            footprint = terms
-                .iter()
-                .filter(|(allocation, _, _)| !release.contains(&allocation.id))
-                .fold(released, |f, (_, term, _)| f.with(term));
+            footprint = self.with_releases(input, &terms, &release);
         }
 
         // budgetPerHour holds for what is held too: prices move, so an allocation bought
@@ -654,13 +658,9 @@ impl Bidder<'_> {
                 };
                 over_budget_per_hour = true;
                 release.push(allocation.id);
-                released = released.with(&self.release_term(input, allocation));
             }
             if over_budget_per_hour {
-                footprint = terms
-                    .iter()
-                    .filter(|(allocation, _, _)| !release.contains(&allocation.id))
-                    .fold(released, |f, (_, term, _)| f.with(term));
+                footprint = self.with_releases(input, &terms, &release);
             }
         }
 
@@ -771,6 +771,26 @@ impl Bidder<'_> {
         }
     }
 
+    /// The footprint of `terms` with the allocations of `release` released: what the releases
+    /// still cost (summed in release order) and the other terms held.
+    fn with_releases(
+        &self,
+        input: &BidderInput<'_>,
+        terms: &[(&Allocation, Term, bool)],
+        release: &[u64],
+    ) -> Footprint {
+        let released = release
+            .iter()
+            .filter_map(|id| terms.iter().find(|(a, _, _)| a.id == *id))
+            .fold(Footprint::empty(), |f, (allocation, _, _)| {
+                f.with(&self.release_term(input, allocation))
+            });
+        terms
+            .iter()
+            .filter(|(allocation, _, _)| !release.contains(&allocation.id))
+            .fold(released, |f, (_, term, _)| f.with(term))
+    }
+
     /// Tops the transient instances kept (`input.allocations` but `release`) and bought
     /// (`acquire`) up to [`BidderConfig::min_transient`], "while the market allows": in the
     /// cheapest available spot pool priced within its bid ceiling (the job's max price and the
@@ -782,13 +802,7 @@ impl Bidder<'_> {
         acquire: &mut Vec<AllocationRequest>,
         footprint: &mut Footprint,
     ) -> Option<MinTransientFill> {
-        let kept: u32 = input
-            .allocations
-            .iter()
-            .filter(|a| !release.contains(&a.id))
-            .map(|a| a.count)
-            .chain(acquire.iter().map(|r| r.count))
-            .sum();
+        let kept = held_count(input, release) + acquire.iter().map(|r| r.count).sum::<u32>();
         let missing = self.config.min_transient.checked_sub(kept)?;
         if missing == 0 {
             return None;
@@ -804,15 +818,10 @@ impl Bidder<'_> {
                 continue;
             }
             let ceiling = info.on_demand_usd_hr.map_or(cap, |od| od.min(cap));
-            match quote.price {
-                _ if !quote.available => infeasible.unavailable += 1,
-                None => infeasible.unpriced += 1,
-                Some(price) if price > ceiling => infeasible.above_max_price += 1,
-                Some(price) => {
-                    if cheapest.is_none_or(|(_, best, _)| price < best) {
-                        cheapest = Some((pool, price, ceiling));
-                    }
-                }
+            if let Some(price) = infeasible.admit(quote, ceiling)
+                && cheapest.is_none_or(|(_, best, _)| price < best)
+            {
+                cheapest = Some((pool, price, ceiling));
             }
         }
         let Some((pool, price, ceiling)) = cheapest else {

@@ -294,25 +294,20 @@ impl Market {
                     .filter(|t| t.region.as_deref() == Some(region))
                     .chain(on_demand.iter().filter(|t| t.region.is_none()))
                     .find_map(|t| t.price(instance_type));
-                let borrowed = || {
-                    on_demand.iter().find_map(|t| {
+                pool.info.on_demand_usd_hr = own.or_else(|| {
+                    let (price, from) = on_demand.iter().find_map(|t| {
                         t.price(instance_type)
                             .map(|price| (price, t.region.clone().unwrap_or_default()))
-                    })
-                };
-                pool.info.on_demand_usd_hr = match own {
-                    Some(price) => Some(price),
-                    None => borrowed().map(|(price, from)| {
-                        let note = format!(
-                            "on-demand price of {instance_type} in {region} taken from the \
-                             {from} list ({price} USD/h): no {region} list names it"
-                        );
-                        if !notes.contains(&note) {
-                            notes.push(note);
-                        }
-                        price
-                    }),
-                };
+                    })?;
+                    let note = format!(
+                        "on-demand price of {instance_type} in {region} taken from the {from} \
+                         list ({price} USD/h): no {region} list names it"
+                    );
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                    Some(price)
+                });
             }
             if let Some(spec) = specs.and_then(|t| t.spec(&pool.info.id.instance_type)) {
                 pool.info.vcpus = spec.vcpus;
