@@ -17,7 +17,7 @@ exec 3< <("$BIN" coordinator --nodes 2 --clocks 5 --partitions 8 --report-out "$
 read -r _ _ ADDR <&3
 "$BIN" node --coordinator "http://$ADDR" --name server --workers 0 "${APP[@]}" &
 # Node ids follow join order: let the server join first so it is node 0 in the report.
-until curl -fs "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
+until curl -fs -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
 "$BIN" node --coordinator "http://$ADDR" --name worker --workers 2 --no-serve "${APP[@]}" &
 wait
 python3 - "$OUT/report.json" <<'PY'

@@ -27,7 +27,7 @@ trap 'rm -rf "$OUT"' EXIT
 exec 3< <("$BIN" coordinator --nodes 2 --clocks "$CLOCKS" --partitions 2 --report-out "$OUT/report.json" --app "$APP")
 read -r _ _ ADDR <&3
 "$BIN" node --coordinator "http://$ADDR" --name server --workers 0 --app "$APP" &
-until curl -fs "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
+until curl -fs -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
 "$BIN" node --coordinator "http://$ADDR" --name worker --workers 1 --no-serve --app "$APP" &
 wait
 python3 - "$OUT/report.json" "$bare" <<'PY'

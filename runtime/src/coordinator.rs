@@ -7,8 +7,10 @@
 //! coordinator copies the final parameters over the data plane, evaluates them and publishes the
 //! result in `GET /status`. Notices are validated and recorded; an elastic job's coordinator
 //! (`elastic_coordinator`) acts on them.
-//! Calls that change the job carry the job secret: `join` and `report` in their bodies, `notice`
-//! and `stop` as `Authorization: Bearer <secret>`.
+//! Every call but `/metrics` carries the job secret: `join` and `report` in their bodies, the
+//! others (`status`, `plan`, `notice`, `stop`) as `Authorization: Bearer <secret>`. `status` and
+//! `plan` list the nodes' data-plane addresses and the partition owners, which are nobody's
+//! business outside the job.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -473,9 +475,11 @@ struct NodeQuery {
 #[tracing::instrument(skip_all)]
 async fn status_handler(
     State(c): State<Arc<Coordinator>>,
+    headers: axum::http::HeaderMap,
     Query(q): Query<NodeQuery>,
-) -> Json<StatusResponse> {
-    Json(c.status(q.node))
+) -> Result<Json<StatusResponse>, AdminError> {
+    c.authorize(&headers, "status")?;
+    Ok(Json(c.status(q.node)))
 }
 
 #[tracing::instrument(skip_all)]
@@ -491,8 +495,10 @@ async fn join_handler(
 #[tracing::instrument(skip_all)]
 async fn plan_handler(
     State(c): State<Arc<Coordinator>>,
+    headers: axum::http::HeaderMap,
     Query(q): Query<NodeQuery>,
 ) -> Result<Json<PlanResponse>, AdminError> {
+    c.authorize(&headers, "plan")?;
     let node = q
         .node
         .ok_or_else(|| AdminError::Validate("missing ?node=".into()))?;
@@ -671,8 +677,23 @@ mod http_tests {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router(coordinator)).await });
         let http = reqwest::Client::new();
+        // status and plan name the nodes' addresses: the secret is required
+        for path in ["/status", "/plan?node=0"] {
+            let open = http.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(open.status(), StatusCode::UNAUTHORIZED, "{path}");
+            let wrong = http
+                .get(format!("{base}{path}"))
+                .header("authorization", ebbflow_runtime_api::bearer("nope"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED, "{path}");
+            let body: ApiError = wrong.json().await.unwrap();
+            assert_eq!(body.category, "bad_secret");
+        }
         let status: StatusResponse = http
             .get(format!("{base}/status"))
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
             .send()
             .await
             .unwrap()
@@ -716,6 +737,7 @@ mod http_tests {
         assert_eq!(joined.node, 0);
         let plan: PlanResponse = http
             .get(format!("{base}/plan?node=0"))
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
             .send()
             .await
             .unwrap()
@@ -723,7 +745,12 @@ mod http_tests {
             .await
             .unwrap();
         assert!(plan.ready);
-        let missing = http.get(format!("{base}/plan")).send().await.unwrap();
+        let missing = http
+            .get(format!("{base}/plan"))
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
         let ghost = NoticeRequest {
             name: "ghost".into(),
@@ -771,6 +798,7 @@ mod http_tests {
         assert!(stopped.ok);
         let status: StatusResponse = http
             .get(format!("{base}/status"))
+            .header("authorization", ebbflow_runtime_api::bearer("k"))
             .send()
             .await
             .unwrap()

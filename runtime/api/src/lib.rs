@@ -12,6 +12,11 @@
 //! | `POST /stop` | | [`Ack`] |
 //! | `GET /metrics` | | Prometheus text |
 //!
+//! `join` and `report` carry the job secret in their bodies; every other call but `/metrics`
+//! carries it as `Authorization: Bearer <secret>` ([`bearer`]), and one without it is answered
+//! 401 (`bad_secret`). The elastic coordinator's API (`ebbflow-runtime elastic-coordinator`)
+//! follows the same rule.
+//!
 //! Errors are returned with a 4xx/5xx status and an [`ApiError`] body.
 
 use serde::{Deserialize, Serialize};

@@ -813,9 +813,11 @@ struct NodeArgs {
 async fn get_json<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
     url: &str,
+    secret: &str,
 ) -> anyhow::Result<T> {
     let response = http
         .get(url)
+        .bearer_auth(secret)
         .send()
         .await
         .with_context(|| format!("GET {url}"))?;
@@ -891,8 +893,11 @@ fn node_main(args: NodeArgs) -> anyhow::Result<()> {
     watch_for_notices(&rt, &args.notices, &http)?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let plan: PlanResponse = loop {
-        let plan: PlanResponse =
-            rt.block_on(get_json(&http, &format!("{base}/plan?node={node}")))?;
+        let plan: PlanResponse = rt.block_on(get_json(
+            &http,
+            &format!("{base}/plan?node={node}"),
+            &args.notices.secret,
+        ))?;
         if plan.ready {
             break plan;
         }
@@ -1032,8 +1037,11 @@ impl AppTask for NodeTask {
         if me.workers == 0 {
             // A server-only node reports once training is over, so its peak memory covers it.
             loop {
-                let status: StatusResponse =
-                    rt.block_on(get_json(&http, &format!("{base}/status")))?;
+                let status: StatusResponse = rt.block_on(get_json(
+                    &http,
+                    &format!("{base}/status"),
+                    &args.notices.secret,
+                ))?;
                 let training_over = status
                     .nodes
                     .iter()
@@ -1088,8 +1096,11 @@ impl AppTask for NodeTask {
             rt.block_on(post_json(&http, &format!("{base}/report"), &report))?;
         // Keep serving partitions until the coordinator has copied them and says the job is over.
         let status: StatusResponse = loop {
-            let status: StatusResponse =
-                rt.block_on(get_json(&http, &format!("{base}/status?node={node}")))?;
+            let status: StatusResponse = rt.block_on(get_json(
+                &http,
+                &format!("{base}/status?node={node}"),
+                &args.notices.secret,
+            ))?;
             if matches!(
                 status.phase,
                 JobPhase::Done | JobPhase::Stopped | JobPhase::Failed
