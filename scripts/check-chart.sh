@@ -57,7 +57,11 @@ grep -q "honorLabels: true" "$work/out.yaml" || fail "the ServiceMonitor does no
 # Without leader election no replica is told to hold a lease; the readiness probe stays.
 "$helm" template ebbflow "$chart" --set leaderElection.enabled=false >"$work/out.yaml" 2>/dev/null
 if grep -q -- "--leader-election" "$work/out.yaml"; then fail "leader election flags rendered while disabled"; fi
-echo "check-chart: ok: service monitor labels, leader election off"
+# The retry period reaches the operator, and a faster one is accepted with a shorter renew deadline.
+"$helm" template ebbflow "$chart" --set leaderElection.retryPeriodSeconds=1 --set leaderElection.renewDeadlineSeconds=2 --set leaderElection.leaseDurationSeconds=5 >"$work/out.yaml" 2>/dev/null ||
+  fail "a 1 s retry period with a 2 s renew deadline and a 5 s lease was refused"
+grep -q -- "--retry-period-seconds=1" "$work/out.yaml" || fail "leaderElection.retryPeriodSeconds is not passed to the operator"
+echo "check-chart: ok: service monitor labels, leader election off, retry period"
 
 # watchNamespace: the namespaced rights move from the ClusterRole to a Role in that namespace.
 "$helm" template ebbflow "$chart" --set watchNamespace=ml-jobs --show-only templates/rbac.yaml >"$work/rbac.yaml" 2>/dev/null
@@ -91,6 +95,8 @@ bad=(
   "--set serviceAccount.create=false|serviceAccount.name"
   "--set leaderElection.leaseDurationSeconds=5|renewDeadlineSeconds"
   "--set leaderElection.renewDeadlineSeconds=2|renewDeadlineSeconds"
+  "--set leaderElection.retryPeriodSeconds=6|retryPeriodSeconds"
+  "--set leaderElection.retryPeriodSeconds=0|retryPeriodSeconds"
   "--set watchNamespace=Not_A_Namespace|watchNamespace"
   "--set metrics.bindAddress=localhost|bindAddress"
 )
