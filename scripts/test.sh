@@ -34,6 +34,12 @@ if [[ -z "${EBBFLOW_EC2_METADATA_MOCK:-}" ]]; then
   export EBBFLOW_EC2_METADATA_MOCK="$mock_bin_dir/amazon-ec2-metadata-mock-$ec2_metadata_mock_version"
 fi
 
+echo "==> iproute2 for the vanished-peer test (runtime/tests/data_plane.rs a_vanished_peer_is_let_go: ip netns, as root)"
+if ! command -v ip >/dev/null && ((EUID == 0)) && command -v apt-get >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 ||
+    echo "test.sh: warning: installing iproute2 failed; a_vanished_peer_is_let_go will say it skipped" >&2
+fi
+
 echo "==> cargo test (unit + integration, no cluster needed)"
 cargo test --workspace --locked
 

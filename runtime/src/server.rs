@@ -45,6 +45,11 @@ pub struct ServerConfig {
     pub wait_timeout: Duration,
     /// How long a new peer has to present its hello.
     pub handshake_timeout: Duration,
+    /// How soon a peer that vanished without closing its connection (an instance taken back:
+    /// no FIN, no RST) is let go: TCP keepalive probes an idle connection and TCP_USER_TIMEOUT
+    /// bounds unacknowledged answers ([`detect_dead_peer`]). A peer that is alive but silent,
+    /// a worker between segments, answers the probes and stays connected.
+    pub dead_peer_after: Duration,
     /// Answers `Control` frames (a node process of an elastic run); without one they are
     /// refused.
     pub agent: Option<Arc<dyn NodeAgent>>,
@@ -62,6 +67,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_connections", &self.max_connections)
             .field("wait_timeout", &self.wait_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("dead_peer_after", &self.dead_peer_after)
             .field("agent", &self.agent.is_some())
             .field("bandwidth_mbps", &self.bandwidth.as_ref().map(|b| b.mbps))
             .finish_non_exhaustive()
@@ -77,11 +83,35 @@ impl ServerConfig {
             max_connections: 1024,
             wait_timeout: Duration::from_secs(600),
             handshake_timeout: Duration::from_secs(10),
+            dead_peer_after: DEFAULT_DEAD_PEER_AFTER,
             agent: None,
             bandwidth: None,
             placement: None,
         }
     }
+}
+
+/// Default of [`ServerConfig::dead_peer_after`]. Without it a vanished peer's connection held
+/// its task, its buffers (sized for the largest partition once warmed) and one of the
+/// `max_connections` permits until the kernel gave up: never while idle (Linux sends no
+/// keepalive unless asked), about 15 minutes of retransmissions while an answer was in flight.
+pub const DEFAULT_DEAD_PEER_AFTER: Duration = Duration::from_secs(60);
+
+/// Makes the kernel close `stream` once its peer has not answered for about `after`: keepalive
+/// probes from `after / 2` of silence, every `after / 8` (at least 1 s), 4 of them unanswered;
+/// and data unacknowledged for `after` (TCP_USER_TIMEOUT) ends it too. A read or write then
+/// fails (`ETIMEDOUT`), and the connection is closed as for any failed read.
+pub fn detect_dead_peer(stream: &TcpStream, after: Duration) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let idle = (after / 2).max(Duration::from_secs(1));
+    let interval = (after / 8).max(Duration::from_secs(1));
+    socket.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(interval)
+            .with_retries(4),
+    )?;
+    socket.set_tcp_user_timeout(Some(after))
 }
 
 /// Why a connection was closed by the server.
@@ -136,39 +166,44 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut handlers = JoinSet::new();
-    let accept =
-        async {
-            loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let (stream, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (state, config, metrics, stop) = (
-                    state.clone(),
-                    config.clone(),
-                    metrics.clone(),
-                    stop_rx.clone(),
-                );
-                handlers.spawn(async move {
+    let accept = async {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let (state, config, metrics, stop) = (
+                state.clone(),
+                config.clone(),
+                metrics.clone(),
+                stop_rx.clone(),
+            );
+            if let Err(error) = detect_dead_peer(&stream, config.dead_peer_after) {
+                tracing::warn!(%peer, %error, "setting TCP keepalive failed: a peer that vanishes keeps its connection");
+            }
+            handlers.spawn(async move {
                 metrics.connections_open.inc();
                 let result = serve_connection(stream, &state, &config, stop).await;
                 metrics.connections_open.dec();
                 if let Err(error) = result {
-                    metrics.connections_refused.with_label_values(&[error.category()]).inc();
+                    metrics
+                        .connections_refused
+                        .with_label_values(&[error.category()])
+                        .inc();
                     tracing::warn!(%peer, reason = error.category(), %error, "connection closed");
                 }
                 drop(permit);
             });
-                while handlers.try_join_next().is_some() {}
-            }
-        };
+            while handlers.try_join_next().is_some() {}
+        }
+    };
     tokio::select! {
         () = accept => {}
         () = shutdown => tracing::info!("data-plane server shutting down"),

@@ -1,8 +1,9 @@
 //! The TCP data plane: loopback runs match single-process runs; bad peers are refused while
-//! good ones keep being served.
+//! good ones keep being served; a peer that vanishes is let go.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,20 @@ fn loopback_runs_are_exact_and_equal_single_process_runs() {
 const SECRET: &[u8] = b"job-secret";
 
 fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> ServerHandle {
+    let config = ServerConfig {
+        max_frame_bytes: 1 << 20,
+        ..ServerConfig::with_secret(SECRET.to_vec())
+    };
+    serve_one_table(runtime, metrics, ([127, 0, 0, 1], 0).into(), config)
+}
+
+/// A server of one partition holding one row of a width-2 table, on `addr`.
+fn serve_one_table(
+    runtime: &tokio::runtime::Runtime,
+    metrics: &RuntimeMetrics,
+    addr: std::net::SocketAddr,
+    config: ServerConfig,
+) -> ServerHandle {
     let specs = vec![TableSpec {
         id: 0,
         name: "t".into(),
@@ -78,18 +93,7 @@ fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> 
         Optimizer::Add,
         false,
     ));
-    let config = ServerConfig {
-        max_frame_bytes: 1 << 20,
-        ..ServerConfig::with_secret(SECRET.to_vec())
-    };
-    ServerHandle::start(
-        runtime.handle(),
-        ([127, 0, 0, 1], 0).into(),
-        state,
-        config,
-        metrics.clone(),
-    )
-    .unwrap()
+    ServerHandle::start(runtime.handle(), addr, state, config, metrics.clone()).unwrap()
 }
 
 /// Writes raw bytes and waits for the server to close the connection; returns the category of
@@ -341,4 +345,209 @@ fn mf_under_bsp_agrees_over_tcp_and_in_process() {
         tcp.param_sum
     );
     assert!(local.param_abs_sum > 0.0);
+}
+
+// A peer that vanishes without closing its connection (a spot instance taken back: its address
+// goes away, no FIN, no RST) is let go by the server within `dead_peer_after`, not held for
+// ever. The peer is a real TCP client in a network namespace of its own, joined to this one by a
+// veth pair; taking its link down makes it vanish. Needs root and `ip` (iproute2); without them
+// the test says so and passes (`scripts/test.sh` runs it as root).
+
+/// Runs `ip` with `args`; the error names the command and what it printed.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// A network namespace and the veth pair to it, removed on drop.
+struct Namespace {
+    name: String,
+    host_link: String,
+    peer_link: String,
+    host: Ipv4Addr,
+    peer: Ipv4Addr,
+}
+
+impl Namespace {
+    fn create() -> Result<Self, String> {
+        let id = std::process::id() % 100_000;
+        let subnet = (id % 250) as u8 + 1;
+        let ns = Namespace {
+            name: format!("ebbflow-dp-{id}"),
+            host_link: format!("ebbh{id}"),
+            peer_link: format!("ebbp{id}"),
+            host: Ipv4Addr::new(10, 213, subnet, 1),
+            peer: Ipv4Addr::new(10, 213, subnet, 2),
+        };
+        // a namespace left by a killed earlier run of the same pid
+        let _ = ip(&["netns", "del", &ns.name]);
+        let _ = ip(&["link", "del", &ns.host_link]);
+        ip(&["netns", "add", &ns.name])?;
+        let (host, peer) = (format!("{}/30", ns.host), format!("{}/30", ns.peer));
+        ip(&[
+            "link",
+            "add",
+            &ns.host_link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns.peer_link,
+        ])?;
+        ip(&["link", "set", &ns.peer_link, "netns", &ns.name])?;
+        ip(&["addr", "add", &host, "dev", &ns.host_link])?;
+        ip(&["link", "set", &ns.host_link, "up"])?;
+        ns.exec(&["addr", "add", &peer, "dev", &ns.peer_link])?;
+        ns.exec(&["link", "set", &ns.peer_link, "up"])?;
+        ns.exec(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// `ip` inside the namespace.
+    fn exec(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["netns", "exec", &self.name, "ip"];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.host_link]);
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// The peer's process, killed on drop (a failed assertion included).
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The peer: connects from the namespace, sends `hello`, reads the server's welcome, says
+/// "welcomed" and then stays silent.
+fn connect_peer(ns: &Namespace, server: SocketAddr, hello: &[u8]) -> Peer {
+    let script = r#"
+import socket, sys, time
+host, port, hello = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+s = socket.create_connection((host, port), timeout=30)
+s.sendall(hello)
+got = b""
+while len(got) < 5:
+    chunk = s.recv(5 - len(got))
+    if not chunk:
+        sys.exit("the server closed the connection before its welcome")
+    got += chunk
+print("welcomed", flush=True)
+time.sleep(600)
+"#;
+    let hex: String = hello.iter().map(|b| format!("{b:02x}")).collect();
+    Command::new("ip")
+        .args(["netns", "exec", &ns.name, "python3", "-c", script])
+        .arg(server.ip().to_string())
+        .arg(server.port().to_string())
+        .arg(hex)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map(Peer)
+        .expect("starting the peer in the namespace")
+}
+
+fn wait_until_within(what: &str, within: Duration, done: impl Fn() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn a_vanished_peer_is_let_go() {
+    let ns = match Namespace::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            eprintln!(
+                "a_vanished_peer_is_let_go: skipped, no network namespace could be made: {reason}"
+            );
+            return;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let metrics = RuntimeMetrics::unregistered();
+    let after = Duration::from_secs(2);
+    let config = ServerConfig {
+        dead_peer_after: after,
+        ..ServerConfig::with_secret(SECRET.to_vec())
+    };
+    let server = serve_one_table(
+        &runtime,
+        &metrics,
+        SocketAddr::new(IpAddr::V4(ns.host), 0),
+        config,
+    );
+    let mut peer = connect_peer(&ns, server.addr, &hello(SECRET));
+    let mut line = String::new();
+    BufReader::new(peer.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "welcomed", "the peer was not served");
+    assert_eq!(metrics.connections_open.get(), 1);
+
+    // A silent peer that is alive answers the keepalive probes: still connected after more
+    // than `after` of silence.
+    let silent = Instant::now();
+    while silent.elapsed() < after * 2 {
+        assert_eq!(
+            metrics.connections_open.get(),
+            1,
+            "a live, silent peer was let go"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The peer vanishes: its link goes down, nothing it sends or answers arrives any more.
+    ns.exec(&["link", "set", &ns.peer_link, "down"]).unwrap();
+    let took = wait_until_within(
+        "the vanished peer's connection closed",
+        Duration::from_secs(30),
+        || metrics.connections_open.get() == 0,
+    );
+    eprintln!(
+        "a_vanished_peer_is_let_go: let go {took:?} after it vanished (dead_peer_after {after:?})"
+    );
+    assert!(
+        took < after * 4,
+        "let go after {took:?}, dead_peer_after is {after:?}"
+    );
+    assert_eq!(
+        metrics
+            .connections_refused
+            .with_label_values(&["read"])
+            .get(),
+        1,
+        "the connection ends as a failed read"
+    );
+    drop(peer);
+    server.stop(runtime.handle());
 }
