@@ -11,6 +11,30 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 mkdir -p "$EBBFLOW_CACHE"
 
+# Every clone builds its test targets under a new path, so cargo links a new executable of up to
+# 1 GB (debug info) per test target beside the old ones and never removes those: clean-clone runs
+# of `.ci/run` filled this machine's disk (144 of them, 50 GB) and failed a run. Only the newest
+# executable of each target is kept: the same name built from the same kind of crate root (a
+# library's unit tests and a binary of that name are two targets).
+prune_stale_test_binaries() {
+  local deps="$CARGO_TARGET_DIR/debug/deps" freed=0 name root size
+  [[ -d "$deps" ]] || return 0
+  declare -A seen=()
+  while read -r _ name; do
+    root=""
+    [[ -f "$deps/$name.d" ]] && root="$(head -n 1 "$deps/$name.d" | cut -d' ' -f2)"
+    local key="${name%-*}|$(basename "$(dirname "$root")")/$(basename "$root")"
+    if [[ -n "${seen[$key]:-}" ]]; then
+      size=$(stat -c %s "$deps/$name")
+      rm -f "$deps/$name" "$deps/$name.d" && freed=$((freed + size))
+    else
+      seen[$key]=1
+    fi
+  done < <(find "$deps" -maxdepth 1 -type f -executable ! -name '*.so' -printf '%T@ %f\n' | sort -rn)
+  echo "test.sh: removed stale test executables: $((freed / 1000000)) MB"
+}
+prune_stale_test_binaries
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -127,6 +127,11 @@ impl Connection {
         let exchange = |source| ClientError::Exchange { addr, source };
         stream.set_nodelay(true).map_err(exchange)?;
         stream.set_read_timeout(Some(timeout)).map_err(exchange)?;
+        // A server whose instance vanished (no FIN, no RST) while the worker waited for its
+        // answer fails the request within a minute, not at the read timeout (10 minutes by
+        // default).
+        crate::server::probe_idle_peer(&stream, crate::server::DEFAULT_DEAD_PEER_AFTER)
+            .map_err(exchange)?;
         let reader = BufReader::with_capacity(1 << 16, stream.try_clone().map_err(exchange)?);
         let writer = BufWriter::with_capacity(1 << 16, stream);
         let mut connection = Self {
@@ -209,6 +214,18 @@ impl Connection {
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Fails a request whose answer is awaited once the server's kernel has not answered
+    /// keepalive probes for about `after` ([`crate::server::probe_idle_peer`]; connections
+    /// start with [`crate::server::DEFAULT_DEAD_PEER_AFTER`]).
+    pub fn probe_idle_peer(&self, after: Duration) -> Result<(), ClientError> {
+        crate::server::probe_idle_peer(self.writer.get_ref(), after).map_err(|source| {
+            ClientError::Exchange {
+                addr: self.addr,
+                source,
+            }
+        })
     }
 
     /// Sizes both ends' buffers for frames of `bytes` and touches them once ([`Message::Warm`]

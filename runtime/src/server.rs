@@ -97,21 +97,31 @@ impl ServerConfig {
 /// keepalive unless asked), about 15 minutes of retransmissions while an answer was in flight.
 pub const DEFAULT_DEAD_PEER_AFTER: Duration = Duration::from_secs(60);
 
-/// Makes the kernel close `stream` once its peer has not answered for about `after`: keepalive
-/// probes from `after / 2` of silence, every `after / 8` (at least 1 s), 4 of them unanswered;
-/// and data unacknowledged for `after` (TCP_USER_TIMEOUT) ends it too. A read or write then
-/// fails (`ETIMEDOUT`), and the connection is closed as for any failed read.
-pub fn detect_dead_peer(stream: &TcpStream, after: Duration) -> std::io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
+/// Makes the kernel close the server's `stream` once its peer has not answered for about
+/// `after`: an idle connection by keepalive ([`probe_idle_peer`]), and one whose answer the peer
+/// has not acknowledged for `after` (TCP_USER_TIMEOUT) too. A read or write then fails
+/// (`ETIMEDOUT`), and the connection is closed as for any failed read.
+pub fn detect_dead_peer(stream: &impl std::os::fd::AsFd, after: Duration) -> std::io::Result<()> {
+    probe_idle_peer(stream, after)?;
+    socket2::SockRef::from(stream).set_tcp_user_timeout(Some(after))
+}
+
+/// TCP keepalive on `stream`: probes from `after / 2` of silence, every `after / 8` (at least
+/// 1 s), the connection closed once 4 go unanswered. A live peer's kernel answers them however
+/// long its process is silent. A worker's [`crate::client::Connection`] sets only this: its
+/// request to a server that vanished while answering fails within `after` instead of at the
+/// read timeout. It sets no TCP_USER_TIMEOUT, which also ends a connection whose receiver
+/// keeps its window closed that long, and a server waiting at a BSP gate for a straggler may
+/// leave a worker's next frames unread for up to the wait timeout.
+pub fn probe_idle_peer(stream: &impl std::os::fd::AsFd, after: Duration) -> std::io::Result<()> {
     let idle = (after / 2).max(Duration::from_secs(1));
     let interval = (after / 8).max(Duration::from_secs(1));
-    socket.set_tcp_keepalive(
+    socket2::SockRef::from(stream).set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
             .with_time(idle)
             .with_interval(interval)
             .with_retries(4),
-    )?;
-    socket.set_tcp_user_timeout(Some(after))
+    )
 }
 
 /// Why a connection was closed by the server.

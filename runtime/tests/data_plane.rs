@@ -380,15 +380,16 @@ struct Namespace {
 }
 
 impl Namespace {
-    fn create() -> Result<Self, String> {
+    /// Namespace `tag` (0-9) of this test process: tests running at once use different tags.
+    fn create(tag: u8) -> Result<Self, String> {
         let id = std::process::id() % 100_000;
         let subnet = (id % 250) as u8 + 1;
         let ns = Namespace {
-            name: format!("ebbflow-dp-{id}"),
-            host_link: format!("ebbh{id}"),
-            peer_link: format!("ebbp{id}"),
-            host: Ipv4Addr::new(10, 213, subnet, 1),
-            peer: Ipv4Addr::new(10, 213, subnet, 2),
+            name: format!("ebbflow-dp-{id}-{tag}"),
+            host_link: format!("ebbh{id}{tag}"),
+            peer_link: format!("ebbp{id}{tag}"),
+            host: Ipv4Addr::new(10, 213, subnet, 4 * tag + 1),
+            peer: Ipv4Addr::new(10, 213, subnet, 4 * tag + 2),
         };
         // a namespace left by a killed earlier run of the same pid
         let _ = ip(&["netns", "del", &ns.name]);
@@ -439,10 +440,44 @@ impl Drop for Peer {
     }
 }
 
-/// The peer: connects from the namespace, sends `hello`, reads the server's welcome, says
+/// Runs the Python `script` with `args` inside the namespace; its stdout is piped.
+fn run_in(ns: &Namespace, script: &str, args: &[String]) -> Peer {
+    Command::new("ip")
+        .args(["netns", "exec", &ns.name, "python3", "-c", script])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map(Peer)
+        .expect("starting a process in the namespace")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The peer's next line of output.
+fn line_of(peer: &mut Peer, out: &mut Option<BufReader<std::process::ChildStdout>>) -> String {
+    let reader = out.get_or_insert_with(|| BufReader::new(peer.0.stdout.take().unwrap()));
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    line.trim().to_owned()
+}
+
+/// The namespace for a test, or why there is none (the test then says so and passes).
+fn namespace_for(test: &str, tag: u8) -> Option<Namespace> {
+    match Namespace::create(tag) {
+        Ok(ns) => Some(ns),
+        Err(reason) => {
+            eprintln!("{test}: skipped, no network namespace could be made: {reason}");
+            None
+        }
+    }
+}
+
+/// A client: connects from the namespace, sends `hello`, reads the server's welcome, says
 /// "welcomed" and then stays silent.
-fn connect_peer(ns: &Namespace, server: SocketAddr, hello: &[u8]) -> Peer {
-    let script = r#"
+const SILENT_CLIENT: &str = r#"
 import socket, sys, time
 host, port, hello = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
 s = socket.create_connection((host, port), timeout=30)
@@ -456,18 +491,23 @@ while len(got) < 5:
 print("welcomed", flush=True)
 time.sleep(600)
 "#;
-    let hex: String = hello.iter().map(|b| format!("{b:02x}")).collect();
-    Command::new("ip")
-        .args(["netns", "exec", &ns.name, "python3", "-c", script])
-        .arg(server.ip().to_string())
-        .arg(server.port().to_string())
-        .arg(hex)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map(Peer)
-        .expect("starting the peer in the namespace")
-}
+
+/// A server: listens in the namespace (prints its port), welcomes one client, says "request"
+/// once the client's next bytes arrived (and were acknowledged), and never answers.
+const SILENT_SERVER: &str = r#"
+import socket, sys, time
+host, welcome = sys.argv[1], bytes.fromhex(sys.argv[2])
+listener = socket.create_server((host, 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+conn.recv(4096)
+conn.sendall(welcome)
+# acknowledge the request at once (no delayed ACK), so it is not in flight when the link goes
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+conn.recv(4096)
+print("request", flush=True)
+time.sleep(600)
+"#;
 
 fn wait_until_within(what: &str, within: Duration, done: impl Fn() -> bool) -> Duration {
     let start = Instant::now();
@@ -480,14 +520,8 @@ fn wait_until_within(what: &str, within: Duration, done: impl Fn() -> bool) -> D
 
 #[test]
 fn a_vanished_peer_is_let_go() {
-    let ns = match Namespace::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            eprintln!(
-                "a_vanished_peer_is_let_go: skipped, no network namespace could be made: {reason}"
-            );
-            return;
-        }
+    let Some(ns) = namespace_for("a_vanished_peer_is_let_go", 0) else {
+        return;
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -506,12 +540,14 @@ fn a_vanished_peer_is_let_go() {
         SocketAddr::new(IpAddr::V4(ns.host), 0),
         config,
     );
-    let mut peer = connect_peer(&ns, server.addr, &hello(SECRET));
-    let mut line = String::new();
-    BufReader::new(peer.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "welcomed", "the peer was not served");
+    let args = [
+        ns.host.to_string(),
+        server.addr.port().to_string(),
+        hex(&hello(SECRET)),
+    ];
+    let mut peer = run_in(&ns, SILENT_CLIENT, &args);
+    let welcomed = line_of(&mut peer, &mut None);
+    assert_eq!(welcomed, "welcomed", "the peer was not served");
     assert_eq!(metrics.connections_open.get(), 1);
 
     // A silent peer that is alive answers the keepalive probes: still connected after more
@@ -550,4 +586,60 @@ fn a_vanished_peer_is_let_go() {
     );
     drop(peer);
     server.stop(runtime.handle());
+}
+
+/// The other end: a worker waiting for the answer of a server whose instance vanishes fails
+/// the request within its keepalive window, not at its read timeout (10 minutes here).
+#[test]
+fn a_request_to_a_vanished_server_fails() {
+    let Some(ns) = namespace_for("a_request_to_a_vanished_server_fails", 1) else {
+        return;
+    };
+    let mut welcome = Vec::new();
+    Message::Welcome.encode(&mut welcome);
+    let mut server = run_in(&ns, SILENT_SERVER, &[ns.peer.to_string(), hex(&welcome)]);
+    let mut out = None;
+    let port: u16 = line_of(&mut server, &mut out).parse().unwrap();
+    let mut connection = Connection::connect(
+        SocketAddr::new(IpAddr::V4(ns.peer), port),
+        SECRET,
+        3,
+        1 << 20,
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    let after = Duration::from_secs(2);
+    connection.probe_idle_peer(after).unwrap();
+    connection
+        .send(&Message::Pull {
+            worker: 0,
+            partition: 0,
+            epoch: 1,
+            min_clock: 0,
+        })
+        .unwrap();
+    connection.flush().unwrap();
+    // the server's kernel acknowledged the request: the worker now only waits for the answer
+    assert_eq!(line_of(&mut server, &mut out), "request");
+    ns.exec(&["link", "set", &ns.peer_link, "down"]).unwrap();
+    let (done, failed) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let outcome = connection.recv().map(|m| format!("{m:?}"));
+        let _ = done.send(outcome.map_err(|e| e.to_string()));
+    });
+    let outcome = failed
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the request to the vanished server still waits after 30 s");
+    let took = start.elapsed();
+    eprintln!(
+        "a_request_to_a_vanished_server_fails: failed {took:?} after the server vanished ({outcome:?})"
+    );
+    let error = outcome.expect_err("a vanished server answered");
+    assert!(error.contains("timed out"), "{error}");
+    assert!(
+        took < after * 4,
+        "failed after {took:?}, probing after {after:?}"
+    );
+    drop(server);
 }
