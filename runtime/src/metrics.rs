@@ -22,7 +22,8 @@ pub struct RuntimeMetrics {
     pub ssp_wait_seconds: Histogram,
     /// Open data-plane connections on this server.
     pub connections_open: IntGauge,
-    /// Data-plane connections closed for a bad frame or peer, by reason.
+    /// Data-plane connections closed for a bad frame or peer, by reason (`dead_peer`: a peer
+    /// that stopped answering TCP, a vanished instance).
     pub connections_refused: IntCounterVec,
     /// Current AgileML stage (1, 2 or 3) of an elastic run.
     pub stage: IntGauge,
@@ -109,7 +110,7 @@ impl RuntimeMetrics {
             connections_refused: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_connections_refused_total",
-                    "data-plane connections closed for a bad peer or frame",
+                    "data-plane connections closed for a bad, failed or vanished (dead_peer) peer or a bad frame",
                 ),
                 &["reason"],
             )?,

@@ -151,9 +151,15 @@ pub enum ConnectionError {
 }
 
 impl ConnectionError {
-    /// Static label for metrics.
+    /// Static label for metrics: `dead_peer` for a peer that stopped answering TCP
+    /// ([`detect_dead_peer`]), else what failed.
     pub fn category(&self) -> &'static str {
         match self {
+            ConnectionError::Read(e) | ConnectionError::Write(e)
+                if e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                "dead_peer"
+            }
             ConnectionError::Read(_) => "read",
             ConnectionError::Write(_) => "write",
             ConnectionError::Decode(e) => e.category(),

@@ -579,10 +579,10 @@ fn a_vanished_peer_is_let_go() {
     assert_eq!(
         metrics
             .connections_refused
-            .with_label_values(&["read"])
+            .with_label_values(&["dead_peer"])
             .get(),
         1,
-        "the connection ends as a failed read"
+        "the connection is counted as a dead peer's"
     );
     drop(peer);
     server.stop(runtime.handle());
