@@ -183,14 +183,20 @@ impl NoFeasiblePool {
     }
 }
 
-/// Transient instances of `input.allocations` that `release` does not name.
-fn held_count(input: &BidderInput<'_>, release: &[u64]) -> u32 {
+/// Transient instances of `input.allocations` that `release` does not name, less what `shrink`
+/// releases of them.
+fn held_count(input: &BidderInput<'_>, release: &[u64], shrink: &[Shrink]) -> u32 {
     input
         .allocations
         .iter()
         .filter(|a| !release.contains(&a.id))
-        .map(|a| a.count)
+        .map(|a| a.count.saturating_sub(shrunk(shrink, a.id)))
         .sum()
+}
+
+/// Instances `shrink` releases of allocation `id`.
+fn shrunk(shrink: &[Shrink], id: u64) -> u32 {
+    shrink.iter().filter(|s| s.id == id).map(|s| s.count).sum()
 }
 
 /// What a decision did to hold [`BidderConfig::min_transient`] (absent: what is kept and bought
@@ -214,6 +220,16 @@ pub enum MinTransientFill {
     NoFeasiblePool(NoFeasiblePool),
 }
 
+/// Part of a held allocation to release: `count` of its instances go, the rest stay held
+/// (launched when they were, at the bid they were launched under).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shrink {
+    /// The allocation's id.
+    pub id: u64,
+    /// Instances to release (fewer than the allocation holds).
+    pub count: u32,
+}
+
 /// What the bidder wants done.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -221,6 +237,9 @@ pub struct Decision {
     pub acquire: Vec<AllocationRequest>,
     /// Allocation ids to release now.
     pub release: Vec<u64>,
+    /// Allocations to release part of now (only where more is held than
+    /// [`BidderConfig::max_transient`] allows: a lowered maximum).
+    pub shrink: Vec<Shrink>,
     /// Expected cost per work of the footprint as it was, USD per work unit.
     pub cost_per_work_before: f64,
     /// Expected cost per work after the decision.
@@ -238,6 +257,10 @@ pub struct Decision {
     pub over_budget_per_hour: bool,
     /// What holding the minimum of transient instances took, if anything.
     pub min_transient: Option<MinTransientFill>,
+    /// Set when more transient instances were held than [`BidderConfig::max_transient`]
+    /// allows (it was lowered under a running job): the instances dearest per unit of work
+    /// are released (`release` and `shrink`) down to the maximum.
+    pub over_max_transient: bool,
 }
 
 /// Inputs of one decision.
@@ -394,9 +417,9 @@ impl Bidder<'_> {
         })
     }
 
-    /// What releasing `allocation` now still costs: no work, no capacity, and the rest of a
-    /// started billing period where the billing model charges it in full.
-    fn release_term(&self, input: &BidderInput<'_>, allocation: &Allocation) -> Term {
+    /// What releasing `count` instances of `allocation` now still costs: no work, no capacity,
+    /// and the rest of a started billing period where the billing model charges it in full.
+    fn release_term(&self, input: &BidderInput<'_>, allocation: &Allocation, count: u32) -> Term {
         let age = (input.now - allocation.launched_at).max(0) as f64;
         let price = match allocation.capacity {
             CapacityType::Spot => input
@@ -410,8 +433,7 @@ impl Bidder<'_> {
                 .and_then(|p| p.on_demand_usd_hr),
         };
         Term {
-            cost: f64::from(allocation.count)
-                * self.billing.release_charge(price.unwrap_or(0.0), age),
+            cost: f64::from(count) * self.billing.release_charge(price.unwrap_or(0.0), age),
             work: 0.0,
             rate: 0.0,
             survive: 1.0,
@@ -511,7 +533,7 @@ impl Bidder<'_> {
             let boundary = self.billing.next_boundary(allocation.launched_at, now);
             let renewable = match (allocation.capacity, boundary) {
                 (CapacityType::Spot, Some(b)) => {
-                    let pays_rest = self.release_term(input, allocation).cost > 0.0;
+                    let pays_rest = self.release_term(input, allocation, 1).cost > 0.0;
                     b - now <= lead && !(pays_rest && b - now > self.config.interval_seconds)
                 }
                 (_, None) | (CapacityType::OnDemand, _) => true,
@@ -526,6 +548,7 @@ impl Bidder<'_> {
             return Decision {
                 acquire: Vec::new(),
                 release: input.allocations.iter().map(|a| a.id).collect(),
+                shrink: Vec::new(),
                 cost_per_work_before: before,
                 cost_per_work_after: self.cost_per_work(input, &reliable_only),
                 next_decision_at: now + self.config.interval_seconds,
@@ -534,6 +557,7 @@ impl Bidder<'_> {
                 budget_exhausted: true,
                 over_budget_per_hour: false,
                 min_transient: None,
+                over_max_transient: false,
             };
         }
 
@@ -601,7 +625,7 @@ impl Bidder<'_> {
                 .filter(|(other, _, _)| other.id != id && !release.contains(&other.id))
                 .fold(released, |f, (_, t, _)| f.with(t));
             let with = self.cost_per_work(input, &others.with(term));
-            let dropped = others.with(&self.release_term(input, allocation));
+            let dropped = others.with(&self.release_term(input, allocation, allocation.count));
             let mut without = self.cost_per_work(input, &dropped);
             for &(pool, capacity, max_price) in
                 candidates.iter().filter(|c| c.1 == CapacityType::Spot)
@@ -616,7 +640,7 @@ impl Bidder<'_> {
             let deadline_needs_it = required_rate.is_some_and(|r| rate_without < r);
             if without < with * (1.0 - self.config.min_improvement) && !deadline_needs_it {
                 release.push(id);
-                released = released.with(&self.release_term(input, allocation));
+                released = released.with(&self.release_term(input, allocation, allocation.count));
                 footprint = dropped;
             }
         }
@@ -625,11 +649,13 @@ impl Bidder<'_> {
         // (a fresh instance bought back for it would cost its switch-in and a hand-over);
         // budgetPerHour below still releases what it must
         let mut restored = false;
-        while held_count(input, &release) < self.config.min_transient && release.pop().is_some() {
+        while held_count(input, &release, &[]) < self.config.min_transient
+            && release.pop().is_some()
+        {
             restored = true;
         }
         if restored {
-            footprint = self.with_releases(input, &terms, &release);
+            footprint = self.with_releases(input, &terms, &release, &[]);
         }
 
         // budgetPerHour holds for what is held too: prices move, so an allocation bought
@@ -660,8 +686,20 @@ impl Bidder<'_> {
                 release.push(allocation.id);
             }
             if over_budget_per_hour {
-                footprint = self.with_releases(input, &terms, &release);
+                footprint = self.with_releases(input, &terms, &release, &[]);
             }
+        }
+
+        // maxNodes holds for what is held too: lowered under a running job, it leaves more
+        // held than it allows. The instances dearest per unit of work go first (those the
+        // model cannot price at all before them: their pool is gone or above their bid), whole
+        // allocations while they fit in the excess, then part of one.
+        let excess = held_count(input, &release, &[]).saturating_sub(self.config.max_transient);
+        let over_max_transient = excess > 0;
+        let mut shrink: Vec<Shrink> = Vec::new();
+        if over_max_transient {
+            shrink = self.cut_to_max(input, &terms, &mut release, excess);
+            footprint = self.with_releases(input, &terms, &release, &shrink);
         }
 
         // acquisitions: greedily add the candidate that lowers E most
@@ -742,7 +780,8 @@ impl Bidder<'_> {
                 }
             }
         }
-        let min_transient = self.hold_min_transient(input, &release, &mut acquire, &mut footprint);
+        let min_transient =
+            self.hold_min_transient(input, &release, &shrink, &mut acquire, &mut footprint);
         if let Some(r) = required_rate {
             let rate = self.expected_rate(input, &footprint);
             deadline_at_risk |= rate < r;
@@ -760,6 +799,7 @@ impl Bidder<'_> {
         Decision {
             acquire,
             release,
+            shrink,
             cost_per_work_before: before,
             cost_per_work_after: self.cost_per_work(input, &footprint),
             next_decision_at,
@@ -768,27 +808,93 @@ impl Bidder<'_> {
             budget_exhausted: false,
             over_budget_per_hour,
             min_transient,
+            over_max_transient,
         }
     }
 
-    /// The footprint of `terms` with the allocations of `release` released: what the releases
-    /// still cost (summed in release order) and the other terms held.
+    /// The footprint of `terms` with the allocations of `release` released and part of those
+    /// of `shrink`: what the releases still cost (summed in release order) and what is held.
     fn with_releases(
         &self,
         input: &BidderInput<'_>,
         terms: &[(&Allocation, Term, bool)],
         release: &[u64],
+        shrink: &[Shrink],
     ) -> Footprint {
         let released = release
             .iter()
             .filter_map(|id| terms.iter().find(|(a, _, _)| a.id == *id))
             .fold(Footprint::empty(), |f, (allocation, _, _)| {
-                f.with(&self.release_term(input, allocation))
+                f.with(&self.release_term(input, allocation, allocation.count))
             });
         terms
             .iter()
             .filter(|(allocation, _, _)| !release.contains(&allocation.id))
-            .fold(released, |f, (_, term, _)| f.with(term))
+            .fold(released, |f, (allocation, term, _)| {
+                let cut = shrunk(shrink, allocation.id).min(allocation.count);
+                if cut == 0 {
+                    return f.with(term);
+                }
+                let age = (input.now - allocation.launched_at).max(0) as f64;
+                let kept = self.term(
+                    input,
+                    allocation.pool,
+                    allocation.capacity,
+                    f64::from(allocation.count - cut),
+                    allocation.max_price,
+                    age,
+                    false,
+                );
+                let f = f.with(&self.release_term(input, allocation, cut));
+                kept.map_or(f, |kept| f.with(&kept))
+            })
+    }
+
+    /// Releases `excess` held instances, dearest per unit of expected work first: allocations
+    /// the model cannot price (their pool is gone or above their bid) before any other, whole
+    /// allocations (pushed to `release`) while they fit in what is left of the excess, then
+    /// part of one (returned). Ties go to the newest allocation (the highest id).
+    fn cut_to_max(
+        &self,
+        input: &BidderInput<'_>,
+        terms: &[(&Allocation, Term, bool)],
+        release: &mut Vec<u64>,
+        mut excess: u32,
+    ) -> Vec<Shrink> {
+        let per_work = |allocation: &Allocation| {
+            terms
+                .iter()
+                .find(|(a, _, _)| a.id == allocation.id)
+                .and_then(|(_, term, _)| (term.work > 0.0).then(|| term.cost / term.work))
+                .unwrap_or(f64::INFINITY)
+        };
+        let mut held: Vec<&Allocation> = input
+            .allocations
+            .iter()
+            .filter(|a| !release.contains(&a.id) && a.count > 0)
+            .collect();
+        held.sort_by(|a, b| {
+            per_work(b)
+                .total_cmp(&per_work(a))
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        let mut shrink = Vec::new();
+        for allocation in held {
+            if excess == 0 {
+                break;
+            }
+            if allocation.count <= excess {
+                release.push(allocation.id);
+                excess -= allocation.count;
+            } else {
+                shrink.push(Shrink {
+                    id: allocation.id,
+                    count: excess,
+                });
+                excess = 0;
+            }
+        }
+        shrink
     }
 
     /// Tops the transient instances kept (`input.allocations` but `release`) and bought
@@ -799,10 +905,12 @@ impl Bidder<'_> {
         &self,
         input: &BidderInput<'_>,
         release: &[u64],
+        shrink: &[Shrink],
         acquire: &mut Vec<AllocationRequest>,
         footprint: &mut Footprint,
     ) -> Option<MinTransientFill> {
-        let kept = held_count(input, release) + acquire.iter().map(|r| r.count).sum::<u32>();
+        let kept =
+            held_count(input, release, shrink) + acquire.iter().map(|r| r.count).sum::<u32>();
         let missing = self.config.min_transient.checked_sub(kept)?;
         if missing == 0 {
             return None;

@@ -68,6 +68,13 @@ pub enum ProbeEvent {
         /// Allocation id.
         allocation: u64,
     },
+    /// The bidder released `count` of the allocation's instances; the rest stay.
+    Shrunk {
+        /// Allocation id.
+        allocation: u64,
+        /// Instances released.
+        count: u32,
+    },
     /// The provider announced it takes the allocation back.
     Notice {
         /// Allocation id.
@@ -291,6 +298,18 @@ impl ThroughputProbe {
                 self.working.insert(allocation);
             }
             ProbeEvent::Released { allocation } => self.forget(allocation),
+            ProbeEvent::Shrunk { allocation, count } => {
+                // released instances that had not joined yet will not: the addition is timed
+                // by the rest, and not at all if none is left to wait for
+                for pending in self
+                    .pending
+                    .iter_mut()
+                    .filter(|p| p.allocation == allocation)
+                {
+                    pending.waiting_for = pending.waiting_for.saturating_sub(count);
+                }
+                self.pending.retain(|p| p.waiting_for > 0);
+            }
             ProbeEvent::Notice { allocation } => {
                 self.noticed.insert(allocation);
                 self.leaving(allocation, before, wall);
@@ -594,6 +613,43 @@ mod tests {
         // a rise now belongs to nobody
         run.now.transient_nodes = 1;
         run.samples(5, 5);
+        assert!(run.delays().is_empty(), "{:?}", run.delays());
+    }
+
+    #[test]
+    fn an_addition_cut_before_it_joined_is_timed_by_the_rest_or_not_at_all() {
+        // 3 bought, 2 of them released (maxNodes lowered) before any joined: the addition is
+        // complete when the one left joins
+        let mut run = Run::new();
+        run.sample(5, &[]).sample(5, &[acquired(1, 3)]);
+        let bought = run.now.wall_seconds;
+        run.samples(2, 5).sample(
+            5,
+            &[ProbeEvent::Shrunk {
+                allocation: 1,
+                count: 2,
+            }],
+        );
+        run.now.transient_nodes = 1;
+        run.sample(5, &[]);
+        let expected = run.now.wall_seconds - bought;
+        assert_eq!(run.delays().len(), 1, "{:?}", run.delays());
+        let Measurement::Addition { seconds } = run.delays()[0] else {
+            panic!("{:?}", run.delays());
+        };
+        assert!(close(seconds, expected), "{seconds} vs {expected}");
+        // all of them cut: nothing is waited for, and a later rise is credited to nobody
+        let mut run = Run::new();
+        run.sample(5, &[]).sample(5, &[acquired(1, 2)]);
+        run.sample(
+            5,
+            &[ProbeEvent::Shrunk {
+                allocation: 1,
+                count: 2,
+            }],
+        );
+        run.now.transient_nodes = 2;
+        run.samples(3, 5);
         assert!(run.delays().is_empty(), "{:?}", run.delays());
     }
 

@@ -125,6 +125,10 @@ impl Scenario {
         self
     }
 
+    fn clone_allocations(&self) -> Vec<Allocation> {
+        self.allocations.clone()
+    }
+
     fn decide(&self, model: &EvictionModel) -> Decision {
         let bidder = Bidder {
             config: self.config.clone(),
@@ -423,7 +427,11 @@ fn a_release_pays_the_rest_of_a_started_hour_only_under_hourly_billing() {
             app: &scenario.app,
             job: &scenario.job,
         };
-        let term = bidder.release_term(&input, &scenario.allocations[0]);
+        let term = bidder.release_term(
+            &input,
+            &scenario.allocations[0],
+            scenario.allocations[0].count,
+        );
         assert!((term.cost - expected).abs() < 1e-12, "{billing}: {term:?}");
         assert_eq!((term.work, term.count), (0.0, 0.0));
     }
@@ -557,4 +565,82 @@ fn min_transient_holds_while_the_market_allows() {
             ..NoFeasiblePool::default()
         }))
     );
+}
+
+#[test]
+fn a_lowered_maximum_releases_whole_allocations_then_part_of_one() {
+    let model = eviction_model();
+    // 7 held in the stable pool (4 older, 3 newer): the maximum was lowered to 5
+    let mut scenario = Scenario::new(BillingModel::Gcp)
+        .holding(1, STABLE, 4, 0.9, 3600)
+        .holding(2, STABLE, 3, 0.9, 600);
+    scenario.config.max_transient = 5;
+    let decision = scenario.decide(&model);
+    assert!(decision.over_max_transient, "{decision:?}");
+    // alike per work: the newest goes first, part of it
+    assert!(decision.release.is_empty(), "{decision:?}");
+    assert_eq!(decision.shrink, vec![Shrink { id: 2, count: 2 }]);
+    assert!(decision.acquire.is_empty(), "{decision:?}");
+    // the decision's cost per work is that of the 5 kept, not of the 7 held
+    let mut kept = scenario.clone_allocations();
+    kept[1].count = 1;
+    let mut five = Scenario::new(BillingModel::Gcp);
+    five.allocations = kept;
+    five.config.max_transient = 5;
+    let held_five = five.decide(&model);
+    assert!(!held_five.over_max_transient, "{held_five:?}");
+    assert!(
+        (decision.cost_per_work_after - held_five.cost_per_work_before).abs()
+            < 1e-9 * held_five.cost_per_work_before,
+        "{decision:?} against {held_five:?}"
+    );
+
+    // lowered to 2: the newer allocation goes whole, then 2 of the older
+    scenario.config.max_transient = 2;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.release, vec![2], "{decision:?}");
+    assert_eq!(decision.shrink, vec![Shrink { id: 1, count: 2 }]);
+    assert!(decision.acquire.is_empty(), "{decision:?}");
+
+    // within the maximum nothing is cut for it
+    scenario.config.max_transient = 7;
+    let decision = scenario.decide(&model);
+    assert!(!decision.over_max_transient, "{decision:?}");
+    assert!(decision.shrink.is_empty() && decision.release.is_empty());
+}
+
+#[test]
+fn a_lowered_maximum_cuts_the_dearest_per_work_first() {
+    let model = eviction_model();
+    // hourly billing, both 10 minutes into their hour (no release is weighed before the
+    // boundary); the older allocation is in the pool now dearer per work (its price rose)
+    let mut scenario = Scenario::new(BillingModel::AwsHourly2016)
+        .price(STABLE, Some(0.9), true)
+        .holding(1, STABLE, 4, 1.0, 600)
+        .holding(2, CHURNY, 2, 0.9, 600);
+    scenario.config.max_transient = 5;
+    let decision = scenario.decide(&model);
+    assert!(decision.over_max_transient, "{decision:?}");
+    assert!(decision.release.is_empty(), "{decision:?}");
+    assert_eq!(decision.shrink, vec![Shrink { id: 1, count: 1 }]);
+    // lowered to 3: still the dearer allocation, 3 of its 4
+    scenario.config.max_transient = 3;
+    let decision = scenario.decide(&model);
+    assert!(decision.release.is_empty(), "{decision:?}");
+    assert_eq!(decision.shrink, vec![Shrink { id: 1, count: 3 }]);
+    // lowered to 1: the dearer one whole, then one of the other
+    scenario.config.max_transient = 1;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.release, vec![1], "{decision:?}");
+    assert_eq!(decision.shrink, vec![Shrink { id: 2, count: 1 }]);
+
+    // an allocation the model cannot price (its pool is gone) goes before any other
+    let mut scenario = Scenario::new(BillingModel::Gcp)
+        .price(CHURNY, Some(0.3), false)
+        .holding(1, STABLE, 4, 0.9, 600)
+        .holding(2, CHURNY, 2, 0.9, 3600);
+    scenario.config.max_transient = 4;
+    let decision = scenario.decide(&model);
+    assert_eq!(decision.release, vec![2], "{decision:?}");
+    assert!(decision.shrink.is_empty(), "{decision:?}");
 }

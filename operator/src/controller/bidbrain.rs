@@ -598,7 +598,13 @@ pub fn decide_on(
             continue;
         }
         let key = pool_key(&grid.pools[allocation.pool], allocation.capacity);
-        *counts.entry(key.clone()).or_default() += allocation.count;
+        let cut: u32 = decision
+            .shrink
+            .iter()
+            .filter(|s| s.id == allocation.id)
+            .map(|s| s.count)
+            .sum();
+        *counts.entry(key.clone()).or_default() += allocation.count.saturating_sub(cut);
         // an instance launched for this pool without a new acquisition (a replacement) bids
         // the job's cap, not the held ones' bid: that was near the price of its day
         if allocation.capacity == market::CapacityType::Spot
@@ -632,28 +638,10 @@ pub fn decide_on(
         }
     };
 
-    // the spec's upper bound on what is held (the bidder buys within it, but a lowered
-    // maxNodes leaves more held than it allows)
-    let spec = &job.spec.transient;
-    let mut total: u32 = counts.values().sum();
-    while total > spec.max_nodes {
-        let dearest = counts
-            .keys()
-            .max_by(|a, b| {
-                let price = |k: &PoolKey| {
-                    index
-                        .get(k)
-                        .and_then(|(pool, _)| grid.price(*pool, slot))
-                        .unwrap_or(f64::INFINITY)
-                };
-                price(a).total_cmp(&price(b))
-            })
-            .cloned()
-            .expect("counts is not empty while total > 0");
-        let count = counts.get_mut(&dearest).expect("key from counts");
-        let cut = (*count).min(total - spec.max_nodes);
-        *count -= cut;
-        total -= cut;
+    // a lowered maxNodes is the bidder's (BidderConfig::max_transient): it released the
+    // instances dearest per work down to it, whole allocations or part of one (`shrink`), and
+    // its cost per work counts the cut
+    if decision.over_max_transient {
         reason = "MaxNodes";
     }
     counts.retain(|_, count| *count > 0);
@@ -756,6 +744,38 @@ mod tests {
         }
         let e = decision.expected_cost_per_work.expect("a model gives E");
         assert!(e.is_finite() && e > 0.0);
+    }
+
+    #[test]
+    fn a_lowered_max_nodes_is_cut_by_the_bidder_and_priced_in_its_cost_per_work() {
+        let planner = planner();
+        let first = decide(&planner, &job(0, 6), &[], "2026-11-23T10:00:00Z");
+        assert_eq!(first.total(), 6, "{first:?}");
+        let held: Vec<(PoolKey, u32)> = first.transient.clone().into_iter().collect();
+        // the user lowers maxNodes to 4 under the running job
+        let lowered = decide(&planner, &job(0, 4), &held, "2026-11-23T10:00:30Z");
+        assert_eq!(lowered.reason, "MaxNodes", "{lowered:?}");
+        assert_eq!(lowered.total(), 4, "{lowered:?}");
+        for (pool, count) in &lowered.transient {
+            assert!(
+                *count <= first.transient.get(pool).copied().unwrap_or(0),
+                "nothing is bought while over the maximum: {lowered:?}"
+            );
+        }
+        // its cost per work is that of the 4 kept: the same as the next decision's, which
+        // holds them
+        let kept: Vec<(PoolKey, u32)> = lowered.transient.clone().into_iter().collect();
+        let next = decide(&planner, &job(0, 4), &kept, "2026-11-23T10:00:30Z");
+        assert_ne!(next.reason, "MaxNodes", "{next:?}");
+        assert_eq!(next.transient, lowered.transient, "{next:?}");
+        let (e_lowered, e_next) = (
+            lowered.expected_cost_per_work.unwrap(),
+            next.expected_cost_per_work.unwrap(),
+        );
+        assert!(
+            (e_lowered - e_next).abs() <= 1e-9 * e_next,
+            "{e_lowered} against {e_next}"
+        );
     }
 
     #[test]

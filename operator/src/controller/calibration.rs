@@ -281,6 +281,11 @@ impl JobCalibration {
                             allocation: *allocation,
                         });
                         held.pop();
+                    } else {
+                        events.push(ProbeEvent::Shrunk {
+                            allocation: *allocation,
+                            count: taken,
+                        });
                     }
                 }
             }

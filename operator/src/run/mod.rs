@@ -1020,7 +1020,9 @@ impl Drive<'_> {
                 for event in &events {
                     match *event {
                         // the provisioner's business: the plan below
-                        ReplayEvent::Acquired { .. } | ReplayEvent::Released { .. } => {}
+                        ReplayEvent::Acquired { .. }
+                        | ReplayEvent::Released { .. }
+                        | ReplayEvent::Shrunk { .. } => {}
                         ReplayEvent::Notice {
                             allocation,
                             lead_seconds,
@@ -1269,6 +1271,7 @@ fn probe_event(event: &ReplayEvent) -> ProbeEvent {
             allocation, count, ..
         } => ProbeEvent::Acquired { allocation, count },
         ReplayEvent::Released { allocation } => ProbeEvent::Released { allocation },
+        ReplayEvent::Shrunk { allocation, count } => ProbeEvent::Shrunk { allocation, count },
         ReplayEvent::Notice { allocation, .. } => ProbeEvent::Notice { allocation },
         ReplayEvent::Evicted { allocation } => ProbeEvent::Evicted { allocation },
     }

@@ -29,6 +29,13 @@ pub enum ReplayEvent {
         /// Allocation id.
         allocation: u64,
     },
+    /// The bidder released `count` of the allocation's instances; the rest stay held.
+    Shrunk {
+        /// Allocation id.
+        allocation: u64,
+        /// Instances released.
+        count: u32,
+    },
     /// The provider announced it takes the allocation back at `leaves_at`.
     Notice {
         /// Allocation id.
@@ -43,6 +50,7 @@ pub enum ReplayEvent {
     },
 }
 
+#[derive(Clone)]
 struct Live {
     allocation: Allocation,
     meter: Meter,
@@ -225,6 +233,22 @@ impl<'a> MarketReplay<'a> {
                 if let Some(i) = self.live.iter().position(|l| l.allocation.id == *id) {
                     self.close(i, EndReason::Released);
                     events.push(ReplayEvent::Released { allocation: *id });
+                }
+            }
+            for cut in &decision.shrink {
+                if let Some(index) = self.live.iter().position(|l| l.allocation.id == cut.id) {
+                    let count = cut.count.min(self.live[index].allocation.count);
+                    // the released part is charged as a live allocation of its own, closed now
+                    let mut part = self.live[index].clone();
+                    part.allocation.count = count;
+                    self.live[index].allocation.count -= count;
+                    self.live.push(part);
+                    let last = self.live.len() - 1;
+                    self.close(last, EndReason::Released);
+                    events.push(ReplayEvent::Shrunk {
+                        allocation: cut.id,
+                        count,
+                    });
                 }
             }
             for request in decision.acquire {

@@ -514,6 +514,7 @@ fn on_demand_only(ctx: &Context<'_>, hours: f64) -> RunResult {
 }
 
 /// A running allocation in the simulator.
+#[derive(Clone)]
 struct Live {
     allocation: Allocation,
     meter: Meter,
@@ -691,6 +692,15 @@ fn simulate(
                 for id in &decision.release {
                     if let Some(i) = live.iter().position(|l| l.allocation.id == *id) {
                         ledger.close(live.swap_remove(i), EndReason::Released);
+                    }
+                }
+                for cut in &decision.shrink {
+                    if let Some(held) = live.iter_mut().find(|l| l.allocation.id == cut.id) {
+                        let count = cut.count.min(held.allocation.count);
+                        let mut part = held.clone();
+                        part.allocation.count = count;
+                        held.allocation.count -= count;
+                        ledger.close(part, EndReason::Released);
                     }
                 }
                 for request in decision.acquire {
