@@ -99,6 +99,8 @@ pub struct Connection {
     /// The hello is out and its welcome not read yet: the next read takes it first, so a
     /// request can follow the hello without waiting a round trip for the welcome.
     welcome_pending: bool,
+    /// The [`Severance`] that can cut this connection, while it is open.
+    watched: Option<Watch>,
 }
 
 impl Connection {
@@ -142,6 +144,7 @@ impl Connection {
             body: Vec::new(),
             max_frame_bytes,
             welcome_pending: true,
+            watched: None,
         };
         connection.send(&Message::Hello { secret, node })?;
         connection.flush()?;
@@ -245,6 +248,88 @@ impl Connection {
         crate::server::warm_vec(&mut self.out, bytes);
         crate::server::warm_vec(&mut self.body, bytes);
         Ok(())
+    }
+}
+
+/// Connections that can be cut from another thread: a worker blocked on a request to a peer
+/// that hangs (a stopped process, a frozen VM: its kernel keeps the connection open and answers
+/// nothing) waits out its read timeout, and nothing else reaches it. [`Severance::sever`] shuts
+/// down every connection watched, so such a read fails at once; connections watched afterwards
+/// are cut as they are watched. A worker pool's transports are watched by the pool's severance,
+/// which an abandoned segment's node severs when its workers do not stop
+/// (`control::Agent`, [`ControlRequest::Abandon`](crate::control::ControlRequest::Abandon)).
+#[derive(Debug, Default)]
+pub struct Severance {
+    /// A duplicate of each watched connection's socket, by watch id, and the next id.
+    streams: parking_lot::Mutex<(u64, std::collections::BTreeMap<u64, TcpStream>)>,
+    severed: std::sync::atomic::AtomicBool,
+}
+
+/// A connection's entry in a [`Severance`]: dropped with the connection, which closes the
+/// duplicate socket (so the connection really closes).
+#[derive(Debug)]
+struct Watch {
+    set: Arc<Severance>,
+    id: u64,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.set.streams.lock().1.remove(&self.id);
+    }
+}
+
+impl Severance {
+    /// Watches `connection` (once; a connection watched by another severance moves here).
+    pub fn watch(self: &Arc<Self>, connection: &mut Connection) -> Result<(), ClientError> {
+        if connection
+            .watched
+            .as_ref()
+            .is_some_and(|w| Arc::ptr_eq(&w.set, self))
+        {
+            return Ok(());
+        }
+        let addr = connection.addr;
+        let duplicate = connection
+            .writer
+            .get_ref()
+            .try_clone()
+            .map_err(|source| ClientError::Exchange { addr, source })?;
+        let mut streams = self.streams.lock();
+        if self.severed.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = duplicate.shutdown(std::net::Shutdown::Both);
+        }
+        let id = streams.0;
+        streams.0 += 1;
+        streams.1.insert(id, duplicate);
+        drop(streams);
+        connection.watched = Some(Watch {
+            set: self.clone(),
+            id,
+        });
+        Ok(())
+    }
+
+    /// Shuts down every connection watched (and every one watched from now on); returns how
+    /// many were open.
+    pub fn sever(&self) -> usize {
+        let streams = self.streams.lock();
+        self.severed
+            .store(true, std::sync::atomic::Ordering::Release);
+        for stream in streams.1.values() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        streams.1.len()
+    }
+
+    /// How many connections are watched now.
+    pub fn len(&self) -> usize {
+        self.streams.lock().1.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -385,6 +470,8 @@ pub(crate) struct RemoteTransport {
     config: ClientConfig,
     /// The worker this transport serves and where its pre-opened connections wait.
     pre_opened: Option<(u32, Arc<PreOpened>)>,
+    /// Watches every connection the transport holds (its worker pool's).
+    severance: Option<Arc<Severance>>,
 }
 
 impl RemoteTransport {
@@ -394,22 +481,25 @@ impl RemoteTransport {
         addrs: &NodeAddrs,
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
-        Self::connect_as(map, addrs, config, None)
+        Self::connect_as(map, addrs, config, None, None)
     }
 
     /// [`RemoteTransport::connect`] for worker `worker`, taking the connections pre-opened for
-    /// it from `pre_opened` (now and at every retarget) instead of connecting.
+    /// it from `pre_opened` (now and at every retarget) instead of connecting, every
+    /// connection it holds watched by `severance`.
     pub(crate) fn connect_as(
         map: &PartitionMap,
         addrs: &NodeAddrs,
         config: &ClientConfig,
         pre_opened: Option<(u32, Arc<PreOpened>)>,
+        severance: Option<Arc<Severance>>,
     ) -> Result<Self, ClientError> {
         let mut transport = Self {
             connections: Vec::new(),
             routes: Vec::new(),
             config: config.clone(),
             pre_opened,
+            severance,
         };
         transport.retarget(map, addrs)?;
         Ok(transport)
@@ -445,7 +535,7 @@ impl RemoteTransport {
                 let (worker, stash) = self.pre_opened.as_ref()?;
                 stash.take(*worker, addr)
             };
-            connections.push(match kept.or_else(pre_opened) {
+            let mut connection = match kept.or_else(pre_opened) {
                 Some(connection) => connection,
                 None => Connection::open(
                     addr,
@@ -454,7 +544,11 @@ impl RemoteTransport {
                     self.config.max_frame_bytes,
                     self.config.timeout,
                 )?,
-            });
+            };
+            if let Some(severance) = &self.severance {
+                severance.watch(&mut connection)?;
+            }
+            connections.push(connection);
         }
         // Every new connection's hello is out; its welcome is read before its first answer, so
         // the requests that follow (registrations) go out without waiting a round trip for it.
@@ -720,13 +814,15 @@ mod tests {
 
         // Another worker's transport does not take it.
         let other =
-            RemoteTransport::connect_as(&map, &addrs, &config, Some((1, stash.clone()))).unwrap();
+            RemoteTransport::connect_as(&map, &addrs, &config, Some((1, stash.clone())), None)
+                .unwrap();
         assert_eq!(stash.len(), 1);
         assert!(other.connections[0].welcome_pending, "connected on its own");
 
         // Worker 0's does, and it serves at once (welcomed, buffers sized).
         let mut own =
-            RemoteTransport::connect_as(&map, &addrs, &config, Some((0, stash.clone()))).unwrap();
+            RemoteTransport::connect_as(&map, &addrs, &config, Some((0, stash.clone())), None)
+                .unwrap();
         assert!(stash.is_empty());
         let connection = &own.connections[0];
         assert!(!connection.welcome_pending);
@@ -768,5 +864,95 @@ mod tests {
         let error = stranger.register_all(0, &batch).unwrap_err().to_string();
         assert!(error.contains(&server.addr.to_string()), "{error}");
         server.stop(runtime.handle());
+    }
+}
+
+#[cfg(test)]
+mod severance_tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A peer that accepts and then answers nothing, like a stopped process whose kernel keeps
+    /// the connection: each accepted socket is sent back for the test to watch.
+    fn silent_peer() -> (SocketAddr, std::sync::mpsc::Receiver<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (send, accepted) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if send.send(stream.unwrap()).is_err() {
+                    return;
+                }
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn open(addr: SocketAddr) -> Connection {
+        Connection::open(addr, b"s", 1, 1 << 20, Duration::from_secs(60)).unwrap()
+    }
+
+    /// Reads from the peer's side until the client's socket closes (EOF or a reset).
+    fn closed_by_client(mut peer: TcpStream) -> bool {
+        peer.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue, // the hello
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_blocked_on_a_silent_peer_fails_once_severed() {
+        let (addr, accepted) = silent_peer();
+        let severance = Arc::new(Severance::default());
+        let mut connection = open(addr);
+        severance.watch(&mut connection).unwrap();
+        severance.watch(&mut connection).unwrap();
+        assert_eq!(severance.len(), 1, "watched once");
+        let _peer = accepted.recv().unwrap();
+        let (done, result) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            // the welcome never comes: blocked for the 60 s read timeout unless severed
+            let outcome = connection.recv().map(|_| ()).map_err(|e| e.to_string());
+            let _ = done.send((outcome, started.elapsed()));
+        });
+        assert_eq!(severance.sever(), 1);
+        let (outcome, after) = result
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the blocked read ended");
+        let error = outcome.expect_err("a severed read fails");
+        assert!(error.contains("exchanging frames"), "{error}");
+        assert!(after < Duration::from_secs(20), "{after:?}");
+        // the connection is gone with its thread, and so is its entry
+        assert!(severance.is_empty());
+
+        // a connection watched after the sever is cut as it is watched
+        let mut late = open(addr);
+        severance.watch(&mut late).unwrap();
+        assert!(late.recv().is_err());
+    }
+
+    #[test]
+    fn a_watched_connection_dropped_really_closes() {
+        let (addr, accepted) = silent_peer();
+        let severance = Arc::new(Severance::default());
+        let mut connection = open(addr);
+        severance.watch(&mut connection).unwrap();
+        let peer = accepted.recv().unwrap();
+        drop(connection);
+        // the severance's duplicate went with it: the peer sees the close
+        assert!(severance.is_empty());
+        assert!(closed_by_client(peer), "the socket stayed open");
+        assert_eq!(severance.sever(), 0);
     }
 }

@@ -35,7 +35,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, TableSpec};
-use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs, PreOpened};
+use crate::client::{ClientConfig, ClientError, Connection, NodeAddrs, PreOpened, Severance};
 use crate::elastic::{
     Fleet, FleetError, Interrupt, Layout, Salvage, SegmentOutcome, SegmentSpec, ShardLoads,
 };
@@ -331,6 +331,8 @@ struct Running {
     shards: ShardLoads,
     /// Pre-opened connections taken before it started (the node's counter).
     taken_before: u64,
+    /// Cuts its workers' connections (an abandon whose workers do not stop).
+    severance: Arc<Severance>,
 }
 
 /// What a node's background BackupPS copies read of the running (or last) segment.
@@ -527,6 +529,7 @@ impl<A: App> Agent<A> {
         let taken_before = self.pre_opened.taken();
         let gate = Arc::new(ClockGate::range(order.first, order.end));
         let shards;
+        let severance;
         {
             let pool = self.pool.lock().clone();
             let mut pool = pool.lock();
@@ -553,6 +556,7 @@ impl<A: App> Agent<A> {
                     preloaded.lock().remove(&worker)
                 })
                 .map_err(|e| e.to_string())?;
+            severance = pool.severance();
             shards = ShardLoads {
                 built: started - from_preloaded,
                 preloaded: from_preloaded,
@@ -614,6 +618,7 @@ impl<A: App> Agent<A> {
             result,
             shards,
             taken_before,
+            severance,
         });
         Ok(())
     }
@@ -885,7 +890,8 @@ impl<A: App> NodeAgent for Agent<A> {
                 if let Some(running) = running {
                     // No clock starts any more and every wait fails: the workers stop soon,
                     // unless one is blocked on a node that hangs (it answers nothing and closes
-                    // nothing). Such a segment keeps its pool until its reads time out; the
+                    // nothing). Such a segment's pool is left behind, its workers' connections
+                    // cut so that their reads fail now rather than at the read timeout; the
                     // next segment starts on a fresh pool (the workers rebuild their shards).
                     running.gate.end_at(0);
                     let grace = ABANDON_GRACE.min(self.job.wait_timeout);
@@ -893,10 +899,25 @@ impl<A: App> NodeAgent for Agent<A> {
                         running.result.recv_timeout(grace)
                     {
                         *self.pool.lock() = Arc::new(Mutex::new(None));
+                        let severed = running.severance.sever();
                         tracing::warn!(
                             grace_ms = grace.as_millis() as u64,
-                            "the abandoned segment did not stop: its workers are left behind"
+                            severed,
+                            "the abandoned segment did not stop: its workers are left behind, their connections severed"
                         );
+                        self.metrics.connections_severed.inc_by(severed as u64);
+                        std::thread::Builder::new()
+                            .name("left-behind".into())
+                            .spawn(move || {
+                                let started = Instant::now();
+                                // ends when the segment does (its result or its thread gone)
+                                let _ = running.result.recv();
+                                tracing::warn!(
+                                    after_ms = started.elapsed().as_millis() as u64,
+                                    "the left-behind segment stopped"
+                                );
+                            })
+                            .ok();
                     }
                 }
                 tracing::warn!(dropped, "state abandoned: the job rolls back");

@@ -54,6 +54,9 @@ pub struct RuntimeMetrics {
     /// outcome (`opened`; `taken` by the worker at the switch; `closed` unused, the node having
     /// left or the run ended first).
     pub pre_opened_connections: IntCounterVec,
+    /// Workers' connections cut because an abandoned segment's workers did not stop (one was
+    /// blocked on a peer that hangs): their reads fail at once instead of at the read timeout.
+    pub connections_severed: IntCounter,
     /// Parameter bytes (row values) of background BackupPS copies, by kind (`whole` images,
     /// coalesced `delta`s): received from node processes, or what an in-process fleet's nodes
     /// would send (its bandwidth model is charged the same).
@@ -172,6 +175,11 @@ impl RuntimeMetrics {
                 ),
                 &["outcome"],
             )?,
+            connections_severed: IntCounter::new(
+                "ebbflow_runtime_connections_severed_total",
+                "workers' connections cut because an abandoned segment's workers did not stop \
+                 (blocked on a peer that hangs)",
+            )?,
             backup_copy_bytes: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_backup_copy_bytes_total",
@@ -202,6 +210,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.transient_nodes_added.clone()))?;
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.pre_opened_connections.clone()))?;
+        registry.register(Box::new(metrics.connections_severed.clone()))?;
         registry.register(Box::new(metrics.backup_copy_bytes.clone()))?;
         registry.register(Box::new(metrics.backup_copy_images.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::app::{App, AppWorker, TableSpec, WorkingSet, validate_tables};
-use crate::client::{ClientConfig, NodeAddrs, PreOpened, RemoteTransport, fetch_snapshot};
+use crate::client::{
+    ClientConfig, NodeAddrs, PreOpened, RemoteTransport, Severance, fetch_snapshot,
+};
 use crate::local::{RunError, RunReport, validate_config};
 use crate::metrics::RuntimeMetrics;
 use crate::partition::{NodeId, PartitionMap};
@@ -352,6 +354,9 @@ pub struct WorkerPool {
     /// Connections opened for the pool's workers ahead of a switch (none: workers connect
     /// when a segment needs a server).
     pre_opened: Option<Arc<PreOpened>>,
+    /// Watches every connection the workers' transports hold: severed, a worker blocked on a
+    /// hung peer fails at once instead of at its read timeout.
+    severance: Arc<Severance>,
 }
 
 /// One thread of a [`WorkerPool`].
@@ -460,6 +465,7 @@ impl WorkerPool {
             nodes: parking_lot::Mutex::new(BTreeMap::new()),
             segments: std::sync::atomic::AtomicU64::new(0),
             pre_opened: None,
+            severance: Arc::default(),
         }
     }
 
@@ -468,6 +474,11 @@ impl WorkerPool {
     pub fn with_pre_opened(mut self, stash: Arc<PreOpened>) -> Self {
         self.pre_opened = Some(stash);
         self
+    }
+
+    /// What cuts every connection of the pool's workers ([`Severance::sever`]).
+    pub fn severance(&self) -> Arc<Severance> {
+        self.severance.clone()
     }
 
     /// The logical workers held, ascending.
@@ -545,6 +556,7 @@ impl WorkerPool {
             working_set.clone(),
         );
         let pre_opened = self.pre_opened.clone().map(|stash| (worker, stash));
+        let severance = self.severance.clone();
         let thread = std::thread::Builder::new()
             .name(format!("worker-{worker}"))
             .spawn(move || {
@@ -593,6 +605,7 @@ impl WorkerPool {
                                         &plan.addrs,
                                         &client,
                                         pre_opened.clone(),
+                                        Some(severance.clone()),
                                     )
                                     .map_err(|e| fail(e.into()))?,
                                 );
