@@ -316,6 +316,35 @@ fn wait_exit(child: &mut Child, within: Duration) -> (ExitStatus, String) {
     }
 }
 
+/// Waits for the surviving nodes to exit successfully. A survivor whose workers were blocked on
+/// a lost node that hangs left them behind at the abandon; their connections were severed, so
+/// they stopped then, not at the read timeout (10 minutes, long after these jobs end).
+fn survivors_exit(children: &mut [&mut Child]) {
+    let mut left_behind = 0;
+    for child in children.iter_mut() {
+        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
+        assert!(exit.success(), "{exit:?} {stderr}");
+        if stderr.contains("left behind") {
+            left_behind += 1;
+            assert!(
+                stderr.contains("connections severed")
+                    && stderr.contains("the left-behind segment stopped"),
+                "{stderr}"
+            );
+            for line in stderr
+                .lines()
+                .filter(|l| l.contains("left-behind segment stopped"))
+            {
+                eprintln!("{line}");
+            }
+        }
+    }
+    eprintln!(
+        "survivors that left workers behind: {left_behind} of {}",
+        children.len()
+    );
+}
+
 fn assert_exact(report: &ElasticReport) {
     let wrong = report
         .run
@@ -450,29 +479,7 @@ fn a_notice_too_late_rolls_back_and_stays_exact() {
         "one loss, one rollback: {:?}",
         report.segments
     );
-    let mut left_behind = 0;
-    for child in [&mut r0, &mut t1, &mut t2] {
-        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
-        assert!(exit.success(), "{exit:?} {stderr}");
-        // A survivor whose workers were blocked on the stopped node left them behind at the
-        // abandon; their connections were severed, so they stopped then, not at the read
-        // timeout (10 minutes, long after this job ended).
-        if stderr.contains("left behind") {
-            left_behind += 1;
-            assert!(
-                stderr.contains("connections severed")
-                    && stderr.contains("the left-behind segment stopped"),
-                "{stderr}"
-            );
-            for line in stderr
-                .lines()
-                .filter(|l| l.contains("left-behind segment stopped"))
-            {
-                eprintln!("{line}");
-            }
-        }
-    }
-    eprintln!("survivors that left workers behind: {left_behind} of 3");
+    survivors_exit(&mut [&mut r0, &mut t1, &mut t2]);
 }
 
 #[test]
@@ -567,29 +574,7 @@ fn a_hung_serving_node_is_found_by_heartbeat_rolled_back_and_fenced_when_it_resu
         .find(|f| f.name() == "ebbflow_runtime_heartbeat_failures_total")
         .map(|f| f.get_metric()[0].get_counter().get_value());
     assert_eq!(exported, Some(1.0));
-    let mut left_behind = 0;
-    for child in [&mut r0, &mut t1, &mut t2] {
-        let (exit, stderr) = wait_exit(child, Duration::from_secs(10));
-        assert!(exit.success(), "{exit:?} {stderr}");
-        // A survivor whose workers were blocked on the stopped node left them behind at the
-        // abandon; their connections were severed, so they stopped then, not at the read
-        // timeout (10 minutes, long after this job ended).
-        if stderr.contains("left behind") {
-            left_behind += 1;
-            assert!(
-                stderr.contains("connections severed")
-                    && stderr.contains("the left-behind segment stopped"),
-                "{stderr}"
-            );
-            for line in stderr
-                .lines()
-                .filter(|l| l.contains("left-behind segment stopped"))
-            {
-                eprintln!("{line}");
-            }
-        }
-    }
-    eprintln!("survivors that left workers behind: {left_behind} of 3");
+    survivors_exit(&mut [&mut r0, &mut t1, &mut t2]);
 }
 
 fn reliable(status: &StatusResponse) -> u32 {
