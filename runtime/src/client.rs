@@ -924,7 +924,9 @@ mod severance_tests {
         std::thread::spawn(move || {
             // the welcome never comes: blocked for the 60 s read timeout unless severed
             let outcome = connection.recv().map(|_| ()).map_err(|e| e.to_string());
-            let _ = done.send((outcome, started.elapsed()));
+            let after = started.elapsed();
+            drop(connection);
+            let _ = done.send((outcome, after));
         });
         assert_eq!(severance.sever(), 1);
         let (outcome, after) = result
