@@ -125,6 +125,13 @@ pub struct BidderConfig {
     /// Measured throughput against the transient:reliable ratio (a calibration file); `None`:
     /// the application model's linear φ term.
     pub throughput: Option<ThroughputTable>,
+    /// Renewal (default): a spot allocation expected to be evicted inside the window is valued
+    /// as renewed on the same terms until the window ends (`window / E[up]` lives, σ for each
+    /// after the first, λ for each expected eviction), since the bidder decides again at every
+    /// eviction. `false`: eq. 4.2's single window, where an allocation evicted early is worth
+    /// nothing for the rest of it while the reliable tier is still paid, which undervalues short
+    /// refundable rides (docs/bidder.md, "Renewal").
+    pub renewal: bool,
 }
 
 impl Default for BidderConfig {
@@ -138,6 +145,7 @@ impl Default for BidderConfig {
             max_price_cap: None,
             min_improvement: 0.005,
             throughput: None,
+            renewal: true,
         }
     }
 }
@@ -293,6 +301,8 @@ struct Term {
     rate: f64,
     /// Probability it survives the window (1 − β).
     survive: f64,
+    /// Expected evictions in the window.
+    events: f64,
     /// Instances.
     count: f64,
     /// USD per hour at current prices (budget checks).
@@ -308,6 +318,7 @@ struct Footprint {
     work: f64,
     rate: f64,
     survive: f64,
+    events: f64,
     transient: f64,
     spend_per_hour: f64,
     expected_rate: f64,
@@ -320,6 +331,7 @@ impl Footprint {
             work: 0.0,
             rate: 0.0,
             survive: 1.0,
+            events: 0.0,
             transient: 0.0,
             spend_per_hour: 0.0,
             expected_rate: 0.0,
@@ -331,6 +343,7 @@ impl Footprint {
         self.work += term.work;
         self.rate += term.rate;
         self.survive *= term.survive;
+        self.events += term.events;
         self.transient += term.count;
         self.spend_per_hour += term.spend_per_hour;
         self.expected_rate += term.expected_rate;
@@ -401,16 +414,27 @@ impl Bidder<'_> {
                 }
             }
         };
-        let useful = if adding {
-            (uptime - input.app.sigma_seconds).max(0.0)
+        let cycles = if self.config.renewal
+            && capacity == CapacityType::Spot
+            && uptime > 0.0
+            && uptime < horizon
+        {
+            horizon / uptime
         } else {
-            uptime
+            1.0
+        };
+        let fresh = (uptime - input.app.sigma_seconds).max(0.0);
+        let useful = if adding {
+            cycles * fresh
+        } else {
+            uptime + (cycles - 1.0) * fresh
         };
         Some(Term {
-            cost: count * charge,
+            cost: count * charge * cycles,
             work: count * rate_each * useful,
             rate: count * rate_each,
             survive: 1.0 - beta,
+            events: beta * cycles,
             count,
             spend_per_hour: count * price,
             expected_rate: count * rate_each * useful / horizon.max(1.0),
@@ -437,6 +461,7 @@ impl Bidder<'_> {
             work: 0.0,
             rate: 0.0,
             survive: 1.0,
+            events: 0.0,
             count: 0.0,
             spend_per_hour: 0.0,
             expected_rate: 0.0,
@@ -482,7 +507,12 @@ impl Bidder<'_> {
         let share = self.efficiency(input, footprint).transient;
         let reliable_rate = self.reliable_rate(input, footprint);
         let cost = footprint.cost + f64::from(reliable.count) * reliable.usd_hr * window / 3600.0;
-        let lambda_loss = (1.0 - footprint.survive) * input.app.lambda_seconds;
+        let events = if self.config.renewal {
+            footprint.events
+        } else {
+            1.0 - footprint.survive
+        };
+        let lambda_loss = events * input.app.lambda_seconds;
         let work = footprint.work * share + reliable_rate * window
             - (footprint.rate * share + reliable_rate) * lambda_loss;
         (cost, work.max(0.0))

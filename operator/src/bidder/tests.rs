@@ -644,3 +644,20 @@ fn a_lowered_maximum_cuts_the_dearest_per_work_first() {
     assert_eq!(decision.release, vec![2], "{decision:?}");
     assert!(decision.shrink.is_empty(), "{decision:?}");
 }
+
+#[test]
+fn renewal_values_a_short_refunded_ride_as_the_bidder_will_renew_it() {
+    let model = eviction_model();
+    // under `aws` the churny pool (up 30 minutes, down 10) is interrupted within its first
+    // hour, so it is free; the stable pool is paid, at 0.4 of its price. Single window: the
+    // churny allocation is gone for the last part of the hour while the reliable node is still
+    // paid, and the stable pool wins; renewed, the free rides do.
+    let mut scenario = Scenario::new(BillingModel::Aws)
+        .price(CHURNY, Some(0.3), true)
+        .price(STABLE, Some(0.12), true);
+    let renewed = scenario.decide(&model);
+    scenario.config.renewal = false;
+    let one_window = scenario.decide(&model);
+    assert_eq!(one_window.acquire[0].pool, STABLE, "{one_window:?}");
+    assert_eq!(renewed.acquire[0].pool, CHURNY, "{renewed:?}");
+}

@@ -52,6 +52,11 @@ pub struct SimulateArgs {
     /// measured throughput-vs-ratio table replaces the linear φ term (docs/bidder.md).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Score BidBrain's allocations over one window without renewal, as eq. 4.2 does (an
+    /// allocation evicted inside the window is worth nothing for the rest of it): the model
+    /// before 2026-11-27, for comparison (docs/bidder.md, "Renewal").
+    #[arg(long)]
+    pub single_window: bool,
 }
 
 /// Errors of `ebbflow simulate`.
@@ -219,6 +224,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
     if let Some(threads) = args.threads {
         config.threads = threads;
     }
+    config.bidder.renewal = !args.single_window;
     let total = (config.starts * config.job_hours.len() * super::Strategy::ALL.len()) as u64;
     let bar = ProgressBar::new(total);
     if let Ok(style) = ProgressStyle::with_template(
