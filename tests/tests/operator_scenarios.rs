@@ -581,10 +581,12 @@ async fn a_drain_cannot_evict_the_coordinator_of_a_job_without_a_checkpoint() ->
     };
     let (coordinator, spot) = (name_of("reliable")?, name_of("transient")?);
 
-    // The disruption controller has read the budget: it expects the one coordinator pod.
+    // The disruption controller has read the budget: it expects the one coordinator pod, and
+    // counts it healthy once kwok has made it ready (a clean-clone CI run read the budget
+    // between the two: expected 1, healthy 0).
     let budget_name = format!("{job}-coordinator");
     let budget = poll_until(
-        "the coordinator's disruption budget, observed",
+        "the coordinator's disruption budget, observed with its pod healthy",
         Duration::from_secs(60),
         || async {
             let Some(budget) = budgets.get_opt(&budget_name).await? else {
@@ -592,7 +594,10 @@ async fn a_drain_cannot_evict_the_coordinator_of_a_job_without_a_checkpoint() ->
             };
             let status = budget.status.clone().unwrap_or_default();
             let observed = status.observed_generation == budget.metadata.generation;
-            Ok((observed && status.expected_pods == 1).then_some(budget))
+            Ok(
+                (observed && status.expected_pods == 1 && status.current_healthy == 1)
+                    .then_some(budget),
+            )
         },
     )
     .await?;
