@@ -271,6 +271,19 @@ pub struct Decision {
     pub over_max_transient: bool,
 }
 
+impl Decision {
+    /// Instances of `allocation` the decision keeps: none if it releases it, else what a
+    /// shrink leaves.
+    pub fn kept(&self, allocation: &Allocation) -> u32 {
+        if self.release.contains(&allocation.id) {
+            return 0;
+        }
+        allocation
+            .count
+            .saturating_sub(shrunk(&self.shrink, allocation.id))
+    }
+}
+
 /// Inputs of one decision.
 #[derive(Clone, Copy, Debug)]
 pub struct BidderInput<'a> {

@@ -598,13 +598,7 @@ pub fn decide_on(
             continue;
         }
         let key = pool_key(&grid.pools[allocation.pool], allocation.capacity);
-        let cut: u32 = decision
-            .shrink
-            .iter()
-            .filter(|s| s.id == allocation.id)
-            .map(|s| s.count)
-            .sum();
-        *counts.entry(key.clone()).or_default() += allocation.count.saturating_sub(cut);
+        *counts.entry(key.clone()).or_default() += decision.kept(allocation);
         // an instance launched for this pool without a new acquisition (a replacement) bids
         // the job's cap, not the held ones' bid: that was near the price of its day
         if allocation.capacity == market::CapacityType::Spot
