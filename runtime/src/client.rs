@@ -260,9 +260,18 @@ impl Connection {
 /// (`control::Agent`, [`ControlRequest::Abandon`](crate::control::ControlRequest::Abandon)).
 #[derive(Debug, Default)]
 pub struct Severance {
-    /// A duplicate of each watched connection's socket, by watch id, and the next id.
-    streams: parking_lot::Mutex<(u64, std::collections::BTreeMap<u64, TcpStream>)>,
-    severed: std::sync::atomic::AtomicBool,
+    watched: parking_lot::Mutex<Watched>,
+}
+
+/// What a [`Severance`] holds, under one lock.
+#[derive(Debug, Default)]
+struct Watched {
+    /// A duplicate of each watched connection's socket, by watch id.
+    streams: std::collections::BTreeMap<u64, TcpStream>,
+    /// The next watch id.
+    next: u64,
+    /// Set once severed: connections watched from then on are cut as they are watched.
+    severed: bool,
 }
 
 /// A connection's entry in a [`Severance`]: dropped with the connection, which closes the
@@ -275,7 +284,7 @@ struct Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.set.streams.lock().1.remove(&self.id);
+        self.set.watched.lock().streams.remove(&self.id);
     }
 }
 
@@ -295,14 +304,14 @@ impl Severance {
             .get_ref()
             .try_clone()
             .map_err(|source| ClientError::Exchange { addr, source })?;
-        let mut streams = self.streams.lock();
-        if self.severed.load(std::sync::atomic::Ordering::Acquire) {
+        let mut watched = self.watched.lock();
+        if watched.severed {
             let _ = duplicate.shutdown(std::net::Shutdown::Both);
         }
-        let id = streams.0;
-        streams.0 += 1;
-        streams.1.insert(id, duplicate);
-        drop(streams);
+        let id = watched.next;
+        watched.next += 1;
+        watched.streams.insert(id, duplicate);
+        drop(watched);
         connection.watched = Some(Watch {
             set: self.clone(),
             id,
@@ -313,18 +322,17 @@ impl Severance {
     /// Shuts down every connection watched (and every one watched from now on); returns how
     /// many were open.
     pub fn sever(&self) -> usize {
-        let streams = self.streams.lock();
-        self.severed
-            .store(true, std::sync::atomic::Ordering::Release);
-        for stream in streams.1.values() {
+        let mut watched = self.watched.lock();
+        watched.severed = true;
+        for stream in watched.streams.values() {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
-        streams.1.len()
+        watched.streams.len()
     }
 
     /// How many connections are watched now.
     pub fn len(&self) -> usize {
-        self.streams.lock().1.len()
+        self.watched.lock().streams.len()
     }
 
     /// Whether none is.
