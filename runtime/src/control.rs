@@ -1236,6 +1236,18 @@ pub struct ProcessFleet {
     bystanders: BTreeSet<NodeId>,
     /// Bystanders lost in the last segment, not reported yet ([`Fleet::departed`]).
     departed: Vec<NodeId>,
+    /// Where the running segment's partitions and workers are, for the coordinator's status.
+    placement: Arc<Mutex<Placement>>,
+}
+
+/// Who serves each partition and runs the logical workers in the running segment, by node
+/// name: what the elastic coordinator's `/status` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Per partition, in partition order: its owner's name and epoch.
+    pub partitions: Vec<(String, u64)>,
+    /// Logical workers per node name (nodes that run none are absent).
+    pub workers: BTreeMap<String, u32>,
 }
 
 /// A node's part of a background copy: per partition its image, whole (`None`) or a
@@ -1444,7 +1456,36 @@ impl ProcessFleet {
             largest_image_bytes: 0,
             bystanders: BTreeSet::new(),
             departed: Vec::new(),
+            placement: Arc::default(),
         }
+    }
+
+    /// Publishes where each segment's partitions and workers are on `placement` (cleared while
+    /// nothing is placed: between a loss and its rollback, and after the run).
+    pub fn with_placement(mut self, placement: Arc<Mutex<Placement>>) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Publishes the running segment's placement: partitions as in `map`, workers as assigned.
+    fn publish_placement(&self, map: &PartitionMap) {
+        let name = |node: NodeId| {
+            self.links
+                .get(&node)
+                .map_or_else(|| format!("node-{node}"), |l| l.name.clone())
+        };
+        let mut workers: BTreeMap<String, u32> = BTreeMap::new();
+        for node in self.assignment.values() {
+            *workers.entry(name(*node)).or_default() += 1;
+        }
+        *self.placement.lock() = Placement {
+            partitions: map
+                .entries()
+                .iter()
+                .map(|e| (name(e.owner), e.epoch))
+                .collect(),
+            workers,
+        };
     }
 
     /// Copies to the BackupPSs at boundaries every `backup_every` clocks instead of in the
@@ -1970,6 +2011,7 @@ impl Fleet for ProcessFleet {
     }
 
     fn abandon_all(&mut self) {
+        *self.placement.lock() = Placement::default();
         let nodes: Vec<(NodeId, SocketAddr)> =
             self.links.iter().map(|(id, l)| (*id, l.addr)).collect();
         for (node, answer) in self.broadcast(&nodes, &ControlRequest::Abandon) {
@@ -2000,6 +2042,7 @@ impl Fleet for ProcessFleet {
             &[]
         };
         self.assign(&spec.worker_nodes);
+        self.publish_placement(&spec.map);
         let owners: Vec<(NodeId, u64)> = spec
             .map
             .entries()
@@ -2284,6 +2327,7 @@ impl Fleet for ProcessFleet {
     }
 
     fn finish(&mut self) {
+        *self.placement.lock() = Placement::default();
         let nodes: Vec<NodeId> = self.links.keys().copied().collect();
         for node in nodes {
             self.release(node);

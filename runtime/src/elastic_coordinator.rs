@@ -30,7 +30,7 @@ use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use ebbflow_runtime_api::{
     Ack, ElasticProgress, HeartbeatRequest, HeartbeatResponse, JobPhase, JobResult, JoinRequest,
-    JoinResponse, NodeInfo, NoticeRequest, NoticeResponse, StatusResponse,
+    JoinResponse, NodeInfo, NoticeRequest, NoticeResponse, PartitionOwner, StatusResponse,
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
@@ -75,6 +75,8 @@ pub struct ElasticService {
     registry: Registry,
     metrics: crate::metrics::RuntimeMetrics,
     heartbeats: Arc<Heartbeats>,
+    /// Where the running segment's partitions and workers are, published by the fleet.
+    placement: Arc<Mutex<crate::control::Placement>>,
 }
 
 impl ElasticService {
@@ -101,7 +103,13 @@ impl ElasticService {
             registry,
             metrics,
             heartbeats,
+            placement: Arc::default(),
         })
+    }
+
+    /// Where the fleet publishes the running segment's placement for [`Self::status`].
+    pub fn placement(&self) -> Arc<Mutex<crate::control::Placement>> {
+        self.placement.clone()
     }
 
     /// Handles a heartbeat: a member that was declared failed is told it is fenced.
@@ -359,6 +367,8 @@ impl ElasticService {
     pub fn status(&self) -> StatusResponse {
         let m = self.members.lock();
         let directory = self.directory.lock();
+        let placement = self.placement.lock().clone();
+        let index_of = |name: &str| m.nodes.iter().position(|n| n.0 == name);
         StatusResponse {
             phase: m.phase.unwrap_or(JobPhase::Joining),
             expected_nodes: self.reliable_expected,
@@ -370,13 +380,25 @@ impl ElasticService {
                     node: index as u32,
                     name: name.clone(),
                     data_addr: addr.to_string(),
-                    workers: 0,
+                    workers: placement.workers.get(name).copied().unwrap_or(0),
                     worker_base: 0,
                     finished: !directory.contains_key(name),
-                    serves: true,
+                    serves: placement.partitions.iter().any(|(owner, _)| owner == name),
                 })
                 .collect(),
-            partitions: Vec::new(),
+            // Every member stays listed once it joined, so each owner is found; were one not,
+            // no owner is shown rather than a list out of partition order.
+            partitions: placement
+                .partitions
+                .iter()
+                .map(|(owner, epoch)| {
+                    index_of(owner).map(|index| PartitionOwner {
+                        owner: index as u32,
+                        epoch: *epoch,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default(),
             notices: m
                 .notices
                 .iter()
@@ -759,7 +781,8 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     .with_heartbeats(heartbeats)
     .with_partition_bytes(partition_bytes)
     .with_background_copies(job.background_copies)
-    .with_checkpoint(writer.clone());
+    .with_checkpoint(writer.clone())
+    .with_placement(service.placement());
     let outcome =
         crate::elastic::run_elastic_on(app, &config, &[], Some(&feed), &mut fleet, metrics);
     match &outcome {

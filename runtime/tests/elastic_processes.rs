@@ -389,6 +389,24 @@ fn node_processes_join_leave_and_die_and_the_table_is_exact() {
         .progress
         .unwrap();
     assert_eq!(before.stage, 2, "4 transient : 1 reliable is stage 2");
+    // The status shows who serves what: in stage 2 the ActivePSs on transient nodes serve
+    // every partition, and the job's logical workers are all placed.
+    let placed = wait_for(&url, "the stage-2 placement in the status", |s| {
+        let transient_ids: Vec<u32> = s
+            .nodes
+            .iter()
+            .filter(|n| n.name.starts_with('t'))
+            .map(|n| n.node)
+            .collect();
+        s.partitions.len() == job.partitions as usize
+            && s.partitions
+                .iter()
+                .all(|p| transient_ids.contains(&p.owner))
+            && s.nodes.iter().map(|n| n.workers as usize).sum::<usize>() == job.workers
+    });
+    let serving = placed.nodes.iter().filter(|n| n.serves).count();
+    assert!((1..=4).contains(&serving), "{:?}", placed.nodes);
+    assert!(!placed.nodes.iter().any(|n| n.name == "r0" && n.serves));
 
     // Partial eviction with notice: SIGTERM gives t0 30 s; its partitions move to survivors and
     // the coordinator lets it go long before its deadline.
@@ -396,6 +414,11 @@ fn node_processes_join_leave_and_die_and_the_table_is_exact() {
     let (exit, stderr) = wait_exit(&mut t0, Duration::from_secs(20));
     assert!(exit.success(), "t0 released cleanly: {exit:?} {stderr}");
     wait_for(&url, "the partial eviction", |s| transient(s) == 3);
+    let t0_id = placed.nodes.iter().find(|n| n.name == "t0").unwrap().node;
+    wait_for(&url, "t0's partitions served by the survivors", |s| {
+        s.partitions.len() == job.partitions as usize
+            && s.partitions.iter().all(|p| p.owner != t0_id)
+    });
 
     // Failure without notice: t1 dies; the run rolls back to the BackupPS copy.
     let at = clock(&status(&url).unwrap());
