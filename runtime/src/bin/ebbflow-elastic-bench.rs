@@ -1,9 +1,10 @@
 //! `ebbflow-elastic-bench`: issue 4's elasticity measurements, every ratio from one run.
 //!
 //! 1. **Seed 003 fig. 4.15 at small scale**: MF (MovieLens 100K with `EBBFLOW_DATA_DIR`, else the
-//!    seeded synthetic set) on 1 reliable node; 6 transient nodes join at iteration 11 and 4 of
-//!    them leave with notice at iteration 35. Writes the time per iteration as CSV and prints the
-//!    join and eviction iterations against the median of their neighbours.
+//!    seeded synthetic set) at the seed's rank 1000 (`--rank`) on 1 reliable node; 6 transient
+//!    nodes join at iteration 11 and 4 of them leave with notice at iteration 35. Writes the time
+//!    per iteration of every run as CSV (`--csv`) and plots it as SVG (`--plot`), and prints the
+//!    join, switch and eviction iterations against the median of their neighbours.
 //! 2. **Notice to safe**: the integer-exact app with 64 MiB of parameters over 1 reliable and
 //!    4 transient nodes (stage 2, two ActivePSs); one ActivePS leaves with notice. Prints the time
 //!    from the notice until every affected partition serves from its new owner, and checks the
@@ -55,11 +56,16 @@ struct Args {
     /// figures are the median over the runs (with their range).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
-    /// Fig. 4.15 runs: MF rank (latent factors). The default is the `mf` app's; a larger rank
-    /// makes each iteration (and each partition) proportionally larger, nearer the paper's
-    /// seconds-long iterations than MovieLens 100K's milliseconds.
+    /// MF rank (latent factors). Fig. 4.15 runs at the seed's (1000, its MF on Netflix) unless
+    /// given; the stage comparison at the `mf` app's (32) unless given. A smaller rank makes
+    /// each iteration and partition proportionally smaller: at 32 an iteration takes
+    /// milliseconds, where a boundary's fixed cost is a large share of it.
     #[arg(long)]
     rank: Option<usize>,
+    /// Where to write the fig. 4.15 plot (SVG: time per iteration of every run, their median,
+    /// and where the join, the switch, the eviction and the BackupPS copies fall).
+    #[arg(long, default_value = "elastic-fig415.svg")]
+    plot: PathBuf,
     /// Parameter bytes of the notice-to-safe run (MiB).
     #[arg(long, default_value_t = 64)]
     mib: u64,
@@ -119,6 +125,149 @@ fn neighbours_median(seconds: &[f64], iteration: usize) -> f64 {
     median(&mut neighbours)
 }
 
+/// Per iteration, the median of its seconds over the runs (that reached it).
+fn per_iteration_median(runs: &[Vec<f64>]) -> Vec<f64> {
+    let longest = runs.iter().map(Vec::len).max().unwrap_or(0);
+    (0..longest)
+        .map(|i| {
+            median(
+                &mut runs
+                    .iter()
+                    .filter_map(|r| r.get(i).copied())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect()
+}
+
+/// Escapes text for SVG.
+fn xml_text(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The fig. 4.15 plot as SVG: seconds per iteration of every run (thin grey lines) and their
+/// median (a thick line), with dashed vertical lines at `marks` (iteration, label) and ticks at
+/// the BackupPS `copies`. The y axis runs to 1.5 × the highest median past iteration 0 (the
+/// first iteration pulls every row), so a single slow sample does not flatten the rest: points
+/// above it are drawn at the top edge.
+fn fig_svg(runs: &[Vec<f64>], marks: &[(usize, String)], copies: &[usize], title: &str) -> String {
+    const W: f64 = 860.0;
+    const H: f64 = 440.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const TOP: f64 = 40.0;
+    const BOTTOM: f64 = 70.0;
+    let medians = per_iteration_median(runs);
+    let n = medians.len().max(2);
+    let top = medians
+        .iter()
+        .skip(1)
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(0.0f64, f64::max)
+        * 1.5;
+    let top = if top > 0.0 { top } else { 1.0 };
+    let x = |i: usize| LEFT + (W - LEFT - RIGHT) * i as f64 / (n - 1) as f64;
+    let y = |s: f64| {
+        let s = if s.is_finite() {
+            s.clamp(0.0, top)
+        } else {
+            top
+        };
+        H - BOTTOM - (H - TOP - BOTTOM) * s / top
+    };
+    let line = |seconds: &[f64]| -> String {
+        seconds
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{:.1},{:.1}", x(i), y(*s)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+         viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
+         <text x=\"{LEFT}\" y=\"22\" font-size=\"14\">{}</text>\n",
+        xml_text(title)
+    );
+    // Axes, with five y ticks in milliseconds and an x tick every 5 iterations.
+    svg += &format!(
+        "<path d=\"M{LEFT},{TOP} V{} H{}\" stroke=\"black\" fill=\"none\"/>\n",
+        H - BOTTOM,
+        W - RIGHT
+    );
+    for k in 0..=5 {
+        let s = top * f64::from(k) / 5.0;
+        svg += &format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.1}</text>\n\
+             <line x1=\"{LEFT}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\n",
+            LEFT - 6.0,
+            y(s) + 4.0,
+            s * 1000.0,
+            W - RIGHT,
+            y(s),
+            y(s)
+        );
+    }
+    for i in (0..n).step_by(5) {
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{i}</text>\n",
+            x(i),
+            H - BOTTOM + 16.0
+        );
+    }
+    svg += &format!(
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">iteration</text>\n\
+         <text x=\"16\" y=\"{:.1}\" transform=\"rotate(-90 16 {:.1})\" \
+         text-anchor=\"middle\">ms per iteration</text>\n",
+        (LEFT + W - RIGHT) / 2.0,
+        H - BOTTOM + 34.0,
+        (TOP + H - BOTTOM) / 2.0,
+        (TOP + H - BOTTOM) / 2.0
+    );
+    for &c in copies.iter().filter(|&&c| c < n) {
+        svg += &format!(
+            "<line class=\"copy\" x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"green\"/>\n",
+            x(c),
+            x(c),
+            H - BOTTOM,
+            H - BOTTOM - 8.0
+        );
+    }
+    for (i, label) in marks.iter().filter(|(i, _)| *i < n) {
+        svg += &format!(
+            "<line class=\"mark\" x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{TOP}\" y2=\"{}\" \
+             stroke=\"#c33\" stroke-dasharray=\"4 3\"/>\n\
+             <text x=\"{:.1}\" y=\"{}\" fill=\"#c33\">{}</text>\n",
+            x(*i),
+            x(*i),
+            H - BOTTOM,
+            x(*i) + 3.0,
+            TOP + 12.0,
+            xml_text(label)
+        );
+    }
+    for run in runs {
+        svg += &format!(
+            "<polyline class=\"run\" points=\"{}\" fill=\"none\" stroke=\"#bbb\"/>\n",
+            line(run)
+        );
+    }
+    svg += &format!(
+        "<polyline class=\"median\" points=\"{}\" fill=\"none\" stroke=\"#1f4e9c\" \
+         stroke-width=\"2\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#1f4e9c\">median of the runs \
+         (grey: each run; green ticks: BackupPS copies)</text>\n</svg>\n",
+        line(&medians),
+        W - RIGHT,
+        H - 8.0
+    );
+    svg
+}
+
 /// The first clock run with transient nodes in the layout.
 fn report_switch(report: &ebbflow_runtime::elastic::ElasticReport) -> Option<usize> {
     report
@@ -128,8 +277,15 @@ fn report_switch(report: &ebbflow_runtime::elastic::ElasticReport) -> Option<usi
         .map(|segment| segment.first_clock as usize)
 }
 
-/// MF on MovieLens 100K with `--data`, else on the seeded synthetic set; and its name.
-fn mf_app(args: &Args) -> anyhow::Result<(&'static str, ebbflow_runtime::apps::mf::MfApp)> {
+/// The MF rank of the seed's experiments (MF on Netflix at rank 1000, seed 003 §4.4), fig. 4.15's.
+const PAPER_RANK: usize = 1000;
+
+/// MF on MovieLens 100K with `--data`, else on the seeded synthetic set, at `rank` (the app's
+/// own without); and its name.
+fn mf_app(
+    args: &Args,
+    rank: Option<usize>,
+) -> anyhow::Result<(&'static str, ebbflow_runtime::apps::mf::MfApp)> {
     let name = if args.data.is_some() {
         "mf"
     } else {
@@ -138,7 +294,7 @@ fn mf_app(args: &Args) -> anyhow::Result<(&'static str, ebbflow_runtime::apps::m
     let NamedApp::Mf(app) = build_named_app(name, args.data.as_deref())? else {
         bail!("{name} is not matrix factorization");
     };
-    let Some(rank) = args.rank else {
+    let Some(rank) = rank else {
         return Ok((name, app));
     };
     if rank == 0 {
@@ -157,7 +313,7 @@ fn mf_app(args: &Args) -> anyhow::Result<(&'static str, ebbflow_runtime::apps::m
 const COPY_ITERATION: usize = 20;
 
 fn fig_4_15(args: &Args) -> anyhow::Result<()> {
-    let (name, app) = mf_app(args)?;
+    let (name, app) = mf_app(args, Some(args.rank.unwrap_or(PAPER_RANK)))?;
     let clocks = 50;
     let config = ElasticConfig {
         job: JobConfig {
@@ -197,6 +353,8 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
     // Per run: join, eviction and post-copy ratios, the join iteration's extra seconds, the
     // switch iteration's ratio and extra seconds, and the switch iteration.
     let mut runs: Vec<[f64; 7]> = Vec::with_capacity(args.repeats);
+    let mut every: Vec<Vec<f64>> = Vec::with_capacity(args.repeats);
+    let mut switches: Vec<usize> = Vec::with_capacity(args.repeats);
     let mut report = None;
     for _ in 0..args.repeats {
         let run = run_elastic(&app, &config, &events, &RuntimeMetrics::unregistered())?;
@@ -213,13 +371,22 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
             stall_extra(seconds, switch),
             switch as f64,
         ]);
+        every.push(seconds.clone());
+        switches.push(switch);
         report = Some(run);
     }
     let report = report.context("at least one run")?;
     let seconds = &report.run.clock_seconds;
     let mut csv = std::fs::File::create(&args.csv)
         .with_context(|| format!("creating {}", args.csv.display()))?;
-    writeln!(csv, "iteration,seconds,stage,transient_nodes")?;
+    // seconds, stage and transient_nodes are the last run's; then the median over the runs and
+    // each run's seconds.
+    let run_columns: String = (1..=every.len()).map(|r| format!(",run_{r}")).collect();
+    writeln!(
+        csv,
+        "iteration,seconds,stage,transient_nodes,median_seconds{run_columns}"
+    )?;
+    let medians = per_iteration_median(&every);
     for (iteration, s) in seconds.iter().enumerate() {
         let segment = report
             .segments
@@ -227,12 +394,39 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
             .rev()
             .find(|seg| seg.first_clock as usize <= iteration)
             .context("every iteration belongs to a segment")?;
+        let runs: String = every
+            .iter()
+            .map(|run| {
+                run.get(iteration)
+                    .map_or(",".into(), |s| format!(",{s:.6}"))
+            })
+            .collect();
         writeln!(
             csv,
-            "{iteration},{s:.6},{},{}",
-            segment.stage, segment.transient_nodes
+            "{iteration},{s:.6},{},{},{:.6}{runs}",
+            segment.stage, segment.transient_nodes, medians[iteration]
         )?;
     }
+    let mut switch_median: Vec<f64> = switches.iter().map(|&s| s as f64).collect();
+    let marks = [
+        (11, "6 join".to_owned()),
+        (
+            median(&mut switch_median).round() as usize,
+            "switch".to_owned(),
+        ),
+        (35, "4 evicted".to_owned()),
+    ];
+    let copies: Vec<usize> = (1..)
+        .map(|k| k * config.backup_every as usize)
+        .take_while(|&c| c < seconds.len())
+        .collect();
+    let title = format!(
+        "fig. 4.15 at small scale: {name}, rank {}, 1 reliable + 6 transient, {} runs",
+        app.config().rank,
+        every.len()
+    );
+    std::fs::write(&args.plot, fig_svg(&every, &marks, &copies, &title))
+        .with_context(|| format!("writing {}", args.plot.display()))?;
     println!(
         "## fig. 4.15 at small scale ({name}, rank {}, {} workers, BSP, {} runs)",
         app.config().rank,
@@ -301,6 +495,10 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         mean(|s| s.teardown_seconds)
     );
     println!("| per-iteration CSV | {} |", args.csv.display());
+    println!(
+        "| plot of time per iteration (SVG) | {} |",
+        args.plot.display()
+    );
     println!();
     Ok(())
 }
@@ -417,7 +615,7 @@ fn seconds_per_iteration(
 }
 
 fn stages(args: &Args) -> anyhow::Result<()> {
-    let (name, app) = mf_app(args)?;
+    let (name, app) = mf_app(args, args.rank)?;
     if args.nodes < 2 {
         bail!("--nodes must be at least 2 (a reliable and a transient node)");
     }
@@ -511,4 +709,51 @@ fn main() -> anyhow::Result<()> {
     fig_4_15(&args)?;
     notice_to_safe(&args)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_per_iteration_takes_every_run_that_reached_it() {
+        let runs = vec![vec![1.0, 4.0, 9.0], vec![3.0, 2.0], vec![2.0, 6.0, 1.0]];
+        assert_eq!(per_iteration_median(&runs), vec![2.0, 4.0, 5.0]);
+        assert!(per_iteration_median(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_plot_draws_every_run_the_median_and_the_marks() {
+        let runs = vec![
+            vec![0.5, 0.010, 0.011, 0.030, 0.010],
+            vec![0.4, 0.012, 0.010, 0.020, 0.011],
+        ];
+        let marks = [
+            (3, "4 evicted".to_owned()),
+            (9, "beyond the end".to_owned()),
+        ];
+        let svg = fig_svg(&runs, &marks, &[2, 4, 7], "rank <1000> & more");
+        assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
+        assert_eq!(svg.matches("class=\"run\"").count(), 2);
+        assert_eq!(svg.matches("class=\"median\"").count(), 1);
+        // Only the marks and copies inside the 5 iterations are drawn.
+        assert_eq!(svg.matches("class=\"mark\"").count(), 1);
+        assert!(svg.contains(">4 evicted<") && !svg.contains("beyond the end"));
+        assert_eq!(svg.matches("class=\"copy\"").count(), 2);
+        assert!(svg.contains("rank &lt;1000&gt; &amp; more"));
+        // The axis tops at 1.5 × the highest median past iteration 0 (0.025 s → 37.5 ms);
+        // iteration 0's 0.45 s is drawn at the top edge, not scaled to.
+        assert!(svg.contains(">37.5</text>"), "{svg}");
+        let median = svg
+            .lines()
+            .find(|l| l.contains("class=\"median\""))
+            .unwrap();
+        let first_y: f64 = median
+            .split("points=\"")
+            .nth(1)
+            .and_then(|p| p.split([',', ' ']).nth(1))
+            .and_then(|y| y.parse().ok())
+            .unwrap();
+        assert_eq!(first_y, 40.0, "{median}");
+    }
 }
