@@ -1330,3 +1330,43 @@ fn a_node_lost_while_being_prepared_costs_no_rollback() {
     let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(10));
     assert!(exit.success(), "{exit:?} {stderr}");
 }
+
+/// `scripts/bench-notice-to-safe.sh`'s rounds (`bench/notice_to_safe.py`) drive a coordinator
+/// and 4 node processes of this build through a partial and then a full eviction with notice,
+/// reading `/status` to pick the transient node that serves the most partitions; the script fails
+/// unless both notices were acted on and the table came out exact. Run small here, so the
+/// benchmark cannot silently break (its figures are not checked: they are the benchmark's).
+#[test]
+fn the_notice_to_safe_benchmark_runs_against_this_build() {
+    let python = std::env::var("EBBFLOW_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/notice_to_safe.py");
+    let output = Command::new(python)
+        .args([
+            script,
+            env!("CARGO_BIN_EXE_ebbflow-runtime"),
+            "--mib",
+            "1",
+            "--rounds",
+            "1",
+            "--clocks",
+            "600",
+            "--clock-ms",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // One round: the partial eviction took a transient node that served partitions, and the
+    // table was exact.
+    let row = stdout
+        .lines()
+        .find(|line| line.starts_with("| 1 | t"))
+        .unwrap_or_else(|| panic!("no round in {stdout}"));
+    assert!(row.contains(" | yes | "), "{row}");
+    assert!(!row.contains("(0)"), "{row}");
+}
