@@ -2151,10 +2151,9 @@ fn run_boundary(
         admitted.remove(&id);
     }
     if let Some(received) = pending_notice.take() {
-        controller
-            .report
-            .notice_to_safe_seconds
-            .push(received.elapsed().as_secs_f64());
+        let safe = received.elapsed().as_secs_f64();
+        controller.report.notice_to_safe_seconds.push(safe);
+        metrics.notice_to_safe_seconds.observe(safe);
     }
     let map = PartitionMap::from_entries(layout.partitions.clone()).map_err(|e| {
         RunError::RunCluster {

@@ -57,6 +57,10 @@ pub struct RuntimeMetrics {
     /// Workers' connections cut because an abandoned segment's workers did not stop (one was
     /// blocked on a peer that hangs): their reads fail at once instead of at the read timeout.
     pub connections_severed: IntCounter,
+    /// Per eviction notice applied in time: seconds from its arrival until every partition the
+    /// leaving nodes served was installed on its new owner (the reliable tier for a full
+    /// eviction).
+    pub notice_to_safe_seconds: Histogram,
     /// Parameter bytes (row values) of background BackupPS copies, by kind (`whole` images,
     /// coalesced `delta`s): received from node processes, or what an in-process fleet's nodes
     /// would send (its bandwidth model is charged the same).
@@ -180,6 +184,14 @@ impl RuntimeMetrics {
                 "workers' connections cut because an abandoned segment's workers did not stop \
                  (blocked on a peer that hangs)",
             )?,
+            notice_to_safe_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ebbflow_runtime_notice_to_safe_seconds",
+                    "seconds from an eviction notice to every partition of the leaving nodes \
+                     installed on its new owner",
+                )
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 20)?),
+            )?,
             backup_copy_bytes: IntCounterVec::new(
                 Opts::new(
                     "ebbflow_runtime_backup_copy_bytes_total",
@@ -211,6 +223,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.shard_loads.clone()))?;
         registry.register(Box::new(metrics.pre_opened_connections.clone()))?;
         registry.register(Box::new(metrics.connections_severed.clone()))?;
+        registry.register(Box::new(metrics.notice_to_safe_seconds.clone()))?;
         registry.register(Box::new(metrics.backup_copy_bytes.clone()))?;
         registry.register(Box::new(metrics.backup_copy_images.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;

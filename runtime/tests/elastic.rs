@@ -215,12 +215,16 @@ fn partial_eviction_with_notice_moves_partitions_to_survivors() {
     let transient = ["s-0", "s-1", "s-2", "s-3"];
     // Stage 2: ActivePSs on s-0 and s-1; s-0 leaves with notice.
     let events = [at(7, notice(&["s-0"]))];
-    for report in run_exact(&transient, &events) {
+    for (report, metrics) in run_exact_with_metrics(&transient, &events) {
         let after = report.segments.iter().find(|s| s.first_clock == 7).unwrap();
         assert_eq!(after.stage, 2);
         assert!(after.partitions_moved > 0);
         assert_eq!(report.rollbacks, 0, "a notice in time loses nothing");
         assert_eq!(report.notice_to_safe_seconds.len(), 1);
+        // The dashboard's "Eviction notice → partitions safe" reads the same time.
+        let observed = &metrics.notice_to_safe_seconds;
+        assert_eq!(observed.get_sample_count(), 1);
+        assert_eq!(observed.get_sample_sum(), report.notice_to_safe_seconds[0]);
         assert_eq!(
             report.partitions_migrated,
             u64::from(after.partitions_moved),
@@ -291,7 +295,8 @@ fn a_notice_too_late_is_a_failure() {
             lead: Duration::ZERO,
         },
     )];
-    for report in run_exact(&transient, &events) {
+    for (report, metrics) in run_exact_with_metrics(&transient, &events) {
+        assert_eq!(metrics.notice_to_safe_seconds.get_sample_count(), 0);
         assert_eq!(report.rollbacks, 1);
         assert_eq!(report.events["late_notice"], 1);
         assert_eq!(report.clocks_redone, 2, "the last copy was at clock 9");
