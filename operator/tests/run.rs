@@ -152,6 +152,19 @@ fn quickstart_trains_through_the_replayed_market_and_costs_less_than_on_demand()
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["clocks"], 800);
+    // One notice → safe time per boundary that applied notices in time (notices at the same
+    // boundary share one, from the first of them).
+    let safe = json["notice_to_safe_seconds"].as_array().expect("{json}");
+    let notices = summary.events.get("notice").copied().unwrap_or(0) as usize;
+    assert!(
+        safe.len() <= notices && (safe.is_empty() == (notices == 0)),
+        "{safe:?} for {notices} notices"
+    );
+    assert!(
+        safe.iter()
+            .all(|s| s.as_f64().is_some_and(|s| s.is_finite() && s >= 0.0)),
+        "{safe:?}"
+    );
     let nu = &json["app_model"]["calibrated"]["nu_per_vcpu_second"];
     assert!(nu.as_f64().is_some_and(f64::is_finite), "{json}");
     let csv = std::fs::read_to_string(out.join("timeseries.csv")).unwrap();

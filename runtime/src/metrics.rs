@@ -57,9 +57,9 @@ pub struct RuntimeMetrics {
     /// Workers' connections cut because an abandoned segment's workers did not stop (one was
     /// blocked on a peer that hangs): their reads fail at once instead of at the read timeout.
     pub connections_severed: IntCounter,
-    /// Per eviction notice applied in time: seconds from its arrival until every partition the
-    /// leaving nodes served was installed on its new owner (the reliable tier for a full
-    /// eviction).
+    /// Per boundary that applied eviction notices in time: seconds from the first one's arrival
+    /// until every partition the leaving nodes served was installed on its new owner (the
+    /// reliable tier for a full eviction).
     pub notice_to_safe_seconds: Histogram,
     /// Parameter bytes (row values) of background BackupPS copies, by kind (`whole` images,
     /// coalesced `delta`s): received from node processes, or what an in-process fleet's nodes

@@ -77,6 +77,9 @@ pub struct RunSummary {
     pub clocks_redone: u64,
     /// Segments of static membership.
     pub segments: usize,
+    /// Per boundary that applied notices in time: seconds from the first of them until every
+    /// partition of the leaving nodes was installed on its new owner.
+    pub notice_to_safe_seconds: Vec<f64>,
     /// The bidder's application model: the spec's and as re-estimated from the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub app_model: Option<AppModelSummary>,
@@ -140,6 +143,7 @@ impl RunSummary {
             rollbacks: report.rollbacks,
             clocks_redone: report.clocks_redone,
             segments: report.segments.len(),
+            notice_to_safe_seconds: report.notice_to_safe_seconds.clone(),
             app_model: None,
             output_dir: out.display().to_string(),
         }
@@ -187,7 +191,7 @@ impl RunSummary {
             "job {}: {} clocks{} in {:.1} s wall ({:.1} trace hours)\n\
              quality: {}\n\
              cost: ${:.2} vs ${:.2} on-demand equivalent ({:.0}% of it), {:.1} free spot hours\n\
-             elasticity: {} events {:?}, {} partitions migrated, {} rollbacks ({} clocks redone), {} segments\n\
+             elasticity: {} events {:?}, {} partitions migrated, {} rollbacks ({} clocks redone), {} segments{}\n\
              {}\
              wrote {}/summary.json, timeseries.csv, chart.svg\n",
             self.job,
@@ -210,10 +214,31 @@ impl RunSummary {
             self.rollbacks,
             self.clocks_redone,
             self.segments,
+            notices_line(&self.notice_to_safe_seconds),
             app_model,
             self.output_dir
         )
     }
+}
+
+/// `; notice → safe median M s, max X s over N hand-overs`, or nothing without one.
+fn notices_line(seconds: &[f64]) -> String {
+    if seconds.is_empty() {
+        return String::new();
+    }
+    let mut sorted = seconds.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    format!(
+        "; notice → safe median {median:.3} s, max {:.3} s over {n} hand-over{}",
+        sorted[n - 1],
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 /// Writes the three files; on failure returns the path and the error.
@@ -359,4 +384,22 @@ fn chart(summary: &RunSummary, series: &[TimePoint]) -> String {
         TOP + 3.0 * (PANEL + 30.0) - 8.0
     );
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::notices_line;
+
+    #[test]
+    fn the_notices_line_gives_the_median_and_the_max_or_nothing() {
+        assert_eq!(notices_line(&[]), "");
+        assert_eq!(
+            notices_line(&[0.5]),
+            "; notice → safe median 0.500 s, max 0.500 s over 1 hand-over"
+        );
+        assert_eq!(
+            notices_line(&[0.9, 0.1, 0.4, 0.2]),
+            "; notice → safe median 0.300 s, max 0.900 s over 4 hand-overs"
+        );
+    }
 }
