@@ -368,6 +368,7 @@ impl ElasticService {
         let m = self.members.lock();
         let directory = self.directory.lock();
         let placement = self.placement.lock().clone();
+        // Names are unique: a reliable slot's replacement takes over its member's entry.
         let index_of = |name: &str| m.nodes.iter().position(|n| n.0 == name);
         StatusResponse {
             phase: m.phase.unwrap_or(JobPhase::Joining),
@@ -868,6 +869,47 @@ mod tests {
             deadline_unix: u64::MAX,
             deadline_unix_ms: None,
         }
+    }
+
+    /// The status shows the fleet's placement: each partition's owner (by member index) and
+    /// epoch, each member's workers and whether it serves; a reliable slot's replacement takes
+    /// its member's entry, so it is shown there.
+    #[test]
+    fn the_status_shows_who_serves_and_trains() {
+        let (service, directory) = service(1, Duration::from_secs(60));
+        service.join(join("r0", true, 1)).unwrap();
+        service.join(join("t0", false, 2)).unwrap();
+        let (events, _feed) = std::sync::mpsc::channel();
+        service.start(events);
+        let status = service.status();
+        assert!(status.partitions.is_empty(), "nothing placed yet");
+        assert!(status.nodes.iter().all(|n| !n.serves && n.workers == 0));
+
+        // r0 failed and was let go; its replacement joins under the same name.
+        directory.lock().remove("r0");
+        let replacement = service.join(join("r0", true, 3)).unwrap();
+        assert_eq!(replacement.node, 0);
+        *service.placement().lock() = crate::control::Placement {
+            partitions: vec![("t0".into(), 3), ("r0".into(), 2)],
+            workers: [("r0".to_owned(), 1), ("t0".to_owned(), 2)].into(),
+        };
+        let status = service.status();
+        let owners: Vec<(u32, u64)> = status
+            .partitions
+            .iter()
+            .map(|p| (p.owner, p.epoch))
+            .collect();
+        assert_eq!(owners, [(1, 3), (0, 2)]);
+        let shown: Vec<(&str, u32, bool)> = status
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.workers, n.serves))
+            .collect();
+        assert_eq!(shown, [("r0", 1, true), ("t0", 2, true)]);
+        assert_eq!(status.nodes[0].data_addr, "127.0.0.1:3");
+        // Cleared (a rollback, the end of the run): no owner shown.
+        *service.placement().lock() = crate::control::Placement::default();
+        assert!(service.status().partitions.is_empty());
     }
 
     #[test]
