@@ -354,7 +354,6 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
     // switch iteration's ratio and extra seconds, and the switch iteration.
     let mut runs: Vec<[f64; 7]> = Vec::with_capacity(args.repeats);
     let mut every: Vec<Vec<f64>> = Vec::with_capacity(args.repeats);
-    let mut switches: Vec<usize> = Vec::with_capacity(args.repeats);
     let mut report = None;
     for _ in 0..args.repeats {
         let run = run_elastic(&app, &config, &events, &RuntimeMetrics::unregistered())?;
@@ -372,7 +371,6 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
             switch as f64,
         ]);
         every.push(seconds.clone());
-        switches.push(switch);
         report = Some(run);
     }
     let report = report.context("at least one run")?;
@@ -407,7 +405,7 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
             segment.stage, segment.transient_nodes, medians[iteration]
         )?;
     }
-    let mut switch_median: Vec<f64> = switches.iter().map(|&s| s as f64).collect();
+    let mut switch_median: Vec<f64> = runs.iter().map(|r| r[6]).collect();
     let marks = [
         (11, "6 join".to_owned()),
         (
