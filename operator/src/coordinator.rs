@@ -30,6 +30,8 @@ pub struct CoordinatorStatus {
     pub reason: Option<String>,
     /// Set when training failed, with the coordinator's description.
     pub failed: Option<String>,
+    /// The condition reason of a failure the runtime names (`Diverged`), when `failed`.
+    pub failed_reason: Option<String>,
     /// Runtime nodes (pod names) that joined.
     pub members: Vec<String>,
     /// Partition migrations done so far.
@@ -74,6 +76,10 @@ impl From<StatusResponse> for CoordinatorStatus {
                     .clone()
                     .unwrap_or_else(|| "training failed".to_owned())
             }),
+            failed_reason: (response.phase == JobPhase::Failed)
+                .then_some(response.failure_reason)
+                .flatten()
+                .map(|reason| reason.as_str().to_owned()),
             members: response
                 .nodes
                 .iter()
@@ -300,9 +306,16 @@ mod tests {
             result: None,
             ..wire
         };
-        let status = CoordinatorStatus::from(failed);
+        let status = CoordinatorStatus::from(failed.clone());
         assert!(!status.finished);
         assert_eq!(status.failed.as_deref(), Some("worker 3 diverged"));
+        assert_eq!(status.failed_reason, None);
+        let diverged = StatusResponse {
+            failure_reason: Some(ebbflow_runtime_api::FailureReason::Diverged),
+            ..failed
+        };
+        let status = CoordinatorStatus::from(diverged);
+        assert_eq!(status.failed_reason.as_deref(), Some("Diverged"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ebbflow_operator::run::{RunArgs, RunError, run, run_on};
+use ebbflow_operator::run::{RunArgs, RunError, RunSummary, run, run_on};
 
 /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
 /// repository.
@@ -290,6 +290,43 @@ fn a_run_stops_when_its_total_budget_is_spent() {
     );
 }
 
+/// A learning rate that cannot converge ends as a divergence within a few clocks: a non-zero exit
+/// naming the app, the clock and the last finite loss, and no summary that looks like a result.
+#[test]
+fn a_learning_rate_of_100_fails_as_diverged() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = p3_trace();
+    let text = std::fs::read_to_string(manifest(dir.path(), 2000, 20_000, &trace))
+        .unwrap()
+        .replace("learningRate: 0.02", "learningRate: 100");
+    assert!(text.contains("learningRate: 100"));
+    let path = dir.path().join("hot.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = dir.path().join("out");
+    let error = run(&args(path, out.clone(), 360.0)).unwrap_err();
+    let message = error.to_string();
+    println!("{message}");
+    let RunError::Diverged { app, divergence } = &error else {
+        panic!("not a divergence: {message}");
+    };
+    assert_eq!(app, "MatrixFactorization");
+    assert!(divergence.clock < 50, "{message}");
+    assert!(
+        message.contains("MatrixFactorization diverged"),
+        "{message}"
+    );
+    assert!(message.contains("clock"), "{message}");
+    assert!(
+        message.contains("last finite training loss") || message.contains("no clock had"),
+        "{message}"
+    );
+    assert!(
+        !out.join("summary.json").exists(),
+        "a diverged run wrote a summary"
+    );
+}
+
 #[test]
 fn bad_input_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -369,4 +406,185 @@ fn bad_input_is_one_clear_error() {
         message.contains("\"eight\"") && message.contains("line 8"),
         "{message}"
     );
+}
+
+// Every manifest in `examples/` trained as shipped by `ebbflow run`, at the logical worker
+// count it implies (worker threads × (reliable + transient.maxNodes)), to the quality bar its
+// comment states. A live market (ec2, gcp) needs credentials, so it is swapped for the shared
+// p3.2xlarge trace (its pools instead of the example's instance types and zones) with the
+// example's billing model; everything else is as shipped, except where
+// a test says so.
+
+/// The real data sets (`EBBFLOW_DATA_DIR`, filled by scripts/fetch-data.sh), or `None` with a
+/// note when a test that needs them runs without them.
+fn data_dir(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("EBBFLOW_DATA_DIR").map(PathBuf::from);
+    if dir.is_none() {
+        eprintln!("{test}: skipped, EBBFLOW_DATA_DIR is not set (scripts/fetch-data.sh)");
+    }
+    dir
+}
+
+/// `examples/NAME.yaml` with its market on the p3 trace, `edit` applied to the YAML tree.
+fn example(
+    dir: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut serde_yaml::Value),
+) -> (PathBuf, serde_yaml::Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.yaml"));
+    let mut job: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    if job["spec"]["bidding"]["market"]["kind"].as_str() == Some("trace") {
+        // The example's trace, found from the repository rather than the copy's directory.
+        let market = &mut job["spec"]["bidding"]["market"];
+        let trace = market["trace"].as_str().unwrap().to_owned();
+        let file = Path::new(&trace).file_name().unwrap();
+        market["trace"] = spot_data().join(file).display().to_string().into();
+    } else {
+        // The trace's pools are p3.2xlarge in its zones: the example's own types and zones go.
+        for tier in ["reliable", "transient"] {
+            if let Some(tier) = job["spec"][tier].as_mapping_mut() {
+                tier.remove("instanceTypes");
+                tier.remove("zones");
+            }
+        }
+        // EC2 provisioning needs the EC2 market; `ebbflow run` provisions local processes.
+        if job["spec"]["provisioning"]["mode"].as_str() == Some("ec2") {
+            if let Some(spec) = job["spec"].as_mapping_mut() {
+                spec.remove("provisioning");
+            }
+        }
+        let market = &mut job["spec"]["bidding"]["market"];
+        let mut trace = serde_yaml::Mapping::new();
+        trace.insert("kind".into(), "trace".into());
+        trace.insert("trace".into(), p3_trace().display().to_string().into());
+        *market = serde_yaml::Value::Mapping(trace);
+    }
+    edit(&mut job);
+    let out = dir.join(format!("{name}.yaml"));
+    std::fs::write(&out, serde_yaml::to_string(&job).unwrap()).unwrap();
+    (out, job)
+}
+
+/// The logical workers a manifest implies, as `ebbflow run` counts them.
+fn implied_workers(job: &serde_yaml::Value) -> u64 {
+    let spec = &job["spec"];
+    let threads = spec["runtime"]["workerThreads"]
+        .as_u64()
+        .unwrap_or_else(|| {
+            let cpu = &spec["runtime"]["resources"]["requests"]["cpu"];
+            let cores = match cpu.as_str() {
+                Some(text) => match text.strip_suffix('m') {
+                    Some(milli) => milli.parse::<f64>().unwrap() / 1000.0,
+                    None => text.parse::<f64>().unwrap(),
+                },
+                None => cpu.as_f64().unwrap_or(1.0),
+            };
+            cores.ceil() as u64
+        });
+    let nodes = spec["reliable"]["count"].as_u64().unwrap()
+        + spec["transient"]["maxNodes"].as_u64().unwrap();
+    threads * nodes
+}
+
+fn train_example(manifest: PathBuf, out: &Path, data_dir: Option<PathBuf>) -> RunSummary {
+    let args = RunArgs {
+        manifest,
+        // `ebbflow run`'s default pace.
+        speed: 360.0,
+        out: Some(out.to_path_buf()),
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir,
+        quiet: true,
+        in_process: false,
+        node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
+        calibration: None,
+        no_recalibrate: false,
+    };
+    run_on(&args, &prometheus::Registry::new()).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Trains `examples/NAME.yaml` (edited by `edit`) as shipped at its implied `workers` and checks
+/// `metric` against `bar`; `real_data` examples read `EBBFLOW_DATA_DIR` and skip without it.
+fn example_reaches_its_bar(
+    name: &str,
+    real_data: bool,
+    workers: u64,
+    metric: &str,
+    bar: f64,
+    edit: impl FnOnce(&mut serde_yaml::Value),
+) {
+    let data = if real_data {
+        let Some(dir) = data_dir(name) else {
+            return;
+        };
+        Some(dir)
+    } else {
+        None
+    };
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, job) = example(dir.path(), name, edit);
+    assert_eq!(implied_workers(&job), workers);
+    let summary = train_example(manifest, &dir.path().join("out"), data);
+    let value = summary.quality[metric];
+    let higher_is_better = metric != "rmse";
+    println!(
+        "{name}: {metric} {value:.4} (bar {bar}) after {} clocks, {} logical workers, {:.1} s",
+        summary.clocks,
+        implied_workers(&job),
+        summary.wall_seconds
+    );
+    let met = if higher_is_better {
+        value >= bar
+    } else {
+        value <= bar
+    };
+    assert!(met, "{name}: {metric} {value} misses its bar {bar}");
+}
+
+/// Quickstart: 4 logical workers, SSP 1; its comment's bar: test RMSE < 0.25 (noise 0.1).
+#[test]
+fn example_quickstart_as_shipped_reaches_its_bar() {
+    example_reaches_its_bar("quickstart", false, 4, "rmse", 0.25, |_| {});
+}
+
+/// MovieLens 100K: 18 logical workers (2 threads × 9 nodes), SSP 2, momentum on the servers;
+/// bar: test RMSE <= 0.95 (issue 3). With a pass a clock this example ended at RMSE NaN.
+#[test]
+fn example_mf_movielens_as_shipped_reaches_its_bar() {
+    example_reaches_its_bar("mf-movielens", true, 18, "rmse", 0.95, |_| {});
+}
+
+/// Digits: 5 logical workers, BSP; bar: test accuracy >= 0.95 (issue 3).
+#[test]
+fn example_mlr_digits_as_shipped_reaches_its_bar() {
+    example_reaches_its_bar("mlr-digits", true, 5, "accuracy", 0.95, |_| {});
+}
+
+/// Reuters: 7 logical workers, SSP 1; bar: per-token log-likelihood >= -8.0 (its comment).
+#[test]
+#[ignore = "open (issue 39): an LDA worker rebuilt on a joining node adds its tokens' initial counts again (-14.5 after 5 joins)"]
+fn example_lda_reuters_as_shipped_reaches_its_bar() {
+    example_reaches_its_bar(
+        "lda-reuters",
+        true,
+        7,
+        "per_token_log_likelihood",
+        -8.0,
+        |_| {},
+    );
+}
+
+/// The EC2 example: 272 logical workers (8 threads × 34 nodes), SSP 3, on its synthetic data of
+/// the same shape scaled down a hundredfold (200,000 ratings; 20 million do not fit this machine
+/// 272 times over); bar: test RMSE within 0.1 of the noise (0.1).
+#[test]
+fn example_ec2_spot_at_its_worker_count_reaches_its_bar() {
+    example_reaches_its_bar("ec2-spot", false, 272, "rmse", 0.2, |job| {
+        let synthetic = &mut job["spec"]["app"]["dataset"]["synthetic"];
+        synthetic["users"] = 2000.into();
+        synthetic["items"] = 500.into();
+        synthetic["ratings"] = 200_000.into();
+    });
 }

@@ -445,6 +445,12 @@ pub trait App: Send + Sync + 'static {
     fn worker(&self, shard: usize, num_shards: usize) -> Self::Worker;
     /// Test quality of the given parameters.
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport;
+    /// Clocks one pass over the training data takes in a job of `workers` workers (1: a clock is a
+    /// pass). Apps whose workers share rows make a clock a slice of a pass so that the workers'
+    /// summed deltas stay as small as one worker's (see [`crate::apps::parallel_clocks_per_pass`]).
+    fn clocks_per_pass(&self, _workers: usize) -> usize {
+        1
+    }
     /// Tells an app evaluated in a process that built no workers (the coordinator) how many
     /// workers the job had; only apps whose evaluation depends on it need to override this.
     fn set_num_workers(&self, _num_workers: usize) {}

@@ -1615,6 +1615,7 @@ impl ProcessFleet {
         copies: &Mutex<CopySets>,
         shape: (usize, usize, usize),
         stop: impl Fn() -> bool,
+        interrupt: &Interrupt,
     ) {
         let mut connection = None;
         let mut previous = None;
@@ -1626,6 +1627,12 @@ impl ProcessFleet {
             };
             match self.ask_until_answered(node, addr, &mut connection, &request, &stop) {
                 Ok(Some((ControlResponse::Copied { reports, bases, .. }, payload))) => {
+                    // A worker whose loss diverged: end the segment now for every node (the
+                    // controller then fails the run with the reports).
+                    if reports.iter().any(|(_, report)| report.diverged.is_some()) {
+                        tracing::warn!(node, clock, "a worker diverged: the segment ends");
+                        interrupt.request();
+                    }
                     match decode_images(&payload).and_then(|images| with_bases(images, bases)) {
                         Ok(images) => {
                             for (image, base) in &images {
@@ -2167,9 +2174,15 @@ impl Fleet for ProcessFleet {
                     for &(node, addr) in &participants {
                         let (copies, lost) = (&copies, &lost);
                         scope.spawn(move || {
-                            this.copy_in_background(node, addr, copy_clocks, copies, shape, || {
-                                !lost.lock().is_empty()
-                            });
+                            this.copy_in_background(
+                                node,
+                                addr,
+                                copy_clocks,
+                                copies,
+                                shape,
+                                || !lost.lock().is_empty(),
+                                interrupt,
+                            );
                         });
                     }
                 }
@@ -2516,7 +2529,7 @@ mod tests {
             first_clock,
             stats: vec![Default::default(); clocks],
             clock_end: vec![0.0; clocks],
-            wait_seconds: 0.0,
+            ..WorkerReport::default()
         }
     }
 

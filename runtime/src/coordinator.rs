@@ -22,8 +22,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ebbflow_runtime_api::{
-    Ack, ApiError, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo, NoticeRequest,
-    NoticeResponse, PartitionOwner, PlanResponse, ReportRequest, StatusResponse,
+    Ack, ApiError, FailureReason, JobPhase, JobResult, JoinRequest, JoinResponse, NodeInfo,
+    NoticeRequest, NoticeResponse, PartitionOwner, PlanResponse, ReportRequest, StatusResponse,
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
@@ -143,6 +143,7 @@ struct Membership {
     reports: BTreeMap<u32, ReportRequest>,
     report: Option<RunReport>,
     error: Option<String>,
+    error_reason: Option<FailureReason>,
     /// Nodes that have seen a terminal phase (the coordinator may exit once all did).
     released: BTreeSet<u32>,
 }
@@ -341,6 +342,7 @@ impl Coordinator {
                             .collect(),
                         clock_end: clocks.iter().map(|c| c.end_seconds).collect(),
                         wait_seconds: *wait,
+                        diverged: None,
                     })
             })
             .collect();
@@ -366,13 +368,20 @@ impl Coordinator {
                     snapshot,
                     false,
                 );
-                tracing::info!(
-                    loss = report.eval.loss,
-                    updates_per_second = report.updates_per_second,
-                    "job done"
-                );
-                m.report = Some(report);
-                m.phase = Some(JobPhase::Done);
+                if let Some(divergence) = report.divergence(&workers) {
+                    tracing::error!(%divergence, "training diverged");
+                    m.error = Some(divergence.to_string());
+                    m.error_reason = Some(FailureReason::Diverged);
+                    m.phase = Some(JobPhase::Failed);
+                } else {
+                    tracing::info!(
+                        loss = report.eval.loss,
+                        updates_per_second = report.updates_per_second,
+                        "job done"
+                    );
+                    m.report = Some(report);
+                    m.phase = Some(JobPhase::Done);
+                }
             }
             Err(error) => {
                 tracing::warn!(%error, "final evaluation failed");
@@ -446,6 +455,7 @@ impl Coordinator {
                 updates_per_second: r.updates_per_second,
             }),
             error: m.error.clone(),
+            failure_reason: m.error_reason,
             progress: None,
         }
     }

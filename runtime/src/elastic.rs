@@ -209,6 +209,14 @@ pub enum ElasticError {
 }
 
 impl ElasticError {
+    /// The divergence that ended the run, if that is why it failed.
+    pub fn divergence(&self) -> Option<&crate::divergence::Divergence> {
+        match self {
+            ElasticError::Run(RunError::Diverged(divergence)) => Some(divergence),
+            _ => None,
+        }
+    }
+
     /// Static label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
@@ -1844,6 +1852,10 @@ fn run_controller<A: App>(
     // The controller may have built no worker of its own (node processes run them).
     app.set_num_workers(job.workers);
     run.finish(app, snapshot.clone(), job.keep_params);
+    if let Some(divergence) = run.divergence(&merged) {
+        metrics.diverged.inc();
+        return Err(RunError::Diverged(divergence).into());
+    }
     report.run = run;
     report.snapshot = snapshot;
     Ok(report)
@@ -2213,6 +2225,14 @@ fn run_boundary(
             .to_string(),
         }
         .into());
+    }
+    // A worker whose training loss diverged ends the run: the segment ended early for it (a
+    // node's background copy report brings that forward) or at its planned end.
+    if let Some(divergence) =
+        crate::divergence::earliest(reports.iter().filter_map(|(_, r)| r.diverged.as_ref()))
+    {
+        metrics.diverged.inc();
+        return Err(RunError::Diverged(divergence).into());
     }
     merge_reports(merged, reports);
     // A copy taken in the background counts only once its segment succeeded, checks included:

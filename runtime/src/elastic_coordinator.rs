@@ -29,8 +29,9 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use ebbflow_runtime_api::{
-    Ack, ElasticProgress, HeartbeatRequest, HeartbeatResponse, JobPhase, JobResult, JoinRequest,
-    JoinResponse, NodeInfo, NoticeRequest, NoticeResponse, PartitionOwner, StatusResponse,
+    Ack, ElasticProgress, FailureReason, HeartbeatRequest, HeartbeatResponse, JobPhase, JobResult,
+    JoinRequest, JoinResponse, NodeInfo, NoticeRequest, NoticeResponse, PartitionOwner,
+    StatusResponse,
 };
 use parking_lot::Mutex;
 use prometheus::Registry;
@@ -49,6 +50,7 @@ struct Members {
     notices: BTreeMap<String, u64>,
     result: Option<JobResult>,
     error: Option<String>,
+    failure_reason: Option<FailureReason>,
 }
 
 impl Members {
@@ -355,11 +357,18 @@ impl ElasticService {
     }
 
     /// Records the end of the job.
-    pub fn finish(&self, phase: JobPhase, result: Option<JobResult>, error: Option<String>) {
+    pub fn finish(
+        &self,
+        phase: JobPhase,
+        result: Option<JobResult>,
+        error: Option<String>,
+        failure_reason: Option<FailureReason>,
+    ) {
         let mut m = self.members.lock();
         m.phase = Some(phase);
         m.result = result;
         m.error = error;
+        m.failure_reason = failure_reason;
         *self.events.lock() = None;
     }
 
@@ -412,6 +421,7 @@ impl ElasticService {
                 .collect(),
             result: m.result.clone(),
             error: m.error.clone(),
+            failure_reason: m.failure_reason,
             progress: m.phase.map(|_| ElasticProgress {
                 clock: self.metrics.consistent_clock.get().max(0) as u64,
                 stage: self.metrics.stage.get().clamp(0, 3) as u8,
@@ -546,6 +556,14 @@ pub enum ElasticJobError {
 }
 
 impl ElasticJobError {
+    /// The divergence that ended the run, if that is why it failed.
+    pub fn divergence(&self) -> Option<&crate::divergence::Divergence> {
+        match self {
+            ElasticJobError::Run(error) => error.divergence(),
+            _ => None,
+        }
+    }
+
     /// Static label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
@@ -798,9 +816,12 @@ pub fn run_elastic_job_with<A: crate::app::App>(
                 metrics: report.run.eval.metrics.clone(),
                 updates_per_second: report.run.updates_per_second,
             };
-            service.finish(phase, Some(result), None);
+            service.finish(phase, Some(result), None, None);
         }
-        Err(error) => service.finish(JobPhase::Failed, None, Some(error.to_string())),
+        Err(error) => {
+            let reason = error.divergence().map(|_| FailureReason::Diverged);
+            service.finish(JobPhase::Failed, None, Some(error.to_string()), reason);
+        }
     }
     if let Some(writer) = &writer {
         // the process may exit right after: the last copy handed over is written first

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod data;
+pub mod divergence;
 pub mod elastic;
 pub mod elastic_coordinator;
 pub mod elastic_node;

@@ -8,13 +8,14 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::app::{App, AppError, AppWorker, ClockStats, EvalReport, TableId, validate_tables};
+use crate::divergence::{self, Divergence, DivergenceGuard};
 use crate::metrics::RuntimeMetrics;
 use crate::partition::PartitionId;
 use crate::snapshot::ParamSnapshot;
 use crate::store::ServerState;
 use crate::worker::{
-    ClockGate, JobConfig, PartitionView, Transport, WorkerError, WorkerReport, process_cache_for,
-    run_worker,
+    ClockGate, DivergenceStop, JobConfig, PartitionView, Transport, WorkerError, WorkerReport,
+    process_cache_for, run_worker,
 };
 
 /// Errors of a whole run.
@@ -49,6 +50,10 @@ pub enum RunError {
         /// What failed.
         reason: String,
     },
+    /// The training loss diverged (NaN, infinite or growing without bound), or the final
+    /// evaluation is not finite: the model is not a result.
+    #[error("{0}")]
+    Diverged(Divergence),
 }
 
 impl RunError {
@@ -60,6 +65,7 @@ impl RunError {
             RunError::RunWorker { .. } => "run_worker",
             RunError::JoinWorker { .. } => "join_worker",
             RunError::RunCluster { .. } => "run_cluster",
+            RunError::Diverged(_) => "diverged",
         }
     }
 }
@@ -156,6 +162,28 @@ impl RunReport {
             });
         }
         total
+    }
+
+    /// The run's divergence, if it diverged: the earliest a worker reported, else one of the
+    /// per-clock training loss summed over workers, else a final evaluation that is not finite.
+    pub fn divergence(&self, workers: &[WorkerReport]) -> Option<Divergence> {
+        if let Some(found) =
+            divergence::earliest(workers.iter().filter_map(|w| w.diverged.as_ref()))
+        {
+            return Some(found);
+        }
+        let mut guard = DivergenceGuard::new();
+        for (clock, record) in self.clock_stats.iter().enumerate() {
+            let stats = ClockStats {
+                updates: record.updates,
+                loss_sum: record.loss_sum,
+                loss_count: record.loss_count,
+            };
+            if let Some(found) = guard.observe(clock as u64, &stats) {
+                return Some(found);
+            }
+        }
+        divergence::check_eval(&self.eval, self.clocks, guard.last_finite())
     }
 
     /// Evaluates the final parameters and fills the quality fields.
@@ -345,6 +373,7 @@ pub fn run_single_process<A: App>(
         partitions = config.partitions,
         clocks = config.clocks,
         staleness = config.staleness,
+        clocks_per_pass = app.clocks_per_pass(config.workers),
         "single-process run starting"
     );
     let run_start = Instant::now();
@@ -375,6 +404,7 @@ pub fn run_single_process<A: App>(
                             gate,
                             metrics,
                             run_start,
+                            DivergenceStop::EndGate,
                         )
                         .map_err(|source| RunError::RunWorker {
                             worker: worker as u32,
@@ -400,6 +430,10 @@ pub fn run_single_process<A: App>(
     let mut report = RunReport::from_workers(config.clocks, &reports);
     report.parameter_bytes = state.parameter_bytes() as u64;
     report.finish(app, snapshot_state(&state, &specs), config.keep_params);
+    if let Some(divergence) = report.divergence(&reports) {
+        metrics.diverged.inc();
+        return Err(RunError::Diverged(divergence));
+    }
     tracing::info!(
         updates_per_second = report.updates_per_second,
         loss = report.eval.loss,

@@ -14,6 +14,9 @@ pub struct RuntimeMetrics {
     pub iteration_seconds: Histogram,
     /// Latest mean training loss reported by the app.
     pub loss: Gauge,
+    /// Runs that ended because training diverged (a non-finite or runaway training loss, or a
+    /// non-finite final evaluation).
+    pub diverged: IntCounter,
     /// Rows moved between workers and servers, by direction (`push`, `pull`).
     pub rows_moved: IntCounterVec,
     /// Payload bytes moved between workers and servers, by direction (`push`, `pull`).
@@ -88,6 +91,10 @@ impl RuntimeMetrics {
             loss: Gauge::new(
                 "ebbflow_runtime_loss",
                 "latest mean training loss reported by the app",
+            )?,
+            diverged: IntCounter::new(
+                "ebbflow_runtime_diverged_total",
+                "runs that ended because training diverged (non-finite or runaway training loss, or a non-finite final evaluation)",
             )?,
             rows_moved: IntCounterVec::new(
                 Opts::new(
@@ -228,6 +235,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.backup_copy_images.clone()))?;
         registry.register(Box::new(metrics.iteration_seconds.clone()))?;
         registry.register(Box::new(metrics.loss.clone()))?;
+        registry.register(Box::new(metrics.diverged.clone()))?;
         registry.register(Box::new(metrics.rows_moved.clone()))?;
         registry.register(Box::new(metrics.bytes_moved.clone()))?;
         registry.register(Box::new(metrics.ssp_wait_seconds.clone()))?;

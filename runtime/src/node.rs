@@ -18,7 +18,8 @@ use crate::process_cache::{ProcessCache, Route};
 use crate::server::{ServerConfig, run};
 use crate::store::ServerState;
 use crate::worker::{
-    ClockGate, JobConfig, SegmentProgress, WorkerError, WorkerReport, process_cache_for, run_worker,
+    ClockGate, DivergenceStop, JobConfig, SegmentProgress, WorkerError, WorkerReport,
+    process_cache_for, run_worker,
 };
 
 /// Which workers a node runs and where every partition lives.
@@ -132,6 +133,7 @@ pub fn run_workers_gated<A: App>(
                             gate,
                             metrics,
                             run_start,
+                            DivergenceStop::Report,
                         )
                         .map_err(|source| RunError::RunWorker { worker, source })
                     });
@@ -654,6 +656,7 @@ impl WorkerPool {
                                 &metrics,
                                 run_start,
                                 plan.progress.as_deref(),
+                                DivergenceStop::Report,
                             )
                             .map_err(fail)
                     });

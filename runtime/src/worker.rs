@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::app::{AppError, AppWorker, ClockStats, RowCache, TableId, TableSpec, WorkingSet};
+use crate::divergence::{Divergence, DivergenceGuard};
 use crate::metrics::RuntimeMetrics;
 use crate::optimizer::Optimizer;
 use crate::partition::{PartitionId, partition_of};
@@ -339,7 +340,25 @@ pub struct SegmentProgress {
     changed: parking_lot::Condvar,
 }
 
+/// What a worker does when its training loss diverges, besides reporting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DivergenceStop {
+    /// End the clock gate every worker of the run shares (single process).
+    EndGate,
+    /// Only report it: the gate is one node's, and the node's peers would wait for clocks it
+    /// never ran; the coordinator ends the segment for all of them.
+    Report,
+}
+
 impl SegmentProgress {
+    /// Records that `worker` diverged (reported with its next clocks).
+    pub fn diverged(&self, worker: u32, divergence: Divergence) {
+        let mut reports = self.reports.lock();
+        if let Some(report) = reports.get_mut(&worker) {
+            report.diverged.get_or_insert(divergence);
+        }
+    }
+
     /// Records that `worker` finished `clock` (the next after what it recorded, from `first`).
     pub fn record(&self, worker: u32, first: u64, stats: ClockStats, clock_end: f64) {
         let mut reports = self.reports.lock();
@@ -411,6 +430,9 @@ pub struct WorkerReport {
     pub clock_end: Vec<f64>,
     /// Seconds spent in pulls (waiting for the staleness bound included).
     pub wait_seconds: f64,
+    /// The first divergence of this worker's training loss, if it diverged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged: Option<Divergence>,
 }
 
 /// Builds one view per partition from the cache's partition-grouped slot order.
@@ -505,6 +527,8 @@ pub(crate) struct WorkerLoop<W: AppWorker> {
     pushed_rows: u64,
     pushed_bytes: u64,
     shared: Option<Attached>,
+    /// Watches this worker's training loss across the segments of the run.
+    guard: DivergenceGuard,
 }
 
 impl<W: AppWorker> WorkerLoop<W> {
@@ -540,6 +564,7 @@ impl<W: AppWorker> WorkerLoop<W> {
             pushed_rows,
             pushed_bytes,
             shared: None,
+            guard: DivergenceGuard::new(),
         })
     }
 
@@ -729,13 +754,12 @@ impl<W: AppWorker> WorkerLoop<W> {
         metrics: &RuntimeMetrics,
         run_start: Instant,
         progress: Option<&SegmentProgress>,
+        divergence_stop: DivergenceStop,
     ) -> Result<WorkerReport, WorkerError> {
         let first = gate.first();
         let mut report = WorkerReport {
             first_clock: first,
-            stats: Vec::new(),
-            clock_end: Vec::new(),
-            wait_seconds: 0.0,
+            ..WorkerReport::default()
         };
         // A segment starts at a clock boundary where every update of earlier clocks is applied.
         let first_bound = if force {
@@ -786,8 +810,21 @@ impl<W: AppWorker> WorkerLoop<W> {
             let clock_end = run_start.elapsed().as_secs_f64();
             report.stats.push(stats);
             report.clock_end.push(clock_end);
+            let diverged = self.guard.observe(clock, &stats);
+            if let Some(divergence) = &diverged {
+                tracing::error!(worker = self.worker_id, %divergence, "training diverged");
+                if divergence_stop == DivergenceStop::EndGate {
+                    // Every worker of the run shares this gate: they all stop after the highest
+                    // clock any of them started, as at a segment's end.
+                    gate.end_soon();
+                }
+                report.diverged = diverged.clone();
+            }
             if let Some(progress) = progress {
                 progress.record(self.worker_id, first, stats, clock_end);
+                if let Some(divergence) = diverged {
+                    progress.diverged(self.worker_id, divergence);
+                }
             }
             tracing::debug!(
                 worker = self.worker_id,
@@ -855,6 +892,7 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
     gate: &ClockGate,
     metrics: &RuntimeMetrics,
     run_start: Instant,
+    divergence_stop: DivergenceStop,
 ) -> Result<WorkerReport, WorkerError> {
     let result = WorkerLoop::new(worker_id, app_worker, working_set, specs, config.partitions)
         .and_then(|mut worker| {
@@ -865,7 +903,16 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
                 }
                 None => worker.register(transport, None, false)?,
             }
-            worker.run(transport, config, gate, true, metrics, run_start, None)
+            worker.run(
+                transport,
+                config,
+                gate,
+                true,
+                metrics,
+                run_start,
+                None,
+                divergence_stop,
+            )
         });
     if let (Err(error), Some((cache, _))) = (&result, shared) {
         cache.fail(format!("worker {worker_id} failed: {error}"));

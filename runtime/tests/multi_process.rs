@@ -161,7 +161,7 @@ fn mf_over_node_processes_agrees_with_single_process_under_bsp() {
         timeout: Duration::from_secs(300),
     };
     let cluster = run_cluster(&spec, &config).unwrap();
-    let app = match ebbflow_runtime::apps::build_named_app("mf-synthetic", None).unwrap() {
+    let app = match ebbflow_runtime::apps::build_named_app("mf-synthetic", None, 0).unwrap() {
         ebbflow_runtime::apps::NamedApp::Mf(app) => app,
         _ => panic!("mf-synthetic is not MF"),
     };

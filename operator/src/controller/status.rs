@@ -69,6 +69,8 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// The coordinator reported that training failed.
     pub const TRAINING_FAILED: &str = "TrainingFailed";
+    /// The coordinator reported that training diverged (a NaN, infinite or runaway loss).
+    pub const DIVERGED: &str = "Diverged";
     /// `spec.bidding.budgetTotal` is spent (see [`super::super::stop`]).
     pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
     /// The coordinator pod failed [`super::COORDINATOR_FAILURE_LIMIT`] times in a row.
@@ -192,7 +194,7 @@ pub fn condition_is(status: Option<&TrainingJobStatus>, type_: &str, value: bool
 
 /// True once the job failed in training (final; an invalid spec is not final).
 pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
-    failed_for(status, reasons::TRAINING_FAILED)
+    failed_for(status, reasons::TRAINING_FAILED) || failed_for(status, reasons::DIVERGED)
 }
 
 /// Coordinator pod failures in a row (without the coordinator answering in between) after
@@ -442,20 +444,21 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
 
     // Training failed (the coordinator says so): final, like success.
     let failure = match input.coordinator {
-        CoordinatorObservation::Reported(report) => report.failed.clone(),
+        CoordinatorObservation::Reported(report) => report.failed.clone().map(|message| {
+            let reason = report
+                .failed_reason
+                .clone()
+                .filter(|reason| reason == reasons::DIVERGED)
+                .unwrap_or_else(|| reasons::TRAINING_FAILED.to_owned());
+            (reason, message)
+        }),
         _ => None,
     };
     if training_failed(Some(&status)) || failure.is_some() {
         if !training_failed(Some(&status)) {
             status.completion_time = Some(Time(now));
-            let message = failure.unwrap_or_default();
-            set(
-                &mut status,
-                conditions::FAILED,
-                true,
-                reasons::TRAINING_FAILED,
-                &message,
-            );
+            let (reason, message) = failure.unwrap_or_default();
+            set(&mut status, conditions::FAILED, true, &reason, &message);
         }
         status.phase = Some(Phase::Failed);
         set(

@@ -306,6 +306,7 @@ impl Default for CoordinatorState {
                 notices: Vec::new(),
                 result: None,
                 error: None,
+                failure_reason: None,
                 progress: None,
             },
             notices: Vec::new(),
@@ -1415,6 +1416,32 @@ async fn failed_training_is_final_and_releases_nodes() {
     scenario.settle().await;
     assert_eq!(scenario.status().phase, Some(Phase::Failed), "final");
     assert!(scenario.live_pods().is_empty(), "nothing recreated");
+}
+
+#[tokio::test]
+async fn a_diverged_run_fails_the_job_with_reason_diverged() {
+    let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
+    let message = "training diverged at clock 4: the mean training loss is NaN; last finite \
+                   training loss 1.5e9 at clock 3";
+    scenario.report(|status| {
+        status.phase = JobPhase::Failed;
+        status.error = Some(message.to_owned());
+        status.failure_reason = Some(ebbflow_runtime_api::FailureReason::Diverged);
+    });
+    scenario.settle().await;
+    assert_eq!(scenario.status().phase, Some(Phase::Failed));
+    let (failed, reason, said) = scenario.condition(conditions::FAILED);
+    assert_eq!(
+        (failed.as_str(), reason.as_str()),
+        ("True", reasons::DIVERGED)
+    );
+    assert_eq!(said, message);
+    assert!(scenario.live_pods().is_empty());
+    scenario.finish_deletions();
+    scenario.settle().await;
+    assert_eq!(scenario.status().phase, Some(Phase::Failed), "final");
+    let (_, reason, _) = scenario.condition(conditions::FAILED);
+    assert_eq!(reason, reasons::DIVERGED, "kept");
 }
 
 #[tokio::test]

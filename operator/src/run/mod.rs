@@ -155,6 +155,17 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+    /// Training diverged: the model is not a result.
+    #[error(
+        "{app} diverged: {divergence} (lower spec.app.hyperparameters.learningRate, or use \
+         spec.app.serverOptimizer adagrad)"
+    )]
+    Diverged {
+        /// The app kind.
+        app: String,
+        /// Where and how.
+        divergence: ebbflow_runtime::divergence::Divergence,
+    },
     /// Training failed.
     #[error("training failed: {0}")]
     Train(#[from] ebbflow_runtime::elastic::ElasticError),
@@ -196,10 +207,11 @@ enum JobApp {
     Lda(LdaApp),
 }
 
-/// Per-clock learning-rate decay that anneals the rate to 5% of its start over the job (the spec
-/// names no decay; a fixed one would stop long jobs from learning and leave short ones hot).
-fn annealing_decay(clocks: u64) -> f32 {
-    0.05f64.powf(1.0 / clocks.max(1) as f64) as f32
+/// Per-pass learning-rate decay that anneals the rate to 5% of its start over the job's `clocks`
+/// at `clocks_per_pass` (the spec names no decay; a fixed one would stop long jobs from learning
+/// and leave short ones hot).
+fn annealing_decay(clocks: u64, clocks_per_pass: usize) -> f32 {
+    0.05f64.powf(clocks_per_pass.max(1) as f64 / clocks.max(1) as f64) as f32
 }
 
 fn u(value: Option<u64>, default: u64) -> usize {
@@ -303,7 +315,9 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
         Some(url) => Some(download(url)?.display().to_string()),
         None => dataset.path.clone(),
     };
-    let decay = annealing_decay(job.spec.stop.iterations.unwrap_or(100));
+    let clocks = job.spec.stop.iterations.unwrap_or(100);
+    let workers = elastic_config(job).job.workers;
+    let staleness = u64::from(job.spec.consistency.effective_staleness());
     let seed = dataset.synthetic.as_ref().map_or(42, |s| u64::from(s.seed));
     Ok(match app.kind {
         AppKind::MatrixFactorization => {
@@ -339,11 +353,13 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 rank: hyper.rank.map_or(defaults.rank, |r| r as usize),
                 learning_rate: f32_or(hyper.learning_rate, defaults.learning_rate),
                 regularization: f32_or(hyper.regularization, defaults.regularization),
-                decay,
                 seed,
+                staleness,
                 ..defaults
             };
-            JobApp::Mf(MfApp::new(train, test, config).map_err(|e| load(&e))?)
+            let app = MfApp::new(train, test, config).map_err(|e| load(&e))?;
+            let decay = annealing_decay(clocks, app.parallel_clocks(workers));
+            JobApp::Mf(app.with_decay(decay).map_err(|e| load(&e))?)
         }
         AppKind::LogisticRegression => {
             let examples = if let Some(s) = &dataset.synthetic {
@@ -386,8 +402,13 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 learning_rate: f32_or(hyper.learning_rate, defaults.learning_rate),
                 regularization: f32_or(hyper.regularization, defaults.regularization),
                 batch_size: hyper.batch_size.map_or(defaults.batch_size, |v| v as usize),
-                decay,
                 seed,
+                ..defaults
+            };
+            let steps = train.len().div_ceil(config.batch_size.max(1));
+            let config = MlrConfig {
+                decay: annealing_decay(clocks, steps),
+                ..config
             };
             JobApp::Mlr(MlrApp::new(train, test, config).map_err(|e| load(&e))?)
         }
@@ -416,6 +437,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 alpha: hyper.alpha.unwrap_or(defaults.alpha),
                 eta: hyper.beta.unwrap_or(defaults.eta),
                 seed,
+                ..defaults
             };
             JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)
         }
@@ -658,8 +680,14 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     );
 
     if !args.quiet {
+        let per_pass = match &app {
+            JobApp::Mf(app) => app.clocks_per_pass(config.job.workers),
+            JobApp::Mlr(app) => app.clocks_per_pass(config.job.workers),
+            JobApp::Lda(app) => app.clocks_per_pass(config.job.workers),
+        };
         eprintln!(
-            "ebbflow run {name}: {} clocks, {} logical workers, writing {}",
+            "ebbflow run {name}: {} clocks ({per_pass} a pass over the data), {} logical workers, \
+             writing {}",
             clocks,
             config.job.workers,
             out.display()
@@ -815,7 +843,20 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         outcome
     };
     let (driven, report) = outcome;
-    let report: ElasticReport = report?;
+    let report: ElasticReport = report.map_err(|error| {
+        let divergence = match &error {
+            RunError::Train(e) => e.divergence(),
+            RunError::Coordinate(e) => e.divergence(),
+            _ => None,
+        };
+        match divergence {
+            Some(divergence) => RunError::Diverged {
+                app: format!("{:?}", job.spec.app.kind),
+                divergence: divergence.clone(),
+            },
+            None => error,
+        }
+    })?;
     let evaluate_kind = match &app {
         JobApp::Mf(app) => app.tables().len(),
         JobApp::Mlr(app) => app.tables().len(),

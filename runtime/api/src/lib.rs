@@ -215,6 +215,23 @@ pub struct JobResult {
     pub updates_per_second: f64,
 }
 
+/// A failure the runtime can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureReason {
+    /// The training loss became NaN or infinite or grew without bound, or the final evaluation
+    /// is not finite: the hyperparameters cannot train this model.
+    Diverged,
+}
+
+impl FailureReason {
+    /// The CamelCase name (a TrainingJob condition reason).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Diverged => "Diverged",
+        }
+    }
+}
+
 /// Coordinator status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusResponse {
@@ -232,6 +249,9 @@ pub struct StatusResponse {
     pub result: Option<JobResult>,
     /// Failure description once failed.
     pub error: Option<String>,
+    /// Why it failed, where the runtime knows more than the description says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<FailureReason>,
     /// Progress of an elastic job (absent for a static one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ElasticProgress>,

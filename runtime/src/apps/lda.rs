@@ -27,6 +27,10 @@ pub const TOPIC_TOTALS: TableId = 1;
 /// Document part of the log-likelihood, one single-value row per worker shard.
 pub const DOC_LOGLIK: TableId = 2;
 
+/// Most clocks a sweep takes when [`LdaConfig::clocks_per_pass`] is `None`: every clock moves
+/// the whole word-topic working set, so more slices cost more than they gain.
+pub const MAX_AUTO_CLOCKS_PER_PASS: usize = 16;
+
 /// Hyperparameters of LDA.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LdaConfig {
@@ -38,6 +42,13 @@ pub struct LdaConfig {
     pub eta: f64,
     /// Seed of the samplers (one stream per shard).
     pub seed: u64,
+    /// Clocks per Gibbs sweep over the data, or `None` for one per worker up to
+    /// [`MAX_AUTO_CLOCKS_PER_PASS`]: clock `c` resamples slice `c % clocks_per_pass` of each
+    /// worker's tokens. Workers sample against each other's counts as of the last clock
+    /// boundary, so a whole sweep per clock lets each worker move the topics on stale counts
+    /// (reuters, 8 workers, 400 sweeps: per-token log-likelihood -7.96 against -7.86 for one
+    /// worker; 4 clocks a sweep -7.90, 16 -7.88).
+    pub clocks_per_pass: Option<usize>,
 }
 
 impl Default for LdaConfig {
@@ -48,6 +59,7 @@ impl Default for LdaConfig {
             alpha: 0.1,
             eta: 0.01,
             seed: 1,
+            clocks_per_pass: None,
         }
     }
 }
@@ -222,6 +234,7 @@ impl App for LdaApp {
             .map(|&n| ln_gamma_alpha_k - ln_gamma(alpha * k as f64 + f64::from(n)))
             .sum();
         LdaWorker {
+            clocks_per_pass: self.clocks_per_pass(num_shards),
             shard: shard as u64,
             doc_topic: vec![0.0; doc_lengths.len() * k],
             tokens,
@@ -242,6 +255,13 @@ impl App for LdaApp {
                 inverse_totals: vec![0.0; k],
             },
         }
+    }
+
+    fn clocks_per_pass(&self, workers: usize) -> usize {
+        self.config
+            .clocks_per_pass
+            .unwrap_or(workers.clamp(1, MAX_AUTO_CLOCKS_PER_PASS))
+            .max(1)
     }
 
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
@@ -284,6 +304,7 @@ impl App for LdaApp {
 /// A worker's documents: tokens, their topic assignments and the local doc-topic counts.
 #[derive(Debug, Clone)]
 pub struct LdaWorker {
+    clocks_per_pass: usize,
     shard: u64,
     tokens: Vec<Token>,
     /// Word id of each token (the working set; `tokens[i].word` becomes a slot on binding).
@@ -348,7 +369,7 @@ impl BareWorker for LdaWorker {
         self.bind_with(|_, key| key as u32);
     }
 
-    fn clock_on(&mut self, store: &mut dyn RowStore, _clock: u64) -> ClockStats {
+    fn clock_on(&mut self, store: &mut dyn RowStore, clock: u64) -> ClockStats {
         let k = self.sampler.topics;
         let ((word_topic, _), (totals, _)) = store.two_rows_mut(WORD_TOPIC, TOPIC_TOTALS);
         let totals = &mut totals[self.totals_slot as usize * k..][..k];
@@ -361,9 +382,13 @@ impl BareWorker for LdaWorker {
             }
             self.initialized = true;
         }
+        let per_pass = self.clocks_per_pass;
+        let len = self.tokens.len();
+        let part = (clock % per_pass as u64) as usize;
+        let range = part * len / per_pass..(part + 1) * len / per_pass;
         self.sampler.sweep(
-            &self.tokens,
-            &mut self.assignments,
+            &self.tokens[range.clone()],
+            &mut self.assignments[range.clone()],
             word_topic,
             totals,
             &mut self.doc_topic,
@@ -373,7 +398,7 @@ impl BareWorker for LdaWorker {
         let (rows, _) = store.rows_mut(DOC_LOGLIK);
         rows[self.loglik_slot as usize] = doc_loglik as f32;
         ClockStats {
-            updates: self.tokens.len() as u64,
+            updates: range.len() as u64,
             loss_sum: 0.0,
             loss_count: 0,
         }

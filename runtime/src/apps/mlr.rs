@@ -1,8 +1,13 @@
 //! Multinomial logistic regression (softmax) by mini-batch SGD with L2 regularisation.
 //!
 //! Table [`WEIGHTS`]: one row per class of width `features + 1` (the weights, then the bias). A
-//! clock is one pass over the worker's examples in a seeded per-clock shuffled order, in
-//! mini-batches; the learning rate decays geometrically per clock. Test quality: accuracy and mean
+//! clock is one SGD step on a global mini-batch of about `batch_size` examples, spread over the
+//! workers: each worker takes its slice of the pass's seeded shuffled order of its shard, and
+//! adds `-learning_rate / batch` times its slice's gradient, so the workers' deltas sum to the
+//! step one worker would take on the whole batch, however many workers there are (every worker
+//! shares every row here, so a clock of several local steps per worker would add up to steps
+//! the worker count multiplies). A pass over the data takes `ceil(examples / batch_size)`
+//! clocks; the learning rate decays geometrically per pass. Test quality: accuracy and mean
 //! cross-entropy.
 
 use std::sync::Arc;
@@ -13,33 +18,40 @@ use crate::app::{
 };
 use crate::data::{Examples, Rng};
 
-use super::{AppsError, BareWorker, RowStore};
+use super::{AppsError, BareWorker, RowStore, pass_slice};
 
 /// Table of per-class weight rows (weights, then bias).
 pub const WEIGHTS: TableId = 0;
+
+/// Default global mini-batch (examples per clock over all workers).
+const BATCH_DEFAULT: usize = 64;
+/// Default learning rate of the first pass.
+const LR_DEFAULT: f32 = 1.0;
 
 /// Hyperparameters of multinomial logistic regression.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MlrConfig {
     /// Learning rate of the first clock.
     pub learning_rate: f32,
-    /// Per-clock multiplicative learning-rate decay (1 = constant).
+    /// Multiplicative learning-rate decay per pass over the data (1 = constant), applied
+    /// continuously: clock `c` runs at `learning_rate * decay^(c / clocks_per_pass)`, with
+    /// [`MlrApp::clocks_per_pass`] clocks a pass.
     pub decay: f32,
     /// L2 regularisation of the weights (not the biases).
     pub regularization: f32,
-    /// Examples per mini-batch.
+    /// Examples per mini-batch: one SGD step per clock, over all workers together.
     pub batch_size: usize,
-    /// Seed of the per-clock example order.
+    /// Seed of the per-pass example order.
     pub seed: u64,
 }
 
 impl Default for MlrConfig {
     fn default() -> Self {
         Self {
-            learning_rate: 0.5,
+            learning_rate: LR_DEFAULT,
             decay: 0.95,
             regularization: 1e-4,
-            batch_size: 8,
+            batch_size: BATCH_DEFAULT,
             seed: 1,
         }
     }
@@ -96,6 +108,11 @@ impl MlrApp {
     pub fn config(&self) -> &MlrConfig {
         &self.config
     }
+
+    /// Clocks (SGD steps) per pass over the training set: `ceil(examples / batch_size)`.
+    pub fn steps_per_pass(&self) -> usize {
+        self.train.len().div_ceil(self.config.batch_size).max(1)
+    }
 }
 
 /// Softmax probabilities of `x` into `probs`; returns the log of the normaliser minus the max
@@ -138,10 +155,12 @@ struct Scratch {
     probs: Vec<f32>,
 }
 
-/// One pass of mini-batch SGD over `examples` in `order`; `rows[c]` is the offset of class `c`'s
-/// row in `weights`. Returns the summed cross-entropy seen before each update.
+/// One worker's part of a global mini-batch step: the gradient of the examples in `order`
+/// (`rows[c]` is the offset of class `c`'s row in `weights`), applied as `-learning_rate /
+/// batch` times it, and `slice / batch` of the step's L2 shrink, so the parts of all workers sum
+/// to one step on the `batch` examples. Returns the summed cross-entropy before the step.
 #[allow(clippy::too_many_arguments)]
-fn sgd_pass(
+fn sgd_step(
     examples: &Examples,
     order: &[u32],
     weights: &mut [f32],
@@ -149,35 +168,37 @@ fn sgd_pass(
     width: usize,
     config: &MlrConfig,
     learning_rate: f32,
+    batch: usize,
     scratch: &mut Scratch,
 ) -> f64 {
     let features = width - 1;
     let mut loss = 0.0f64;
-    for batch in order.chunks(config.batch_size) {
-        scratch.gradient.fill(0.0);
-        for &index in batch {
-            let x = examples.row(index as usize);
-            let label = examples.labels[index as usize] as usize;
-            loss += f64::from(softmax(x, weights, rows, width, label, &mut scratch.probs));
-            for (class, &p) in scratch.probs.iter().enumerate() {
-                let g = p - f32::from(u8::from(class == label));
-                let grad = &mut scratch.gradient[class * width..][..width];
-                for (acc, v) in grad[..features].iter_mut().zip(x) {
-                    *acc += g * v;
-                }
-                grad[features] += g;
+    if order.is_empty() {
+        return loss;
+    }
+    scratch.gradient.fill(0.0);
+    for &index in order {
+        let x = examples.row(index as usize);
+        let label = examples.labels[index as usize] as usize;
+        loss += f64::from(softmax(x, weights, rows, width, label, &mut scratch.probs));
+        for (class, &p) in scratch.probs.iter().enumerate() {
+            let g = p - f32::from(u8::from(class == label));
+            let grad = &mut scratch.gradient[class * width..][..width];
+            for (acc, v) in grad[..features].iter_mut().zip(x) {
+                *acc += g * v;
             }
+            grad[features] += g;
         }
-        let step = learning_rate / batch.len() as f32;
-        let shrink = 1.0 - learning_rate * config.regularization;
-        for (class, &row) in rows.iter().enumerate() {
-            let w = &mut weights[row..row + width];
-            let grad = &scratch.gradient[class * width..][..width];
-            for (value, g) in w[..features].iter_mut().zip(grad) {
-                *value = *value * shrink - step * g;
-            }
-            w[features] -= step * grad[features];
+    }
+    let step = learning_rate / batch as f32;
+    let shrink = 1.0 - learning_rate * config.regularization * order.len() as f32 / batch as f32;
+    for (class, &row) in rows.iter().enumerate() {
+        let w = &mut weights[row..row + width];
+        let grad = &scratch.gradient[class * width..][..width];
+        for (value, g) in w[..features].iter_mut().zip(grad) {
+            *value = *value * shrink - step * g;
         }
+        w[features] -= step * grad[features];
     }
     loss
 }
@@ -202,9 +223,12 @@ impl App for MlrApp {
         let classes = self.train.num_classes;
         let width = self.train.num_features + 1;
         MlrWorker {
-            order: (0..examples.len() as u32).collect(),
-            rng: Rng::stream(self.config.seed, shard as u64),
+            order: Vec::new(),
+            order_pass: None,
+            shard: shard as u64,
             examples,
+            clocks_per_pass: self.steps_per_pass(),
+            batch: self.train.len().div_ceil(self.steps_per_pass()),
             rows: (0..classes).map(|class| class * width).collect(),
             scratch: Scratch {
                 gradient: vec![0.0; classes * width],
@@ -212,6 +236,10 @@ impl App for MlrApp {
             },
             config: self.config.clone(),
         }
+    }
+
+    fn clocks_per_pass(&self, _workers: usize) -> usize {
+        self.steps_per_pass()
     }
 
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
@@ -252,8 +280,13 @@ impl App for MlrApp {
 #[derive(Debug, Clone)]
 pub struct MlrWorker {
     examples: Examples,
+    /// The shuffled example order of pass `order_pass`.
     order: Vec<u32>,
-    rng: Rng,
+    order_pass: Option<u64>,
+    shard: u64,
+    /// Clocks per pass over the data, and examples per clock over all workers.
+    clocks_per_pass: usize,
+    batch: usize,
     /// Offset of each class's row in the weight table (slot × width, after binding).
     rows: Vec<usize>,
     scratch: Scratch,
@@ -296,22 +329,34 @@ impl BareWorker for MlrWorker {
 
     fn clock_on(&mut self, store: &mut dyn RowStore, clock: u64) -> ClockStats {
         let (weights, width) = store.rows_mut(WEIGHTS);
-        self.rng.shuffle(&mut self.order);
-        let learning_rate = self.config.learning_rate * self.config.decay.powi(clock as i32);
-        let loss = sgd_pass(
+        let per_pass = self.clocks_per_pass;
+        // The order is a function of (seed, shard, pass) alone, so a clock redone after a
+        // rollback or on another node works on the same examples.
+        let pass = clock / per_pass as u64;
+        if self.order_pass != Some(pass) {
+            self.order = (0..self.examples.len() as u32).collect();
+            Rng::stream(self.config.seed ^ crate::app::mix64(pass), self.shard)
+                .shuffle(&mut self.order);
+            self.order_pass = Some(pass);
+        }
+        let learning_rate =
+            self.config.learning_rate * self.config.decay.powf(clock as f32 / per_pass as f32);
+        let order = pass_slice(&self.order, clock, per_pass);
+        let loss = sgd_step(
             &self.examples,
-            &self.order,
+            order,
             weights,
             &self.rows,
             width,
             &self.config,
             learning_rate,
+            self.batch,
             &mut self.scratch,
         );
         ClockStats {
-            updates: self.order.len() as u64,
+            updates: order.len() as u64,
             loss_sum: loss,
-            loss_count: self.order.len() as u64,
+            loss_count: order.len() as u64,
         }
     }
 }
@@ -341,7 +386,7 @@ mod tests {
         };
         let app = MlrApp::new(train, test, config).unwrap();
         let before = train_bare(&app, 0);
-        let after = train_bare(&app, 10);
+        let after = train_bare(&app, 10 * app.steps_per_pass() as u64);
         assert!(before.metric("accuracy").unwrap() < 0.5, "{before:?}");
         assert!(after.metric("accuracy").unwrap() > 0.9, "{after:?}");
         assert!(after.loss < before.loss);
@@ -353,6 +398,40 @@ mod tests {
         let b = synthetic_classification(50, 4, 2, 1.0, 1).unwrap().examples;
         let error = MlrApp::new(a.clone(), b, MlrConfig::default()).unwrap_err();
         assert_eq!(error.category(), "data");
+        // The steps of every worker of a clock add up to one step on the global batch (here the
+        // whole set, so one worker and four see the same examples).
+        let data = synthetic_classification(640, 4, 3, 1.0, 2)
+            .unwrap()
+            .examples;
+        let whole = MlrConfig {
+            batch_size: 640,
+            ..MlrConfig::default()
+        };
+        let app = MlrApp::new(data.clone(), data, whole).unwrap();
+        let (specs, rows) = (app.tables(), [3]);
+        // Each worker steps from the same (zero) weights; the servers add their deltas.
+        let summed = |workers: usize| {
+            let mut sum = vec![0.0f32; 3 * 5];
+            for shard in 0..workers {
+                let mut tables = crate::apps::DenseTables::new(specs.clone(), &rows);
+                let mut worker = app.worker(shard, workers);
+                worker.bind_dense();
+                worker.clock_on(&mut tables, 0);
+                let (weights, _) = tables.rows_mut(WEIGHTS);
+                for (total, value) in sum.iter_mut().zip(weights.iter()) {
+                    *total += value;
+                }
+            }
+            sum
+        };
+        let (alone, four) = (summed(1), summed(4));
+        assert!(alone.iter().any(|v| v.abs() > 1e-3), "no step: {alone:?}");
+        for (x, y) in alone.iter().zip(&four) {
+            assert!(
+                (x - y).abs() < 1e-5,
+                "one worker {alone:?} vs four {four:?}"
+            );
+        }
         let zero_batch = MlrConfig {
             batch_size: 0,
             ..MlrConfig::default()
@@ -371,7 +450,8 @@ mod tests {
         digits.scale(1.0 / 16.0);
         let (train, test) = digits.split(0.2, 42).unwrap();
         let app = MlrApp::new(train, test, MlrConfig::default()).unwrap();
-        let report = train_bare(&app, 30);
+        assert_eq!(app.steps_per_pass(), 23, "1,437 examples in batches of 64");
+        let report = train_bare(&app, 15 * app.steps_per_pass() as u64);
         let accuracy = report.metric("accuracy").unwrap();
         println!("digits bare loop: test accuracy {accuracy:.4}");
         assert!(accuracy >= 0.95, "{report:?}");

@@ -51,6 +51,37 @@ impl AppsError {
     }
 }
 
+/// The part of a worker's shard that clock `clock` works on when a pass over the shard takes
+/// `clocks_per_pass` clocks: consecutive slices of (nearly) equal length, in order.
+pub fn pass_slice<T>(shard: &[T], clock: u64, clocks_per_pass: usize) -> &[T] {
+    let per_pass = clocks_per_pass.max(1);
+    let part = (clock % per_pass as u64) as usize;
+    &shard[part * shard.len() / per_pass..(part + 1) * shard.len() / per_pass]
+}
+
+/// How far the summed update of one clock may move a row, as a fraction of its distance to the
+/// optimum, counting the `staleness` clocks whose updates other workers have not seen yet. Sized
+/// on MovieLens 100K (BENCHMARKS.md, "Convergence at any worker count").
+pub const MAX_STEP_PER_CLOCK: f64 = 1.5;
+
+/// Clocks a pass must take so that `workers` workers, whose deltas on a shared row add up, move
+/// no row further per clock than one worker's sequential SGD would: `step_per_pass` is the
+/// largest fraction of its distance to the optimum one row moves in a sequential pass (for SGD,
+/// the learning rate times the row's updates a pass). Others' updates arrive up to `staleness`
+/// clocks late, so `staleness + 1` clocks of them count, and a worker sees its own `1 / workers`
+/// at once: `B = ceil(step_per_pass · (staleness + 1) · (workers − 1) / workers /`
+/// [`MAX_STEP_PER_CLOCK`]`)`, at least 1. One worker needs 1: nobody else writes.
+pub fn parallel_clocks_per_pass(step_per_pass: f64, workers: usize, staleness: u64) -> usize {
+    let workers = workers.max(1) as f64;
+    let others = (workers - 1.0) / workers;
+    let needed = step_per_pass * (staleness as f64 + 1.0) * others / MAX_STEP_PER_CLOCK;
+    if needed.is_finite() && needed > 1.0 {
+        needed.ceil().min(1e6) as usize
+    } else {
+        1
+    }
+}
+
 /// All rows of one table as a slice, and the row width.
 pub type RowsMut<'a> = (&'a mut [f32], usize);
 
@@ -264,6 +295,39 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_of_slices_covers_the_shard_once_in_order() {
+        let shard: Vec<u32> = (0..103).collect();
+        for per_pass in [1, 2, 7, 103, 200] {
+            let mut seen = Vec::new();
+            for clock in 0..per_pass as u64 {
+                seen.extend_from_slice(pass_slice(&shard, clock, per_pass));
+            }
+            assert_eq!(seen, shard, "{per_pass} clocks a pass");
+            // The next pass starts over.
+            assert_eq!(
+                pass_slice(&shard, per_pass as u64, per_pass),
+                pass_slice(&shard, 0, per_pass)
+            );
+        }
+    }
+
+    #[test]
+    fn clocks_a_pass_grow_with_the_step_the_workers_and_the_staleness() {
+        // One worker needs no slicing: nobody else writes its rows.
+        assert_eq!(parallel_clocks_per_pass(5.9, 1, 2), 1);
+        // MovieLens 100K (learning rate 0.01, most rated row 590 ratings), SSP 2.
+        assert_eq!(parallel_clocks_per_pass(5.9, 2, 2), 6);
+        assert_eq!(parallel_clocks_per_pass(5.9, 4, 2), 9);
+        assert_eq!(parallel_clocks_per_pass(5.9, 18, 2), 12);
+        assert_eq!(parallel_clocks_per_pass(5.9, 32, 2), 12);
+        // BSP needs fewer.
+        assert_eq!(parallel_clocks_per_pass(5.9, 4, 0), 3);
+        // A small step needs none; nonsense is 1.
+        assert_eq!(parallel_clocks_per_pass(0.5, 32, 0), 1);
+        assert_eq!(parallel_clocks_per_pass(f64::NAN, 8, 1), 1);
+    }
 
     #[test]
     fn ln_gamma_matches_known_values() {

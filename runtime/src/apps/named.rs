@@ -76,13 +76,22 @@ fn require(name: &str, data_dir: Option<&Path>, file: &str) -> Result<PathBuf, N
         .ok_or_else(|| NamedAppError::LocateData { name: name.into() })
 }
 
-/// Builds the app called `name`; real-data apps read their file from `data_dir`.
-pub fn build_named_app(name: &str, data_dir: Option<&Path>) -> Result<NamedApp, NamedAppError> {
+/// Builds the app called `name` for a job of SSP `staleness` (0 = BSP; it sizes MF's clocks);
+/// real-data apps read their file from `data_dir`.
+pub fn build_named_app(
+    name: &str,
+    data_dir: Option<&Path>,
+    staleness: u64,
+) -> Result<NamedApp, NamedAppError> {
     Ok(match name {
         "mf" => {
             let path = require(name, data_dir, "ml-100k.inter")?;
             let (train, test) = data::load_movielens_inter(&path)?.split(0.2, SPLIT_SEED)?;
-            NamedApp::Mf(MfApp::new(train, test, MfConfig::default())?)
+            let config = MfConfig {
+                staleness,
+                ..MfConfig::default()
+            };
+            NamedApp::Mf(MfApp::new(train, test, config)?)
         }
         "mlr" => {
             let path = require(name, data_dir, "digits.csv.gz")?;
@@ -103,6 +112,7 @@ pub fn build_named_app(name: &str, data_dir: Option<&Path>) -> Result<NamedApp, 
                 learning_rate: 0.02,
                 decay: 0.98,
                 regularization: 0.02,
+                staleness,
                 ..MfConfig::default()
             };
             NamedApp::Mf(MfApp::new(train, test, config)?)
@@ -139,7 +149,7 @@ mod tests {
     #[test]
     fn synthetic_apps_build_without_data_and_learn() {
         for name in ["mf-synthetic", "mlr-synthetic", "lda-synthetic"] {
-            let (before, after) = match build_named_app(name, None).unwrap() {
+            let (before, after) = match build_named_app(name, None, 0).unwrap() {
                 NamedApp::Mf(app) => {
                     let mut bare = BareLoop::new(&app);
                     let before = app.evaluate(bare.tables()).loss;
@@ -172,13 +182,13 @@ mod tests {
 
     #[test]
     fn unknown_names_and_missing_data_are_clear_errors() {
-        let error = build_named_app("svm", None).unwrap_err();
+        let error = build_named_app("svm", None, 0).unwrap_err();
         assert_eq!(error.category(), "lookup");
         assert!(error.to_string().contains("mf, mlr, lda"), "{error}");
-        let error = build_named_app("mf", None).unwrap_err();
+        let error = build_named_app("mf", None, 0).unwrap_err();
         assert!(error.to_string().contains("EBBFLOW_DATA_DIR"), "{error}");
         let dir = tempfile::tempdir().unwrap();
-        let error = build_named_app("lda", Some(dir.path())).unwrap_err();
+        let error = build_named_app("lda", Some(dir.path()), 0).unwrap_err();
         assert_eq!(error.category(), "load");
         assert!(error.to_string().contains("reuters.ldac"), "{error}");
     }

@@ -291,9 +291,15 @@ fn mf_app(
     } else {
         "mf-synthetic"
     };
-    let NamedApp::Mf(app) = build_named_app(name, args.data.as_deref())? else {
+    let NamedApp::Mf(app) = build_named_app(name, args.data.as_deref(), 0)? else {
         bail!("{name} is not matrix factorization");
     };
+    // The seed's iteration is a pass: time per iteration stays comparable with fig. 4.15 (and
+    // with earlier figures), whatever slice of a pass a training job's clock is.
+    let app = app.with_config(ebbflow_runtime::apps::mf::MfConfig {
+        clocks_per_pass: Some(1),
+        ..app.config().clone()
+    })?;
     let Some(rank) = rank else {
         return Ok((name, app));
     };

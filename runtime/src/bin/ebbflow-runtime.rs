@@ -401,7 +401,7 @@ fn with_app<T: AppTask>(
     }
     // MF, MLR and LDA with their standard data (EBBFLOW_DATA_DIR) or synthetic variants.
     let data_dir = ebbflow_runtime::data::data_dir();
-    match ebbflow_runtime::apps::build_named_app(&args.app, data_dir.as_deref())? {
+    match ebbflow_runtime::apps::build_named_app(&args.app, data_dir.as_deref(), staleness)? {
         NamedApp::Mf(app) => task.run(app),
         NamedApp::Mlr(app) => task.run(app),
         NamedApp::Lda(app) => task.run(app),

@@ -127,6 +127,7 @@ async fn recorder(received: Received) -> Result<String, BoxError> {
                     notices: Vec::new(),
                     result: None,
                     error: None,
+                    failure_reason: None,
                     progress: None,
                 })
             }),
