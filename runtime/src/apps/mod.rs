@@ -70,17 +70,23 @@ pub const MAX_STEP_PER_CLOCK: f64 = 1.5;
 /// the learning rate times the row's updates a pass). Others' updates arrive up to `staleness`
 /// clocks late, so `staleness + 1` clocks of them count, and a worker sees its own `1 / workers`
 /// at once: `B = ceil(step_per_pass · (staleness + 1) · (workers − 1) / workers /`
-/// [`MAX_STEP_PER_CLOCK`]`)`, at least 1. One worker needs 1: nobody else writes.
+/// [`MAX_STEP_PER_CLOCK`]`)`, at least 1 and at most [`MAX_CLOCKS_PER_PASS`]. One worker needs
+/// 1: nobody else writes.
 pub fn parallel_clocks_per_pass(step_per_pass: f64, workers: usize, staleness: u64) -> usize {
     let workers = workers.max(1) as f64;
     let others = (workers - 1.0) / workers;
     let needed = step_per_pass * (staleness as f64 + 1.0) * others / MAX_STEP_PER_CLOCK;
     if needed.is_finite() && needed > 1.0 {
-        needed.ceil().min(1e6) as usize
+        (needed.ceil() as usize).min(MAX_CLOCKS_PER_PASS)
     } else {
         1
     }
 }
+
+/// The most clocks a pass is cut into: a step that needs more is one no SGD survives (a learning
+/// rate of 100 on MovieLens would need thousands of clocks of a rating or two each), and every
+/// clock moves the working sets; such a job diverges, and fails as such, within a pass.
+pub const MAX_CLOCKS_PER_PASS: usize = 64;
 
 /// All rows of one table as a slice, and the row width.
 pub type RowsMut<'a> = (&'a mut [f32], usize);
@@ -327,6 +333,11 @@ mod tests {
         // A small step needs none; nonsense is 1.
         assert_eq!(parallel_clocks_per_pass(0.5, 32, 0), 1);
         assert_eq!(parallel_clocks_per_pass(f64::NAN, 8, 1), 1);
+        // A step no SGD survives is not cut into thousands of clocks.
+        assert_eq!(
+            parallel_clocks_per_pass(59_000.0, 18, 2),
+            MAX_CLOCKS_PER_PASS
+        );
     }
 
     #[test]
