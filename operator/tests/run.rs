@@ -564,7 +564,6 @@ fn example_mlr_digits_as_shipped_reaches_its_bar() {
 
 /// Reuters: 7 logical workers, SSP 1; bar: per-token log-likelihood >= -8.0 (its comment).
 #[test]
-#[ignore = "open (issue 39): an LDA worker rebuilt on a joining node adds its tokens' initial counts again (-14.5 after 5 joins)"]
 fn example_lda_reuters_as_shipped_reaches_its_bar() {
     example_reaches_its_bar(
         "lda-reuters",

@@ -65,6 +65,11 @@ pub enum RowInit {
         /// Seed of the deterministic generator.
         seed: u64,
     },
+    /// Every value is `key mod modulus` (LDA's initial topic of token `key`).
+    KeyModulo {
+        /// The modulus (> 0; exact in `f32` below 2^24).
+        modulus: u64,
+    },
 }
 
 /// SplitMix64 finaliser: a fast, well-mixed 64-bit hash.
@@ -85,6 +90,7 @@ impl RowInit {
     pub fn fill(&self, table: TableId, key: u64, out: &mut [f32]) {
         match *self {
             RowInit::Zeros => out.fill(0.0),
+            RowInit::KeyModulo { modulus } => out.fill((key % modulus.max(1)) as f32),
             RowInit::Uniform { low, high, seed } => {
                 let base = mix64(seed ^ mix64(u64::from(table) ^ mix64(key)));
                 for (column, value) in out.iter_mut().enumerate() {

@@ -1,11 +1,14 @@
 //! Latent Dirichlet allocation by collapsed Gibbs sampling.
 //!
 //! Tables (counts stored as exact integers in `f32`): [`WORD_TOPIC`] (one row per word, width
-//! `K`), [`TOPIC_TOTALS`] (one row, key 0, width `K`) and [`DOC_LOGLIK`] (one row per worker shard,
-//! width 1). Doc-topic counts and topic assignments stay local to the worker that owns the
-//! documents; each clock the worker publishes the document part of the log-likelihood of its
-//! shard into its [`DOC_LOGLIK`] row, so [`App::evaluate`] can compute the complete
-//! log p(w, z) exactly as the `lda` Python package's `loglikelihood()` does.
+//! `K`), [`TOPIC_TOTALS`] (one row, key 0, width `K`), [`DOC_LOGLIK`] (one row per worker shard,
+//! width 1) and [`ASSIGNMENTS`] (one row per token: its topic). Only the worker that owns a
+//! document samples its tokens and writes their topics; the doc-topic counts are rebuilt from
+//! the topics whenever the worker did not run the clock before (it was built on a joining node,
+//! or it redoes clocks after a rollback), so every count stays the sum of the topics the tables
+//! hold. Each clock the worker publishes the document part of the log-likelihood of its shard
+//! into its [`DOC_LOGLIK`] row, so [`App::evaluate`] can compute the complete log p(w, z)
+//! exactly as the `lda` Python package's `loglikelihood()` does.
 //!
 //! A clock is one Gibbs sweep over the worker's tokens (the first clock also adds the initial
 //! assignments, token `i` of the corpus in topic `i mod K`, the `lda` package's initialisation).
@@ -26,6 +29,10 @@ pub const WORD_TOPIC: TableId = 0;
 pub const TOPIC_TOTALS: TableId = 1;
 /// Document part of the log-likelihood, one single-value row per worker shard.
 pub const DOC_LOGLIK: TableId = 2;
+/// The topic of every token, one single-value row per token (key: its index in the corpus),
+/// initially `index mod K`. The worker that samples a token writes its topic here, so a worker
+/// rebuilt on another node, or after a rollback, resumes from the topics its counts hold.
+pub const ASSIGNMENTS: TableId = 3;
 
 /// Most clocks a sweep takes when [`LdaConfig::clocks_per_pass`] is `None`: every clock moves
 /// the whole word-topic working set, so more slices cost more than they gain.
@@ -194,6 +201,12 @@ impl App for LdaApp {
             table(WORD_TOPIC, "lda_word_topic", k),
             table(TOPIC_TOTALS, "lda_topic_totals", k),
             table(DOC_LOGLIK, "lda_doc_loglik", 1),
+            TableSpec {
+                id: ASSIGNMENTS,
+                name: "lda_assignments".into(),
+                width: 1,
+                init: RowInit::KeyModulo { modulus: k as u64 },
+            },
         ]
     }
 
@@ -203,6 +216,7 @@ impl App for LdaApp {
         let mut tokens = Vec::new();
         let mut words = Vec::new();
         let mut assignments = Vec::new();
+        let mut token_keys = Vec::new();
         let mut doc_lengths = Vec::new();
         let mut global_index = 0u64;
         for (doc, doc_words) in self.corpus.docs.iter().enumerate() {
@@ -217,6 +231,7 @@ impl App for LdaApp {
                     tokens.push(Token { doc: local, word });
                     words.push(word);
                     assignments.push((global_index % k as u64) as u16);
+                    token_keys.push(global_index);
                     global_index += 1;
                 }
             }
@@ -240,12 +255,14 @@ impl App for LdaApp {
             tokens,
             words,
             assignments,
+            assignment_slots: vec![0; token_keys.len()],
+            token_keys,
             doc_term_table,
             doc_constant,
-            initialized: false,
+            last_clock: None,
             totals_slot: 0,
             loglik_slot: 0,
-            rng: Rng::stream(self.config.seed, shard as u64),
+            seed: self.config.seed,
             sampler: Sampler {
                 topics: k,
                 alpha: alpha as f32,
@@ -309,16 +326,23 @@ pub struct LdaWorker {
     tokens: Vec<Token>,
     /// Word id of each token (the working set; `tokens[i].word` becomes a slot on binding).
     words: Vec<u32>,
+    /// Each token's topic, as of the last clock this worker ran (the table holds the truth).
     assignments: Vec<u16>,
+    /// Each token's key in [`ASSIGNMENTS`] (its index in the corpus), and its slot after binding.
+    token_keys: Vec<u64>,
+    assignment_slots: Vec<u32>,
     doc_topic: Vec<f32>,
     /// `ln Γ(α + n) − ln Γ(α)` for every possible doc-topic count `n`.
     doc_term_table: Vec<f64>,
     /// `Σ_d ln Γ(Kα) − ln Γ(Kα + n_d)` over this shard's documents.
     doc_constant: f64,
-    initialized: bool,
+    /// The clock this worker ran last: its topics and doc-topic counts are current for the next.
+    last_clock: Option<u64>,
     totals_slot: u32,
     loglik_slot: u32,
-    rng: Rng,
+    /// Seed of the samplers: clock `c` of shard `s` draws from stream `(seed ^ mix(c), s)`, so a
+    /// clock redone or moved draws the same numbers.
+    seed: u64,
     sampler: Sampler,
 }
 
@@ -329,6 +353,22 @@ impl LdaWorker {
         }
         self.totals_slot = slot(TOPIC_TOTALS, 0);
         self.loglik_slot = slot(DOC_LOGLIK, self.shard);
+        for (bound, &key) in self.assignment_slots.iter_mut().zip(&self.token_keys) {
+            *bound = slot(ASSIGNMENTS, key);
+        }
+    }
+
+    /// Takes the topics from the table (after a move or a rollback, what the counts hold) and
+    /// rebuilds the doc-topic counts from them.
+    fn load_assignments(&mut self, rows: &[f32]) {
+        let k = self.sampler.topics;
+        for (topic, &slot) in self.assignments.iter_mut().zip(&self.assignment_slots) {
+            *topic = rows[slot as usize] as u16;
+        }
+        self.doc_topic.fill(0.0);
+        for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
+            self.doc_topic[token.doc as usize * k + usize::from(topic)] += 1.0;
+        }
     }
 
     /// Document part of log p(z) for this shard, from the local doc-topic counts.
@@ -348,6 +388,7 @@ impl AppWorker for LdaWorker {
         set.add_keys(WORD_TOPIC, self.words.iter().map(|&w| u64::from(w)));
         set.add_keys(TOPIC_TOTALS, [0]);
         set.add_keys(DOC_LOGLIK, [self.shard]);
+        set.add_keys(ASSIGNMENTS, self.token_keys.iter().copied());
         set
     }
 
@@ -371,29 +412,43 @@ impl BareWorker for LdaWorker {
 
     fn clock_on(&mut self, store: &mut dyn RowStore, clock: u64) -> ClockStats {
         let k = self.sampler.topics;
+        // A worker that did not run the clock before (new here, or redoing after a rollback)
+        // takes the topics the table holds; only this worker writes its tokens' rows.
+        if clock == 0 || self.last_clock != clock.checked_sub(1) {
+            let (rows, _) = store.rows_mut(ASSIGNMENTS);
+            self.load_assignments(rows);
+        }
         let ((word_topic, _), (totals, _)) = store.two_rows_mut(WORD_TOPIC, TOPIC_TOTALS);
         let totals = &mut totals[self.totals_slot as usize * k..][..k];
-        if !self.initialized {
+        // The job's first clock adds every token's initial topic to the counts, once.
+        if clock == 0 {
             for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
                 let topic = usize::from(topic);
                 word_topic[token.word as usize * k + topic] += 1.0;
                 totals[topic] += 1.0;
-                self.doc_topic[token.doc as usize * k + topic] += 1.0;
             }
-            self.initialized = true;
         }
         let per_pass = self.clocks_per_pass;
         let len = self.tokens.len();
         let part = (clock % per_pass as u64) as usize;
         let range = part * len / per_pass..(part + 1) * len / per_pass;
+        let mut rng = Rng::stream(self.seed ^ crate::app::mix64(clock), self.shard);
         self.sampler.sweep(
             &self.tokens[range.clone()],
             &mut self.assignments[range.clone()],
             word_topic,
             totals,
             &mut self.doc_topic,
-            &mut self.rng,
+            &mut rng,
         );
+        let (rows, _) = store.rows_mut(ASSIGNMENTS);
+        for (&topic, &slot) in self.assignments[range.clone()]
+            .iter()
+            .zip(&self.assignment_slots[range.clone()])
+        {
+            rows[slot as usize] = f32::from(topic);
+        }
+        self.last_clock = Some(clock);
         let doc_loglik = self.doc_loglik();
         let (rows, _) = store.rows_mut(DOC_LOGLIK);
         rows[self.loglik_slot as usize] = doc_loglik as f32;
