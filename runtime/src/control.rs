@@ -47,7 +47,7 @@ use crate::metrics::RuntimeMetrics;
 use crate::node::{SegmentPlan, WorkerPool};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
 use crate::store::{PartitionImage, ServerState, StoreError, TableImage};
-use crate::worker::{ClockGate, JobConfig, SegmentProgress, WorkerReport};
+use crate::worker::{ClockGate, DivergenceStop, JobConfig, SegmentProgress, WorkerReport};
 
 /// What the coordinator asks of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -594,6 +594,9 @@ impl<A: App> Agent<A> {
             addrs,
             carried: order.carried,
             progress,
+            // This node's gate: its peers in other processes would wait for clocks it never
+            // ran; the coordinator ends the segment once a copy report shows the divergence.
+            divergence_stop: DivergenceStop::Report,
         };
         let (send, result) = std::sync::mpsc::channel();
         let pool = self.pool.lock().clone();

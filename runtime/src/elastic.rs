@@ -50,7 +50,7 @@ use crate::node::{SegmentPlan, ServerHandle, WorkerPool, random_secret};
 use crate::partition::{NodeId, PartitionEntry, PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
 use crate::store::{PartitionImage, PartitionStore, ServerState, StoreError};
-use crate::worker::{ClockGate, JobConfig, WorkerReport};
+use crate::worker::{ClockGate, DivergenceStop, JobConfig, WorkerReport};
 
 /// Transient:reliable ratios above which the next stage is used (seed 003: 1 and 15).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1252,6 +1252,8 @@ impl Fleet for LocalFleet {
             carried: spec.carried,
             // The copier reads the servers, not the workers' progress.
             progress: None,
+            // Every worker of the job shares this gate.
+            divergence_stop: DivergenceStop::EndGate,
         };
         let gate = plan.gate.clone();
         // Armed before any worker starts, so no copy can be too late.

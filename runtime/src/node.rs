@@ -330,6 +330,9 @@ pub struct SegmentPlan {
     /// Where the segment's workers record each clock they finish (for background BackupPS
     /// copies across node processes; `None`: nobody reads it).
     pub progress: Option<Arc<SegmentProgress>>,
+    /// What a worker whose loss diverged does: end `gate` where it is every worker's of the job
+    /// (one process), or only report it (a node process: the coordinator ends the segment).
+    pub divergence_stop: DivergenceStop,
 }
 
 /// Worker threads that live across the segments of an elastic run: each keeps its data shard,
@@ -656,7 +659,7 @@ impl WorkerPool {
                                 &metrics,
                                 run_start,
                                 plan.progress.as_deref(),
-                                DivergenceStop::Report,
+                                plan.divergence_stop,
                             )
                             .map_err(fail)
                     });

@@ -1098,3 +1098,35 @@ fn lda_counts_stay_the_sum_of_the_topics_through_joins_evictions_and_a_failure()
         );
     }
 }
+
+/// A diverging elastic run (in-process fleet) fails as a divergence, and stops soon after it:
+/// the worker that sees it ends the segment's shared gate, and the controller fails the run with
+/// the worker's report instead of starting the next segment.
+#[test]
+fn a_diverging_elastic_run_stops_and_fails_as_diverged() {
+    let ratings = data::synthetic_ratings(200, 100, 3, 8000, 0.1, 5).unwrap();
+    let (train, test) = ratings.ratings.split(0.2, 1).unwrap();
+    let hot = MfApp::new(
+        train,
+        test,
+        MfConfig {
+            rank: 4,
+            learning_rate: 100.0,
+            ..MfConfig::default()
+        },
+    )
+    .unwrap();
+    let clocks = 400;
+    let metrics = RuntimeMetrics::unregistered();
+    let error = run_elastic(&hot, &config(0, clocks, &["s-0"]), &[], &metrics).unwrap_err();
+    println!("{error}");
+    let divergence = error.divergence().expect("a divergence");
+    assert!(divergence.clock < 20, "{divergence}");
+    assert_eq!(metrics.diverged.get(), 1);
+    let run = metrics.iterations.get();
+    assert!(
+        run < clocks * WORKERS as u64 / 4,
+        "the run went on for {run} worker clocks after diverging at {}",
+        divergence.clock
+    );
+}
