@@ -16,7 +16,7 @@ use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::node::{SegmentPlan, ServerHandle, WorkerPool, run_loopback};
 use ebbflow_runtime::partition::{PartitionEntry, PartitionMap, partition_of};
 use ebbflow_runtime::store::ServerState;
-use ebbflow_runtime::worker::{ClockGate, JobConfig};
+use ebbflow_runtime::worker::{ClockGate, DivergenceStop, JobConfig};
 
 const PARTITIONS: u32 = 4;
 
@@ -272,6 +272,7 @@ impl PoolFixture {
                 addrs: self.addrs.clone(),
                 carried: false,
                 progress: None,
+                divergence_stop: DivergenceStop::EndGate,
             })
             .unwrap();
     }
