@@ -150,16 +150,22 @@ impl From<ClockStats> for ClockStatsRecord {
     }
 }
 
+impl From<ClockStatsRecord> for ClockStats {
+    fn from(r: ClockStatsRecord) -> Self {
+        Self {
+            updates: r.updates,
+            loss_sum: r.loss_sum,
+            loss_count: r.loss_count,
+        }
+    }
+}
+
 impl RunReport {
     /// Sum of the per-clock stats over the whole run.
     pub fn total_stats(&self) -> ClockStats {
         let mut total = ClockStats::default();
         for record in &self.clock_stats {
-            total.merge(&ClockStats {
-                updates: record.updates,
-                loss_sum: record.loss_sum,
-                loss_count: record.loss_count,
-            });
+            total.merge(&ClockStats::from(*record));
         }
         total
     }
@@ -174,12 +180,7 @@ impl RunReport {
         }
         let mut guard = DivergenceGuard::new();
         for (clock, record) in self.clock_stats.iter().enumerate() {
-            let stats = ClockStats {
-                updates: record.updates,
-                loss_sum: record.loss_sum,
-                loss_count: record.loss_count,
-            };
-            if let Some(found) = guard.observe(clock as u64, &stats) {
+            if let Some(found) = guard.observe(clock as u64, &ClockStats::from(*record)) {
                 return Some(found);
             }
         }

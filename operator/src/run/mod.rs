@@ -358,7 +358,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 ..defaults
             };
             let app = MfApp::new(train, test, config).map_err(|e| load(&e))?;
-            let decay = annealing_decay(clocks, app.parallel_clocks(workers));
+            let decay = annealing_decay(clocks, app.clocks_per_pass(workers));
             JobApp::Mf(app.with_decay(decay).map_err(|e| load(&e))?)
         }
         AppKind::LogisticRegression => {
@@ -405,7 +405,7 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
                 seed,
                 ..defaults
             };
-            let steps = train.len().div_ceil(config.batch_size.max(1));
+            let steps = MlrApp::steps_for(train.len(), config.batch_size);
             let config = MlrConfig {
                 decay: annealing_decay(clocks, steps),
                 ..config

@@ -10,8 +10,9 @@
 //! into its [`DOC_LOGLIK`] row, so [`App::evaluate`] can compute the complete log p(w, z)
 //! exactly as the `lda` Python package's `loglikelihood()` does.
 //!
-//! A clock is one Gibbs sweep over the worker's tokens (the first clock also adds the initial
-//! assignments, token `i` of the corpus in topic `i mod K`, the `lda` package's initialisation).
+//! A clock resamples a slice of the worker's tokens (a sweep takes [`App::clocks_per_pass`]
+//! clocks); the job's clock 0 also adds the initial assignments, token `i` of the corpus in topic
+//! `i mod K` (the `lda` package's initialisation).
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use crate::app::{
 };
 use crate::data::{Corpus, Rng};
 
-use super::{AppsError, BareWorker, RowStore, ln_gamma};
+use super::{AppsError, BareWorker, RowStore, ln_gamma, pass_range};
 
 /// Word-topic counts, one row per word.
 pub const WORD_TOPIC: TableId = 0;
@@ -215,7 +216,6 @@ impl App for LdaApp {
         let num_shards = num_shards.max(1);
         let mut tokens = Vec::new();
         let mut words = Vec::new();
-        let mut assignments = Vec::new();
         let mut token_keys = Vec::new();
         let mut doc_lengths = Vec::new();
         let mut global_index = 0u64;
@@ -230,7 +230,6 @@ impl App for LdaApp {
                 for _ in 0..count {
                     tokens.push(Token { doc: local, word });
                     words.push(word);
-                    assignments.push((global_index % k as u64) as u16);
                     token_keys.push(global_index);
                     global_index += 1;
                 }
@@ -254,7 +253,8 @@ impl App for LdaApp {
             doc_topic: vec![0.0; doc_lengths.len() * k],
             tokens,
             words,
-            assignments,
+            // Read from the table at the worker's first clock.
+            assignments: vec![0; token_keys.len()],
             assignment_slots: vec![0; token_keys.len()],
             token_keys,
             doc_term_table,
@@ -428,10 +428,7 @@ impl BareWorker for LdaWorker {
                 totals[topic] += 1.0;
             }
         }
-        let per_pass = self.clocks_per_pass;
-        let len = self.tokens.len();
-        let part = (clock % per_pass as u64) as usize;
-        let range = part * len / per_pass..(part + 1) * len / per_pass;
+        let range = pass_range(self.tokens.len(), clock, self.clocks_per_pass);
         let mut rng = Rng::stream(self.seed ^ crate::app::mix64(clock), self.shard);
         self.sampler.sweep(
             &self.tokens[range.clone()],

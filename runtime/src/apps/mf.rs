@@ -2,7 +2,7 @@
 //!
 //! Tables: [`USERS`] and [`ITEMS`], one row per id of width `rank + 1` (column 0 the bias, then
 //! the factors). A clock is a slice of a pass over the worker's ratings (a pass takes
-//! [`MfApp::clocks_per_pass`] clocks); the learning rate decays geometrically per pass. Test
+//! [`App::clocks_per_pass`] clocks); the learning rate decays geometrically per pass. Test
 //! quality is RMSE with predictions clipped to the training range.
 //!
 //! Why a clock is smaller than a pass: workers share user and item rows, and each runs SGD from
@@ -149,18 +149,6 @@ impl MfApp {
         self.config.decay = decay;
         Ok(self)
     }
-
-    /// Clocks per pass over the data for a job of `workers` workers: the configured number, or
-    /// [`parallel_clocks_per_pass`] of this data, learning rate and staleness.
-    pub fn parallel_clocks(&self, workers: usize) -> usize {
-        self.config.clocks_per_pass.unwrap_or_else(|| {
-            parallel_clocks_per_pass(
-                f64::from(self.config.learning_rate) * self.max_row_updates as f64,
-                workers,
-                self.config.staleness,
-            )
-        })
-    }
 }
 
 /// Ratings of the most rated user or item.
@@ -246,7 +234,7 @@ impl App for MfApp {
             .copied()
             .collect();
         MfWorker {
-            clocks_per_pass: self.parallel_clocks(num_shards),
+            clocks_per_pass: self.clocks_per_pass(num_shards),
             keys: ratings.clone(),
             ratings,
             mean: self.mean,
@@ -254,8 +242,16 @@ impl App for MfApp {
         }
     }
 
+    /// The configured number, or [`parallel_clocks_per_pass`] of this data, learning rate and
+    /// staleness.
     fn clocks_per_pass(&self, workers: usize) -> usize {
-        self.parallel_clocks(workers)
+        self.config.clocks_per_pass.unwrap_or_else(|| {
+            parallel_clocks_per_pass(
+                f64::from(self.config.learning_rate) * self.max_row_updates as f64,
+                workers,
+                self.config.staleness,
+            )
+        })
     }
 
     fn evaluate(&self, tables: &dyn TableReader) -> crate::app::EvalReport {

@@ -111,7 +111,12 @@ impl MlrApp {
 
     /// Clocks (SGD steps) per pass over the training set: `ceil(examples / batch_size)`.
     pub fn steps_per_pass(&self) -> usize {
-        self.train.len().div_ceil(self.config.batch_size).max(1)
+        Self::steps_for(self.train.len(), self.config.batch_size)
+    }
+
+    /// Clocks (SGD steps) a pass over `examples` takes in batches of `batch_size`.
+    pub fn steps_for(examples: usize, batch_size: usize) -> usize {
+        examples.div_ceil(batch_size.max(1)).max(1)
     }
 }
 

@@ -54,9 +54,14 @@ impl AppsError {
 /// The part of a worker's shard that clock `clock` works on when a pass over the shard takes
 /// `clocks_per_pass` clocks: consecutive slices of (nearly) equal length, in order.
 pub fn pass_slice<T>(shard: &[T], clock: u64, clocks_per_pass: usize) -> &[T] {
+    &shard[pass_range(shard.len(), clock, clocks_per_pass)]
+}
+
+/// The indices of [`pass_slice`] in a shard of `len` items.
+pub fn pass_range(len: usize, clock: u64, clocks_per_pass: usize) -> std::ops::Range<usize> {
     let per_pass = clocks_per_pass.max(1);
     let part = (clock % per_pass as u64) as usize;
-    &shard[part * shard.len() / per_pass..(part + 1) * shard.len() / per_pass]
+    part * len / per_pass..(part + 1) * len / per_pass
 }
 
 /// How far the summed update of one clock may move a row, as a fraction of its distance to the
