@@ -280,6 +280,26 @@ impl RowCache {
         Ok(Self { tables, position })
     }
 
+    /// A cache with no tables (a placeholder while the real one is lent out).
+    pub fn empty() -> Self {
+        Self {
+            tables: Vec::new(),
+            position: Vec::new(),
+        }
+    }
+
+    /// Undoes every change since the last synchronisation: this clock sends no delta.
+    pub fn discard_changes(&mut self) {
+        for table in &mut self.tables {
+            table.data.copy_from_slice(&table.snapshot);
+        }
+    }
+
+    /// Ids of the cache's tables, in declaration order.
+    pub fn table_ids(&self) -> impl Iterator<Item = TableId> + '_ {
+        self.tables.iter().map(|t| t.id)
+    }
+
     fn table(&self, table: TableId) -> Option<&CacheTable> {
         let index = *self.position.get(table as usize)?;
         self.tables.get(index)
@@ -470,6 +490,13 @@ pub trait AppWorker: Send + 'static {
     fn bind(&mut self, cache: &RowCache);
     /// Does one clock of work (typically one pass over the shard), mutating rows in place.
     fn clock(&mut self, cache: &mut RowCache, clock: u64) -> ClockStats;
+    /// Why the last [`AppWorker::clock`] (or building this worker) failed, if it did: the
+    /// runtime then halts the run as it does a diverged one, with this message. Built-in apps
+    /// cannot fail; a Python app's hook can raise. A failed clock should leave the cache as it
+    /// found it ([`RowCache::discard_changes`]) so none of its partial writes are sent.
+    fn failure(&mut self) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

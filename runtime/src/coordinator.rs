@@ -369,9 +369,9 @@ impl Coordinator {
                     false,
                 );
                 if let Some(divergence) = report.divergence(&workers) {
-                    tracing::error!(%divergence, "training diverged");
+                    tracing::error!(%divergence, "the job failed");
                     m.error = Some(divergence.to_string());
-                    m.error_reason = Some(FailureReason::Diverged);
+                    m.error_reason = Some(divergence.reason());
                     m.phase = Some(JobPhase::Failed);
                 } else {
                     tracing::info!(

@@ -27,11 +27,26 @@ pub const PATIENCE: u32 = 3;
 /// Loss terms a window holds at least (the last clock completes it).
 pub const WINDOW_TERMS: u64 = 256;
 
-/// Why and where a run diverged.
+/// What stopped a run that a worker halted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HaltCause {
+    /// The training loss or the evaluation diverged.
+    #[default]
+    Diverged,
+    /// The app's own code failed (a Python hook raised, returned the wrong shape, or wrote a
+    /// non-finite delta): [`crate::app::AppWorker::failure`].
+    AppFailed,
+}
+
+/// Why and where a run diverged, or its app failed (see [`Divergence::cause`]): the worker that
+/// saw it halts the run the same way in both cases.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergence {
     /// The clock at which the rule tripped.
     pub clock: u64,
+    /// Divergence, or the app's failure.
+    #[serde(default)]
+    pub cause: HaltCause,
     /// What happened, in words (the loss and the rule).
     pub what: String,
     /// The last clock with a finite training loss, and that loss.
@@ -40,6 +55,9 @@ pub struct Divergence {
 
 impl std::fmt::Display for Divergence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.cause == HaltCause::AppFailed {
+            return write!(f, "the app failed at clock {}: {}", self.clock, self.what);
+        }
         write!(
             f,
             "training diverged at clock {}: {}",
@@ -110,6 +128,7 @@ impl DivergenceGuard {
         self.tripped = true;
         Some(Divergence {
             clock,
+            cause: HaltCause::Diverged,
             what,
             last_finite: self.last_finite,
         })
@@ -118,6 +137,26 @@ impl DivergenceGuard {
     /// The last clock with a finite loss, and that loss.
     pub fn last_finite(&self) -> Option<(u64, f64)> {
         self.last_finite
+    }
+}
+
+impl Divergence {
+    /// The status API's reason for a job this ended.
+    pub fn reason(&self) -> ebbflow_runtime_api::FailureReason {
+        match self.cause {
+            HaltCause::Diverged => ebbflow_runtime_api::FailureReason::Diverged,
+            HaltCause::AppFailed => ebbflow_runtime_api::FailureReason::AppFailed,
+        }
+    }
+
+    /// The app's code failed at `clock` (`what` names the hook and the error).
+    pub fn app_failed(clock: u64, what: String) -> Self {
+        Self {
+            clock,
+            cause: HaltCause::AppFailed,
+            what,
+            last_finite: None,
+        }
     }
 }
 
@@ -141,6 +180,7 @@ pub fn check_eval(
         .find(|(_, value)| !value.is_finite())?;
     Some(Divergence {
         clock,
+        cause: HaltCause::Diverged,
         what: format!("the final evaluation's {} is {}", bad.0, bad.1),
         last_finite,
     })

@@ -819,7 +819,7 @@ pub fn run_elastic_job_with<A: crate::app::App>(
             service.finish(phase, Some(result), None, None);
         }
         Err(error) => {
-            let reason = error.divergence().map(|_| FailureReason::Diverged);
+            let reason = error.divergence().map(|d| d.reason());
             service.finish(JobPhase::Failed, None, Some(error.to_string()), reason);
         }
     }

@@ -13,7 +13,9 @@
 pub mod app;
 pub mod apps;
 pub mod bandwidth;
+pub mod chaos;
 pub mod checkpoint;
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod control;

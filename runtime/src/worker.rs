@@ -810,9 +810,13 @@ impl<W: AppWorker> WorkerLoop<W> {
             let clock_end = run_start.elapsed().as_secs_f64();
             report.stats.push(stats);
             report.clock_end.push(clock_end);
-            let diverged = self.guard.observe(clock, &stats);
+            let failed = self
+                .app_worker
+                .failure()
+                .map(|what| Divergence::app_failed(clock, what));
+            let diverged = failed.or_else(|| self.guard.observe(clock, &stats));
             if let Some(divergence) = &diverged {
-                tracing::error!(worker = self.worker_id, %divergence, "training diverged");
+                tracing::error!(worker = self.worker_id, %divergence, "the worker halts the run");
                 if divergence_stop == DivergenceStop::EndGate {
                     // Every worker of the run shares this gate: they all stop after the highest
                     // clock any of them started, as at a segment's end.

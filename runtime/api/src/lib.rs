@@ -221,6 +221,8 @@ pub enum FailureReason {
     /// The training loss became NaN or infinite or grew without bound, or the final evaluation
     /// is not finite: the hyperparameters cannot train this model.
     Diverged,
+    /// The app's own code failed (a Python hook raised or returned bad data).
+    AppFailed,
 }
 
 impl FailureReason {
@@ -228,6 +230,7 @@ impl FailureReason {
     pub fn as_str(self) -> &'static str {
         match self {
             FailureReason::Diverged => "Diverged",
+            FailureReason::AppFailed => "AppFailed",
         }
     }
 }

@@ -1,0 +1,249 @@
+//! What Python code sees of the parameters: [`Tables`] during a clock (the worker's cached rows,
+//! SSP-fresh plus its own writes) and [`Reader`] during an evaluation (every row of the job).
+//!
+//! `get` copies rows out as a float32 array and `inc` adds deltas into the cache, duplicate keys
+//! accumulating (`numpy.add.at` semantics). A copy out and an add in, rather than a writable view
+//! of the cache: a view would outlive the clock in Python's hands (the cache is lent to Python
+//! for one call and the runtime needs it back), and the add makes duplicate keys in a
+//! mini-batch sum as a model's gradients do. BENCHMARKS.md ("Python SDK") gives the measured cost.
+
+use std::collections::BTreeMap;
+
+use ebbflow_runtime::app::{RowCache, TableId, TableReader, TableSpec};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::app::keys_from;
+
+/// A worker's rows for one clock (passed to `Worker.clock`).
+#[pyclass(module = "ebbflow._core")]
+pub struct Tables {
+    /// The runtime's cache, lent for the call; `None` once given back.
+    cache: Option<RowCache>,
+    /// Table names by id, for messages.
+    names: BTreeMap<TableId, String>,
+}
+
+impl Tables {
+    /// Lends `cache` to Python for one call.
+    pub(crate) fn lend(cache: RowCache, specs: &[TableSpec]) -> Self {
+        Self {
+            cache: Some(cache),
+            names: specs.iter().map(|s| (s.id, s.name.clone())).collect(),
+        }
+    }
+
+    /// Takes the cache back (the object then refuses every call).
+    pub(crate) fn take_back(&mut self) -> RowCache {
+        self.cache.take().unwrap_or_else(RowCache::empty)
+    }
+
+    fn cache(&mut self) -> PyResult<&mut RowCache> {
+        self.cache.as_mut().ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "these tables belong to a clock that has ended: use the tables passed to the \
+                 current clock() call",
+            )
+        })
+    }
+
+    fn width(&mut self, table: TableId) -> PyResult<usize> {
+        let known = self.names.keys().copied().collect::<Vec<_>>();
+        self.cache()?.width(table).ok_or_else(|| {
+            PyKeyError::new_err(format!(
+                "table {table} is not declared (the app's tables are {known:?})"
+            ))
+        })
+    }
+
+    /// Slots of `keys` in `table`, or an error naming the first key outside the working set.
+    fn slots(&mut self, table: TableId, keys: &[u64]) -> PyResult<Vec<u32>> {
+        let name = self.names.get(&table).cloned().unwrap_or_default();
+        let cache = self.cache()?;
+        keys.iter()
+            .map(|&key| {
+                cache.slot(table, key).ok_or_else(|| {
+                    PyKeyError::new_err(format!(
+                        "key {key} of table {table} ({name}) is not in this worker's \
+                         working_set()"
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl Tables {
+    /// Rows `keys` of `table` as a new float32 array of shape (len(keys), width).
+    fn get<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: TableId,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let width = self.width(table)?;
+        let keys = keys_from(keys).map_err(PyValueError::new_err)?;
+        let slots = self.slots(table, &keys)?;
+        let cache = self.cache()?;
+        let mut out = Vec::with_capacity(slots.len() * width);
+        for slot in slots {
+            out.extend_from_slice(cache.row(table, slot));
+        }
+        let array = Array2::from_shape_vec((keys.len(), width), out)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(array.into_pyarray(py))
+    }
+
+    /// Adds `deltas[i]` to row `keys[i]` of `table` (float32, shape (len(keys), width)); rows
+    /// named twice get both deltas. Non-finite deltas are refused and nothing is added.
+    fn inc(
+        &mut self,
+        table: TableId,
+        keys: &Bound<'_, PyAny>,
+        deltas: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let width = self.width(table)?;
+        let keys = keys_from(keys).map_err(PyValueError::new_err)?;
+        let deltas: PyReadonlyArray2<'_, f32> = deltas.extract().map_err(|_| {
+            let found = deltas
+                .cast::<PyUntypedArray>()
+                .map(|a| format!("a {}-D {} array", a.ndim(), a.dtype()))
+                .unwrap_or_else(|_| {
+                    deltas
+                        .get_type()
+                        .name()
+                        .map_or_else(|_| "?".into(), |n| n.to_string())
+                });
+            PyValueError::new_err(format!(
+                "inc(table {table}): deltas must be a 2-D float32 array of shape ({}, {width}), \
+                 got {found}",
+                keys.len()
+            ))
+        })?;
+        let view = deltas.as_array();
+        if view.shape() != [keys.len(), width] {
+            return Err(PyValueError::new_err(format!(
+                "inc(table {table}): deltas must have shape ({}, {width}), got {:?}",
+                keys.len(),
+                view.shape()
+            )));
+        }
+        if let Some(((row, column), value)) = view.indexed_iter().find(|(_, v)| !v.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "inc(table {table}): delta for key {} column {column} is {value} (not finite)",
+                keys[row]
+            )));
+        }
+        let slots = self.slots(table, &keys)?;
+        let cache = self.cache()?;
+        let (data, _) = cache.table_mut(table);
+        for (slot, delta) in slots.iter().zip(view.rows()) {
+            let start = *slot as usize * width;
+            for (value, d) in data[start..start + width].iter_mut().zip(delta) {
+                *value += d;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys of `table` in this worker's working set, sorted.
+    fn keys<'py>(&mut self, py: Python<'py>, table: TableId) -> PyResult<Bound<'py, PyAny>> {
+        let width = self.width(table)?;
+        debug_assert!(width > 0);
+        let cache = self.cache()?;
+        let mut keys: Vec<u64> = (0..cache.len(table) as u32)
+            .map(|slot| cache.key(table, slot))
+            .collect();
+        keys.sort_unstable();
+        Ok(keys.into_pyarray(py).into_any())
+    }
+}
+
+/// One table of a [`Reader`]: the rows servers hold.
+struct ReaderTable {
+    spec: TableSpec,
+    /// Materialised keys, sorted.
+    keys: Vec<u64>,
+    /// Their rows, `keys.len() * width`.
+    data: Vec<f32>,
+}
+
+/// Every row of the job, for `App.evaluate(reader)`: a copy taken before the call, so the
+/// evaluation runs with the runtime's tables free.
+#[pyclass(module = "ebbflow._core")]
+pub struct Reader {
+    tables: BTreeMap<TableId, ReaderTable>,
+}
+
+impl Reader {
+    /// Copies every materialised row of `specs`' tables out of `tables`.
+    pub(crate) fn snapshot(specs: &[TableSpec], tables: &dyn TableReader) -> Self {
+        let tables = specs
+            .iter()
+            .map(|spec| {
+                let keys = tables.keys(spec.id);
+                let mut data = vec![0.0; keys.len() * spec.width];
+                for (row, &key) in data.chunks_exact_mut(spec.width).zip(&keys) {
+                    if !tables.read_row(spec.id, key, row) {
+                        spec.init.fill(spec.id, key, row);
+                    }
+                }
+                let table = ReaderTable {
+                    spec: spec.clone(),
+                    keys,
+                    data,
+                };
+                (spec.id, table)
+            })
+            .collect();
+        Self { tables }
+    }
+
+    fn table(&self, table: TableId) -> PyResult<&ReaderTable> {
+        self.tables.get(&table).ok_or_else(|| {
+            PyKeyError::new_err(format!(
+                "table {table} is not declared (the app's tables are {:?})",
+                self.tables.keys().collect::<Vec<_>>()
+            ))
+        })
+    }
+}
+
+#[pymethods]
+impl Reader {
+    /// Rows `keys` of `table` (float32, shape (len(keys), width)); a row no worker touched holds
+    /// its initial value.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        table: TableId,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let t = self.table(table)?;
+        let width = t.spec.width;
+        let keys = keys_from(keys).map_err(PyValueError::new_err)?;
+        let mut out = vec![0.0; keys.len() * width];
+        for (row, &key) in out.chunks_exact_mut(width).zip(&keys) {
+            match t.keys.binary_search(&key) {
+                Ok(index) => row.copy_from_slice(&t.data[index * width..(index + 1) * width]),
+                Err(_) => t.spec.init.fill(table, key, row),
+            }
+        }
+        let array = Array2::from_shape_vec((keys.len(), width), out)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(array.into_pyarray(py))
+    }
+
+    /// Keys of `table` some worker touched, sorted.
+    fn keys<'py>(&self, py: Python<'py>, table: TableId) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.table(table)?.keys.clone().into_pyarray(py).into_any())
+    }
+
+    /// Width of `table`'s rows.
+    fn width(&self, table: TableId) -> PyResult<usize> {
+        Ok(self.table(table)?.spec.width)
+    }
+}
