@@ -484,13 +484,33 @@ impl AppWorker for PyWorker {
         set
     }
 
-    fn bind(&mut self, _cache: &RowCache) {
+    fn bind(&mut self, cache: &RowCache) {
         let Some(object) = &self.object else {
             return;
         };
         let result = Python::attach(|py| read_working_set(py, object, &self.specs));
         if let Err(reason) = result {
             self.fail("working_set()", reason);
+            return;
+        }
+        // The optional `bind(tables)` hook: where a worker looks its slots up once. It gets a
+        // copy of the cache, so it cannot change what the first clock reads.
+        let bound = Python::attach(|py| -> Result<(), String> {
+            let worker = object.bind(py);
+            if !worker.hasattr("bind").unwrap_or(false) {
+                return Ok(());
+            }
+            let tables = Py::new(py, Tables::lend(cache.clone(), &self.specs))
+                .map_err(|e| describe(py, &e))?;
+            let result = worker
+                .call_method1("bind", (tables.clone_ref(py),))
+                .map(|_| ())
+                .map_err(|e| describe(py, &e));
+            let _ = tables.borrow_mut(py).take_back(py);
+            result
+        });
+        if let Err(reason) = bound {
+            self.fail("bind(tables)", reason);
         }
     }
 
@@ -511,7 +531,8 @@ impl AppWorker for PyWorker {
                 .call_method1(py, "clock", (tables.clone_ref(py), clock))
                 .map_err(|e| describe(py, &e))
                 .and_then(|value| clock_stats(value.bind(py)));
-            (tables.borrow_mut(py).take_back(), result)
+            let (cache, copied) = tables.borrow_mut(py).take_back(py);
+            (cache, result.and_then(|stats| copied.map(|()| stats)))
         });
         *cache = returned;
         match result {

@@ -1,17 +1,25 @@
 //! What Python code sees of the parameters: [`Tables`] during a clock (the worker's cached rows,
 //! SSP-fresh plus its own writes) and [`Reader`] during an evaluation (every row of the job).
 //!
-//! `get` copies rows out as a float32 array and `inc` adds deltas into the cache, duplicate keys
-//! accumulating (`numpy.add.at` semantics). A copy out and an add in, rather than a writable view
-//! of the cache: a view would outlive the clock in Python's hands (the cache is lent to Python
-//! for one call and the runtime needs it back), and the add makes duplicate keys in a
-//! mini-batch sum as a model's gradients do. BENCHMARKS.md ("Python SDK") gives the measured cost.
+//! Two ways to touch rows during a clock:
+//! - by key: `get` copies rows out as a float32 array and `inc` adds deltas into the cache,
+//!   duplicate keys accumulating (`numpy.add.at` semantics); each call looks its keys up.
+//! - by slot: `rows(table)` is a writable float32 array of every cached row of the table, and
+//!   `slots(table, keys)` gives the row index of each key (stable for the worker's life: look
+//!   them up once, in the optional `bind(tables)` hook). The array is a copy of the cache made at
+//!   the first `rows` call of the clock and copied back when `clock` returns, one memcpy each way:
+//!   a view into the cache itself could outlive the clock in Python's hands, and the runtime needs
+//!   the cache back. After `rows(t)`, `get`/`inc` on `t` refuse (one source of truth per table).
+//!
+//! BENCHMARKS.md ("Python SDK") gives both ways' measured cost.
 
 use std::collections::BTreeMap;
 
 use ebbflow_runtime::app::{RowCache, TableId, TableReader, TableSpec};
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -24,6 +32,8 @@ pub struct Tables {
     cache: Option<RowCache>,
     /// Table names by id, for messages.
     names: BTreeMap<TableId, String>,
+    /// Arrays handed out by `rows`, copied back into the cache by `take_back`.
+    views: BTreeMap<TableId, Py<PyArray2<f32>>>,
 }
 
 impl Tables {
@@ -32,12 +42,49 @@ impl Tables {
         Self {
             cache: Some(cache),
             names: specs.iter().map(|s| (s.id, s.name.clone())).collect(),
+            views: BTreeMap::new(),
         }
     }
 
-    /// Takes the cache back (the object then refuses every call).
-    pub(crate) fn take_back(&mut self) -> RowCache {
-        self.cache.take().unwrap_or_else(RowCache::empty)
+    /// Takes the cache back, with what Python wrote into `rows` arrays (the object then refuses
+    /// every call). An array whose shape or dtype Python changed is an error.
+    pub(crate) fn take_back(&mut self, py: Python<'_>) -> (RowCache, Result<(), String>) {
+        let mut cache = self.cache.take().unwrap_or_else(RowCache::empty);
+        let mut result = Ok(());
+        for (table, view) in std::mem::take(&mut self.views) {
+            let (data, _) = cache.table_mut(table);
+            let copied = view
+                .bind(py)
+                .try_readonly()
+                .map_err(|e| e.to_string())
+                .and_then(|array| {
+                    let array = array.as_array();
+                    if array.len() != data.len() {
+                        return Err(format!(
+                            "rows({table}) changed shape to {:?}",
+                            array.shape()
+                        ));
+                    }
+                    for (value, new) in data.iter_mut().zip(array.iter()) {
+                        *value = *new;
+                    }
+                    Ok(())
+                });
+            if let Err(reason) = copied {
+                result = Err(reason);
+            }
+        }
+        (cache, result)
+    }
+
+    /// Refuses key access to a table whose rows Python holds as an array.
+    fn by_key(&self, table: TableId) -> PyResult<()> {
+        if self.views.contains_key(&table) {
+            return Err(PyRuntimeError::new_err(format!(
+                "table {table}: rows({table}) was taken this clock; read and write that array                  (with slots()) instead of get/inc"
+            )));
+        }
+        Ok(())
     }
 
     fn cache(&mut self) -> PyResult<&mut RowCache> {
@@ -59,7 +106,7 @@ impl Tables {
     }
 
     /// Slots of `keys` in `table`, or an error naming the first key outside the working set.
-    fn slots(&mut self, table: TableId, keys: &[u64]) -> PyResult<Vec<u32>> {
+    fn find_slots(&mut self, table: TableId, keys: &[u64]) -> PyResult<Vec<u32>> {
         let name = self.names.get(&table).cloned().unwrap_or_default();
         let cache = self.cache()?;
         keys.iter()
@@ -85,8 +132,9 @@ impl Tables {
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let width = self.width(table)?;
+        self.by_key(table)?;
         let keys = keys_from(keys).map_err(PyValueError::new_err)?;
-        let slots = self.slots(table, &keys)?;
+        let slots = self.find_slots(table, &keys)?;
         let cache = self.cache()?;
         let mut out = Vec::with_capacity(slots.len() * width);
         for slot in slots {
@@ -106,6 +154,7 @@ impl Tables {
         deltas: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let width = self.width(table)?;
+        self.by_key(table)?;
         let keys = keys_from(keys).map_err(PyValueError::new_err)?;
         let deltas: PyReadonlyArray2<'_, f32> = deltas.extract().map_err(|_| {
             let found = deltas
@@ -137,7 +186,7 @@ impl Tables {
                 keys[row]
             )));
         }
-        let slots = self.slots(table, &keys)?;
+        let slots = self.find_slots(table, &keys)?;
         let cache = self.cache()?;
         let (data, _) = cache.table_mut(table);
         for (slot, delta) in slots.iter().zip(view.rows()) {
@@ -147,6 +196,59 @@ impl Tables {
             }
         }
         Ok(())
+    }
+
+    /// Every cached row of `table` as a writable float32 array (slots x width), copied back into
+    /// the cache when `clock` returns; row `i` holds key `keys_by_slot(table)[i]`.
+    fn rows<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: TableId,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let width = self.width(table)?;
+        if let Some(view) = self.views.get(&table) {
+            return Ok(view.bind(py).clone());
+        }
+        let cache = self.cache()?;
+        let rows = cache.len(table);
+        let (data, _) = cache.table_mut(table);
+        let array = Array2::from_shape_vec((rows, width), data.to_vec())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .into_pyarray(py);
+        self.views.insert(table, array.clone().unbind());
+        Ok(array)
+    }
+
+    /// Row index in `rows(table)` of each of `keys` (int64); a key outside the working set is an
+    /// error.
+    fn slots<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: TableId,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.width(table)?;
+        let keys = keys_from(keys).map_err(PyValueError::new_err)?;
+        let slots: Vec<i64> = self
+            .find_slots(table, &keys)?
+            .into_iter()
+            .map(i64::from)
+            .collect();
+        Ok(slots.into_pyarray(py).into_any())
+    }
+
+    /// Keys of `rows(table)`'s rows, in slot order.
+    fn keys_by_slot<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: TableId,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.width(table)?;
+        let cache = self.cache()?;
+        let keys: Vec<u64> = (0..cache.len(table) as u32)
+            .map(|slot| cache.key(table, slot))
+            .collect();
+        Ok(keys.into_pyarray(py).into_any())
     }
 
     /// Keys of `table` in this worker's working set, sorted.

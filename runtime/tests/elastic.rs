@@ -23,7 +23,6 @@ use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::partition::{NodeId, PartitionId};
 use ebbflow_runtime::store::PartitionImage;
 use ebbflow_runtime::worker::JobConfig;
-use rand::{RngExt, SeedableRng};
 
 const CLOCKS: u64 = 24;
 
