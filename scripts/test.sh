@@ -50,6 +50,9 @@ echo "==> real data sets (scripts/fetch-data.sh) and the Python test venv (scrip
 export EBBFLOW_DATA_DIR="${EBBFLOW_DATA_DIR:-$(scripts/fetch-data.sh)}"
 export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
 
+echo "==> the Python SDK's wheel in that venv (scripts/setup-python-sdk.sh, rebuilt when its sources change)"
+scripts/setup-python-sdk.sh "$EBBFLOW_PYTHON"
+
 echo "==> amazon-ec2-metadata-mock for the node notice tests (scripts/setup-cluster-tools.sh, cached)"
 # shellcheck source=../tests/cluster/versions.env
 source tests/cluster/versions.env
