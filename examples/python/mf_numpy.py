@@ -106,14 +106,21 @@ class Worker(ef.Worker):
         return {USERS: np.unique(users), ITEMS: np.unique(items)}
 
     def bind(self, tables):
+        """Looks the rows up once, and for every slice of a pass the order that groups each row's
+        updates (so a clock sums them with one np.add.reduceat instead of np.add.at)."""
         users, items, _ = self.shard
         self.user_slots = tables.slots(USERS, users)
         self.item_slots = tables.slots(ITEMS, items)
+        self.groups = []
+        for part in range(self.per_pass):
+            start, end = ef.pass_slice(len(users), self.per_pass, part)
+            self.groups.append(tuple(group(s[start:end]) for s in (self.user_slots, self.item_slots)))
 
     def clock(self, tables, clock):
         app = self.app
         users, items, ratings = self.shard
-        start, end = ef.pass_slice(len(ratings), self.per_pass, clock)
+        part = clock % self.per_pass
+        start, end = ef.pass_slice(len(ratings), self.per_pass, part)
         lr = app.lr * app.decay ** (clock / self.per_pass)
         r = ratings[start:end]
         if app.by_key:
@@ -125,6 +132,15 @@ class Worker(ef.Worker):
             us, qs = self.user_slots[start:end], self.item_slots[start:end]
             U, Q = tables.rows(USERS), tables.rows(ITEMS)
             du, dq, err = sgd_updates(U[us], Q[qs], r, app.mean, lr, app.reg)
-            np.add.at(U, us, du)
-            np.add.at(Q, qs, dq)
+            for rows, d, (order, starts, unique) in ((U, du, self.groups[part][0]), (Q, dq, self.groups[part][1])):
+                if len(d):
+                    rows[unique] += np.add.reduceat(d[order], starts, axis=0)
         return ef.ClockStats(len(r), float(np.dot(err, err)), len(r))
+
+
+def group(slots):
+    """(order, starts, unique): ``slots[order]`` runs of equal slots begin at ``starts``."""
+    order = np.argsort(slots, kind="stable")
+    ordered = slots[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, np.int64)
+    return order, starts, ordered[starts]

@@ -53,7 +53,9 @@ fn numpy_mf_by_key_and_by_slot_train_the_same_model() {
         return;
     }
     let by_slot = run("mf_numpy:App", "{}", 2, 40, 0).eval.loss;
-    let by_key = run("mf_numpy:App", r#"{"by_key": true}"#, 2, 40, 0).eval.loss;
+    let by_key = run("mf_numpy:App", r#"{"by_key": true}"#, 2, 40, 0)
+        .eval
+        .loss;
     assert!(
         (by_slot - by_key).abs() < 1e-4,
         "rows/slots {by_slot} vs get/inc {by_key}"

@@ -282,6 +282,9 @@ fn job_id(job: &JobArgs, elastic: &ElasticArgs, app: &AppArgs) -> String {
             id.push_str(&format!(" update_period={}", app.exact_update_period));
         }
     }
+    if let Some(clocks) = app.mf_clocks_per_pass {
+        id.push_str(&format!(" mf_clocks_per_pass={clocks}"));
+    }
     if let Some(entry) = &app.entry {
         id.push_str(&format!(" entry={entry}"));
     }
@@ -342,6 +345,10 @@ struct AppArgs {
     /// exact: a row changes only at clocks `c` with `(row + c) % N == 0` (1: every clock).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     exact_update_period: u64,
+    /// mf, mf-synthetic: clocks a pass over the data takes (default: derived from the worker
+    /// count and the staleness).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    mf_clocks_per_pass: Option<u64>,
     /// An app the host adds (`--app python`): where its code is, e.g. `package.module:Class`.
     #[arg(long)]
     entry: Option<String>,
@@ -464,7 +471,10 @@ fn with_app<T: AppTask, E: ExternalApps>(
     // MF, MLR and LDA with their standard data (EBBFLOW_DATA_DIR) or synthetic variants.
     let data_dir = crate::data::data_dir();
     match crate::apps::build_named_app(&args.app, data_dir.as_deref(), staleness)? {
-        NamedApp::Mf(app) => task.run(app),
+        NamedApp::Mf(app) => match args.mf_clocks_per_pass {
+            Some(clocks) => task.run(app.with_clocks_per_pass(clocks as usize)?),
+            None => task.run(app),
+        },
         NamedApp::Mlr(app) => task.run(app),
         NamedApp::Lda(app) => task.run(app),
     }

@@ -138,7 +138,20 @@ impl MfApp {
         &self.config
     }
 
-    /// The same app with another learning-rate decay per pass.
+    /// The same app with a pass split into `clocks_per_pass` clocks (instead of the count
+    /// [`App::clocks_per_pass`] derives from the worker count).
+    pub fn with_clocks_per_pass(mut self, clocks_per_pass: usize) -> Result<Self, AppsError> {
+        if clocks_per_pass == 0 {
+            return Err(AppsError::Config {
+                app: "mf",
+                what: "clocks per pass must be > 0".into(),
+            });
+        }
+        self.config.clocks_per_pass = Some(clocks_per_pass);
+        Ok(self)
+    }
+
+    /// The same app with a learning rate decaying by `decay` per pass.
     pub fn with_decay(mut self, decay: f32) -> Result<Self, AppsError> {
         if !(decay > 0.0) {
             return Err(AppsError::Config {
