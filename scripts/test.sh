@@ -67,8 +67,11 @@ if ! command -v ip >/dev/null && ((EUID == 0)) && command -v apt-get >/dev/null;
     echo "test.sh: warning: installing iproute2 failed; a_vanished_peer_is_let_go will say it skipped" >&2
 fi
 
-echo "==> cargo test (unit + integration, no cluster needed)"
-cargo test --workspace --locked
+echo "==> cargo test (unit + integration, no cluster needed; Python apps in ebbflow run too)"
+# The embedded interpreter of the Python tests reads the test venv's packages (numpy, torch and
+# the SDK) as `python` would inside it.
+VIRTUAL_ENV="$(dirname "$(dirname "$EBBFLOW_PYTHON")")" \
+  cargo test --workspace --locked --features ebbflow-operator/python
 
 echo "==> helm chart: lint, template across value combinations, values schema rejections"
 scripts/check-chart.sh

@@ -12,8 +12,8 @@ use k8s_openapi::{
 use crate::{
     AppKind, AppSpec, BiddingSpec, BiddingStrategy, BillingModel, ConsistencyModel,
     ConsistencySpec, DatasetFormat, DatasetSpec, DurationString, Ec2Provisioning, MarketKind,
-    MarketSpec, Phase, ProvisioningMode, StopSpec, SyntheticDataset, TrainingJob, TrainingJobSpec,
-    TrainingJobStatus,
+    MarketSpec, Phase, ProvisioningMode, PythonApp, StopSpec, SyntheticDataset, TrainingJob,
+    TrainingJobSpec, TrainingJobStatus,
 };
 
 /// Namespace of fixture jobs unless [`TrainingJob::with_namespace`] says otherwise.
@@ -27,12 +27,7 @@ pub const TEST_TRACE: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_t
 /// reliable node, no transient nodes, BidBrain on the p3.2xlarge trace.
 pub fn test_spec() -> TrainingJobSpec {
     TrainingJobSpec {
-        app: AppSpec {
-            kind: AppKind::MatrixFactorization,
-            dataset: synthetic_dataset(AppKind::MatrixFactorization),
-            hyperparameters: None,
-            server_optimizer: None,
-        },
+        app: app_spec(AppKind::MatrixFactorization),
         consistency: ConsistencySpec::default(),
         stop: StopSpec {
             iterations: Some(10),
@@ -65,7 +60,35 @@ pub fn test_spec() -> TrainingJobSpec {
     }
 }
 
-/// Small seeded synthetic data sized for `kind`.
+/// An app of `kind` on small data, without hyperparameters: seeded synthetic data for the
+/// built-in kinds; for Python, the SDK's exact app (`examples/python/exact.py`) reading
+/// `ml-100k.inter` as a raw file.
+fn app_spec(kind: AppKind) -> AppSpec {
+    let (dataset, python) = match kind {
+        AppKind::Python => (
+            DatasetSpec {
+                path: Some("ml-100k.inter".into()),
+                format: Some(DatasetFormat::Raw),
+                ..DatasetSpec::default()
+            },
+            Some(PythonApp {
+                entry: "exact:App".into(),
+                args: None,
+                path: Vec::new(),
+            }),
+        ),
+        kind => (synthetic_dataset(kind), None),
+    };
+    AppSpec {
+        kind,
+        python,
+        dataset,
+        hyperparameters: None,
+        server_optimizer: None,
+    }
+}
+
+/// Small seeded synthetic data sized for `kind` (a built-in kind).
 fn synthetic_dataset(kind: AppKind) -> DatasetSpec {
     let synthetic = match kind {
         AppKind::MatrixFactorization => SyntheticDataset {
@@ -83,7 +106,7 @@ fn synthetic_dataset(kind: AppKind) -> DatasetSpec {
             classes: Some(3),
             ..SyntheticDataset::default()
         },
-        AppKind::Lda => SyntheticDataset {
+        AppKind::Lda | AppKind::Python => SyntheticDataset {
             seed: 1,
             documents: Some(200),
             vocabulary: Some(500),
@@ -146,14 +169,10 @@ impl TrainingJob {
         self
     }
 
-    /// Switches the app to `kind` with small synthetic data for it and no hyperparameters.
+    /// Switches the app to `kind` with small data for it and no hyperparameters (see
+    /// [`app_spec`]).
     pub fn with_app(mut self, kind: AppKind) -> Self {
-        self.spec.app = AppSpec {
-            kind,
-            dataset: synthetic_dataset(kind),
-            hyperparameters: None,
-            server_optimizer: None,
-        };
+        self.spec.app = app_spec(kind);
         self
     }
 
@@ -343,6 +362,7 @@ mod tests {
             AppKind::MatrixFactorization,
             AppKind::LogisticRegression,
             AppKind::Lda,
+            AppKind::Python,
         ] {
             let job = TrainingJob::test("app").with_app(kind);
             job.spec.validate().expect("every app fixture is valid");

@@ -54,6 +54,20 @@ impl fmt::Debug for Rule {
     }
 }
 
+/// `module:Class`: a dotted module path and a class name, identifiers both.
+fn is_entry(entry: &str) -> bool {
+    let identifier = |part: &str, dots: bool| {
+        let mut chars = part.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (dots && c == '.'))
+    };
+    entry
+        .split_once(':')
+        .is_some_and(|(module, class)| identifier(module, true) && identifier(class, false))
+}
+
 fn is_lda(spec: &TrainingJobSpec) -> bool {
     spec.app.kind == AppKind::Lda
 }
@@ -98,8 +112,9 @@ pub static RULES: &[Rule] = &[
         cel: "!has(self.dataset.format) \
               || (self.kind == 'MatrixFactorization' && self.dataset.format in ['movielens-inter', 'csv']) \
               || (self.kind == 'LogisticRegression' && self.dataset.format in ['libsvm', 'csv']) \
-              || (self.kind == 'LDA' && self.dataset.format == 'ldac')",
-        message: "spec.app.dataset.format must suit spec.app.kind: movielens-inter or csv for MatrixFactorization, libsvm or csv for LogisticRegression, ldac for LDA",
+              || (self.kind == 'LDA' && self.dataset.format == 'ldac') \
+              || (self.kind == 'Python' && self.dataset.format == 'raw')",
+        message: "spec.app.dataset.format must suit spec.app.kind: movielens-inter or csv for MatrixFactorization, libsvm or csv for LogisticRegression, ldac for LDA, raw for Python",
         holds: |s| {
             s.app
                 .dataset
@@ -217,6 +232,34 @@ pub static RULES: &[Rule] = &[
         cel: "self.kind != 'LDA' || !has(self.serverOptimizer)",
         message: "spec.app.serverOptimizer is not valid for kind LDA",
         holds: |s| !is_lda(s) || s.app.server_optimizer.is_none(),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "python",
+        cel: "(self.kind == 'Python') == has(self.python)",
+        message: "spec.app.python is required for kind Python and only valid for it",
+        holds: |s| (s.app.kind == AppKind::Python) == s.app.python.is_some(),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "python.entry",
+        cel: "!has(self.python) || self.python.entry.matches('^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$')",
+        message: "spec.app.python.entry must be module:Class, e.g. mf_numpy:App",
+        holds: |s| s.app.python.as_ref().is_none_or(|p| is_entry(&p.entry)),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "dataset.synthetic",
+        cel: "self.kind != 'Python' || !has(self.dataset.synthetic)",
+        message: "spec.app.dataset.synthetic is not valid for kind Python: its code reads its own data (set path or url with format raw)",
+        holds: |s| s.app.kind != AppKind::Python || s.app.dataset.synthetic.is_none(),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "hyperparameters",
+        cel: "self.kind != 'Python' || !has(self.hyperparameters)",
+        message: "spec.app.hyperparameters is not valid for kind Python: pass spec.app.python.args",
+        holds: |s| s.app.kind != AppKind::Python || s.app.hyperparameters.is_none(),
     },
     // --- consistency, stop -------------------------------------------------------------------
     Rule {

@@ -124,9 +124,15 @@ pub struct TrainingJobSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppSpec {
-    /// Model to train: MatrixFactorization (SGD), LogisticRegression (multinomial, SGD) or LDA
-    /// (collapsed Gibbs sampling).
+    /// Model to train: MatrixFactorization (SGD), LogisticRegression (multinomial, SGD), LDA
+    /// (collapsed Gibbs sampling), or Python (your own model, written with the Python SDK: set
+    /// python).
     pub kind: AppKind,
+
+    /// Your own model (kind Python): the class the runtime calls, its arguments and where its
+    /// code is. Required for kind Python, not allowed otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonApp>,
 
     /// Where the training data comes from and how it is encoded.
     pub dataset: DatasetSpec,
@@ -140,8 +146,38 @@ pub struct AppSpec {
     pub server_optimizer: Option<ServerOptimizer>,
 }
 
-/// Model to train: MatrixFactorization (SGD), LogisticRegression (multinomial, SGD) or LDA
-/// (collapsed Gibbs sampling).
+/// A model written with the Python SDK (docs/python.md): the runtime imports `entry` in every
+/// process of the job and calls its hooks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PythonApp {
+    /// The app's class as `module:Class` (e.g. `mf_numpy:App`), imported from the image's
+    /// Python path plus path.
+    #[schemars(length(min = 3, max = 256))]
+    pub entry: String,
+
+    /// Arguments of the class, passed as keyword arguments: `Class(**args)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::spec::json_object_schema")]
+    pub args: Option<serde_json::Map<String, serde_json::Value>>,
+
+    /// Directories put in front of Python's module path (relative ones resolve against the
+    /// working directory: the repository root for `ebbflow run` of the examples, the image's
+    /// working directory in a pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+}
+
+/// Schema of a free-form JSON object (`x-kubernetes-preserve-unknown-fields`).
+pub(crate) fn json_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Model to train: MatrixFactorization (SGD), LogisticRegression (multinomial, SGD), LDA
+/// (collapsed Gibbs sampling) or Python (your own model).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum AppKind {
     /// Low-rank factorization of a sparse ratings matrix (SGD).
@@ -151,6 +187,8 @@ pub enum AppKind {
     /// Latent Dirichlet allocation topic model (collapsed Gibbs sampling).
     #[serde(rename = "LDA")]
     Lda,
+    /// Your own model, written with the Python SDK (spec.app.python).
+    Python,
 }
 
 impl AppKind {
@@ -160,6 +198,7 @@ impl AppKind {
             Self::MatrixFactorization => "MatrixFactorization",
             Self::LogisticRegression => "LogisticRegression",
             Self::Lda => "LDA",
+            Self::Python => "Python",
         }
     }
 
@@ -169,6 +208,7 @@ impl AppKind {
             Self::MatrixFactorization => &[DatasetFormat::MovielensInter, DatasetFormat::Csv],
             Self::LogisticRegression => &[DatasetFormat::Libsvm, DatasetFormat::Csv],
             Self::Lda => &[DatasetFormat::Ldac],
+            Self::Python => &[DatasetFormat::Raw],
         }
     }
 }
@@ -229,6 +269,10 @@ pub enum DatasetFormat {
     /// LDA-C: `count word:count ...` per document.
     #[serde(rename = "ldac")]
     Ldac,
+    /// Any file, read by the app's own code (kind Python): its path is the app's
+    /// `EBBFLOW_DATASET`.
+    #[serde(rename = "raw")]
+    Raw,
 }
 
 impl DatasetFormat {
@@ -239,6 +283,7 @@ impl DatasetFormat {
             Self::Csv => "csv",
             Self::Libsvm => "libsvm",
             Self::Ldac => "ldac",
+            Self::Raw => "raw",
         }
     }
 }

@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 
 use ebbflow_crds::{
-    AppKind, BiddingStrategy, BillingModel, ConsistencyModel, DatasetFormat, DurationString,
-    Ec2Provisioning, Hyperparameters, MarketKind, ProvisioningMode, RULES, Rule, ServerOptimizer,
-    SyntheticDataset, TrainingJob, TrainingJobSpec,
+    AppKind, BiddingStrategy, BillingModel, ConsistencyModel, DatasetFormat, DatasetSpec,
+    DurationString, Ec2Provisioning, Hyperparameters, MarketKind, ProvisioningMode, PythonApp,
+    RULES, Rule, ServerOptimizer, SyntheticDataset, TrainingJob, TrainingJobSpec,
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::core::cel::{self, CompiledSchema, ErrorKind, Validator};
@@ -204,6 +204,25 @@ fn duration(text: &str) -> DurationString {
 /// For each rule, a change to the valid fixture that breaks it (and only it).
 type Breaker = (&'static str, fn(&mut TrainingJobSpec));
 
+fn python_app(entry: &str) -> PythonApp {
+    PythonApp {
+        entry: entry.into(),
+        args: None,
+        path: Vec::new(),
+    }
+}
+
+/// A valid Python app: the entry, a raw file.
+fn python_kind(s: &mut TrainingJobSpec) {
+    s.app.kind = AppKind::Python;
+    s.app.python = Some(python_app("mf_numpy:App"));
+    s.app.dataset = DatasetSpec {
+        path: Some("ratings.inter".into()),
+        format: Some(DatasetFormat::Raw),
+        ..DatasetSpec::default()
+    };
+}
+
 fn breakers() -> Vec<Breaker> {
     vec![
         ("spec.app.dataset must set exactly one", |s| {
@@ -249,6 +268,30 @@ fn breakers() -> Vec<Breaker> {
                 ..Default::default()
             });
         }),
+        ("spec.app.python is required", |s| {
+            s.app.python = Some(python_app("mf_numpy:App"));
+        }),
+        ("spec.app.python.entry must be", |s| {
+            python_kind(s);
+            s.app.python = Some(python_app("mf_numpy"));
+        }),
+        (
+            "spec.app.dataset.synthetic is not valid for kind Python",
+            |s| {
+                python_kind(s);
+                s.app.dataset = DatasetSpec {
+                    synthetic: Some(SyntheticDataset::default()),
+                    ..DatasetSpec::default()
+                };
+            },
+        ),
+        (
+            "spec.app.hyperparameters is not valid for kind Python",
+            |s| {
+                python_kind(s);
+                s.app.hyperparameters = Some(Hyperparameters::default());
+            },
+        ),
         ("hyperparameters.batchSize", |s| {
             s.app.hyperparameters = Some(Hyperparameters {
                 batch_size: Some(8),
@@ -419,7 +462,10 @@ fn varied_spec(seed: u64) -> TrainingJobSpec {
         AppKind::MatrixFactorization,
         AppKind::LogisticRegression,
         AppKind::Lda,
+        AppKind::Python,
     ]);
+    let entry = c.pick(&["mf_numpy:App", "pkg.model:Net", "no-colon", ":App"]);
+    s.app.python = c.maybe(python_app(entry));
     let d = &mut s.app.dataset;
     let synthetic = SyntheticDataset {
         seed: 3,
@@ -440,6 +486,7 @@ fn varied_spec(seed: u64) -> TrainingJobSpec {
         Some(DatasetFormat::Csv),
         Some(DatasetFormat::Libsvm),
         Some(DatasetFormat::Ldac),
+        Some(DatasetFormat::Raw),
     ]);
     d.claim_name = c.maybe("pvc".to_owned());
     let hyperparameters = Hyperparameters {

@@ -44,6 +44,8 @@ class App(ef.App):
         split_seed=42,
         by_key=False,
     ):
+        # The job's dataset (EBBFLOW_DATASET, spec.app.dataset), else the data directory's.
+        data = data or os.environ.get("EBBFLOW_DATASET")
         if data is None:
             base = os.environ.get("EBBFLOW_DATA_DIR")
             if not base:

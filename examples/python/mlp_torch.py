@@ -44,6 +44,8 @@ def pick_device(device):
 
 class App(ef.App):
     def __init__(self, data=None, hidden=64, learning_rate=0.5, batch=64, split_seed=42, seed=0, device="cpu"):
+        # The job's dataset (EBBFLOW_DATASET, spec.app.dataset), else the data directory's.
+        data = data or os.environ.get("EBBFLOW_DATASET")
         if data is None:
             base = os.environ.get("EBBFLOW_DATA_DIR")
             if not base:

@@ -68,10 +68,27 @@ pub fn embed() -> PyResult<()> {
         if modules.contains("ebbflow._core")? {
             return Ok(());
         }
+        // A host started inside a virtualenv (VIRTUAL_ENV) sees its packages, as `python` would.
+        if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+            let site = py.import("site")?;
+            let version = py.version_info();
+            let dir = std::path::Path::new(&venv).join(format!(
+                "lib/python{}.{}/site-packages",
+                version.major, version.minor
+            ));
+            site.call_method1("addsitedir", (dir.display().to_string(),))?;
+        }
         let module = PyModule::new(py, "_core")?;
         _core(&module)?;
         modules.set_item("ebbflow._core", module)
     })
+}
+
+/// Sets `name` in Python's `os.environ` (and so in the process environment its children see):
+/// how a host hands an app settings such as `EBBFLOW_DATASET` without touching the environment
+/// from Rust while threads run.
+pub fn set_env(name: &str, value: &str) -> PyResult<()> {
+    Python::attach(|py| py.import("os")?.getattr("environ")?.set_item(name, value))
 }
 
 /// `_core.main(argv)`: the runtime's command line (`argv[0]` is the program name).

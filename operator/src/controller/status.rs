@@ -71,6 +71,8 @@ pub mod reasons {
     pub const TRAINING_FAILED: &str = "TrainingFailed";
     /// The coordinator reported that training diverged (a NaN, infinite or runaway loss).
     pub const DIVERGED: &str = "Diverged";
+    /// The coordinator reported that the app's own code failed (a Python hook raised).
+    pub const APP_FAILED: &str = "AppFailed";
     /// `spec.bidding.budgetTotal` is spent (see [`super::super::stop`]).
     pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
     /// The coordinator pod failed [`super::COORDINATOR_FAILURE_LIMIT`] times in a row.
@@ -194,7 +196,9 @@ pub fn condition_is(status: Option<&TrainingJobStatus>, type_: &str, value: bool
 
 /// True once the job failed in training (final; an invalid spec is not final).
 pub fn training_failed(status: Option<&TrainingJobStatus>) -> bool {
-    failed_for(status, reasons::TRAINING_FAILED) || failed_for(status, reasons::DIVERGED)
+    failed_for(status, reasons::TRAINING_FAILED)
+        || failed_for(status, reasons::DIVERGED)
+        || failed_for(status, reasons::APP_FAILED)
 }
 
 /// Coordinator pod failures in a row (without the coordinator answering in between) after
@@ -448,7 +452,9 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
             let reason = report
                 .failed_reason
                 .clone()
-                .filter(|reason| reason == reasons::DIVERGED)
+                .filter(|reason| {
+                    [reasons::DIVERGED, reasons::APP_FAILED].contains(&reason.as_str())
+                })
                 .unwrap_or_else(|| reasons::TRAINING_FAILED.to_owned());
             (reason, message)
         }),

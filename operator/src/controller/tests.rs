@@ -1445,6 +1445,27 @@ async fn a_diverged_run_fails_the_job_with_reason_diverged() {
 }
 
 #[tokio::test]
+async fn a_failed_python_hook_fails_the_job_with_reason_app_failed() {
+    let scenario = Scenario::running(spot_job("mf", 1, &["us-east-1a"])).await;
+    let message = "the app failed at clock 3: app broken:App: hook clock(tables, 3) of shard 1 \
+                   failed: RuntimeError: boom";
+    scenario.report(|status| {
+        status.phase = JobPhase::Failed;
+        status.error = Some(message.to_owned());
+        status.failure_reason = Some(ebbflow_runtime_api::FailureReason::AppFailed);
+    });
+    scenario.settle().await;
+    assert_eq!(scenario.status().phase, Some(Phase::Failed));
+    let (failed, reason, said) = scenario.condition(conditions::FAILED);
+    assert_eq!(
+        (failed.as_str(), reason.as_str()),
+        ("True", reasons::APP_FAILED)
+    );
+    assert_eq!(said, message);
+    assert!(scenario.live_pods().is_empty());
+}
+
+#[tokio::test]
 async fn api_errors_back_off_per_job_and_are_counted_by_category() {
     let scenario = Scenario::new(TrainingJob::test("mf").with_finalizer(FINALIZER)).await;
     scenario.cluster.lock().fail_pod_list = true;

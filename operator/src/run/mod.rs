@@ -24,6 +24,7 @@ use ebbflow_crds::{AppKind, DatasetFormat, ServerOptimizer, TrainingJob};
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig};
 use ebbflow_runtime::data;
+use ebbflow_runtime::divergence::HaltCause;
 use ebbflow_runtime::elastic::{
     ElasticConfig, ElasticEvent, ElasticReport, LiveFeed, StageThresholds, run_elastic_live,
 };
@@ -155,6 +156,14 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+    /// The app's own code failed (a Python app's hook raised or returned bad data).
+    #[error("{app} failed: {failure}")]
+    AppFailed {
+        /// The app kind.
+        app: String,
+        /// Where and how: the hook, the clock and the error.
+        failure: ebbflow_runtime::divergence::Divergence,
+    },
     /// Training diverged: the model is not a result.
     #[error(
         "{app} diverged: {divergence} (lower spec.app.hyperparameters.learningRate, or use \
@@ -205,7 +214,25 @@ enum JobApp {
     Mf(MfApp),
     Mlr(MlrApp),
     Lda(LdaApp),
+    /// A model written with the Python SDK (built with the `python` feature).
+    #[cfg(feature = "python")]
+    Python(ebbflow_python::PyApp),
 }
+
+/// Evaluates `$body` with `$app` bound to the concrete app inside the [`JobApp`] `$job_app`
+/// (each app is its own type: the runtime is generic over [`App`]).
+macro_rules! with_job_app {
+    ($job_app:expr, $app:ident => $body:expr) => {
+        match $job_app {
+            JobApp::Mf($app) => $body,
+            JobApp::Mlr($app) => $body,
+            JobApp::Lda($app) => $body,
+            #[cfg(feature = "python")]
+            JobApp::Python($app) => $body,
+        }
+    };
+}
+use with_job_app;
 
 /// Per-pass learning-rate decay that anneals the rate to 5% of its start over the job's `clocks`
 /// at `clocks_per_pass` (the spec names no decay; a fixed one would stop long jobs from learning
@@ -441,7 +468,61 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
             };
             JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)
         }
+        AppKind::Python => python_app(job, dataset_path.as_deref(), data_dir)?,
     })
+}
+
+/// The Python app of a job: `spec.app.python`'s class, imported with its `path` in front, its
+/// dataset (a raw file or directory) given to it as `EBBFLOW_DATASET`.
+#[cfg(feature = "python")]
+fn python_app(
+    job: &TrainingJob,
+    dataset_path: Option<&str>,
+    data_dir: &Path,
+) -> Result<JobApp, RunError> {
+    let python =
+        job.spec.app.python.as_ref().ok_or_else(|| {
+            RunError::LoadData("spec.app.python is required for kind Python".into())
+        })?;
+    ebbflow_python::embed().map_err(|e| RunError::LoadData(format!("starting Python: {e}")))?;
+    if let Some(path) = dataset_path {
+        let path = Path::new(path);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            data_dir.join(path)
+        };
+        if !path.exists() {
+            return Err(RunError::LoadData(format!(
+                "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR)",
+                path.display()
+            )));
+        }
+        // For the app's own code (Python's os.environ: this process and its children).
+        ebbflow_python::set_env("EBBFLOW_DATASET", &path.display().to_string())
+            .map_err(|e| RunError::LoadData(format!("setting EBBFLOW_DATASET: {e}")))?;
+    }
+    let args = python
+        .args
+        .as_ref()
+        .map(|args| serde_json::Value::Object(args.clone()).to_string());
+    let mut path: Vec<PathBuf> = python.path.iter().map(PathBuf::from).collect();
+    path.extend(ebbflow_python::python_path());
+    let app = ebbflow_python::PyApp::load(&python.entry, args.as_deref(), &path)
+        .map_err(|e| RunError::LoadData(e.to_string()))?;
+    Ok(JobApp::Python(app))
+}
+
+#[cfg(not(feature = "python"))]
+fn python_app(job: &TrainingJob, _: Option<&str>, _: &Path) -> Result<JobApp, RunError> {
+    Err(RunError::LoadData(format!(
+        "spec.app.kind Python ({}): this ebbflow was built without Python apps; build it with          `cargo build --release -p ebbflow-operator --features python` (docs/python.md)",
+        job.spec
+            .app
+            .python
+            .as_ref()
+            .map_or("no entry", |p| p.entry.as_str())
+    )))
 }
 
 /// Worker threads per node: `spec.runtime.workerThreads`, else one per requested CPU (rounded
@@ -680,11 +761,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
     );
 
     if !args.quiet {
-        let per_pass = match &app {
-            JobApp::Mf(app) => app.clocks_per_pass(config.job.workers),
-            JobApp::Mlr(app) => app.clocks_per_pass(config.job.workers),
-            JobApp::Lda(app) => app.clocks_per_pass(config.job.workers),
-        };
+        let per_pass = with_job_app!(&app, app => app.clocks_per_pass(config.job.workers));
         eprintln!(
             "ebbflow run {name}: {} clocks ({per_pass} a pass over the data), {} logical workers, \
              writing {}",
@@ -721,11 +798,9 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             events: sender.clone(),
         };
         std::thread::scope(|scope| {
-            let training = scope.spawn(|| match &app {
-                JobApp::Mf(app) => run_elastic_live(app, &config, &feed, &metrics),
-                JobApp::Mlr(app) => run_elastic_live(app, &config, &feed, &metrics),
-                JobApp::Lda(app) => run_elastic_live(app, &config, &feed, &metrics),
-            });
+            let training = scope.spawn(
+                || with_job_app!(&app, app => run_elastic_live(app, &config, &feed, &metrics)),
+            );
             let driven = drive.run(replay, &mut instances, &sender, &metrics, || {
                 training.is_finished()
             });
@@ -797,32 +872,14 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         let outcome = std::thread::scope(|scope| {
             let training = scope.spawn(|| {
                 let feed = (sender.clone(), feed);
-                match &app {
-                    JobApp::Mf(app) => run_elastic_job(
-                        app,
-                        job_settings,
-                        listener,
-                        registry.clone(),
-                        &metrics,
-                        feed,
-                    ),
-                    JobApp::Mlr(app) => run_elastic_job(
-                        app,
-                        job_settings,
-                        listener,
-                        registry.clone(),
-                        &metrics,
-                        feed,
-                    ),
-                    JobApp::Lda(app) => run_elastic_job(
-                        app,
-                        job_settings,
-                        listener,
-                        registry.clone(),
-                        &metrics,
-                        feed,
-                    ),
-                }
+                with_job_app!(&app, app => run_elastic_job(
+                    app,
+                    job_settings,
+                    listener,
+                    registry.clone(),
+                    &metrics,
+                    feed,
+                ))
             });
             let driven = drive.run(replay, &mut instances, &sender, &metrics, || {
                 training.is_finished()
@@ -849,19 +906,20 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             RunError::Coordinate(e) => e.divergence(),
             _ => None,
         };
+        let app = format!("{:?}", job.spec.app.kind);
         match divergence {
+            Some(failure) if failure.cause == HaltCause::AppFailed => RunError::AppFailed {
+                app,
+                failure: failure.clone(),
+            },
             Some(divergence) => RunError::Diverged {
-                app: format!("{:?}", job.spec.app.kind),
+                app,
                 divergence: divergence.clone(),
             },
             None => error,
         }
     })?;
-    let evaluate_kind = match &app {
-        JobApp::Mf(app) => app.tables().len(),
-        JobApp::Mlr(app) => app.tables().len(),
-        JobApp::Lda(app) => app.tables().len(),
-    };
+    let evaluate_kind = with_job_app!(&app, app => app.tables().len());
     debug_assert!(evaluate_kind > 0);
     let summary = RunSummary::new(
         &name,

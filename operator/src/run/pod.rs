@@ -34,7 +34,7 @@ use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elas
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use prometheus::Registry;
 
-use super::{JobApp, RunError, build_app, elastic_config, job_id};
+use super::{JobApp, RunError, build_app, elastic_config, job_id, with_job_app};
 
 /// What a runtime pod does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,11 +243,7 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
     let node_name = env.pod_name.clone();
     let node = std::thread::spawn(move || run_node(node_app, own_node, &node_name));
     let feed = ebbflow_runtime::elastic::LiveFeed::new();
-    let report = match &app {
-        JobApp::Mf(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
-        JobApp::Mlr(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
-        JobApp::Lda(app) => run_elastic_job(app, settings, listener, registry, &metrics, feed),
-    }
+    let report = with_job_app!(&app, app => run_elastic_job(app, settings, listener, registry, &metrics, feed))
     .map_err(|e| RunError::Pod(format!("the job's coordinator failed: {e}")))?;
     match node.join() {
         Ok(outcome) => outcome?,
@@ -270,12 +266,7 @@ pub(super) fn run_node(
     settings: ElasticNodeSettings,
     name: &str,
 ) -> Result<(), RunError> {
-    match app {
-        JobApp::Mf(app) => run_elastic_node(app, settings),
-        JobApp::Mlr(app) => run_elastic_node(app, settings),
-        JobApp::Lda(app) => run_elastic_node(app, settings),
-    }
-    .map_err(|e| RunError::Node {
+    with_job_app!(app, app => run_elastic_node(app, settings)).map_err(|e| RunError::Node {
         name: name.to_owned(),
         reason: e.to_string(),
     })
