@@ -350,6 +350,7 @@ impl App for PyApp {
                     object: Some(object),
                     specs: self.inner.specs.clone(),
                     failure: None,
+                    reported: false,
                 },
                 Err(reason) => PyWorker {
                     entry: entry.clone(),
@@ -359,6 +360,7 @@ impl App for PyApp {
                     failure: Some(format!(
                         "app {entry}: hook worker({shard}, {num_shards}) failed: {reason}"
                     )),
+                    reported: false,
                 },
             }
         })
@@ -455,6 +457,9 @@ pub struct PyWorker {
     object: Option<Py<PyAny>>,
     specs: Vec<TableSpec>,
     failure: Option<String>,
+    /// Whether the runtime has been told of `failure` (it is reported once, at its clock; the
+    /// worker then does nothing until the run stops).
+    reported: bool,
 }
 
 impl PyWorker {
@@ -546,6 +551,10 @@ impl AppWorker for PyWorker {
     }
 
     fn failure(&mut self) -> Option<String> {
+        if self.reported {
+            return None;
+        }
+        self.reported = self.failure.is_some();
         self.failure.clone()
     }
 }
