@@ -351,6 +351,7 @@ impl App for PyApp {
                     specs: self.inner.specs.clone(),
                     failure: None,
                     reported: false,
+                    checked: false,
                 },
                 Err(reason) => PyWorker {
                     entry: entry.clone(),
@@ -361,6 +362,7 @@ impl App for PyApp {
                         "app {entry}: hook worker({shard}, {num_shards}) failed: {reason}"
                     )),
                     reported: false,
+                    checked: false,
                 },
             }
         })
@@ -460,6 +462,8 @@ pub struct PyWorker {
     /// Whether the runtime has been told of `failure` (it is reported once, at its clock; the
     /// worker then does nothing until the run stops).
     reported: bool,
+    /// Whether the first clock ran twice to check the rule (see [`AppWorker::clock`]).
+    checked: bool,
 }
 
 impl PyWorker {
@@ -520,27 +524,43 @@ impl AppWorker for PyWorker {
     }
 
     fn clock(&mut self, cache: &mut RowCache, clock: u64) -> ClockStats {
-        if self.failure.is_some() {
+        if self.failure.is_some() || self.object.is_none() {
             return ClockStats::default();
         }
-        let Some(object) = &self.object else {
-            return ClockStats::default();
-        };
-        let lent = std::mem::replace(cache, RowCache::empty());
-        let (returned, result) = Python::attach(|py| {
-            let tables = match Py::new(py, Tables::lend(lent, &self.specs)) {
-                Ok(tables) => tables,
-                Err(error) => unreachable!("allocating the tables object failed: {error}"),
+        if !self.checked {
+            // The rule, checked on the worker's first clock: the same clock on the same rows
+            // must write the same values (a worker that keeps learned state, counts its calls
+            // or draws unseeded randomness does not), or rollback and migration would not
+            // redo it exactly.
+            self.checked = true;
+            let mut twin = cache.clone();
+            let first = self.call_clock(&mut twin, clock);
+            let second = self.call_clock(cache, clock);
+            return match (first, second) {
+                (Ok(_), Ok(stats)) => match first_difference(&twin, cache) {
+                    None => stats,
+                    Some((table, key, a, b)) => {
+                        cache.discard_changes();
+                        self.fail(
+                            &format!("clock(tables, {clock})"),
+                            format!(
+                                "it is not a pure function of (shard, clock, rows read): called \
+                                 twice on the same rows it wrote {a} then {b} to table {table} \
+                                 key {key}; keep learned state in tables and seed randomness \
+                                 from (shard, clock) (docs/python.md)"
+                            ),
+                        );
+                        ClockStats::default()
+                    }
+                },
+                (Err(reason), _) | (_, Err(reason)) => {
+                    cache.discard_changes();
+                    self.fail(&format!("clock(tables, {clock})"), reason);
+                    ClockStats::default()
+                }
             };
-            let result = object
-                .call_method1(py, "clock", (tables.clone_ref(py), clock))
-                .map_err(|e| describe(py, &e))
-                .and_then(|value| clock_stats(value.bind(py)));
-            let (cache, copied) = tables.borrow_mut(py).take_back(py);
-            (cache, result.and_then(|stats| copied.map(|()| stats)))
-        });
-        *cache = returned;
-        match result {
+        }
+        match self.call_clock(cache, clock) {
             Ok(stats) => stats,
             Err(reason) => {
                 cache.discard_changes();
@@ -557,6 +577,50 @@ impl AppWorker for PyWorker {
         self.reported = self.failure.is_some();
         self.failure.clone()
     }
+}
+
+impl PyWorker {
+    /// Lends `cache` to Python's `clock` and takes it back with what the clock wrote.
+    fn call_clock(&self, cache: &mut RowCache, clock: u64) -> Result<ClockStats, String> {
+        let Some(object) = &self.object else {
+            return Ok(ClockStats::default());
+        };
+        let lent = std::mem::replace(cache, RowCache::empty());
+        let (returned, result) = Python::attach(|py| {
+            let tables = match Py::new(py, Tables::lend(lent, &self.specs)) {
+                Ok(tables) => tables,
+                Err(error) => unreachable!("allocating the tables object failed: {error}"),
+            };
+            let result = object
+                .call_method1(py, "clock", (tables.clone_ref(py), clock))
+                .map_err(|e| describe(py, &e))
+                .and_then(|value| clock_stats(value.bind(py)));
+            let (cache, copied) = tables.borrow_mut(py).take_back(py);
+            (cache, result.and_then(|stats| copied.map(|()| stats)))
+        });
+        *cache = returned;
+        result
+    }
+}
+
+/// The first value two caches of the same rows disagree on, beyond float noise (a GPU's
+/// reductions may round differently from one call to the next): table, key, the two values.
+fn first_difference(a: &RowCache, b: &RowCache) -> Option<(TableId, u64, f32, f32)> {
+    for table in a.table_ids() {
+        let width = a.width(table)?;
+        for slot in 0..a.len(table) as u32 {
+            let (x, y) = (a.row(table, slot), b.row(table, slot));
+            for (&u, &v) in x.iter().zip(y) {
+                let same = u.to_bits() == v.to_bits()
+                    || (u - v).abs() <= 1e-5 * u.abs().max(v.abs()).max(1.0);
+                if !same {
+                    return Some((table, a.key(table, slot), u, v));
+                }
+            }
+            debug_assert_eq!(x.len(), width);
+        }
+    }
+    None
 }
 
 /// Calls `working_set()` and checks its tables and keys.

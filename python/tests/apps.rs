@@ -76,10 +76,15 @@ class App(ef.App):
 class Worker(ef.Worker):
     def __init__(self, fault, at):
         self.fault, self.at = fault, at
+        self.calls = 0
     def working_set(self):
         return {0: np.arange(8)}
     def clock(self, tables, clock):
         keys = np.arange(8, dtype=np.uint64)
+        if self.fault == "impure":
+            self.calls += 1  # learned state outside the tables: a rollback could not redo it
+            tables.inc(0, keys, np.full((8, 2), self.calls, dtype=np.float32))
+            return ef.ClockStats(8, 0.0, 0)
         if clock == self.at:
             if self.fault == "raise":
                 tables.inc(0, keys, np.ones((8, 2), dtype=np.float32))
@@ -142,6 +147,7 @@ fn a_failing_hook_fails_the_run_naming_the_app_the_hook_and_the_clock() {
         ("nan", "key 5 column 1 is NaN"),
         ("stats", "must return ebbflow.ClockStats"),
         ("worker", "cannot open my shard"),
+        ("impure", "not a pure function of (shard, clock, rows read)"),
     ];
     for (fault, expected) in cases {
         let args = format!(r#"{{"fault": "{fault}", "at": 3}}"#);
@@ -159,7 +165,11 @@ fn a_failing_hook_fails_the_run_naming_the_app_the_hook_and_the_clock() {
         let message = error.to_string();
         assert!(message.contains(expected), "{fault}: {message}");
         assert!(message.contains("app broken_app:App"), "{fault}: {message}");
-        let clock = if fault == "worker" { 0 } else { 3 };
+        let clock = if ["worker", "impure"].contains(&fault) {
+            0
+        } else {
+            3
+        };
         assert!(
             message.contains(&format!("clock {clock}")),
             "{fault}: {message}"

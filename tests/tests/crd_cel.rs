@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use ebbflow_crds::{
     AppKind, BiddingStrategy, BillingModel, ConsistencyModel, DatasetFormat, DatasetSpec,
-    Ec2Provisioning, Hyperparameters, ProvisioningMode, RULES, Rule, ServerOptimizer, StopSpec,
-    TrainingJob,
+    Ec2Provisioning, Hyperparameters, ProvisioningMode, PythonApp, RULES, Rule, ServerOptimizer,
+    StopSpec, SyntheticDataset, TrainingJob,
 };
 use ebbflow_tests::cluster::{
     BoxError, FIELD_MANAGER, TestNamespace, client_or_skip, install_crd, repo_root,
@@ -91,6 +91,37 @@ fn invalid_cases() -> Vec<Case> {
         case("server-optimizer-on-lda", |j| {
             j.with_app(AppKind::Lda)
                 .with_spec(|s| s.app.server_optimizer = Some(ServerOptimizer::Sgd))
+        }),
+        case("python-on-mf", |j| {
+            j.with_spec(|s| {
+                s.app.python = Some(PythonApp {
+                    entry: "mf_numpy:App".into(),
+                    args: None,
+                    path: Vec::new(),
+                })
+            })
+        }),
+        case("python-entry-without-colon", |j| {
+            j.with_app(AppKind::Python).with_spec(|s| {
+                if let Some(python) = s.app.python.as_mut() {
+                    python.entry = "mf_numpy".into();
+                }
+            })
+        }),
+        case("synthetic-on-python", |j| {
+            j.with_app(AppKind::Python).with_spec(|s| {
+                s.app.dataset = DatasetSpec {
+                    synthetic: Some(SyntheticDataset {
+                        seed: 1,
+                        ..SyntheticDataset::default()
+                    }),
+                    ..DatasetSpec::default()
+                }
+            })
+        }),
+        case("hyperparameters-on-python", |j| {
+            j.with_app(AppKind::Python)
+                .with_spec(|s| s.app.hyperparameters = Some(Hyperparameters::default()))
         }),
         case("staleness-with-bsp", |j| {
             j.with_spec(|s| s.consistency.staleness = Some(2))
