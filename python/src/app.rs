@@ -324,15 +324,24 @@ impl App for PyApp {
     }
 
     fn worker(&self, shard: usize, num_shards: usize) -> PyWorker {
-        let entry = self.inner.entry.clone();
+        let mut worker = PyWorker {
+            entry: self.inner.entry.clone(),
+            shard,
+            object: None,
+            specs: self.inner.specs.clone(),
+            working_set: WorkingSet::new(),
+            failure: None,
+            reported: false,
+            checked: false,
+        };
         Python::attach(|py| {
             let built = self
                 .inner
                 .object
                 .call_method1(py, "worker", (shard, num_shards))
                 .map_err(|e| describe(py, &e))
-                .and_then(|worker| {
-                    let bound = worker.bind(py);
+                .and_then(|object| {
+                    let bound = object.bind(py);
                     match WORKER_HOOKS
                         .iter()
                         .find(|h| !bound.hasattr(**h).unwrap_or(false))
@@ -340,32 +349,32 @@ impl App for PyApp {
                         Some(hook) => Err(format!(
                             "the worker has no `{hook}` method (a worker needs {WORKER_HOOKS:?})"
                         )),
-                        None => Ok(worker),
+                        None => Ok(object),
                     }
                 });
             match built {
-                Ok(object) => PyWorker {
-                    entry,
-                    shard,
-                    object: Some(object),
-                    specs: self.inner.specs.clone(),
-                    failure: None,
-                    reported: false,
-                    checked: false,
-                },
-                Err(reason) => PyWorker {
-                    entry: entry.clone(),
-                    shard,
-                    object: None,
-                    specs: Vec::new(),
-                    failure: Some(format!(
-                        "app {entry}: hook worker({shard}, {num_shards}) failed: {reason}"
-                    )),
-                    reported: false,
-                    checked: false,
-                },
+                Ok(object) => {
+                    // Asked once, here: `AppWorker::working_set` cannot fail, so a failure is
+                    // kept and reported at the first clock.
+                    match read_working_set(py, &object, &worker.specs) {
+                        Ok(sets) => {
+                            for (table, keys) in sets {
+                                worker.working_set.add_keys(table, keys);
+                            }
+                        }
+                        Err(reason) => worker.fail("working_set()", reason),
+                    }
+                    worker.object = Some(object);
+                }
+                Err(reason) => {
+                    worker.failure = Some(format!(
+                        "app {}: hook worker({shard}, {num_shards}) failed: {reason}",
+                        worker.entry
+                    ));
+                }
             }
-        })
+        });
+        worker
     }
 
     fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
@@ -458,6 +467,8 @@ pub struct PyWorker {
     /// `None` when building it failed (`failure` says why).
     object: Option<Py<PyAny>>,
     specs: Vec<TableSpec>,
+    /// What `working_set()` returned, read once when the worker was built.
+    working_set: WorkingSet,
     failure: Option<String>,
     /// Whether the runtime has been told of `failure` (it is reported once, at its clock; the
     /// worker then does nothing until the run stops).
@@ -479,29 +490,13 @@ impl PyWorker {
 
 impl AppWorker for PyWorker {
     fn working_set(&self) -> WorkingSet {
-        let mut set = WorkingSet::new();
-        let Some(object) = &self.object else {
-            return set;
-        };
-        // A failure here cannot be reported yet (this method cannot fail): an empty working set,
-        // and the same call repeated in `bind`, which records it.
-        if let Ok(keys) = Python::attach(|py| read_working_set(py, object, &self.specs)) {
-            for (table, keys) in keys {
-                set.add_keys(table, keys);
-            }
-        }
-        set
+        self.working_set.clone()
     }
 
     fn bind(&mut self, cache: &RowCache) {
         let Some(object) = &self.object else {
             return;
         };
-        let result = Python::attach(|py| read_working_set(py, object, &self.specs));
-        if let Err(reason) = result {
-            self.fail("working_set()", reason);
-            return;
-        }
         // The optional `bind(tables)` hook: where a worker looks its slots up once. It gets a
         // copy of the cache, so it cannot change what the first clock reads.
         let bound = Python::attach(|py| -> Result<(), String> {
@@ -607,7 +602,6 @@ impl PyWorker {
 /// reductions may round differently from one call to the next): table, key, the two values.
 fn first_difference(a: &RowCache, b: &RowCache) -> Option<(TableId, u64, f32, f32)> {
     for table in a.table_ids() {
-        let width = a.width(table)?;
         for slot in 0..a.len(table) as u32 {
             let (x, y) = (a.row(table, slot), b.row(table, slot));
             for (&u, &v) in x.iter().zip(y) {
@@ -617,7 +611,6 @@ fn first_difference(a: &RowCache, b: &RowCache) -> Option<(TableId, u64, f32, f3
                     return Some((table, a.key(table, slot), u, v));
                 }
             }
-            debug_assert_eq!(x.len(), width);
         }
     }
     None

@@ -105,6 +105,15 @@ impl Tables {
         })
     }
 
+    /// The key in each slot of `table`, in slot order.
+    fn slot_keys(&mut self, table: TableId) -> PyResult<Vec<u64>> {
+        self.width(table)?;
+        let cache = self.cache()?;
+        Ok((0..cache.len(table) as u32)
+            .map(|slot| cache.key(table, slot))
+            .collect())
+    }
+
     /// Slots of `keys` in `table`, or an error naming the first key outside the working set.
     fn find_slots(&mut self, table: TableId, keys: &[u64]) -> PyResult<Vec<u32>> {
         let name = self.names.get(&table).cloned().unwrap_or_default();
@@ -243,22 +252,12 @@ impl Tables {
         py: Python<'py>,
         table: TableId,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.width(table)?;
-        let cache = self.cache()?;
-        let keys: Vec<u64> = (0..cache.len(table) as u32)
-            .map(|slot| cache.key(table, slot))
-            .collect();
-        Ok(keys.into_pyarray(py).into_any())
+        Ok(self.slot_keys(table)?.into_pyarray(py).into_any())
     }
 
     /// Keys of `table` in this worker's working set, sorted.
     fn keys<'py>(&mut self, py: Python<'py>, table: TableId) -> PyResult<Bound<'py, PyAny>> {
-        let width = self.width(table)?;
-        debug_assert!(width > 0);
-        let cache = self.cache()?;
-        let mut keys: Vec<u64> = (0..cache.len(table) as u32)
-            .map(|slot| cache.key(table, slot))
-            .collect();
+        let mut keys = self.slot_keys(table)?;
         keys.sort_unstable();
         Ok(keys.into_pyarray(py).into_any())
     }

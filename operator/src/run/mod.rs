@@ -314,27 +314,31 @@ fn download(url: &str) -> Result<PathBuf, RunError> {
     Ok(target)
 }
 
+/// `spec.app.dataset.path` resolved against `data_dir` when relative; an error naming it unless
+/// `found` holds for it.
+fn dataset_at(path: &str, data_dir: &Path, found: fn(&Path) -> bool) -> Result<PathBuf, RunError> {
+    let path = Path::new(path);
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        data_dir.join(path)
+    };
+    if found(&path) {
+        Ok(path)
+    } else {
+        Err(RunError::LoadData(format!(
+            "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR; scripts/fetch-data.sh downloads the real sets)",
+            path.display()
+        )))
+    }
+}
+
 /// Builds the app the spec describes: seeded synthetic data or a file in a supported format.
 fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
     let app = &job.spec.app;
     let hyper = app.hyperparameters.clone().unwrap_or_default();
     let load = |e: &dyn std::fmt::Display| RunError::LoadData(e.to_string());
-    let file = |path: &str| {
-        let path = Path::new(path);
-        let path = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            data_dir.join(path)
-        };
-        if path.is_file() {
-            Ok(path)
-        } else {
-            Err(RunError::LoadData(format!(
-                "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR; scripts/fetch-data.sh downloads the real sets)",
-                path.display()
-            )))
-        }
-    };
+    let file = |path: &str| dataset_at(path, data_dir, Path::is_file);
     let f32_or = |value: Option<f64>, default: f32| value.map_or(default, |v| v as f32);
     let dataset = &app.dataset;
     // A dataset URL is downloaded once and then read as a path.
@@ -486,18 +490,8 @@ fn python_app(
         })?;
     ebbflow_python::embed().map_err(|e| RunError::LoadData(format!("starting Python: {e}")))?;
     if let Some(path) = dataset_path {
-        let path = Path::new(path);
-        let path = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            data_dir.join(path)
-        };
-        if !path.exists() {
-            return Err(RunError::LoadData(format!(
-                "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR)",
-                path.display()
-            )));
-        }
+        // A file or a directory: the app reads it.
+        let path = dataset_at(path, data_dir, Path::exists)?;
         // For the app's own code (Python's os.environ: this process and its children).
         ebbflow_python::set_env("EBBFLOW_DATASET", &path.display().to_string())
             .map_err(|e| RunError::LoadData(format!("setting EBBFLOW_DATASET: {e}")))?;
