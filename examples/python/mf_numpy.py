@@ -17,7 +17,6 @@ them).
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -44,13 +43,7 @@ class App(ef.App):
         split_seed=42,
         by_key=False,
     ):
-        # The job's dataset (EBBFLOW_DATASET, spec.app.dataset), else the data directory's.
-        data = data or os.environ.get("EBBFLOW_DATASET")
-        if data is None:
-            base = os.environ.get("EBBFLOW_DATA_DIR")
-            if not base:
-                raise ValueError("set EBBFLOW_DATA_DIR (scripts/fetch-data.sh) or pass data")
-            data = os.path.join(base, "ml-100k.inter")
+        data = data or ef.dataset("ml-100k.inter")
         users, items, ratings = load_inter(data)
         order = np.random.default_rng(split_seed).permutation(len(ratings))
         cut = int(len(order) * 0.8)

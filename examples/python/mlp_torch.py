@@ -15,7 +15,6 @@ or "auto": the GPU when torch sees one).
 """
 
 import math
-import os
 
 import numpy as np
 import torch
@@ -44,13 +43,7 @@ def pick_device(device):
 
 class App(ef.App):
     def __init__(self, data=None, hidden=64, learning_rate=0.5, batch=64, split_seed=42, seed=0, device="cpu"):
-        # The job's dataset (EBBFLOW_DATASET, spec.app.dataset), else the data directory's.
-        data = data or os.environ.get("EBBFLOW_DATASET")
-        if data is None:
-            base = os.environ.get("EBBFLOW_DATA_DIR")
-            if not base:
-                raise ValueError("set EBBFLOW_DATA_DIR (scripts/fetch-data.sh) or pass data")
-            data = os.path.join(base, "digits.csv.gz")
+        data = data or ef.dataset("digits.csv.gz")
         x, y = load_digits(data)
         order = np.random.default_rng(split_seed).permutation(len(y))
         cut = int(len(y) * 0.8)

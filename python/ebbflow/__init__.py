@@ -32,6 +32,7 @@ no state that changes from one clock to the next). See docs/python.md.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -43,6 +44,7 @@ __all__ = [
     "Uniform",
     "Worker",
     "Zeros",
+    "dataset",
     "pass_slice",
     "run_local",
 ]
@@ -119,6 +121,18 @@ class Worker:
 
     def clock(self, tables, clock: int) -> ClockStats:
         raise NotImplementedError
+
+
+def dataset(default_name: str) -> str:
+    """The job's dataset: ``EBBFLOW_DATASET`` (``spec.app.dataset`` of a TrainingJob), else
+    ``default_name`` in the data directory ``EBBFLOW_DATA_DIR`` (scripts/fetch-data.sh)."""
+    path = os.environ.get("EBBFLOW_DATASET")
+    if path:
+        return path
+    base = os.environ.get("EBBFLOW_DATA_DIR")
+    if not base:
+        raise ValueError("no dataset: set EBBFLOW_DATA_DIR (scripts/fetch-data.sh) or pass data")
+    return os.path.join(base, default_name)
 
 
 def pass_slice(length: int, clocks_per_pass: int, clock: int) -> tuple[int, int]:
