@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::Read as _;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use ebbflow_python::PyApp;
 use ebbflow_runtime::elastic::{ElasticConfig, LiveFeed, StageThresholds};
@@ -15,9 +14,22 @@ use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job_with};
 use ebbflow_runtime::heartbeat::HeartbeatConfig;
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
-use ebbflow_runtime_api::{JobPhase, StatusResponse};
+use ebbflow_runtime_api::StatusResponse;
 
 const SECRET: &str = "python-processes-secret";
+
+#[path = "../../runtime/tests/support/processes.rs"]
+mod processes;
+
+use processes::{clock, signal, transient, wait_exit};
+
+fn status(url: &str) -> Option<StatusResponse> {
+    processes::status(url, SECRET)
+}
+
+fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> StatusResponse {
+    processes::wait_for(url, SECRET, Duration::from_secs(120), what, ready)
+}
 const CLOCKS: u64 = 300;
 const STALENESS: u64 = 1;
 const PARTITIONS: u32 = 8;
@@ -91,76 +103,6 @@ fn node(python: &std::path::Path, url: &str, name: &str, transient: bool) -> Chi
         command.arg("--transient");
     }
     command.spawn().expect("starting a Python elastic node")
-}
-
-fn status(url: &str) -> Option<StatusResponse> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        reqwest::Client::new()
-            .get(format!("{url}/status"))
-            .bearer_auth(SECRET)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()
-    })
-}
-
-fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> StatusResponse {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(status) = status(url) {
-            if ready(&status) {
-                return status;
-            }
-            assert!(
-                !matches!(status.phase, JobPhase::Done | JobPhase::Failed),
-                "the job ended before {what}: {status:?}"
-            );
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn clock(status: &StatusResponse) -> u64 {
-    status.progress.as_ref().map_or(0, |p| p.clock)
-}
-
-fn transient(status: &StatusResponse) -> u32 {
-    status.progress.as_ref().map_or(0, |p| p.transient_nodes)
-}
-
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{signal}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> (ExitStatus, String) {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            return (status, stderr);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} did not exit",
-            child.id()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -8,8 +8,7 @@
 //! `elastic-coordinator` subcommand runs) so the test can read its report; every node is a
 //! separate process, so a kill really takes its partitions and workers with it.
 
-use std::io::Read as _;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ebbflow_runtime::elastic::{ElasticConfig, ElasticReport, ShardLoads, StageThresholds};
@@ -18,9 +17,22 @@ use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::heartbeat::HeartbeatConfig;
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
-use ebbflow_runtime_api::{JobPhase, StatusResponse};
+use ebbflow_runtime_api::StatusResponse;
 
 const SECRET: &str = "elastic-processes-secret";
+
+#[path = "support/processes.rs"]
+mod processes;
+
+use processes::{clock, signal, transient, wait_exit};
+
+fn status(url: &str) -> Option<StatusResponse> {
+    processes::status(url, SECRET)
+}
+
+fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> StatusResponse {
+    processes::wait_for(url, SECRET, Duration::from_secs(90), what, ready)
+}
 const CLOCK_MS: u64 = 15;
 
 struct Job {
@@ -226,24 +238,6 @@ fn node_with(
     command.spawn().expect("starting an elastic node")
 }
 
-fn status(url: &str) -> Option<StatusResponse> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        reqwest::Client::new()
-            .get(format!("{url}/status"))
-            .bearer_auth(SECRET)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()
-    })
-}
-
 /// The HTTP status `GET /status` answers with `bearer` (or without one).
 fn status_code(url: &str, bearer: Option<&str>) -> u16 {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -257,63 +251,6 @@ fn status_code(url: &str, bearer: Option<&str>) -> u16 {
         }
         request.send().await.unwrap().status().as_u16()
     })
-}
-
-/// Polls the coordinator until `ready` holds for its status.
-fn wait_for(url: &str, what: &str, ready: impl Fn(&StatusResponse) -> bool) -> StatusResponse {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Some(status) = status(url) {
-            if ready(&status) {
-                return status;
-            }
-            assert!(
-                !matches!(status.phase, JobPhase::Done | JobPhase::Failed),
-                "the job ended before {what}: {status:?}"
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {:?}",
-            status(url)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn clock(status: &StatusResponse) -> u64 {
-    status.progress.as_ref().map_or(0, |p| p.clock)
-}
-
-fn transient(status: &StatusResponse) -> u32 {
-    status.progress.as_ref().map_or(0, |p| p.transient_nodes)
-}
-
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{signal}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> (ExitStatus, String) {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            return (status, stderr);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} did not exit",
-            child.id()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits for the surviving nodes to exit successfully. A survivor whose workers were blocked on
