@@ -12,7 +12,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p ebbflow-operator --bins \
+    cargo build --release --locked -p ebbflow-operator --features ec2 --bins \
  && mkdir -p /out \
  && objcopy --strip-debug target/release/ebbflow-operator /out/ebbflow-operator \
  && objcopy --strip-debug target/release/ebbflow /out/ebbflow

@@ -38,6 +38,10 @@ prune_stale_test_binaries
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "==> no import cycles between the files of the operator and of BidBrain (scripts/check-imports.py)"
+python3 scripts/check-imports.py --self-test
+python3 scripts/check-imports.py operator/src operator/bidbrain/src
+
 echo "==> the shared spot traces (EBBFLOW_SPOT_DATA, else ../shared/data/spot beside the repository)"
 spot_data="${EBBFLOW_SPOT_DATA:-$repo/../shared/data/spot}"
 if [[ ! -f "$spot_data/aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv" ]]; then
@@ -67,11 +71,11 @@ if ! command -v ip >/dev/null && ((EUID == 0)) && command -v apt-get >/dev/null;
     echo "test.sh: warning: installing iproute2 failed; a_vanished_peer_is_let_go will say it skipped" >&2
 fi
 
-echo "==> cargo test (unit + integration, no cluster needed; Python apps in ebbflow run too)"
+echo "==> cargo test (unit + integration, no cluster needed; Python apps in ebbflow run and the EC2 client too)"
 # The embedded interpreter of the Python tests reads the test venv's packages (numpy, torch and
 # the SDK) as `python` would inside it.
 VIRTUAL_ENV="$(dirname "$(dirname "$EBBFLOW_PYTHON")")" \
-  cargo test --workspace --locked --features ebbflow-operator/python
+  cargo test --workspace --locked --features ebbflow-operator/python,ebbflow-operator/ec2
 
 echo "==> helm chart: lint, template across value combinations, values schema rejections"
 scripts/check-chart.sh

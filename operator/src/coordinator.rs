@@ -233,6 +233,11 @@ fn check_status(
     }
 }
 
+/// Name of the job's headless coordinator Service.
+pub fn coordinator_service_name(job: &str) -> String {
+    format!("{job}-coordinator")
+}
+
 /// Base URL of the coordinator of job `name` in `namespace`, reached through the job's headless
 /// coordinator Service, unless `override_url` points every job elsewhere (tests, port-forwards).
 pub fn coordinator_url(name: &str, namespace: &str, override_url: Option<&str>) -> String {
@@ -240,7 +245,7 @@ pub fn coordinator_url(name: &str, namespace: &str, override_url: Option<&str>) 
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => format!(
             "http://{}.{namespace}.svc:{ADMIN_PORT}",
-            crate::controller::plan::coordinator_service_name(name)
+            coordinator_service_name(name)
         ),
     }
 }

@@ -14,12 +14,12 @@ use std::time::Duration;
 use ebbflow_crds::TrainingJob;
 use ebbflow_ec2::{Ec2Api, InstanceTypeInfo, SpotPricePoint, SpotPriceQuery};
 
-use crate::bidder::{AppModel, BidderConfig, ReliableTier, ThroughputTable};
-use crate::billing::{BillingError, BillingModel};
-use crate::eviction::{EvictionConfig, EvictionModel};
-use crate::market::live::{self, LiveMarketError, LiveWindow, OnDemandPrices};
-use crate::market::{Market, Timestamp};
-use crate::sim::grid::MarketGrid;
+use crate::live_market::{self as live, LiveMarketError, LiveWindow, OnDemandPrices};
+use ebbflow_bidbrain::bidder::{AppModel, BidderConfig, ReliableTier, ThroughputTable};
+use ebbflow_bidbrain::billing::{BillingError, BillingModel};
+use ebbflow_bidbrain::eviction::{EvictionConfig, EvictionModel};
+use ebbflow_bidbrain::market::{Market, Timestamp};
+use ebbflow_bidbrain::sim::grid::MarketGrid;
 
 /// Why a job's market could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ pub fn setup_market(job: &TrainingJob, base_dir: &Path) -> Result<MarketSetup, J
             "no such file (relative paths resolve against the working directory, then the manifest's)".into(),
         ));
     }
-    let (mut market, _, notes) = crate::sim::cli::load_market(&path, None, None, None)
+    let (mut market, _, notes) = ebbflow_bidbrain::sim::cli::load_market(&path, None, None, None)
         .map_err(|e| trace_error(e.to_string()))?;
     for note in notes {
         tracing::info!(trace = %path.display(), "{note}");
@@ -143,7 +143,7 @@ fn billing_model(job: &TrainingJob) -> Result<BillingModel, BillingError> {
 /// The reliable tier: the spec's count on the pool with the cheapest on-demand price per vCPU,
 /// at that price or the manifest's `market.onDemandPrice`; `None` when no pool has one.
 fn reliable_tier(job: &TrainingJob, grid: &MarketGrid) -> Option<ReliableTier> {
-    let reference = crate::sim::reference_pool(grid)?;
+    let reference = ebbflow_bidbrain::sim::reference_pool(grid)?;
     Some(ReliableTier {
         count: job.spec.reliable.count,
         vcpus: grid.pools[reference].vcpus,

@@ -1,20 +1,17 @@
-//! The ebbflow operator: controller, bidder, markets, provisioners and the simulator.
+//! The ebbflow operator: the controller, provisioning, notices, the live EC2 market and the `ebbflow`
+//! command line. The bidder, markets, billing and the simulator are crate `ebbflow-bidbrain`.
 
-pub mod bidder;
-pub mod billing;
 pub mod controller;
 pub mod coordinator;
-pub mod eviction;
 pub mod http;
 pub mod job_metrics;
 pub mod jobmarket;
 pub mod leader;
-pub mod market;
+pub mod live_market;
 pub mod metrics;
 pub mod notices;
 pub mod provision;
 pub mod run;
-pub mod sim;
 
 /// Shared by the unit tests.
 #[cfg(test)]

@@ -17,7 +17,7 @@ use ebbflow_ec2::{Ec2Api, SpotPriceQuery, moto::MotoServer};
 use ebbflow_operator::controller::bidbrain::{BidBrainConfig, BidBrainPlanner, Ec2MarketSource};
 use ebbflow_operator::controller::capacity::{CapacityPlanner, CapacityView};
 use ebbflow_operator::controller::plan::CapacityDecision;
-use ebbflow_operator::market::live::OnDemandPrices;
+use ebbflow_operator::live_market::OnDemandPrices;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 

@@ -25,7 +25,7 @@ use ebbflow_operator::{
     coordinator::CoordinatorClient,
     http::{self, HttpState},
     leader::{LeaderElector, LeaseConfig},
-    market::live::OnDemandPrices,
+    live_market::OnDemandPrices,
     metrics::Metrics,
 };
 use kube::{
@@ -326,9 +326,9 @@ async fn main() -> anyhow::Result<()> {
 
     let ec2_api: Option<Arc<dyn Ec2Api>> = match &flags.ec2_region {
         Some(region) => {
-            let config = ebbflow_ec2::Ec2Config::new(region.clone());
+            let api = connect_ec2(region).await?;
             info!(%region, "ec2 provisioning and the live ec2 market enabled");
-            Some(Arc::new(ebbflow_ec2::SdkEc2::connect(&config).await))
+            Some(api)
         }
         None => None,
     };
@@ -407,4 +407,21 @@ async fn main() -> anyhow::Result<()> {
     }
     info!("controller stopped");
     Ok(())
+}
+
+/// The EC2 client for `--ec2-region` (aws-sdk-ec2, behind the `ec2` feature).
+#[cfg(feature = "ec2")]
+async fn connect_ec2(region: &str) -> anyhow::Result<Arc<dyn Ec2Api>> {
+    let config = ebbflow_ec2::Ec2Config::new(region.to_owned());
+    Ok(Arc::new(ebbflow_ec2::SdkEc2::connect(&config).await))
+}
+
+/// Built without the `ec2` feature: `--ec2-region` is refused, naming the build flag.
+#[cfg(not(feature = "ec2"))]
+async fn connect_ec2(region: &str) -> anyhow::Result<Arc<dyn Ec2Api>> {
+    anyhow::bail!(
+        "--ec2-region {region}: this ebbflow-operator was built without EC2 support; \
+         rebuild with `cargo build --release -p ebbflow-operator --features ec2` \
+         (the operator image has it)"
+    )
 }

@@ -15,7 +15,7 @@ enum Command {
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
     /// Replay a spot trace from many random start times and compare bidding strategies.
-    Simulate(Box<ebbflow_operator::sim::cli::SimulateArgs>),
+    Simulate(Box<ebbflow_bidbrain::sim::cli::SimulateArgs>),
     /// Train a TrainingJob on this machine against a replayed spot market.
     Run(Box<ebbflow_operator::run::RunArgs>),
     /// One instance of an `ebbflow run` (started by it).
@@ -44,7 +44,7 @@ fn main() -> anyhow::Result<()> {
             print!("{}", ebbflow_crds::crd_yaml()?);
         }
         Command::Simulate(args) => {
-            print!("{}", ebbflow_operator::sim::cli::run(&args)?);
+            print!("{}", ebbflow_bidbrain::sim::cli::run(&args)?);
         }
         Command::Run(args) => {
             let summary = ebbflow_operator::run::run(&args)?;

@@ -39,13 +39,14 @@ use tracing::{debug, info, warn};
 
 use super::calibration::JobCalibration;
 use super::capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner};
-use super::cost::Pricing;
+use super::cost::{MarketClock, Pricing, market_time};
 use super::plan::{CapacityDecision, PoolKey};
-use crate::bidder::{Allocation, AppModel, Bidder, BidderInput, JobState};
 use crate::jobmarket::{
     LiveSettings, MarketSetup, app_model, bidder_config, fetch_ec2_setup, setup_market,
 };
-use crate::market::{self, live::OnDemandPrices};
+use crate::live_market::OnDemandPrices;
+use ebbflow_bidbrain::bidder::{Allocation, AppModel, Bidder, BidderInput, JobState};
+use ebbflow_bidbrain::market;
 
 /// Settings of [`BidBrainPlanner`].
 #[derive(Clone, Debug)]
@@ -434,52 +435,6 @@ async fn fetch_live(
     }
 }
 
-/// How a decision's wall-clock time maps onto the market's time.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MarketClock {
-    /// A trace replayed from the setup's start slot at the job's creation, `speed` trace
-    /// seconds per wall second.
-    Replay {
-        /// Trace seconds per wall second.
-        speed: f64,
-    },
-    /// A live market: market time is wall time (decisions after the grid's last slot read it).
-    Wall,
-}
-
-impl MarketClock {
-    /// Market seconds per wall second.
-    pub fn speed(self) -> f64 {
-        match self {
-            Self::Replay { speed } => speed,
-            Self::Wall => 1.0,
-        }
-    }
-}
-
-/// The market time at wall time `at` of a job created at `created`: a replayed trace starts at
-/// the setup's start slot at the job's creation and runs at its clock's speed; a live market's
-/// time is wall time.
-pub fn market_time(
-    setup: &MarketSetup,
-    clock: MarketClock,
-    created: Timestamp,
-    at: Timestamp,
-) -> market::Timestamp {
-    match clock {
-        MarketClock::Replay { speed } => {
-            setup.grid.time(setup.start_slot)
-                + (seconds_between(created, at).max(0.0) * speed) as i64
-        }
-        MarketClock::Wall => at.as_second(),
-    }
-}
-
-/// Seconds from `from` to `to` (negative when `to` is earlier).
-fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
-    (to.as_millisecond() - from.as_millisecond()) as f64 / 1000.0
-}
-
 fn pool_key(info: &market::PoolInfo, capacity: market::CapacityType) -> PoolKey {
     let capacity = match capacity {
         market::CapacityType::Spot => CapacityType::Spot,
@@ -616,7 +571,7 @@ pub fn decide_on(
     }
     // minNodes is the bidder's (BidderConfig::min_transient): it bought what the market
     // allows, and says when the market or budgetPerHour allowed less
-    use crate::bidder::MinTransientFill;
+    use ebbflow_bidbrain::bidder::MinTransientFill;
     let mut reason = if decision.budget_exhausted {
         "BudgetExhausted"
     } else {
@@ -959,7 +914,7 @@ mod tests {
 
         use super::*;
         use crate::jobmarket::{LiveSettings, setup_ec2_market};
-        use crate::market::live::{LiveMarketError, OnDemandPrices};
+        use crate::live_market::{LiveMarketError, OnDemandPrices};
 
         const NOW: &str = "2026-11-23T10:00:00Z";
         const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];

@@ -30,10 +30,12 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::capacity::CapacityView;
 use super::plan::PoolKey;
-use crate::bidder::probe::{
+use ebbflow_bidbrain::bidder::probe::{
     CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
 };
-use crate::bidder::{AppModel, Calibrator, Measurement, MeasurementCounts, ThroughputFeed};
+use ebbflow_bidbrain::bidder::{
+    AppModel, Calibrator, Measurement, MeasurementCounts, ThroughputFeed,
+};
 
 /// Additions and stalls not over after this many wall seconds are dropped: a real instance
 /// boots, pulls its image and loads its data shard in minutes, not the seconds a local run takes.
@@ -397,7 +399,7 @@ mod tests {
         }
 
         fn delays(&self) -> Vec<Measurement> {
-            crate::bidder::probe::delays(&self.measured)
+            ebbflow_bidbrain::bidder::probe::delays(&self.measured)
         }
     }
 

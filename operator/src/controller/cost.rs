@@ -1,5 +1,5 @@
 //! What a job costs in the cluster: each runtime pod is one instance, charged under the job's
-//! billing model ([`crate::billing::Meter`]) at its market's prices from the pod's start
+//! billing model ([`ebbflow_bidbrain::billing::Meter`]) at its market's prices from the pod's start
 //! (`status.startTime`: a pod still pending runs on nothing yet) until it is gone or has
 //! finished. This is the same accounting `ebbflow run` and `ebbflow simulate` do over their
 //! allocations, so `status.cost` and the bidder's expectations agree.
@@ -12,7 +12,7 @@
 //!   pod that goes while the job runs was released; pods that go once the job is over end with
 //!   the job (pro rata, as in the paper's accounting).
 //! - Market time: a replayed trace runs from the job's creation at the planner's trace speed, a
-//!   live market at wall time ([`super::bidbrain::MarketClock`]).
+//!   live market at wall time ([`MarketClock`]).
 //! - A running instance's charge is a function of its start, the prices and now, so only the
 //!   ended instances' totals need keeping: they are in `status.cost.ended*`, and a restarted
 //!   operator carries on from them. An instance that ended while no operator ran is not charged
@@ -24,11 +24,56 @@ use std::sync::Arc;
 use ebbflow_crds::{CapacityType, CostStatus};
 use k8s_openapi::jiff::Timestamp;
 
-use super::bidbrain::{MarketClock, market_time};
 use super::plan::{ObservedPod, PoolKey, Tier};
-use crate::billing::{EndReason, Meter};
 use crate::jobmarket::MarketSetup;
 use crate::notices::NoticeSource;
+use ebbflow_bidbrain::billing::{EndReason, Meter};
+
+/// How a decision's wall-clock time maps onto the market's time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MarketClock {
+    /// A trace replayed from the setup's start slot at the job's creation, `speed` trace
+    /// seconds per wall second.
+    Replay {
+        /// Trace seconds per wall second.
+        speed: f64,
+    },
+    /// A live market: market time is wall time (decisions after the grid's last slot read it).
+    Wall,
+}
+
+impl MarketClock {
+    /// Market seconds per wall second.
+    pub fn speed(self) -> f64 {
+        match self {
+            Self::Replay { speed } => speed,
+            Self::Wall => 1.0,
+        }
+    }
+}
+
+/// The market time at wall time `at` of a job created at `created`: a replayed trace starts at
+/// the setup's start slot at the job's creation and runs at its clock's speed; a live market's
+/// time is wall time.
+pub fn market_time(
+    setup: &MarketSetup,
+    clock: MarketClock,
+    created: Timestamp,
+    at: Timestamp,
+) -> ebbflow_bidbrain::market::Timestamp {
+    match clock {
+        MarketClock::Replay { speed } => {
+            setup.grid.time(setup.start_slot)
+                + (seconds_between(created, at).max(0.0) * speed) as i64
+        }
+        MarketClock::Wall => at.as_second(),
+    }
+}
+
+/// Seconds from `from` to `to` (negative when `to` is earlier).
+pub(crate) fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
+    (to.as_millisecond() - from.as_millisecond()) as f64 / 1000.0
+}
 
 /// A job's market as the ledger prices it.
 #[derive(Clone)]

@@ -29,7 +29,10 @@ use kube::{
 };
 use tracing::warn;
 
-use super::{Context, plan, relay};
+use super::{
+    context::{Context, exponential_backoff},
+    plan, relay,
+};
 use crate::{
     notices::{EC2_NOTICE, Notice, NoticeSource},
     provision::{Ec2Provisioner, ProvisionError, job_tag, node_instance},
@@ -68,7 +71,7 @@ pub async fn run(ctx: Arc<Context>, jobs: Store<TrainingJob>) {
 /// The wait after `failures` consecutive failures: the poll interval doubled per failure, at
 /// most [`MAX_BACKOFF`] (or the poll interval, if longer).
 fn backoff(poll: Duration, failures: u32) -> Duration {
-    super::exponential_backoff(poll * 2, MAX_BACKOFF.max(poll), failures)
+    exponential_backoff(poll * 2, MAX_BACKOFF.max(poll), failures)
 }
 
 /// One poll: the notices of the interruptions EC2 reports now, delivered job by job.

@@ -2,18 +2,22 @@
 //! kube's finalizer helper, with children written by server-side apply under one field manager.
 
 pub mod bidbrain;
+pub mod caches;
 pub mod calibration;
 pub mod capacity;
+pub mod context;
 pub mod cost;
+pub mod delivery;
 pub mod interruptions;
 pub mod plan;
 pub mod relay;
+pub mod secret;
 pub mod status;
 pub mod stop;
 pub mod validate;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -31,26 +35,27 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Event, EventType, Recorder},
+        events::EventType,
         finalizer::{self, finalizer},
         reflector::ObjectRef,
         watcher,
     },
 };
-use parking_lot::Mutex;
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
+pub use self::context::{Config, Context, NodeIndex};
 use self::{
-    capacity::{CapacityPlanner, CapacityView},
-    plan::{Activity, CapacityDecision, DeleteReason, PlanConfig, PlanInput, PoolKey},
+    capacity::CapacityView,
+    context::publish,
+    delivery::{Delivery, deliver_notice, notify},
+    plan::{Activity, CapacityDecision, DeleteReason, PlanInput, PoolKey},
+    secret::{fresh_token, job_secret, job_token, secret_text, token_of},
     status::{CoordinatorObservation, StatusInput, conditions, reasons},
-    validate::Capabilities,
 };
 use crate::{
-    coordinator::{CoordinatorClient, coordinator_url, notice_request},
-    metrics::Metrics,
-    notices::{self, Notice, NoticeLedger, NoticeSource},
+    coordinator::{coordinator_service_name, coordinator_url},
+    notices::{self, Notice, NoticeSource},
 };
 
 /// The field manager of every server-side apply, and the finalizer's prefix.
@@ -58,195 +63,6 @@ pub const MANAGER: &str = "ebbflow-operator";
 
 /// The finalizer the operator puts on every TrainingJob.
 pub const FINALIZER: &str = "ebbflow.dev/cleanup";
-
-/// Operator settings that shape reconciliation.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Image defaults and the capacity-type label.
-    pub plan: PlanConfig,
-    /// Talk to this coordinator URL for every job instead of the job's Service (tests,
-    /// port-forwards).
-    pub coordinator_url_override: Option<String>,
-    /// What this deployment supports (EC2 provisioning).
-    pub capabilities: Capabilities,
-    /// Requeue while nodes are being provisioned.
-    pub provisioning_requeue: Duration,
-    /// First retry delay after a failure; doubles per consecutive failure.
-    pub backoff_base: Duration,
-    /// Longest retry delay.
-    pub backoff_max: Duration,
-    /// Progress-only status changes (iteration, loss) are written at most this often.
-    pub status_interval: Duration,
-    /// Reconcile the jobs of this namespace only (`None`: every namespace).
-    pub namespace: Option<String>,
-    /// How often the interruption watcher asks EC2 about the spot instances of ec2-mode jobs
-    /// ([`interruptions::run`]).
-    pub interruption_poll: Duration,
-    /// Trailing-edge debounce of reconcile requests per job: a job whose pods are being
-    /// created, scheduled and started changes many times a second, and one reconcile after the
-    /// burst does the work of all. Notices do not wait for it: they take the relay.
-    pub debounce: Duration,
-    /// Reconciles run at once, across jobs (0: no limit). Each holds its job's pods, plan and
-    /// API responses; at hundreds of jobs on a slow API server, unbounded, they made the peak
-    /// memory of a 500-job run swing from 210 to 370 MiB. Notices do not wait for it.
-    pub max_concurrent_reconciles: u16,
-}
-
-impl Config {
-    /// Defaults for `image`, with the capacity-type label of the Karpenter preset.
-    pub fn new(default_image: impl Into<String>) -> Self {
-        Self {
-            plan: PlanConfig {
-                default_image: default_image.into(),
-                capacity_label: ebbflow_crds::CapacityTypeLabel::default().resolved(),
-            },
-            coordinator_url_override: None,
-            capabilities: Capabilities::default(),
-            provisioning_requeue: Duration::from_secs(10),
-            backoff_base: Duration::from_secs(5),
-            backoff_max: Duration::from_secs(300),
-            status_interval: Duration::from_secs(15),
-            namespace: None,
-            interruption_poll: Duration::from_secs(5),
-            debounce: Duration::from_secs(1),
-            max_concurrent_reconciles: 16,
-        }
-    }
-}
-
-/// What the controller remembers per job between reconciles. Losing it (restart) only resends
-/// notices and relogs a decision.
-#[derive(Debug, Default)]
-struct JobMemory {
-    ledger: NoticeLedger,
-    /// The job's data-plane token as last observed (the relay's, to skip a Secret GET).
-    token: Option<String>,
-    last_decision: Option<BTreeMap<PoolKey, u32>>,
-    consecutive_failures: u32,
-    last_status_write: Option<Instant>,
-    phase: Option<&'static str>,
-    /// The job's instances and their charges.
-    cost: cost::CostLedger,
-    /// Failed coordinator pods already counted (by uid).
-    counted_failures: BTreeSet<String>,
-    /// Why the last of them failed.
-    last_failure: Option<String>,
-    /// Node pods that failed by themselves, in a row (counted once each, by uid, in
-    /// `counted_failures`).
-    node_failures: status::NodeFailures,
-    /// The transient ordinal after every one this operator created pods with.
-    next_transient_ordinal: u32,
-    /// The job was in ec2 provisioning mode at its last reconcile (an edit out of it releases
-    /// the instances it launched).
-    ec2_mode: bool,
-    /// The training shape of the spec last warned about as waiting for the next start.
-    warned_shape: Option<String>,
-}
-
-/// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.
-#[derive(Clone, Debug, Default)]
-pub struct NodeIndex {
-    inner: Arc<Mutex<HashMap<String, HashSet<ObjectRef<TrainingJob>>>>>,
-}
-
-impl NodeIndex {
-    /// Records that `job`'s pods run on exactly `nodes`.
-    pub fn update(&self, job: &ObjectRef<TrainingJob>, nodes: &BTreeSet<String>) {
-        let mut index = self.inner.lock();
-        index.retain(|node, jobs| {
-            if !nodes.contains(node) {
-                jobs.remove(job);
-            }
-            !jobs.is_empty()
-        });
-        for node in nodes {
-            index.entry(node.clone()).or_default().insert(job.clone());
-        }
-    }
-
-    /// The jobs with pods on `node`.
-    pub fn jobs_on(&self, node: &str) -> Vec<ObjectRef<TrainingJob>> {
-        self.inner
-            .lock()
-            .get(node)
-            .map(|jobs| jobs.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-}
-
-/// Everything reconcile needs, passed in (never global).
-pub struct Context {
-    /// Kubernetes client.
-    pub client: Client,
-    /// Publishes Kubernetes Events on TrainingJobs.
-    pub recorder: Recorder,
-    /// Operator metrics.
-    pub metrics: Metrics,
-    /// Settings.
-    pub config: Config,
-    /// Talks to job coordinators.
-    pub coordinator: CoordinatorClient,
-    /// Decides transient pool counts (the bidder seam).
-    pub capacity: Arc<dyn CapacityPlanner>,
-    /// Launches and terminates EC2 instances for jobs in ec2 provisioning mode, when enabled.
-    pub ec2: Option<crate::provision::Ec2Provisioner>,
-    /// Node → jobs index for the Node watch.
-    pub node_index: NodeIndex,
-    /// Pod and Node caches, filled by the notice relay ([`relay::run`]).
-    pub caches: relay::Caches,
-    memory: Mutex<HashMap<ObjectRef<TrainingJob>, JobMemory>>,
-}
-
-impl Context {
-    /// A context from its parts.
-    pub fn new(
-        client: Client,
-        recorder: Recorder,
-        metrics: Metrics,
-        config: Config,
-        coordinator: CoordinatorClient,
-        capacity: Arc<dyn CapacityPlanner>,
-    ) -> Self {
-        Self {
-            client,
-            recorder,
-            metrics,
-            config,
-            coordinator,
-            capacity,
-            ec2: None,
-            node_index: NodeIndex::default(),
-            caches: relay::Caches::default(),
-            memory: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Enables ec2 provisioning through `provisioner` (and says so to validation).
-    pub fn with_ec2(mut self, provisioner: crate::provision::Ec2Provisioner) -> Self {
-        self.ec2 = Some(provisioner);
-        self.config.capabilities.ec2 = true;
-        self
-    }
-
-    fn with_memory<T>(
-        &self,
-        job: &ObjectRef<TrainingJob>,
-        f: impl FnOnce(&mut JobMemory) -> T,
-    ) -> T {
-        f(self.memory.lock().entry(job.clone()).or_default())
-    }
-
-    fn backoff(&self, failures: u32) -> Duration {
-        exponential_backoff(self.config.backoff_base, self.config.backoff_max, failures)
-    }
-}
-
-/// The wait after `failures` consecutive failures: `first` after one, doubling per failure, at
-/// most `max`.
-fn exponential_backoff(first: Duration, max: Duration, failures: u32) -> Duration {
-    let factor = 2_u32.saturating_pow(failures.saturating_sub(1).min(16));
-    (first * factor).min(max)
-}
 
 /// Errors of the observe step.
 #[derive(Debug, thiserror::Error)]
@@ -464,48 +280,6 @@ async fn observe(
     })
 }
 
-/// The job's data-plane token (also its coordinator's admin secret), if its Secret exists.
-async fn job_token(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<String>, kube::Error> {
-    Ok(job_secret(ctx, namespace, name)
-        .await?
-        .and_then(|secret| token_of(&secret)))
-}
-
-/// The job's Secret (token and pinned spec) from the API server, if it exists.
-async fn job_secret(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Secret>, kube::Error> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    secrets.get_opt(&plan::secret_name(name)).await
-}
-
-/// The data-plane token a job's Secret holds, if any.
-fn token_of(secret: &Secret) -> Option<String> {
-    secret_text(secret, plan::TOKEN_KEY)
-}
-
-/// The non-empty UTF-8 text under `key` in `secret`, if any.
-fn secret_text(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()?
-        .get(key)
-        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
-        .filter(|text| !text.is_empty())
-}
-
-/// A random 256-bit hex token for the data plane.
-fn fresh_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 /// While the job's pods run the pinned spec, an edit of what makes up its training state (the
 /// app, consistency, worker and partition counts: the job id) cannot reach them: the note that
 /// says so, or `None` when the shapes agree (or nothing is pinned).
@@ -527,27 +301,6 @@ fn shape_edit_pending(job: &TrainingJob, observed: &Observed) -> Option<String> 
              checkpoint of the old shape is refused): running {was}, edited {now}"
         )
     })
-}
-
-async fn publish(
-    ctx: &Context,
-    job: &TrainingJob,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: action.to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-        // Events are best effort: losing one must not fail the reconcile.
-        warn!(%error, reason, "publish event failed");
-    }
 }
 
 /// The stop the operator enforces for `job`, if one of its criteria is met (now or before; see
@@ -1156,7 +909,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let secret_name = plan::secret_name(&name);
     let cached = ctx.caches.secret(&namespace, &secret_name);
     apply_unless_applied(&ctx, &namespace, &secret_name, &desired.secret, cached).await?;
-    let service_name = plan::coordinator_service_name(&name);
+    let service_name = coordinator_service_name(&name);
     let cached = ctx.caches.service(&namespace, &service_name);
     apply_unless_applied(&ctx, &namespace, &service_name, &desired.service, cached).await?;
     let cached = ctx.caches.budget(&namespace, &service_name);
@@ -1378,91 +1131,6 @@ fn notice_retry_delay(deadline: Timestamp, now: Timestamp) -> Duration {
     Duration::from_secs((left / 4.0).clamp(1.0, 15.0).round() as u64)
 }
 
-/// How a notice's delivery to the coordinator went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Delivery {
-    /// The coordinator took it.
-    Delivered,
-    /// The coordinator refused it (4xx: a node it does not know, its last reliable node).
-    Refused,
-    /// It did not get through (unreachable, timeout, 5xx): worth trying again soon.
-    Failed,
-}
-
-/// Tells the job's coordinator at `base` about an eviction: on success the notice goes into
-/// the job's ledger and an `EvictionNotice` event is published.
-async fn notify(
-    ctx: &Context,
-    job: &TrainingJob,
-    base: &str,
-    token: Option<&str>,
-    notice: &Notice,
-    now: Timestamp,
-) -> Delivery {
-    let namespace = job.namespace().unwrap_or_default();
-    let delivered =
-        deliver_notice(ctx, (&namespace, &job.name_any()), base, token, notice, now).await;
-    if delivered == Delivery::Delivered {
-        ctx.with_memory(&ObjectRef::from_obj(job), |memory| {
-            memory.ledger.record(notice)
-        });
-        let note = format!(
-            "pod {} leaves at {} ({})",
-            notice.pod,
-            notice.leaves_at,
-            notice.source.as_str()
-        );
-        publish(
-            ctx,
-            job,
-            EventType::Normal,
-            "EvictionNotice",
-            "Notify",
-            note,
-        )
-        .await;
-    }
-    delivered
-}
-
-/// Sends one notice.
-async fn deliver_notice(
-    ctx: &Context,
-    job: (&str, &str),
-    base: &str,
-    token: Option<&str>,
-    notice: &Notice,
-    now: Timestamp,
-) -> Delivery {
-    let request = notice_request(&notice.pod, notice.leaves_at);
-    match ctx.coordinator.notice(base, token, &request).await {
-        Ok(()) => {
-            let lead = notice.leaves_at.duration_since(now).as_secs_f64().max(0.0);
-            let source = notice.source.as_str();
-            ctx.metrics.notices_sent.with_label_values(&[source]).inc();
-            ctx.metrics
-                .notice_lead
-                .with_label_values(&[source])
-                .observe(lead);
-            ctx.metrics.job.notice_delivered(job.0, job.1, lead);
-            info!(pod = %notice.pod, source, lead_seconds = lead, "eviction notice delivered");
-            Delivery::Delivered
-        }
-        Err(error) => {
-            ctx.metrics.notice_failures.inc();
-            warn!(pod = %notice.pod, %error, "eviction notice not delivered");
-            match error {
-                crate::coordinator::CoordinatorError::Rejected { status, .. }
-                    if (400..500).contains(&status) =>
-                {
-                    Delivery::Refused
-                }
-                _ => Delivery::Failed,
-            }
-        }
-    }
-}
-
 /// Events for phase and condition transitions (not for steady states).
 async fn transition_events(
     ctx: &Context,
@@ -1668,12 +1336,12 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
             .map_err(Error::Provision)?;
     }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    delete_ignoring_missing(&services, "Service", &plan::coordinator_service_name(&name)).await?;
+    delete_ignoring_missing(&services, "Service", &coordinator_service_name(&name)).await?;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(
         &budgets,
         "PodDisruptionBudget",
-        &plan::coordinator_service_name(&name),
+        &coordinator_service_name(&name),
     )
     .await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);

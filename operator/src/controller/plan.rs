@@ -29,7 +29,7 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt};
 
 use crate::{
-    coordinator::{ADMIN_PORT, DATA_PORT},
+    coordinator::{ADMIN_PORT, DATA_PORT, coordinator_service_name},
     notices::{Notice, NoticeSource},
 };
 
@@ -84,11 +84,6 @@ pub const RUNTIME_COMMAND: [&str; 2] = ["ebbflow", "pod"];
 /// Name of the job's data-plane token Secret.
 pub fn secret_name(job: &str) -> String {
     format!("{job}-token")
-}
-
-/// Name of the job's headless coordinator Service.
-pub fn coordinator_service_name(job: &str) -> String {
-    format!("{job}-coordinator")
 }
 
 /// Name of reliable pod `ordinal`.

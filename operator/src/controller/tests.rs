@@ -1221,7 +1221,7 @@ async fn running_pods_are_charged_and_pods_without_a_price_are_warned_about() {
         .expect("the p3 trace loads");
     let pricing = super::cost::Pricing {
         setup: Arc::new(setup),
-        clock: super::bidbrain::MarketClock::Replay { speed: 3600.0 },
+        clock: super::cost::MarketClock::Replay { speed: 3600.0 },
         created: Timestamp::now(),
     };
     // c5.xlarge is not in the p3 market: its spot pod runs unpriced

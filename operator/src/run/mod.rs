@@ -36,14 +36,14 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
-use crate::bidder::probe::{
-    CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
-};
-use crate::bidder::{Calibrator, JobState, ThroughputFeed};
 use crate::controller::calibration::app_model_status;
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
-use crate::sim::grid::MarketGrid;
+use ebbflow_bidbrain::bidder::probe::{
+    CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
+};
+use ebbflow_bidbrain::bidder::{Calibrator, JobState, ThroughputFeed};
+use ebbflow_bidbrain::sim::grid::MarketGrid;
 use provisioner::{Assignment, LiveAllocation, LocalProvisioner};
 use replay::{Bill, MarketReplay, ReplayEvent};
 pub use report::{AppModelSummary, RunSummary, TimePoint};
@@ -139,7 +139,7 @@ pub enum RunError {
     LoadData(String),
     /// The calibration file could not be used (the message names the file and field).
     #[error("{0}")]
-    Calibration(#[from] crate::bidder::CalibrationError),
+    Calibration(#[from] ebbflow_bidbrain::bidder::CalibrationError),
     /// The market trace could not be loaded.
     #[error("market trace {path}: {reason}")]
     LoadTrace {
@@ -706,7 +706,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         RunError::Unsupported(format!("spec.bidding.overrides.throughput: {detail}"))
     })?;
     let throughput = match &args.calibration {
-        Some(path) => Some(crate::bidder::Calibration::load(path)?.throughput_table()),
+        Some(path) => Some(ebbflow_bidbrain::bidder::Calibration::load(path)?.throughput_table()),
         None => spec_table,
     };
     let data_dir = args
@@ -740,7 +740,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         .wall_clock_limit
         .as_ref()
         .and_then(|d| d.to_duration());
-    let bidder = crate::bidder::BidderConfig {
+    let bidder = ebbflow_bidbrain::bidder::BidderConfig {
         throughput,
         ..crate::jobmarket::bidder_config(&job)
     };
@@ -1039,14 +1039,14 @@ struct Driven {
     /// The application model re-estimated from the run, with what it was fed.
     calibrator: Calibrator,
     /// The model the bidder's last decision used.
-    decided_with: crate::bidder::AppModel,
+    decided_with: ebbflow_bidbrain::bidder::AppModel,
     /// The spec field that made the run stop early, if one did.
     stop_reason: Option<&'static str>,
 }
 
 impl Drive<'_> {
     /// Steps the replay until `finished()`, re-estimating the bidder's application model from
-    /// what the runtime does ([`crate::bidder::probe`]) and deciding with it from then on.
+    /// what the runtime does ([`ebbflow_bidbrain::bidder::probe`]) and deciding with it from then on.
     fn run(
         &self,
         mut replay: MarketReplay<'_>,
@@ -1237,7 +1237,7 @@ impl Drive<'_> {
         provisioner: &mut LocalProvisioner<'_>,
         assignment: &mut Assignment,
         replay: &MarketReplay<'_>,
-        t: crate::market::Timestamp,
+        t: ebbflow_bidbrain::market::Timestamp,
     ) {
         let live: Vec<LiveAllocation> = replay
             .allocations()

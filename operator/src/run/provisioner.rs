@@ -15,11 +15,11 @@ use ebbflow_crds::{CapacityType, Pool, TrainingJob};
 use ebbflow_ec2::Tier;
 
 use super::instances::Instances;
-use crate::bidder::Allocation;
 use crate::controller::plan::PoolKey;
-use crate::market;
 use crate::provision::{Held, InstanceUse, Provisioner, Wanted, pool_tag, wanted_for};
-use crate::sim::grid::MarketGrid;
+use ebbflow_bidbrain::bidder::Allocation;
+use ebbflow_bidbrain::market;
+use ebbflow_bidbrain::sim::grid::MarketGrid;
 
 /// The notice a released instance gets: the job ends it itself once its partitions moved (at the
 /// next clock boundary), so the deadline only bounds a release that never completes. Two wall

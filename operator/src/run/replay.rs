@@ -4,13 +4,13 @@
 //! The same bidder, grid and billing meters as `ebbflow simulate`; unlike the simulator it does not
 //! model training progress: `ebbflow run` trains for real and asks the replay what the market did.
 
-use crate::bidder::{
+use ebbflow_bidbrain::bidder::{
     Allocation, AppModel, Bidder, BidderConfig, BidderInput, JobState, ReliableTier,
 };
-use crate::billing::{BillingModel, EndReason, Meter};
-use crate::eviction::EvictionModel;
-use crate::market::{CapacityType, Timestamp};
-use crate::sim::grid::MarketGrid;
+use ebbflow_bidbrain::billing::{BillingModel, EndReason, Meter};
+use ebbflow_bidbrain::eviction::EvictionModel;
+use ebbflow_bidbrain::market::{CapacityType, Timestamp};
+use ebbflow_bidbrain::sim::grid::MarketGrid;
 
 /// What the market or the bidder did at a slot.
 #[derive(Debug, Clone, PartialEq)]

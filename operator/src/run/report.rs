@@ -6,7 +6,7 @@ use std::path::Path;
 use ebbflow_runtime::elastic::ElasticReport;
 
 use super::replay::Bill;
-use crate::bidder::{AppModel, MeasurementCounts};
+use ebbflow_bidbrain::bidder::{AppModel, MeasurementCounts};
 
 /// One sample of a run, taken every replayed market slot.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]

@@ -421,9 +421,9 @@ impl ThroughputProbe {
     }
 }
 
-/// The additions and eviction stalls of `measured` (tests).
-#[cfg(test)]
-pub(crate) fn delays(measured: &[Measurement]) -> Vec<Measurement> {
+/// The additions and eviction stalls of `measured` (the delay measurements, without the steady
+/// throughput ones).
+pub fn delays(measured: &[Measurement]) -> Vec<Measurement> {
     measured
         .iter()
         .copied()

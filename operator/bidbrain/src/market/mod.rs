@@ -4,14 +4,13 @@
 //! A [`Market`] is a replayable history (from a trace file, see [`trace`], or from a live
 //! source that appends samples). The bidder never reads a `Market` directly: it reads a
 //! [`MarketView`], the market as seen at one instant, so the same decision code runs in the
-//! simulator, in `ebbflow run` and in the operator (whose live EC2 market, [`live`], is built
-//! from `DescribeSpotPriceHistory`).
+//! simulator, in `ebbflow run` and in the operator (whose live EC2 market, the operator's
+//! `live_market`, is built from `DescribeSpotPriceHistory`).
 //!
 //! Gap policy (documented in `docs/traces.md`): a price sample holds until the pool's next
 //! sample, for at most [`GapPolicy::max_hold_seconds`]; past that, or where a sample has no
 //! price, the pool is *unavailable* at that instant. A missing price is never read as zero.
 
-pub mod live;
 pub mod trace;
 
 use std::fmt;

@@ -15,12 +15,13 @@ use std::path::Path;
 
 use ebbflow_ec2::{InstanceTypeInfo, SpotPricePoint};
 
-use super::trace::{Ec2PriceEntry, TraceError, ec2_price_market, parse_on_demand_by_region};
-use super::{InstanceSpec, Market, OnDemandTable, Sample, SpecTable, Timestamp};
+use ebbflow_bidbrain::market::trace::{
+    Ec2PriceEntry, TraceError, ec2_price_market, parse_on_demand_by_region,
+};
+use ebbflow_bidbrain::market::{InstanceSpec, Market, OnDemandTable, Sample, SpecTable, Timestamp};
 
 /// The on-demand price list compiled into the operator (see `operator/data/README.md`).
-pub const BUNDLED_ON_DEMAND_CSV: &str =
-    include_str!("../../data/aws_on_demand_prices_us-east-1.csv");
+pub const BUNDLED_ON_DEMAND_CSV: &str = include_str!("../data/aws_on_demand_prices_us-east-1.csv");
 
 /// Name of [`BUNDLED_ON_DEMAND_CSV`] in messages.
 pub const BUNDLED_ON_DEMAND_NAME: &str = "bundled aws_on_demand_prices_us-east-1.csv";

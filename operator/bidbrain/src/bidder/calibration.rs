@@ -443,7 +443,7 @@ mod tests {
     #[test]
     fn the_committed_calibration_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../bench/calibration/mf-movielens100k-8nodes-100mbps.json");
+            .join("../../bench/calibration/mf-movielens100k-8nodes-100mbps.json");
         let calibration = Calibration::load(&path).expect("the committed file is valid");
         let table = calibration.throughput_table();
         assert_eq!(table.points()[0], (0.0, 1.0));
