@@ -73,6 +73,7 @@ fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
         node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
         calibration: None,
         no_recalibrate: false,
+        notice_floor: 2.0,
     }
 }
 
@@ -500,8 +501,17 @@ fn train_example(manifest: PathBuf, out: &Path, data_dir: Option<PathBuf>) -> Ru
         node_exe: Some(env!("CARGO_BIN_EXE_ebbflow").into()),
         calibration: None,
         no_recalibrate: false,
+        notice_floor: 2.0,
     };
-    run_on(&args, &prometheus::Registry::new()).unwrap_or_else(|error| panic!("{error}"))
+    let summary =
+        run_on(&args, &prometheus::Registry::new()).unwrap_or_else(|error| panic!("{error}"));
+    // At the default pace every notice reaches the runtime at least the floor ahead (EC2's
+    // two minutes at 360x would be 0.33 s, about the runtime's notice-to-safe time).
+    assert_eq!(summary.notice_floor_seconds, 2.0);
+    if let Some(lead) = summary.shortest_notice_lead_seconds {
+        assert!(lead >= 2.0, "a notice came {lead} s ahead: {summary:?}");
+    }
+    summary
 }
 
 /// Trains `examples/NAME.yaml` (edited by `edit`) as shipped at its implied `workers` and checks

@@ -318,6 +318,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
         node_exe: None,
         calibration: None,
         no_recalibrate: false,
+        notice_floor: 2.0,
     };
     let registry = run_registry.clone();
     let summary = tokio::task::spawn_blocking(move || {

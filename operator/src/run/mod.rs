@@ -56,6 +56,14 @@ pub struct RunArgs {
     /// Trace seconds per wall-clock second (360: one trace hour in ten seconds).
     #[arg(long, default_value_t = 360.0)]
     pub speed: f64,
+    /// Shortest wall-clock lead, in seconds, a replayed interruption notice reaches the runtime
+    /// with. A notice's trace lead (EC2: 120 s) divided by `--speed` is stretched up to this,
+    /// by at most 10 times, so the default replay gives the runtime the time real EC2 gives it
+    /// (0.33 s at 360× becomes 2 s), while a replay ten times faster still than what makes the
+    /// floor reachable keeps its notices late (`--speed 12000`: the storm). 0: notices are
+    /// compressed like the rest of the trace.
+    #[arg(long, default_value_t = 2.0)]
+    pub notice_floor: f64,
     /// Output directory (default: a fresh `ebbflow-run-<job>-<unix time>`).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -701,6 +709,12 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             args.speed
         )));
     }
+    if !(args.notice_floor.is_finite() && args.notice_floor >= 0.0) {
+        return Err(RunError::Unsupported(format!(
+            "--notice-floor must be zero or a positive number of seconds, got {}",
+            args.notice_floor
+        )));
+    }
     // `--calibration` over the spec's `bidding.overrides.throughput`.
     let spec_table = crate::jobmarket::throughput_table(&job).map_err(|detail| {
         RunError::Unsupported(format!("spec.bidding.overrides.throughput: {detail}"))
@@ -763,6 +777,13 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             config.job.workers,
             out.display()
         );
+        eprintln!(
+            "ebbflow run {name}: an EC2 notice (120 s ahead in the trace) reaches the runtime {:.2} s \
+             ahead at --speed {} (--notice-floor {} s)",
+            notice_wall_lead(EC2_NOTICE_LEAD_SECONDS, args.speed, args.notice_floor),
+            args.speed,
+            args.notice_floor
+        );
     }
     let interrupted = Arc::new(AtomicBool::new(false));
     let (sender, feed) = LiveFeed::new();
@@ -775,6 +796,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         grid: &market.grid,
         start_slot: market.start_slot,
         speed: args.speed,
+        notice_floor: args.notice_floor,
         recalibrate: !args.no_recalibrate,
         workers: config.job.workers as u64,
         clocks,
@@ -930,7 +952,8 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         measurements: driven.calibrator.counts(),
         decided_with: driven.decided_with,
     })
-    .with_stop_reason(driven.stop_reason);
+    .with_stop_reason(driven.stop_reason)
+    .with_notice_leads(args.notice_floor, driven.shortest_notice_lead);
     report::write(&out, &summary, &driven.series)
         .map_err(|(path, source)| RunError::WriteOutputs { path, source })?;
     Ok(summary)
@@ -1013,6 +1036,8 @@ struct Drive<'a> {
     grid: &'a MarketGrid,
     start_slot: usize,
     speed: f64,
+    /// Shortest wall lead of a notice (`--notice-floor`).
+    notice_floor: f64,
     /// The bidder decides with the re-estimated application model (else with the spec's).
     recalibrate: bool,
     workers: u64,
@@ -1032,6 +1057,8 @@ struct Drive<'a> {
 struct Driven {
     /// One sample per replayed slot.
     series: Vec<TimePoint>,
+    /// The shortest wall-clock lead a notice was given, if any came.
+    shortest_notice_lead: Option<f64>,
     /// The final bill.
     bill: Bill,
     /// Trace seconds replayed.
@@ -1075,6 +1102,8 @@ impl Drive<'_> {
         let mut slot = self.start_slot;
         let mut stop_reason = None;
         let mut last_bill = Bill::default();
+        // the shortest wall-clock lead a notice was given
+        let mut shortest_lead: Option<f64> = None;
         let mut probe = ThroughputProbe::new(ProbeSettings::new(self.speed));
         // the runtime's count of transient nodes switched in, at the last sample
         let mut added_seen = 0u64;
@@ -1093,6 +1122,7 @@ impl Drive<'_> {
                 bar.finish_and_clear();
                 return Driven {
                     series,
+                    shortest_notice_lead: shortest_lead,
                     bill,
                     trace_seconds,
                     calibrator,
@@ -1121,10 +1151,11 @@ impl Drive<'_> {
                             lead_seconds,
                         } => {
                             if let Some(ids) = assignment.instances(allocation) {
-                                provisioner.notice(
-                                    ids,
-                                    Duration::from_secs_f64(lead_seconds / self.speed),
-                                );
+                                let lead =
+                                    notice_wall_lead(lead_seconds, self.speed, self.notice_floor);
+                                shortest_lead =
+                                    Some(shortest_lead.map_or(lead, |s: f64| s.min(lead)));
+                                provisioner.notice(ids, Duration::from_secs_f64(lead));
                             }
                         }
                         ReplayEvent::Evicted { allocation } => {
@@ -1353,8 +1384,28 @@ impl Drive<'_> {
             evictions,
             partitions_migrated: metrics.partitions_migrated.get(),
             rollbacks: metrics.rollbacks.get(),
+            joins: metrics.elastic_events.with_label_values(&["join"]).get(),
+            notices: metrics.elastic_events.with_label_values(&["notice"]).get(),
+            late_notices: metrics
+                .elastic_events
+                .with_label_values(&["late_notice"])
+                .get(),
+            failures: metrics.elastic_events.with_label_values(&["fail"]).get(),
         }
     }
+}
+
+/// EC2's spot interruption warning: two minutes.
+const EC2_NOTICE_LEAD_SECONDS: f64 = 120.0;
+
+/// A notice may be stretched to at most this many times its lead scaled by the replay's speed.
+const NOTICE_STRETCH: f64 = 10.0;
+
+/// The wall-clock lead of a notice the trace gives `trace_lead` seconds ahead, replayed at
+/// `speed`: the scaled lead, stretched to `floor` but never past [`NOTICE_STRETCH`] times itself.
+fn notice_wall_lead(trace_lead: f64, speed: f64, floor: f64) -> f64 {
+    let scaled = trace_lead.max(0.0) / speed;
+    scaled.max(floor.min(NOTICE_STRETCH * scaled))
 }
 
 /// The probe's view of a replay event.
@@ -1373,6 +1424,20 @@ fn probe_event(event: &ReplayEvent) -> ProbeEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notice_reaches_the_runtime_with_the_floor_unless_the_replay_is_ten_times_too_fast() {
+        // the default pace: EC2's 120 s become 0.33 s, stretched to the 2 s floor
+        assert_eq!(notice_wall_lead(120.0, 360.0, 2.0), 2.0);
+        // slow enough that the scaled lead is longer than the floor: untouched
+        assert_eq!(notice_wall_lead(120.0, 10.0, 2.0), 12.0);
+        // the storm: 120 s at 12000× is 0.01 s, stretched at most ten times
+        assert!((notice_wall_lead(120.0, 12_000.0, 2.0) - 0.1).abs() < 1e-12);
+        // floor 0: compressed like the rest of the trace
+        assert!((notice_wall_lead(120.0, 360.0, 0.0) - 120.0 / 360.0).abs() < 1e-12);
+        // a notice without lead stays without lead
+        assert_eq!(notice_wall_lead(0.0, 360.0, 2.0), 0.0);
+    }
 
     fn example(name: &str) -> TrainingJob {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -35,6 +35,14 @@ pub struct TimePoint {
     pub partitions_migrated: u64,
     /// Rollbacks so far.
     pub rollbacks: u64,
+    /// Nodes that joined so far.
+    pub joins: u64,
+    /// Notices applied in time so far.
+    pub notices: u64,
+    /// Notices that came too late to hand over so far (the node's state was lost).
+    pub late_notices: u64,
+    /// Nodes that failed without notice so far.
+    pub failures: u64,
 }
 
 /// The result of a run (`summary.json`).
@@ -80,6 +88,10 @@ pub struct RunSummary {
     /// Per boundary that applied notices in time: seconds from the first of them until every
     /// partition of the leaving nodes was installed on its new owner.
     pub notice_to_safe_seconds: Vec<f64>,
+    /// `--notice-floor`: the shortest wall-clock lead a replayed notice is stretched to.
+    pub notice_floor_seconds: f64,
+    /// The shortest wall-clock lead a notice of this run was given (none: no notice came).
+    pub shortest_notice_lead_seconds: Option<f64>,
     /// The bidder's application model: the spec's and as re-estimated from the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub app_model: Option<AppModelSummary>,
@@ -144,6 +156,8 @@ impl RunSummary {
             clocks_redone: report.clocks_redone,
             segments: report.segments.len(),
             notice_to_safe_seconds: report.notice_to_safe_seconds.clone(),
+            notice_floor_seconds: 0.0,
+            shortest_notice_lead_seconds: None,
             app_model: None,
             output_dir: out.display().to_string(),
         }
@@ -153,6 +167,15 @@ impl RunSummary {
     pub fn with_stop_reason(self, reason: Option<&str>) -> Self {
         Self {
             stop_reason: reason.map(str::to_owned),
+            ..self
+        }
+    }
+
+    /// The summary with the notice floor and the shortest lead a notice was given.
+    pub fn with_notice_leads(self, floor: f64, shortest: Option<f64>) -> Self {
+        Self {
+            notice_floor_seconds: floor,
+            shortest_notice_lead_seconds: shortest,
             ..self
         }
     }
@@ -192,7 +215,7 @@ impl RunSummary {
              quality: {}\n\
              cost: ${:.2} vs ${:.2} on-demand equivalent ({:.0}% of it), {:.1} free spot hours\n\
              elasticity: {} events {:?}, {} partitions migrated, {} rollbacks ({} clocks redone), {} segments{}\n\
-             {}\
+             {}{}\
              wrote {}/summary.json, timeseries.csv, chart.svg\n",
             self.job,
             self.clocks,
@@ -215,6 +238,10 @@ impl RunSummary {
             self.clocks_redone,
             self.segments,
             notices_line(&self.notice_to_safe_seconds),
+            self.shortest_notice_lead_seconds.map_or(String::new(), |lead| format!(
+                "notices: the shortest reached the runtime {lead:.2} s ahead (--notice-floor {} s)\n",
+                self.notice_floor_seconds
+            )),
             app_model,
             self.output_dir
         )
@@ -255,12 +282,12 @@ pub fn write(
         .map_err(|e| ("summary.json".to_owned(), std::io::Error::other(e)))?;
     put("summary.json", json + "\n")?;
     let mut csv = String::from(
-        "wall_seconds,trace_seconds,clock,loss,stage,reliable_nodes,transient_nodes,spent_usd,on_demand_equivalent_usd,evictions,partitions_migrated,rollbacks\n",
+        "wall_seconds,trace_seconds,clock,loss,stage,reliable_nodes,transient_nodes,spent_usd,on_demand_equivalent_usd,evictions,partitions_migrated,rollbacks,joins,notices,late_notices,failures\n",
     );
     for p in series {
         let _ = writeln!(
             csv,
-            "{:.3},{:.0},{},{:.6},{},{},{},{:.4},{:.4},{},{},{}",
+            "{:.3},{:.0},{},{:.6},{},{},{},{:.4},{:.4},{},{},{},{},{},{},{}",
             p.wall_seconds,
             p.trace_seconds,
             p.clock,
@@ -272,118 +299,180 @@ pub fn write(
             p.on_demand_equivalent_usd,
             p.evictions,
             p.partitions_migrated,
-            p.rollbacks
+            p.rollbacks,
+            p.joins,
+            p.notices,
+            p.late_notices,
+            p.failures
         );
     }
     put("timeseries.csv", csv)?;
-    put("chart.svg", chart(summary, series))
+    let svg =
+        chart(summary, series).map_err(|e| ("chart.svg".to_owned(), std::io::Error::other(e)))?;
+    put("chart.svg", svg)
 }
 
-/// Three stacked panels over trace hours: loss, nodes per tier, cumulative spend (with the
-/// on-demand equivalent dashed).
-fn chart(summary: &RunSummary, series: &[TimePoint]) -> String {
-    const W: f64 = 720.0;
-    const PANEL: f64 = 160.0;
-    const LEFT: f64 = 70.0;
-    const TOP: f64 = 40.0;
-    let hours: Vec<f64> = series.iter().map(|p| p.trace_seconds / 3600.0).collect();
-    let max_hours = hours.iter().copied().fold(1e-9, f64::max);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{LEFT}\" y=\"22\" font-size=\"14\">ebbflow run {}: ${:.2} spent vs ${:.2} on-demand</text>\n",
-        TOP + 3.0 * (PANEL + 30.0),
-        summary.job,
-        summary.cost_usd,
-        summary.on_demand_equivalent_usd
-    );
-    // (title, [(label, colour, values)])
-    type Panel<'a> = (&'a str, Vec<(&'a str, &'a str, Vec<f64>)>);
-    let panels: [Panel<'_>; 3] = [
-        (
-            "training loss",
-            vec![("loss", "#1f77b4", series.iter().map(|p| p.loss).collect())],
-        ),
-        (
-            "nodes",
-            vec![
-                (
-                    "reliable",
-                    "#2ca02c",
-                    series.iter().map(|p| p.reliable_nodes as f64).collect(),
-                ),
-                (
-                    "transient",
-                    "#ff7f0e",
-                    series.iter().map(|p| p.transient_nodes as f64).collect(),
-                ),
-            ],
-        ),
-        (
-            "cumulative $",
-            vec![
-                (
-                    "spent",
-                    "#d62728",
-                    series.iter().map(|p| p.spent_usd).collect(),
-                ),
-                (
-                    "on-demand equivalent",
-                    "#7f7f7f",
-                    series.iter().map(|p| p.on_demand_equivalent_usd).collect(),
-                ),
-            ],
-        ),
-    ];
-    for (index, (title, lines)) in panels.iter().enumerate() {
-        let top = TOP + index as f64 * (PANEL + 30.0);
-        let max = lines
-            .iter()
-            .flat_map(|(_, _, v)| v.iter().copied())
-            .filter(|v| v.is_finite())
-            .fold(1e-9, f64::max);
-        let _ = writeln!(
-            svg,
-            "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{}\" height=\"{PANEL}\" fill=\"none\" stroke=\"#ccc\"/>\n\
-             <text x=\"5\" y=\"{}\">{title}</text><text x=\"5\" y=\"{}\">{max:.3}</text>",
-            W - LEFT - 10.0,
-            top + PANEL / 2.0,
-            top + 12.0
-        );
-        for (line, (label, color, values)) in lines.iter().enumerate() {
-            let points: Vec<String> = hours
-                .iter()
-                .zip(values)
-                .filter(|(_, v)| v.is_finite())
-                .map(|(h, v)| {
-                    format!(
-                        "{:.1},{:.1}",
-                        LEFT + h / max_hours * (W - LEFT - 10.0),
-                        top + PANEL - v / max * PANEL
-                    )
-                })
-                .collect();
-            let dash = if line == 1 && index == 2 {
-                " stroke-dasharray=\"5,4\""
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                svg,
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"{dash} points=\"{}\"/>\n\
-                 <text x=\"{}\" y=\"{}\" fill=\"{color}\">{label}</text>",
-                points.join(" "),
-                W - 180.0,
-                top + 14.0 + 14.0 * line as f64
-            );
+/// Three stacked panels over trace hours: the training loss (rollbacks marked), nodes per tier
+/// as steps with a marker at every join, notice, late notice, failure and rollback and the
+/// AgileML stage as bands, and the spend against the on-demand equivalent.
+fn chart(summary: &RunSummary, series: &[TimePoint]) -> Result<String, ebbflow_plot::PlotError> {
+    use ebbflow_plot::{Band, Color, Figure, Layout, Line, Mark, Panel, Points, Shape};
+    let hours = |p: &TimePoint| p.trace_seconds / 3600.0;
+    // the loss gauge reads 0 until the first clock: leave those samples out
+    let loss: Vec<(f64, f64)> = series
+        .iter()
+        .filter(|p| p.clock > 0 && p.loss.is_finite())
+        .map(|p| (hours(p), p.loss))
+        .collect();
+    // where a cumulative count went up: (hours, transient nodes then)
+    let rises = |count: fn(&TimePoint) -> u64| -> Vec<(f64, f64)> {
+        series
+            .windows(2)
+            .filter(|w| count(&w[1]) > count(&w[0]))
+            .map(|w| (hours(&w[1]), w[1].transient_nodes as f64))
+            .collect()
+    };
+    let rollbacks = rises(|p| p.rollbacks);
+    // the stage gauge reads 0 until the first layout
+    let stage_name = |stage: i64| match stage {
+        0 => "starting".to_owned(),
+        n => format!("stage {n}"),
+    };
+    let mut stages: Vec<Band> = Vec::new();
+    for (p, next) in series.iter().zip(series.iter().skip(1)) {
+        match stages.last_mut() {
+            Some(band) if band.label == stage_name(p.stage) => band.to = hours(next),
+            _ => stages.push(Band {
+                from: hours(p),
+                to: hours(next),
+                label: stage_name(p.stage),
+                color: match p.stage {
+                    0 => Color::GREY,
+                    1 => Color::BLUE,
+                    2 => Color::GREEN,
+                    _ => Color::PURPLE,
+                },
+            }),
         }
     }
-    let _ = writeln!(
-        svg,
-        "<text x=\"{LEFT}\" y=\"{}\">trace hours (0 – {max_hours:.2})</text>\n</svg>",
-        TOP + 3.0 * (PANEL + 30.0) - 8.0
-    );
-    svg
+    let events = [
+        ("join", Color::GREEN, Shape::Circle, rises(|p| p.joins)),
+        (
+            "notice in time",
+            Color::ORANGE,
+            Shape::Triangle,
+            rises(|p| p.notices),
+        ),
+        (
+            "late notice",
+            Color::RED,
+            Shape::Triangle,
+            rises(|p| p.late_notices),
+        ),
+        ("failure", Color::RED, Shape::Cross, rises(|p| p.failures)),
+        ("rollback", Color::PURPLE, Shape::Cross, rollbacks.clone()),
+    ];
+    let x_label = "trace hours".to_owned();
+    let figure = Figure {
+        title: format!(
+            "ebbflow run {}: ${:.2} spent vs ${:.2} on-demand ({:.0}%)",
+            summary.job,
+            summary.cost_usd,
+            summary.on_demand_equivalent_usd,
+            100.0 * summary.cost_ratio
+        ),
+        width: 900,
+        panel_height: 250,
+        layout: Layout::Rows,
+        footnote: Some(format!(
+            "{} clocks in {:.0} s wall; {} partitions migrated, {} rollbacks ({} clocks redone); markers on the transient line",
+            summary.clocks,
+            summary.wall_seconds,
+            summary.partitions_migrated,
+            summary.rollbacks,
+            summary.clocks_redone
+        )),
+        panels: vec![
+            Panel {
+                title: "training loss".into(),
+                x_label: x_label.clone(),
+                y_label: "mean loss".into(),
+                lines: vec![Line::new("training loss", Color::BLUE, loss)],
+                marks: rollbacks
+                    .iter()
+                    .map(|&(x, _)| Mark {
+                        x,
+                        text: String::new(),
+                        label: Some("rollback".into()),
+                        color: Color::PURPLE,
+                    })
+                    .collect(),
+                ..Panel::default()
+            },
+            Panel {
+                title: "nodes per tier, membership events and AgileML stage".into(),
+                x_label: x_label.clone(),
+                y_label: "nodes".into(),
+                y_from_zero: true,
+                lines: vec![
+                    Line::new(
+                        "reliable",
+                        Color::GREY,
+                        series
+                            .iter()
+                            .map(|p| (hours(p), p.reliable_nodes as f64))
+                            .collect(),
+                    )
+                    .steps(),
+                    Line::new(
+                        "transient",
+                        Color::BROWN,
+                        series
+                            .iter()
+                            .map(|p| (hours(p), p.transient_nodes as f64))
+                            .collect(),
+                    )
+                    .steps(),
+                ],
+                points: events
+                    .into_iter()
+                    .filter(|(_, _, _, at)| !at.is_empty())
+                    .map(|(label, color, shape, points)| Points {
+                        label: label.into(),
+                        points,
+                        color,
+                        shape,
+                    })
+                    .collect(),
+                bands: stages,
+                ..Panel::default()
+            },
+            Panel {
+                title: "spend".into(),
+                x_label,
+                y_label: "USD".into(),
+                y_from_zero: true,
+                lines: vec![
+                    Line::new(
+                        "spent",
+                        Color::RED,
+                        series.iter().map(|p| (hours(p), p.spent_usd)).collect(),
+                    ),
+                    Line::new(
+                        "on-demand equivalent",
+                        Color::GREY,
+                        series
+                            .iter()
+                            .map(|p| (hours(p), p.on_demand_equivalent_usd))
+                            .collect(),
+                    )
+                    .dashed(),
+                ],
+                ..Panel::default()
+            },
+        ],
+    };
+    figure.svg()
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use ebbflow_plot::{Color, Figure, Layout, Line, Mark, Panel, Points, Shape};
 
 use ebbflow_runtime::apps::named::{NamedApp, build_named_app};
 use ebbflow_runtime::elastic::{
@@ -140,25 +141,17 @@ fn per_iteration_median(runs: &[Vec<f64>]) -> Vec<f64> {
         .collect()
 }
 
-/// Escapes text for SVG.
-fn xml_text(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// The fig. 4.15 plot as SVG: seconds per iteration of every run (thin grey lines) and their
-/// median (a thick line), with dashed vertical lines at `marks` (iteration, label) and ticks at
+/// The fig. 4.15 plot: milliseconds per iteration of every run (thin grey lines) and their
+/// median (a thick line), with dashed vertical lines at `marks` (iteration, label) and markers at
 /// the BackupPS `copies`. The y axis runs to 1.5 × the highest median past iteration 0 (the
 /// first iteration pulls every row), so a single slow sample does not flatten the rest: points
 /// above it are drawn at the top edge.
-fn fig_svg(runs: &[Vec<f64>], marks: &[(usize, String)], copies: &[usize], title: &str) -> String {
-    const W: f64 = 860.0;
-    const H: f64 = 440.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 20.0;
-    const TOP: f64 = 40.0;
-    const BOTTOM: f64 = 70.0;
+fn fig_figure(
+    runs: &[Vec<f64>],
+    marks: &[(usize, String)],
+    copies: &[usize],
+    title: &str,
+) -> Figure {
     let medians = per_iteration_median(runs);
     let n = medians.len().max(2);
     let top = medians
@@ -167,105 +160,73 @@ fn fig_svg(runs: &[Vec<f64>], marks: &[(usize, String)], copies: &[usize], title
         .copied()
         .filter(|s| s.is_finite())
         .fold(0.0f64, f64::max)
-        * 1.5;
+        * 1.5
+        * 1000.0;
     let top = if top > 0.0 { top } else { 1.0 };
-    let x = |i: usize| LEFT + (W - LEFT - RIGHT) * i as f64 / (n - 1) as f64;
-    let y = |s: f64| {
-        let s = if s.is_finite() {
-            s.clamp(0.0, top)
-        } else {
-            top
-        };
-        H - BOTTOM - (H - TOP - BOTTOM) * s / top
-    };
-    let line = |seconds: &[f64]| -> String {
+    let ms = |seconds: &[f64]| -> Vec<(f64, f64)> {
         seconds
             .iter()
             .enumerate()
-            .map(|(i, s)| format!("{:.1},{:.1}", x(i), y(*s)))
-            .collect::<Vec<_>>()
-            .join(" ")
+            .map(|(i, s)| {
+                let ms = if s.is_finite() {
+                    (s * 1000.0).clamp(0.0, top)
+                } else {
+                    top
+                };
+                (i as f64, ms)
+            })
+            .collect()
     };
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
-         viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
-         <text x=\"{LEFT}\" y=\"22\" font-size=\"14\">{}</text>\n",
-        xml_text(title)
-    );
-    // Axes, with five y ticks in milliseconds and an x tick every 5 iterations.
-    svg += &format!(
-        "<path d=\"M{LEFT},{TOP} V{} H{}\" stroke=\"black\" fill=\"none\"/>\n",
-        H - BOTTOM,
-        W - RIGHT
-    );
-    for k in 0..=5 {
-        let s = top * f64::from(k) / 5.0;
-        svg += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.1}</text>\n\
-             <line x1=\"{LEFT}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\n",
-            LEFT - 6.0,
-            y(s) + 4.0,
-            s * 1000.0,
-            W - RIGHT,
-            y(s),
-            y(s)
-        );
+    let mut lines: Vec<Line> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, run)| {
+            let line = Line::new("each run", Color::LIGHT_GREY, ms(run)).width(1);
+            if i == 0 { line } else { line.unlabelled() }
+        })
+        .collect();
+    lines.push(Line::new("median of the runs", Color::DARK_BLUE, ms(&medians)).width(3));
+    let copies: Vec<(f64, f64)> = copies
+        .iter()
+        .filter(|&&c| c < n)
+        .map(|&c| (c as f64, 0.0))
+        .collect();
+    Figure {
+        title: title.to_owned(),
+        width: 900,
+        panel_height: 440,
+        layout: Layout::Rows,
+        footnote: None,
+        panels: vec![Panel {
+            title: String::new(),
+            x_label: "iteration".into(),
+            y_label: "ms per iteration".into(),
+            x_range: Some((0.0, (n - 1) as f64)),
+            y_range: Some((0.0, top)),
+            lines,
+            points: if copies.is_empty() {
+                Vec::new()
+            } else {
+                vec![Points {
+                    label: "BackupPS copy".into(),
+                    points: copies,
+                    color: Color::GREEN,
+                    shape: Shape::Triangle,
+                }]
+            },
+            marks: marks
+                .iter()
+                .filter(|(i, _)| *i < n)
+                .map(|(i, text)| Mark {
+                    x: *i as f64,
+                    text: text.clone(),
+                    label: None,
+                    color: Color::RED,
+                })
+                .collect(),
+            ..Panel::default()
+        }],
     }
-    for i in (0..n).step_by(5) {
-        svg += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{i}</text>\n",
-            x(i),
-            H - BOTTOM + 16.0
-        );
-    }
-    svg += &format!(
-        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">iteration</text>\n\
-         <text x=\"16\" y=\"{:.1}\" transform=\"rotate(-90 16 {:.1})\" \
-         text-anchor=\"middle\">ms per iteration</text>\n",
-        (LEFT + W - RIGHT) / 2.0,
-        H - BOTTOM + 34.0,
-        (TOP + H - BOTTOM) / 2.0,
-        (TOP + H - BOTTOM) / 2.0
-    );
-    for &c in copies.iter().filter(|&&c| c < n) {
-        svg += &format!(
-            "<line class=\"copy\" x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"green\"/>\n",
-            x(c),
-            x(c),
-            H - BOTTOM,
-            H - BOTTOM - 8.0
-        );
-    }
-    for (i, label) in marks.iter().filter(|(i, _)| *i < n) {
-        svg += &format!(
-            "<line class=\"mark\" x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{TOP}\" y2=\"{}\" \
-             stroke=\"#c33\" stroke-dasharray=\"4 3\"/>\n\
-             <text x=\"{:.1}\" y=\"{}\" fill=\"#c33\">{}</text>\n",
-            x(*i),
-            x(*i),
-            H - BOTTOM,
-            x(*i) + 3.0,
-            TOP + 12.0,
-            xml_text(label)
-        );
-    }
-    for run in runs {
-        svg += &format!(
-            "<polyline class=\"run\" points=\"{}\" fill=\"none\" stroke=\"#bbb\"/>\n",
-            line(run)
-        );
-    }
-    svg += &format!(
-        "<polyline class=\"median\" points=\"{}\" fill=\"none\" stroke=\"#1f4e9c\" \
-         stroke-width=\"2\"/>\n\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#1f4e9c\">median of the runs \
-         (grey: each run; green ticks: BackupPS copies)</text>\n</svg>\n",
-        line(&medians),
-        W - RIGHT,
-        H - 8.0
-    );
-    svg
 }
 
 /// The first clock run with transient nodes in the layout.
@@ -429,8 +390,8 @@ fn fig_4_15(args: &Args) -> anyhow::Result<()> {
         app.config().rank,
         every.len()
     );
-    std::fs::write(&args.plot, fig_svg(&every, &marks, &copies, &title))
-        .with_context(|| format!("writing {}", args.plot.display()))?;
+    let svg = fig_figure(&every, &marks, &copies, &title).svg()?;
+    std::fs::write(&args.plot, svg).with_context(|| format!("writing {}", args.plot.display()))?;
     println!(
         "## fig. 4.15 at small scale ({name}, rank {}, {} workers, BSP, {} runs)",
         app.config().rank,
@@ -736,28 +697,22 @@ mod tests {
             (3, "4 evicted".to_owned()),
             (9, "beyond the end".to_owned()),
         ];
-        let svg = fig_svg(&runs, &marks, &[2, 4, 7], "rank <1000> & more");
-        assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
-        assert_eq!(svg.matches("class=\"run\"").count(), 2);
-        assert_eq!(svg.matches("class=\"median\"").count(), 1);
+        let figure = fig_figure(&runs, &marks, &[2, 4, 7], "rank <1000> & more");
+        let panel = &figure.panels[0];
+        // two runs (one legend entry for both) and the median
+        assert_eq!(panel.lines.len(), 3);
+        assert_eq!(panel.lines.iter().filter(|l| l.label.is_some()).count(), 2);
         // Only the marks and copies inside the 5 iterations are drawn.
-        assert_eq!(svg.matches("class=\"mark\"").count(), 1);
-        assert!(svg.contains(">4 evicted<") && !svg.contains("beyond the end"));
-        assert_eq!(svg.matches("class=\"copy\"").count(), 2);
-        assert!(svg.contains("rank &lt;1000&gt; &amp; more"));
+        assert_eq!(panel.marks.len(), 1);
+        assert_eq!(panel.marks[0].text, "4 evicted");
+        assert_eq!(panel.points[0].points, vec![(2.0, 0.0), (4.0, 0.0)]);
         // The axis tops at 1.5 × the highest median past iteration 0 (0.025 s → 37.5 ms);
         // iteration 0's 0.45 s is drawn at the top edge, not scaled to.
-        assert!(svg.contains(">37.5</text>"), "{svg}");
-        let median = svg
-            .lines()
-            .find(|l| l.contains("class=\"median\""))
-            .unwrap();
-        let first_y: f64 = median
-            .split("points=\"")
-            .nth(1)
-            .and_then(|p| p.split([',', ' ']).nth(1))
-            .and_then(|y| y.parse().ok())
-            .unwrap();
-        assert_eq!(first_y, 40.0, "{median}");
+        let top = panel.y_range.unwrap().1;
+        assert!((top - 37.5).abs() < 1e-9, "{top}");
+        assert_eq!(panel.lines[2].points[0], (0.0, top));
+        let svg = figure.svg().unwrap();
+        assert!(svg.contains("4 evicted") && !svg.contains("beyond the end"));
+        assert!(svg.contains("rank &lt;1000&gt; &amp; more"));
     }
 }

@@ -382,7 +382,13 @@ pub fn write_outputs(
             dir.join("report.txt"),
             table(study, summaries) + &note_lines(notes),
         ),
-        (dir.join("cost.svg"), svg(study, summaries)),
+        (
+            dir.join("cost.svg"),
+            svg(study, summaries).map_err(|e| ReportError::Write {
+                path: dir.join("cost.svg"),
+                source: std::io::Error::other(e),
+            })?,
+        ),
     ];
     for (path, content) in &paths {
         write_file(path, content)?;
@@ -390,104 +396,54 @@ pub fn write_outputs(
     Ok(paths.into_iter().map(|(p, _)| p).collect())
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// A grouped bar chart: cost (left) and runtime (right) relative to on-demand only, one
 /// group per job length, one bar per strategy.
-pub fn svg(study: &Study, summaries: &[Summary]) -> String {
-    const COLORS: [&str; Strategy::ALL.len()] = [
-        "#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd",
-    ];
+pub fn svg(study: &Study, summaries: &[Summary]) -> Result<String, ebbflow_plot::PlotError> {
+    use ebbflow_plot::{Bars, Color, Figure, Layout, Panel};
     let mut lengths: Vec<f64> = summaries.iter().map(|s| s.job_hours).collect();
     lengths.dedup();
-    let (panel_w, panel_h, top, left) = (420.0, 260.0, 50.0, 50.0);
-    let width = left + 2.0 * (panel_w + 40.0);
-    let height = top + panel_h + 50.0 + 16.0 * Strategy::ALL.len() as f64;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        out,
-        r#"<text x="{left}" y="20" font-size="14">{} — billing {}</text>"#,
-        escape(&study.source),
-        study.billing
-    );
-    for (panel, (title, value)) in [
-        (
-            "cost relative to on-demand only",
-            (|s: &Summary| s.cost_relative) as fn(&Summary) -> f64,
-        ),
-        ("runtime relative to on-demand only", |s: &Summary| {
-            s.runtime_relative
+    let panel = |title: &str, value: fn(&Summary) -> f64| Panel {
+        title: title.to_owned(),
+        x_label: "job length (hours of on-demand work)".into(),
+        y_label: "relative to on-demand only".into(),
+        bars: Some(Bars {
+            groups: lengths.iter().map(|h| format!("{h} h jobs")).collect(),
+            series: Strategy::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, strategy)| {
+                    let values = lengths
+                        .iter()
+                        .map(|h| {
+                            summaries
+                                .iter()
+                                .find(|s| s.job_hours == *h && s.strategy == *strategy)
+                                .map_or(f64::NAN, value)
+                        })
+                        .collect();
+                    (
+                        strategy.name().to_owned(),
+                        Color::PALETTE[i % Color::PALETTE.len()],
+                        values,
+                    )
+                })
+                .collect(),
         }),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let x0 = left + panel as f64 * (panel_w + 40.0);
-        let max = summaries.iter().map(value).fold(1.0_f64, f64::max) * 1.1;
-        let _ = writeln!(out, r#"<text x="{x0}" y="{}">{title}</text>"#, top - 8.0);
-        let _ = writeln!(
-            out,
-            r#"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
-            top + panel_h,
-            x0 + panel_w,
-            top + panel_h
-        );
-        for tick in 0..=4 {
-            let v = max * f64::from(tick) / 4.0;
-            let y = top + panel_h - panel_h * v / max;
-            let _ = writeln!(
-                out,
-                r##"<line x1="{x0}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{v:.2}</text>"##,
-                x0 + panel_w,
-                x0 - 4.0,
-                y + 4.0
-            );
-        }
-        let group_w = panel_w / lengths.len().max(1) as f64;
-        for (g, hours) in lengths.iter().enumerate() {
-            let bars: Vec<&Summary> = summaries.iter().filter(|s| s.job_hours == *hours).collect();
-            let bar_w = (group_w - 20.0) / bars.len().max(1) as f64;
-            for (b, s) in bars.iter().enumerate() {
-                let v = value(s);
-                let h = panel_h * v / max;
-                let x = x0 + g as f64 * group_w + 10.0 + b as f64 * bar_w;
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="{}"><title>{}: {v:.3}</title></rect>"#,
-                    top + panel_h - h,
-                    bar_w - 2.0,
-                    COLORS[b % COLORS.len()],
-                    escape(s.strategy.name())
-                );
-            }
-            let _ = writeln!(
-                out,
-                r#"<text x="{:.1}" y="{}" text-anchor="middle">{hours} h jobs</text>"#,
-                x0 + g as f64 * group_w + group_w / 2.0,
-                top + panel_h + 16.0
-            );
-        }
+        ..Panel::default()
+    };
+    Figure {
+        title: format!("{} — billing {}", study.source, study.billing),
+        width: 1240,
+        panel_height: 420,
+        layout: Layout::Columns,
+        footnote: Some(format!(
+            "means over {} random start times per job length",
+            study.starts.len() / lengths.len().max(1)
+        )),
+        panels: vec![
+            panel("cost", |s| s.cost_relative),
+            panel("runtime", |s| s.runtime_relative),
+        ],
     }
-    for (i, strategy) in Strategy::ALL.iter().enumerate() {
-        let y = top + panel_h + 40.0 + 16.0 * i as f64;
-        let _ = writeln!(
-            out,
-            r#"<rect x="{left}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{}" y="{y:.1}">{}</text>"#,
-            y - 10.0,
-            COLORS[i],
-            left + 18.0,
-            escape(strategy.name())
-        );
-    }
-    out.push_str("</svg>\n");
-    out
+    .svg()
 }
