@@ -94,10 +94,19 @@ impl<'a> LocalProvisioner<'a> {
         self.instances.notice(ids.to_vec(), lead);
     }
 
-    /// The market took `ids` (without notice, or at its deadline).
+    /// The market took `ids` (without notice, or at its deadline). Instances under notice go
+    /// at their notice's deadline instead, which [`Instances`] keeps: a replay that stretched
+    /// the notice (`--notice-floor`) must not cut it short when the trace's eviction comes.
     pub fn evict(&mut self, ids: &[String]) {
+        let unnoticed: Vec<String> = ids
+            .iter()
+            .filter(|id| !self.books.iter().any(|b| b.noticed && &&b.held.id == id))
+            .cloned()
+            .collect();
         self.forget(ids);
-        self.instances.evict(ids.to_vec());
+        if !unnoticed.is_empty() {
+            self.instances.evict(unnoticed);
+        }
     }
 
     /// Enforces deadlines and reaps exits (every tick of the replay).
@@ -389,10 +398,16 @@ mod tests {
             provisioner.notice(assignment.instances(2).unwrap(), Duration::from_secs(2));
             step(&mut provisioner, &mut assignment, &noticed);
             assert_eq!(assignment.instances(2).unwrap(), ["p3.2xlarge-a-2"]);
+            // the trace's eviction of a noticed instance leaves it to its notice's deadline
             provisioner.evict(&assignment.remove(2).unwrap());
             step(&mut provisioner, &mut assignment, &[]);
             let holding: Vec<&str> = provisioner.holding().map(|h| h.id.as_str()).collect();
             assert_eq!(holding, ["od-0"]);
+            // an eviction without notice takes the instance at once
+            provisioner.set_clock(300);
+            step(&mut provisioner, &mut assignment, &[live(3, "a", 1, false)]);
+            provisioner.evict(&assignment.remove(3).unwrap());
+            step(&mut provisioner, &mut assignment, &[]);
         }
         assert_eq!(
             log.0,
@@ -401,7 +416,8 @@ mod tests {
                 "launch p3.2xlarge-a-3",
                 "notice p3.2xlarge-a-1 p3.2xlarge-a-3 120s",
                 "notice p3.2xlarge-a-2 2s",
-                "evict p3.2xlarge-a-2",
+                "launch p3.2xlarge-a-4",
+                "evict p3.2xlarge-a-4",
             ]
         );
     }
