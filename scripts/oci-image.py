@@ -208,7 +208,7 @@ def build(args):
         if not os.path.isfile(path) or not os.access(path, os.X_OK):
             raise ImageError(
                 f"--bin-dir {args.bin_dir}: no executable {binary} (build it with "
-                f"`cargo build --release --locked -p ebbflow-operator --bins`)"
+                f"`cargo build --release --locked -p ebbflow-operator --features ec2 --bins`)"
             )
         binaries[image] = path
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
