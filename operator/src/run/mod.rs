@@ -778,9 +778,14 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
             out.display()
         );
         eprintln!(
-            "ebbflow run {name}: an EC2 notice (120 s ahead in the trace) reaches the runtime {:.2} s \
+            "ebbflow run {name}: an EC2 notice ({} s ahead in the trace) reaches the runtime {:.2} s \
              ahead at --speed {} (--notice-floor {} s)",
-            notice_wall_lead(EC2_NOTICE_LEAD_SECONDS, args.speed, args.notice_floor),
+            crate::notices::EC2_NOTICE.as_secs(),
+            notice_wall_lead(
+                crate::notices::EC2_NOTICE.as_secs_f64(),
+                args.speed,
+                args.notice_floor
+            ),
             args.speed,
             args.notice_floor
         );
@@ -1394,9 +1399,6 @@ impl Drive<'_> {
         }
     }
 }
-
-/// EC2's spot interruption warning: two minutes.
-const EC2_NOTICE_LEAD_SECONDS: f64 = 120.0;
 
 /// A notice may be stretched to at most this many times its lead scaled by the replay's speed.
 const NOTICE_STRETCH: f64 = 10.0;

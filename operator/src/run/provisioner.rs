@@ -100,7 +100,7 @@ impl<'a> LocalProvisioner<'a> {
     pub fn evict(&mut self, ids: &[String]) {
         let unnoticed: Vec<String> = ids
             .iter()
-            .filter(|id| !self.books.iter().any(|b| b.noticed && &&b.held.id == id))
+            .filter(|id| !self.books.iter().any(|b| b.noticed && b.held.id == **id))
             .cloned()
             .collect();
         self.forget(ids);
