@@ -12,7 +12,10 @@
 # Env: EBBFLOW_CACHE (default ~/.cache/ebbflow); EBBFLOW_ONDEMAND_NODES (default 2) and
 # EBBFLOW_SPOT_NODES (default 4) for `up`; EBBFLOW_SPOT_TAINT (default
 # karpenter.sh/capacity-type=spot:NoSchedule, empty for none); EBBFLOW_CLUSTER_TIMEOUT seconds
-# (default 180).
+# (default 180); EBBFLOW_CLUSTER_ADDRESS (default 127.0.0.1): the address the control plane binds
+# and advertises; a non-loopback one (scripts/real-nodes.sh passes the host's) also turns on
+# admission, so pods of real kubelets get ServiceAccount tokens and reach the API server through
+# the `kubernetes` Service.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=../tests/cluster/versions.env
@@ -117,6 +120,7 @@ nodes() {
   local name="$1" on_demand="$2" spot="$3"
   [[ "$on_demand" =~ ^[0-9]+$ && "$spot" =~ ^[0-9]+$ ]] || die "node counts must be numbers, got '$on_demand' '$spot'"
   cluster_exists "$name" || die "cluster $name does not exist: run cluster.sh up $name"
+  ((on_demand + spot > 0)) || return 0
   log "adding $on_demand on-demand and $spot spot kwok nodes to $name"
   { node_manifests on-demand "$on_demand"; node_manifests spot "$spot"; } |
     kubectl_in "$name" apply --server-side --field-manager=ebbflow-cluster-sh -f - >/dev/null
@@ -135,13 +139,34 @@ up() {
   local dir="$KWOK_WORKDIR/clusters/$name" config
   mkdir -p "$KWOK_WORKDIR"
   config="$(mktemp "$KWOK_WORKDIR/$name.config.XXXXXX.yaml")"
+  local address="${EBBFLOW_CLUSTER_ADDRESS:-127.0.0.1}" real_node_options=""
+  [[ "$address" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "EBBFLOW_CLUSTER_ADDRESS '$address' is not an IPv4 address"
+  if [[ "$address" != 127.* ]]; then
+    # For pods on real kubelets: ServiceAccount admission (tokens in pods), the API server on
+    # every interface (kwokctl's kubeconfig keeps 127.0.0.1) with its endpoint, the `kubernetes`
+    # Service's, at this address, and a serving certificate for the names and addresses pods use
+    # (10.0.0.1: the Service's, first of the default service range). Other components stay on
+    # loopback; kwok fakes only the nodes cluster.sh made (it would fake the real nodes' pods).
+    real_node_options="  kubeAdmission: true
+  kubeApiserverCertSANs: [$address, 10.0.0.1, kubernetes, kubernetes.default, kubernetes.default.svc, kubernetes.default.svc.cluster.local]
+componentsPatches:
+- name: kube-apiserver
+  extraArgs:
+  - {key: bind-address, value: 0.0.0.0}
+  - {key: advertise-address, value: $address}
+- name: kwok-controller
+  extraArgs:
+  - {key: manage-all-nodes, value: \"false\"}
+  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}"
+    address=127.0.0.1
+  fi
   # Every binary is a local path (nothing is downloaded); every component binds 127.0.0.1.
   cat >"$config" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   runtime: binary
-  bindAddress: 127.0.0.1
+  bindAddress: $address
   kubeVersion: $kube_version
   etcdVersion: ${etcd_version#v}
   kwokVersion: $kwok_version
@@ -152,6 +177,7 @@ options:
   etcdBinary: $(tool etcd "$etcd_version")
   kwokControllerBinary: $(tool kwok "$kwok_version")
   cacheDir: $KWOK_WORKDIR/cache
+$real_node_options
 EOF
   log "creating cluster $name (kube $kube_version, etcd $etcd_version, kwok $kwok_version)"
   # kwokctl picks free ports just before the components bind them; another process can take one

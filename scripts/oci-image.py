@@ -2,6 +2,7 @@
 """Builds ebbflow's container images without a container engine, as OCI image archives.
 
     scripts/oci-image.py --bin-dir DIR --out DIR [--tag TAG] [--no-compress] [--no-strip]
+    scripts/oci-image.py --pause BINARY --out DIR [--tag TAG]
 
 writes `ebbflow-operator-TAG.oci.tar` and `ebbflow-runtime-TAG.oci.tar` into --out: OCI image
 layouts in a tar (what `skopeo copy oci-archive:FILE docker://REGISTRY/NAME:TAG`, `podman load`
@@ -12,6 +13,9 @@ and `docker load` (25+) read). Each image is two layers:
   `/tmp`;
 - the binary (`ebbflow-operator`, or `ebbflow` for the runtime pods, whose command is
   `ebbflow pod`) in `/usr/local/bin`, stripped of debug info unless --no-strip.
+
+With --pause it writes `ebbflow-pause-TAG.oci.tar` instead: the pod sandbox image the real-node
+test stage's containerd uses (one layer, the static binary at /pause), so no registry is needed.
 
 The archives are reproducible: sorted entries, owner 0, fixed times (SOURCE_DATE_EPOCH, default
 0), gzip without a name or time. The `Dockerfile` at the repository root builds the same
@@ -201,7 +205,93 @@ def write_archive(path, blobs, manifest_descriptor, ref, mtime):
     os.replace(tmp, path)
 
 
+def write_image(out, image, tag, mtime, layers, entrypoint, cmd, user, env, history, workdir=None):
+    """Writes `image`-`tag`.oci.tar into `out` from uncompressed layer tars; returns
+    (path, manifest digest, bytes of layers)."""
+    machine = os.uname().machine
+    if machine not in ARCH:
+        raise ImageError(f"unsupported machine architecture {machine}")
+    blobs = Blobs()
+    descriptors, diff_ids = [], []
+    for tar_bytes, compress in layers:
+        descriptor, diff_id = layer_blob(blobs, tar_bytes, compress)
+        descriptors.append(descriptor)
+        diff_ids.append(diff_id)
+    config = {
+        "architecture": ARCH[machine],
+        "os": "linux",
+        "config": {
+            "User": user,
+            "Env": env,
+            "Labels": {
+                "org.opencontainers.image.title": image,
+                "org.opencontainers.image.version": tag,
+                "org.opencontainers.image.source": "https://github.com/ebbflow/ebbflow",
+            },
+        },
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created_by": h} for h in history],
+    }
+    if workdir:
+        config["config"]["WorkingDir"] = workdir
+    if entrypoint:
+        config["config"]["Entrypoint"] = entrypoint
+    if cmd:
+        config["config"]["Cmd"] = cmd
+    config_desc = blobs.add(
+        json.dumps(config, sort_keys=True).encode(),
+        "application/vnd.oci.image.config.v1+json",
+    )
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config_desc,
+        "layers": descriptors,
+    }
+    manifest_desc = blobs.add(
+        json.dumps(manifest, sort_keys=True).encode(),
+        "application/vnd.oci.image.manifest.v1+json",
+    )
+    path = os.path.join(out, f"{image}-{tag}.oci.tar")
+    write_archive(path, blobs, manifest_desc, tag, mtime)
+    return path, manifest_desc["digest"], sum(d["size"] for d in descriptors)
+
+
+def build_pause(args, mtime):
+    """The pod sandbox image: a static pause binary (tests/cluster/pause/pause.c) alone."""
+    if not os.path.isfile(args.pause) or not os.access(args.pause, os.X_OK):
+        raise ImageError(f"--pause {args.pause}: not an executable file")
+    if linked_libraries_or_static(args.pause):
+        raise ImageError(f"--pause {args.pause}: must be linked statically (gcc -static)")
+    layer = Layer(mtime)
+    with open(args.pause, "rb") as f:
+        layer.file("/pause", f.read(), 0o755)
+    return write_image(
+        args.out, "ebbflow-pause", args.tag, mtime, [(layer.close(), args.compress)],
+        ["/pause"], [], "65535:65535", ["PATH=/"], ["scripts/oci-image.py: /pause"],
+    )
+
+
+def linked_libraries_or_static(binary):
+    """The libraries `binary` loads; empty for a static binary (where ldd exits non-zero)."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True)
+    if out.returncode != 0 or "not a dynamic executable" in out.stdout + out.stderr:
+        return []
+    return linked_libraries(binary)
+
+
 def build(args):
+    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    os.makedirs(args.out, exist_ok=True)
+    if args.pause:
+        written = [build_pause(args, mtime)]
+    else:
+        written = build_ebbflow(args, mtime)
+    for path, digest, size in written:
+        print(f"{path}  {digest}  {size / 2**20:.1f} MiB of layers")
+
+
+def build_ebbflow(args, mtime):
     binaries = {}
     for image, (binary, _, _) in IMAGES.items():
         path = os.path.join(args.bin_dir, binary)
@@ -211,72 +301,42 @@ def build(args):
                 f"`cargo build --release --locked -p ebbflow-operator --features ec2 --bins`)"
             )
         binaries[image] = path
-    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    machine = os.uname().machine
-    if machine not in ARCH:
-        raise ImageError(f"unsupported machine architecture {machine}")
     base_tar, libs = base_layer(list(binaries.values()), mtime)
-    os.makedirs(args.out, exist_ok=True)
     written = []
     for image, (binary, entrypoint, cmd) in IMAGES.items():
-        blobs = Blobs()
-        base, base_diff = layer_blob(blobs, base_tar, args.compress)
-        app, app_diff = layer_blob(
-            blobs, binary_layer(binaries[image], binary, mtime, args.strip), args.compress
+        app_tar = binary_layer(binaries[image], binary, mtime, args.strip)
+        written.append(
+            write_image(
+                args.out, image, args.tag, mtime,
+                [(base_tar, args.compress), (app_tar, args.compress)],
+                entrypoint, cmd, f"{NONROOT}:{NONROOT}",
+                ["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=" + CA_BUNDLE],
+                [
+                    "scripts/oci-image.py: C libraries, CA bundle, nonroot user",
+                    f"scripts/oci-image.py: /usr/local/bin/{binary}",
+                ],
+                workdir="/home/nonroot",
+            )
         )
-        config = {
-            "architecture": ARCH[machine],
-            "os": "linux",
-            "config": {
-                "User": f"{NONROOT}:{NONROOT}",
-                "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=" + CA_BUNDLE],
-                "WorkingDir": "/home/nonroot",
-                "Labels": {
-                    "org.opencontainers.image.title": image,
-                    "org.opencontainers.image.version": args.tag,
-                    "org.opencontainers.image.source": "https://github.com/ebbflow/ebbflow",
-                },
-            },
-            "rootfs": {"type": "layers", "diff_ids": [base_diff, app_diff]},
-            "history": [
-                {"created_by": "scripts/oci-image.py: C libraries, CA bundle, nonroot user"},
-                {"created_by": f"scripts/oci-image.py: /usr/local/bin/{binary}"},
-            ],
-        }
-        if entrypoint:
-            config["config"]["Entrypoint"] = entrypoint
-        if cmd:
-            config["config"]["Cmd"] = cmd
-        config_desc = blobs.add(
-            json.dumps(config, sort_keys=True).encode(),
-            "application/vnd.oci.image.config.v1+json",
-        )
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": config_desc,
-            "layers": [base, app],
-        }
-        manifest_desc = blobs.add(
-            json.dumps(manifest, sort_keys=True).encode(),
-            "application/vnd.oci.image.manifest.v1+json",
-        )
-        path = os.path.join(args.out, f"{image}-{args.tag}.oci.tar")
-        write_archive(path, blobs, manifest_desc, args.tag, mtime)
-        written.append((path, manifest_desc["digest"], app["size"] + base["size"]))
-    for path, digest, size in written:
-        print(f"{path}  {digest}  {size / 2**20:.1f} MiB of layers")
     print(f"base layer libraries: {', '.join(libs)}")
+    return written
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin-dir", required=True, help="directory holding ebbflow and ebbflow-operator")
+    parser.add_argument("--bin-dir", help="directory holding ebbflow and ebbflow-operator")
+    parser.add_argument(
+        "--pause",
+        metavar="BINARY",
+        help="write only the pod sandbox image ebbflow-pause-TAG from this static pause binary",
+    )
     parser.add_argument("--out", required=True, help="directory for the .oci.tar archives")
     parser.add_argument("--tag", default="dev", help="image tag (ref name in the archive)")
     parser.add_argument("--no-compress", dest="compress", action="store_false", help="uncompressed layers")
     parser.add_argument("--no-strip", dest="strip", action="store_false", help="keep debug info")
     args = parser.parse_args()
+    if not args.pause and not args.bin_dir:
+        parser.error("--bin-dir is required (or --pause BINARY for the sandbox image)")
     try:
         build(args)
     except ImageError as e:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real components the end-to-end suite runs, from the Go module proxy at the versions
 # pinned in tests/cluster/versions.env: kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl (tests/cluster/go.mod), etcd (tests/cluster/etcd), kwok, kwokctl, helm and
+# kubectl, kubelet and kube-proxy (tests/cluster/go.mod), etcd (tests/cluster/etcd), CoreDNS
+# (tests/cluster/coredns), kwok, kwokctl, helm and
 # amazon-ec2-metadata-mock (tests/cluster/ec2-metadata-mock). Each lands in
 # $EBBFLOW_CACHE/bin/<name>-<version> and is skipped when already there. Prints the bin dir on
 # stdout (progress goes to stderr).
@@ -30,7 +31,7 @@ export GOFLAGS="-p=${EBBFLOW_GO_JOBS:-2} -trimpath -buildvcs=false"
 exec 9>"$bin_dir/.setup.lock"
 flock 9
 
-all_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm
+all_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd coredns kwok kwokctl helm
   amazon-ec2-metadata-mock)
 for requested in "$@"; do
   [[ " ${all_tools[*]} " == *" $requested "* ]] || die "unknown tool '$requested' (known: ${all_tools[*]})"
@@ -58,8 +59,8 @@ timed() {
   log "$what took $((SECONDS - start)) s"
 }
 
-# --- Kubernetes control plane and kubectl, one go build so shared packages compile once -------
-kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# --- Kubernetes control plane, kubectl, kubelet and kube-proxy: one go build so shared packages compile once -------
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 missing_kube=()
 for name in "${kube_cmds[@]}"; do
   have "$name" "$kube_version" || missing_kube+=("$name")
@@ -90,6 +91,15 @@ if ! have etcd "$etcd_version"; then
   timed "etcd $etcd_version" \
     go -C "$repo/tests/cluster/etcd" build -ldflags "-s -w" -o "$staging_dir/etcd" .
   install_built "$staging_dir/etcd" etcd "$etcd_version"
+fi
+
+# --- CoreDNS, the real-node stage's cluster DNS (a wrapper module with the plugins it uses) ------
+if ! have coredns "$coredns_version"; then
+  grep -Eq "github.com/coredns/coredns $coredns_version( |\$)" "$repo/tests/cluster/coredns/go.mod" ||
+    die "tests/cluster/coredns/go.mod does not require coredns $coredns_version"
+  timed "coredns $coredns_version" \
+    go -C "$repo/tests/cluster/coredns" build -ldflags "-s -w" -o "$staging_dir/coredns" .
+  install_built "$staging_dir/coredns" coredns "$coredns_version"
 fi
 
 # --- go install'ed tools --------------------------------------------------------------------------

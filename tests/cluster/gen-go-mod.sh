@@ -24,7 +24,7 @@ mapfile -t staging < <(sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9./-]*\) => ./stagi
   echo "go $go_directive"
   echo
   echo "tool ("
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     echo "	k8s.io/kubernetes/cmd/$cmd"
   done
   echo ")"
