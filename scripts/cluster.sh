@@ -146,7 +146,8 @@ up() {
     # every interface (kwokctl's kubeconfig keeps 127.0.0.1) with its endpoint, the `kubernetes`
     # Service's, at this address, and a serving certificate for the names and addresses pods use
     # (10.0.0.1: the Service's, first of the default service range). Other components stay on
-    # loopback; kwok fakes only the nodes cluster.sh made (it would fake the real nodes' pods).
+    # loopback; kwok fakes only the nodes cluster.sh made (it would fake the real nodes' pods);
+    # the API server reaches kubelets (logs, exec) at their node IP, not a hostname.
     real_node_options="  kubeAdmission: true
   kubeApiserverCertSANs: [$address, 10.0.0.1, kubernetes, kubernetes.default, kubernetes.default.svc, kubernetes.default.svc.cluster.local]
 componentsPatches:
@@ -154,6 +155,7 @@ componentsPatches:
   extraArgs:
   - {key: bind-address, value: 0.0.0.0}
   - {key: advertise-address, value: $address}
+  - {key: kubelet-preferred-address-types, value: InternalIP}
 - name: kwok-controller
   extraArgs:
   - {key: manage-all-nodes, value: \"false\"}

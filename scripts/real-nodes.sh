@@ -15,7 +15,8 @@
 #                                                       pods frozen (cgroup freezer)
 #   scripts/real-nodes.sh nodes                         print the node names, one per line
 #
-# Nodes: real-od-0 (on-demand, untainted) and real-spot-0, real-spot-1 (spot, tainted
+# Nodes: real-od-0 (on-demand m5.large, untainted) and real-spot-0, real-spot-1 (spot p3.2xlarge
+# in us-west-2a and us-west-2b, pools of the shared p3 trace; tainted
 # karpenter.sh/capacity-type=spot:NoSchedule), labelled as Karpenter and EKS label them. Pod
 # subnets 10.244.N.0/24 (ptp + host-local), Services 10.0.0.0/24, cluster DNS on this host's
 # address. Needs root, containerd, runc, containernetworking-plugins, iptables and conntrack
@@ -153,12 +154,16 @@ EOF
 write_kubelet_config() {
   local node="$1" index="$2" address="$3"
   local root="$state/$node" rdir="$run/$node" capacity=on-demand eks=ON_DEMAND taints="[]"
+  local type=m5.large zone=us-west-2a
   if [[ "$node" == real-spot-* ]]; then
-    capacity=spot eks=SPOT
+    # Spot nodes are pools of the shared p3.2xlarge trace (us-west-2a, us-west-2b), so a
+    # trace-market job restricted to those zones gets its pools' pods placed on them.
+    local spot_zones=(us-west-2a us-west-2b)
+    capacity=spot eks=SPOT type=p3.2xlarge zone="${spot_zones[index - 1]}"
     taints="[{key: karpenter.sh/capacity-type, value: spot, effect: NoSchedule}]"
   fi
   mkdir -p "$root/kubelet" "$root/pod-logs"
-  echo "node.kubernetes.io/instance-type=m5.large,topology.kubernetes.io/region=us-east-1,topology.kubernetes.io/zone=us-east-1a,karpenter.sh/capacity-type=$capacity,eks.amazonaws.com/capacityType=$eks,ebbflow.dev/real-node=true" \
+  echo "node.kubernetes.io/instance-type=$type,topology.kubernetes.io/region=us-west-2,topology.kubernetes.io/zone=$zone,karpenter.sh/capacity-type=$capacity,eks.amazonaws.com/capacityType=$eks,ebbflow.dev/real-node=true" \
     >"$rdir/labels"
   cat >"$rdir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -234,12 +239,14 @@ up() {
   for node in "${nodes[@]}"; do
     local sock="$run/$node/containerd.sock"
     poll_until "containerd of $node" ctr --address "$sock" version
-    local image base
+    local image base tag
     for image in "${images[@]}"; do
       # ebbflow-runtime-0.1.0.oci.tar -> localhost/ebbflow/runtime:0.1.0 (the tag is the archive's
       # ref name); an image is pulled by nobody, so pods use these names with IfNotPresent.
+      tag="$(tar -xOf "$image" index.json | python3 -c 'import json, sys; print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])')" ||
+        die "$image is not an OCI archive of scripts/oci-image.py (no ref name in its index.json)"
       base="$(basename "$image" .oci.tar)"
-      base="${base%-*}"
+      base="${base%-"$tag"}"
       ctr --address "$sock" -n k8s.io images import --base-name "localhost/ebbflow/${base#ebbflow-}" "$image" >/dev/null ||
         die "importing $image into the containerd of $node failed"
     done

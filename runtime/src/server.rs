@@ -225,8 +225,25 @@ pub async fn run(
         () = shutdown => tracing::info!("data-plane server shutting down"),
     }
     let _ = stop_tx.send(true);
-    while handlers.join_next().await.is_some() {}
+    // Connections end at their next frame; one inside a request (a read waiting for its clock,
+    // which a released node's partitions will never reach) gets `SHUTDOWN_DRAIN`, then is cut.
+    // Without the bound a node the coordinator let go outlived its pod's grace period and was
+    // SIGKILLed by the kubelet (tests/tests/real_pods.rs).
+    let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
+        while handlers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            busy = handlers.len(),
+            "connections still inside a request at shutdown: closed"
+        );
+        handlers.shutdown().await;
+    }
 }
+
+/// How long a stopping server waits for connections inside a request before it closes them.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Reads one frame into `buf`; `Ok(None)` at a clean end of stream.
 async fn read_frame(
