@@ -260,6 +260,11 @@ up() {
       --config "$run/$node/kubelet.yaml" --kubeconfig "$(kubeconfig_of "$name")" \
       --root-dir "$state/$node/kubelet" --hostname-override "$node" --node-ip "$address" \
       --node-labels "$(cat "$run/$node/labels")" --v=2
+    # One at a time: every kubelet unlinks and binds the same device-plugin socket
+    # (/var/lib/kubelet/device-plugins/kubelet.sock, not under --root-dir), and two doing it at
+    # once fail ("address already in use") and exit. One after the other, the last holds it;
+    # no test uses device plugins.
+    poll_until "node $node to be Ready (logs: $state/$node/logs)" node_ready "$name" "$node"
   done
 
   # Cluster DNS: CoreDNS on this host's address, answering for Services and pods from the API.
@@ -295,9 +300,6 @@ iptables: {localhostNodePorts: false}
 EOF
   start kube-proxy "$state/kube-proxy.log" "$kube_proxy" --config "$run/kube-proxy.yaml" --v=2
   poll_until "CoreDNS to answer on $address:53" dns_answers "$address"
-  for node in "${nodes[@]}"; do
-    poll_until "node $node to be Ready (logs: $state/$node/logs)" node_ready "$name" "$node"
-  done
   log "nodes of $name are Ready: ${nodes[*]} (logs under $state)"
 }
 dns_answers() {

@@ -377,6 +377,9 @@ pub struct Agent<A: App> {
     /// finished one disarms those past its end, so a segment left behind by an abandon cannot
     /// disarm the copies of the segment that replaced it.
     armed_segment: Arc<Mutex<u64>>,
+    /// Set by the first control request: the coordinator's fleet admitted this node (it may
+    /// host partitions or run workers from then on).
+    controlled: std::sync::atomic::AtomicBool,
     /// Connections opened ahead of the switch that uses them ([`ControlRequest::PreOpen`]).
     pre_opened: Arc<PreOpened>,
     /// Threads still opening connections for [`ControlRequest::PreOpen`].
@@ -387,6 +390,21 @@ pub struct Agent<A: App> {
 }
 
 impl<A: App> Agent<A> {
+    /// Lets the node go at once if the coordinator's fleet never admitted it (no control
+    /// request yet): it hosts nothing and runs no worker, so nothing has to move before it
+    /// leaves, and no release will come for it (the fleet releases only nodes it admitted).
+    /// True if it did. A pod evicted right after it joined then exits within its grace period
+    /// instead of being killed at its end.
+    pub fn leave_if_never_admitted(&self) -> bool {
+        if self.controlled.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        match self.shutdown.lock().take() {
+            Some(shutdown) => shutdown.send(()).is_ok(),
+            None => false,
+        }
+    }
+
     /// An agent over `state` (the node's data-plane state); `shutdown` fires when the
     /// coordinator lets the node go.
     pub fn new(
@@ -416,6 +434,7 @@ impl<A: App> Agent<A> {
             copy_source: Mutex::new(None),
             copies: Mutex::new(BTreeMap::new()),
             armed_segment: Arc::new(Mutex::new(0)),
+            controlled: std::sync::atomic::AtomicBool::new(false),
             pre_opened,
             opening: Arc::new(std::sync::atomic::AtomicU32::new(0)),
             last_addrs: Mutex::new(Vec::new()),
@@ -819,6 +838,8 @@ impl<A: App> Agent<A> {
 
 impl<A: App> NodeAgent for Agent<A> {
     fn control(&self, request: ControlRequest, payload: &[u8]) -> (ControlResponse, Vec<u8>) {
+        self.controlled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let mut out = Vec::new();
         let answer = match request {
             ControlRequest::Take { partitions } => {

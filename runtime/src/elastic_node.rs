@@ -92,8 +92,12 @@ pub fn watch_for_notices(
     http: &reqwest::Client,
 ) -> Result<(), ElasticNodeError> {
     let terminate = listen_for_sigterm(rt)?;
-    watch_for_notices_from(rt, terminate, sources, http)
+    watch_for_notices_from(rt, terminate, sources, http, None)
 }
+
+/// Called once the coordinator knows of a SIGTERM: lets the node go at once when nothing has
+/// to move off it first; true if it did.
+pub type LeaveEarly = Box<dyn FnOnce() -> bool + Send>;
 
 /// A SIGTERM listener on `rt`: a signal that arrives once it exists is kept for its first
 /// `recv`, so a node listens before it joins and acts on a SIGTERM of that time after.
@@ -111,6 +115,7 @@ fn watch_for_notices_from(
     mut terminate: tokio::signal::unix::Signal,
     sources: &NoticeSources,
     http: &reqwest::Client,
+    leave_early: Option<LeaveEarly>,
 ) -> Result<(), ElasticNodeError> {
     let (base, secret, name, grace, client) = (
         sources.coordinator.clone(),
@@ -125,10 +130,17 @@ fn watch_for_notices_from(
         }
         let deadline = std::time::SystemTime::now() + grace;
         match crate::notices::send_notice_at(&client, &base, &secret, &name, deadline).await {
-            Ok(_) => tracing::info!(
-                grace_ms = grace.as_millis() as u64,
-                "SIGTERM: the coordinator knows this node leaves"
-            ),
+            Ok(_) => {
+                tracing::info!(
+                    grace_ms = grace.as_millis() as u64,
+                    "SIGTERM: the coordinator knows this node leaves"
+                );
+                if leave_early.is_some_and(|leave| leave()) {
+                    tracing::info!(
+                        "SIGTERM before the coordinator admitted this node: leaving now"
+                    );
+                }
+            }
             Err(error) => {
                 tracing::warn!(%error, "SIGTERM: the notice did not reach the coordinator")
             }
@@ -264,7 +276,7 @@ pub fn run_elastic_node_with<A: App>(
     ));
     let server_config = ServerConfig {
         wait_timeout: config.wait_timeout,
-        agent: Some(agent),
+        agent: Some(agent.clone()),
         bandwidth: crate::bandwidth::NodeBandwidth::from_mbps(options.bandwidth_limit_mbps),
         ..ServerConfig::with_secret(secret.clone().into_bytes())
     };
@@ -326,7 +338,14 @@ pub fn run_elastic_node_with<A: App>(
         return Err(ElasticNodeError::Coordinator(message));
     }
     tracing::info!(name = %settings.notices.name, %advertise, reliable = settings.reliable, "joined");
-    watch_for_notices_from(&rt, terminate, &settings.notices, &http)?;
+    let admitted_check = agent.clone();
+    watch_for_notices_from(
+        &rt,
+        terminate,
+        &settings.notices,
+        &http,
+        Some(Box::new(move || admitted_check.leave_if_never_admitted())),
+    )?;
     // Serve until the coordinator lets this node go, or the job is over without it; a heartbeat
     // every interval tells the coordinator this process still runs.
     let name = settings.notices.name.clone();

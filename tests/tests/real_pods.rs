@@ -202,16 +202,22 @@ async fn install_chart(real: &Real) -> Result<String, BoxError> {
         node, ON_DEMAND_NODE,
         "the operator lands on the untainted node"
     );
-    let deployment = deployments.get(RELEASE).await?;
-    assert!(
-        deployment
-            .status
-            .as_ref()
-            .and_then(|s| s.available_replicas)
-            .unwrap_or(0)
-            >= 1,
-        "the operator Deployment is available"
-    );
+    poll_until(
+        "the operator Deployment to be available",
+        Duration::from_secs(30),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let deployment = deployments.get(RELEASE).await?;
+                let available = deployment
+                    .status
+                    .and_then(|s| s.available_replicas)
+                    .unwrap_or(0);
+                Ok((available >= 1).then_some(()))
+            }
+        },
+    )
+    .await?;
     let operator_name = operator.name_any();
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
     poll_until(
@@ -491,6 +497,35 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
                 .fields(&format!("spec.nodeName={node}")),
         )
         .await?;
+    // Each evicted pod's log, followed from now until its container ends: what a node did
+    // between the SIGTERM and its exit, for the failure message.
+    let followed: Vec<(String, tokio::task::JoinHandle<String>)> = on_node
+        .items
+        .iter()
+        .map(|pod| {
+            let (pods, pod_name) = (pods.clone(), pod.name_any());
+            let follow = LogParams {
+                follow: true,
+                since_seconds: Some(5),
+                ..LogParams::default()
+            };
+            let handle = tokio::spawn(async move {
+                use futures::AsyncBufReadExt as _;
+                let mut text = String::new();
+                if let Ok(stream) = pods.log_stream(&pod_name, &follow).await {
+                    let mut lines = stream.lines();
+                    while let Some(Ok(line)) = futures::StreamExt::next(&mut lines).await {
+                        if !line.contains("segment starting") {
+                            text.push_str(&line);
+                            text.push('\n');
+                        }
+                    }
+                }
+                text
+            });
+            (pod.name_any(), handle)
+        })
+        .collect();
     // The Eviction is posted as the API defines it: kube 5.0's `Api::evict` sends its delete
     // options under `delete_options`, which the API server ignores, so a grace period is lost.
     let grace = 30;
@@ -564,10 +599,18 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
         killing >= 1,
         "the kubelet recorded no Killing event for {names:?}"
     );
+    let mut logs = String::new();
+    for (pod_name, handle) in followed {
+        let text = tokio::time::timeout(Duration::from_secs(5), handle)
+            .await
+            .map(|joined| joined.unwrap_or_default())
+            .unwrap_or_default();
+        logs.push_str(&format!("--- {pod_name}:\n{text}"));
+    }
     for (pod_name, (code, reason)) in &last_state {
         assert_ne!(
             *code, 137,
-            "{pod_name} was SIGKILLed at the end of its grace ({reason:?})"
+            "{pod_name} was SIGKILLed at the end of its grace ({reason:?}); the evicted pods' logs:\n{logs}"
         );
     }
     let finished = wait_finished(client, name, Duration::from_secs(300)).await?;
@@ -621,46 +664,62 @@ async fn uninstall(real: &Real, operator: &str) -> Result<(), BoxError> {
     let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    let operator = operator.to_owned();
-    poll_until(
-        "nothing of ebbflow to be left",
-        Duration::from_secs(120),
-        || {
-            let (pods, services, secrets, leases, operator) = (
-                pods.clone(),
-                services.clone(),
-                secrets.clone(),
-                leases.clone(),
-                operator.clone(),
-            );
-            async move {
-                let pods_left = pods.list(&ListParams::default()).await?.items.len();
-                let services_left = services.list(&ListParams::default()).await?.items.len();
-                let secrets_left = secrets
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .iter()
-                    .filter(|s| {
-                        s.name_any().contains("ebbflow") || s.name_any().starts_with("real-")
-                    })
-                    .count();
-                let leases_held = leases
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .iter()
-                    .filter(|l| {
-                        l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
-                            == Some(&operator)
-                    })
-                    .count();
-                Ok((pods_left + services_left + secrets_left + leases_held == 0).then_some(()))
-            }
-        },
-    )
-    .await
-    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut left: Vec<String> = Vec::new();
+        left.extend(
+            pods.list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(|p| format!("pod {}", p.name_any())),
+        );
+        left.extend(
+            services
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(|o| format!("service {}", o.name_any())),
+        );
+        // Secrets of the release and the jobs (a ServiceAccount token Secret is the cluster's).
+        left.extend(
+            secrets
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|o| o.type_.as_deref() != Some("kubernetes.io/service-account-token"))
+                .map(|o| format!("secret {}", o.name_any())),
+        );
+        left.extend(
+            leases
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(|o| {
+                    let holder = o
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.holder_identity.clone())
+                        .unwrap_or_default();
+                    format!(
+                        "lease {} (held by {holder:?}; the operator was {operator})",
+                        o.name_any()
+                    )
+                }),
+        );
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "2 minutes after helm uninstall and the jobs' deletion, {NAMESPACE} still has: {}",
+            left.join(", ")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     say("4. helm uninstall and job deletion left no pod, Service, Secret or held Lease");
     Ok(())
 }
