@@ -2793,6 +2793,25 @@ mod tests {
         assert_eq!(fleet.directory.lock().get("r1"), Some(&replacement));
     }
 
+    /// A node SIGTERMed before the fleet admitted it holds nothing and gets no release, so it
+    /// lets itself go; once admitted (a control request came) it waits for the coordinator.
+    #[test]
+    fn a_node_never_admitted_leaves_at_once_and_an_admitted_one_waits() {
+        let fresh = agent(&[]);
+        let (shutdown, released) = std::sync::mpsc::channel();
+        *fresh.shutdown.lock() = Some(shutdown);
+        assert!(fresh.leave_if_never_admitted());
+        assert!(released.try_recv().is_ok());
+        assert!(!fresh.leave_if_never_admitted(), "it lets itself go once");
+
+        let admitted = agent(&[]);
+        let (shutdown, released) = std::sync::mpsc::channel();
+        *admitted.shutdown.lock() = Some(shutdown);
+        let _ = admitted.control(ControlRequest::Clocks, &[]);
+        assert!(!admitted.leave_if_never_admitted());
+        assert!(released.try_recv().is_err());
+    }
+
     #[test]
     fn workers_stay_put_and_spread_evenly() {
         let mut fleet = fleet_of(6);

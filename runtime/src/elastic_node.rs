@@ -95,9 +95,15 @@ pub fn watch_for_notices(
     watch_for_notices_from(rt, terminate, sources, http, None)
 }
 
-/// Called once the coordinator knows of a SIGTERM: lets the node go at once when nothing has
-/// to move off it first; true if it did.
+/// Called once the coordinator knows of a SIGTERM (after [`UNADMITTED_WAIT`]): lets the node go
+/// at once when nothing has to move off it first; true if it did.
 pub type LeaveEarly = Box<dyn FnOnce() -> bool + Send>;
+
+/// How long a SIGTERMed node that the coordinator has not admitted waits for its admission
+/// (which a notice applied first never lets come) before it leaves: a joined node is admitted
+/// at the next boundary, well within this on a loaded machine, and a pod's grace period (30 s
+/// by default) is far longer.
+const UNADMITTED_WAIT: Duration = Duration::from_secs(5);
 
 /// A SIGTERM listener on `rt`: a signal that arrives once it exists is kept for its first
 /// `recv`, so a node listens before it joins and acts on a SIGTERM of that time after.
@@ -135,10 +141,17 @@ fn watch_for_notices_from(
                     grace_ms = grace.as_millis() as u64,
                     "SIGTERM: the coordinator knows this node leaves"
                 );
-                if leave_early.is_some_and(|leave| leave()) {
-                    tracing::info!(
-                        "SIGTERM before the coordinator admitted this node: leaving now"
-                    );
+                // A node whose notice the coordinator applied before admitting it is never
+                // admitted, so never released: unadmitted after `UNADMITTED_WAIT`, it leaves.
+                if let Some(leave) = leave_early {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(UNADMITTED_WAIT).await;
+                        if leave() {
+                            tracing::info!(
+                                "SIGTERM and still not admitted by the coordinator: leaving now"
+                            );
+                        }
+                    });
                 }
             }
             Err(error) => {
