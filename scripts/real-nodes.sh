@@ -350,10 +350,29 @@ down() {
     comm -13 "$run/netns-before" <(ip netns list 2>/dev/null | awk '{print $1}' | sort) |
       while read -r ns; do ip netns delete "$ns" 2>/dev/null || true; done
   fi
-  # kube-proxy's chains and rules.
+  # kube-proxy's chains and rules, then the empty chains the kubelets make (their canary, which
+  # tells them the tables were flushed, and the iptables-mode hint).
   if [[ -x "$bin_dir/kube-proxy-$kube_version" ]]; then
     "$bin_dir/kube-proxy-$kube_version" --cleanup >/dev/null 2>&1 || true
   fi
+  local table chain command line rule
+  for command in iptables ip6tables; do
+    command -v "$command" >/dev/null || continue
+    for table in nat mangle filter; do
+      # Jumps from the built-in chains first (the kubelet's KUBE-FIREWALL from INPUT, OUTPUT).
+      while read -r line; do
+        read -ra rule <<<"${line/#-A /-D }"
+        "$command" -t "$table" "${rule[@]}" 2>/dev/null || true
+      done < <("$command" -t "$table" -S 2>/dev/null |
+        grep -E '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j KUBE-' || true)
+      for chain in $("$command" -t "$table" -S 2>/dev/null | sed -n 's/^-N \(KUBE-[A-Z-]*\)$/\1/p'); do
+        "$command" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$command" -t "$table" -S 2>/dev/null | sed -n 's/^-N \(KUBE-[A-Z-]*\)$/\1/p'); do
+        "$command" -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
   # The nodes' cgroup roots, children first.
   for node in "${nodes[@]}"; do
     for controller in "${cgroup_controllers[@]}"; do
