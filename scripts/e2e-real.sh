@@ -32,6 +32,12 @@ rm -rf "$images" && mkdir -p "$images"
 echo "e2e-real: building the images (scripts/build-images.sh $tag)" >&2
 scripts/build-images.sh "$tag" >&2
 mv out/images/ebbflow-operator-"$tag".oci.tar out/images/ebbflow-runtime-"$tag".oci.tar "$images/"
+if ! command -v gcc >/dev/null || [[ ! -f /usr/lib/x86_64-linux-gnu/libc.a && ! -f /usr/lib/aarch64-linux-gnu/libc.a ]]; then
+  echo "e2e-real: installing gcc and libc6-dev (apt) for the static sandbox binary" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >&2 ||
+    { echo "e2e-real: error: need gcc and a static libc (libc6-dev) to build tests/cluster/pause" >&2; exit 1; }
+fi
 gcc -Os -static -Wall -o "$images/pause" tests/cluster/pause/pause.c
 python3 scripts/oci-image.py --pause "$images/pause" --out "$images" --tag 3.10 >&2
 
