@@ -30,28 +30,9 @@ die() { echo "cluster.sh: error: $*" >&2; exit 1; }
 log() { echo "cluster.sh: $*" >&2; }
 usage() { die "usage: cluster.sh up|down|env NAME | nodes NAME ON_DEMAND SPOT"; }
 
-tool() {
-  local path="$bin_dir/$1-$2"
-  [[ -x "$path" ]] || die "$path is missing: run scripts/setup-cluster-tools.sh first"
-  echo "$path"
-}
+# shellcheck source=lib/cluster-common.sh
+source "$repo/scripts/lib/cluster-common.sh"
 kwokctl() { "$(tool kwokctl "$kwok_version")" -v WARN "$@"; }
-kubeconfig_path() { echo "$KWOK_WORKDIR/clusters/$1/kubeconfig.yaml"; }
-kubectl_in() {
-  local name="$1"
-  shift
-  "$(tool kubectl "$kube_version")" --kubeconfig "$(kubeconfig_path "$name")" "$@"
-}
-
-# poll_until DESCRIPTION COMMAND...: retries COMMAND (quietly) until it succeeds or the deadline.
-poll_until() {
-  local what="$1" deadline=$((SECONDS + timeout_seconds))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || die "timed out after ${timeout_seconds}s waiting for $what"
-    sleep 0.5
-  done
-}
 
 cluster_exists() { [[ -d "$KWOK_WORKDIR/clusters/$1" ]]; }
 

@@ -59,7 +59,10 @@ finish() {
 }
 trap finish EXIT
 
-address="$(ip -4 route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p')"
+die() { echo "e2e-real: error: $*" >&2; exit 1; }
+# shellcheck source=lib/cluster-common.sh
+source scripts/lib/cluster-common.sh
+address="$(host_address)"
 kubeconfig="$(EBBFLOW_CLUSTER_ADDRESS="$address" EBBFLOW_ONDEMAND_NODES=0 EBBFLOW_SPOT_NODES=0 scripts/cluster.sh up "$name")"
 scripts/real-nodes.sh up "$name" "$images"/*.oci.tar
 EBBFLOW_REAL_KUBECONFIG="$kubeconfig" EBBFLOW_REAL_IMAGE_TAG="$tag" EBBFLOW_REAL_NODES_SCRIPT="$repo/scripts/real-nodes.sh" \

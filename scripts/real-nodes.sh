@@ -33,7 +33,6 @@ bin_dir="$cache/bin"
 timeout_seconds="${EBBFLOW_REAL_NODES_TIMEOUT:-180}"
 nodes=(real-od-0 real-spot-0 real-spot-1)
 pause_image="localhost/ebbflow/pause:3.10"
-spot_taint="karpenter.sh/capacity-type=spot:NoSchedule"
 # Host settings changed by `up` (ip_forward) or by every kubelet (setupKernelTunables).
 sysctls=(net.ipv4.ip_forward vm.overcommit_memory kernel.panic kernel.panic_on_oops)
 cgroup_controllers=(cpu cpuacct cpuset memory pids hugetlb devices freezer blkio systemd)
@@ -42,40 +41,16 @@ die() { echo "real-nodes.sh: error: $*" >&2; exit 1; }
 log() { echo "real-nodes.sh: $*" >&2; }
 usage() { die "usage: real-nodes.sh up CLUSTER IMAGE.oci.tar... | down CLUSTER | kill CLUSTER NODE | nodes"; }
 
-tool() {
-  local path="$bin_dir/$1-$2"
-  [[ -x "$path" ]] || die "$path is missing: run scripts/setup-cluster-tools.sh first"
-  echo "$path"
-}
+# shellcheck source=lib/cluster-common.sh
+source "$repo/scripts/lib/cluster-common.sh"
+
 # Per-cluster state: disk (containerd roots, kubelet dirs, logs) and /run (sockets, runc state).
 state_dir() { echo "$cache/real-nodes/$1"; }
 run_dir() { echo "/run/ebbflow/$1"; }
-kubeconfig_of() { echo "$cache/kwok/clusters/$1/kubeconfig.yaml"; }
-kubectl_in() {
-  local name="$1"
-  shift
-  "$(tool kubectl "$kube_version")" --kubeconfig "$(kubeconfig_of "$name")" "$@"
-}
 node_index() {
   local i
   for i in "${!nodes[@]}"; do [[ "${nodes[$i]}" == "$1" ]] && { echo "$i"; return; }; done
   die "unknown node '$1' (nodes: ${nodes[*]})"
-}
-host_address() {
-  local address
-  address="$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')"
-  [[ -n "$address" ]] || die "no IPv4 address with a default route on this host"
-  echo "$address"
-}
-
-# poll_until DESCRIPTION COMMAND...: retries COMMAND (quietly) until it succeeds or the deadline.
-poll_until() {
-  local what="$1" deadline=$((SECONDS + timeout_seconds))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || die "timed out after ${timeout_seconds}s waiting for $what"
-    sleep 0.5
-  done
 }
 
 install_packages() {
@@ -202,7 +177,7 @@ up() {
   shift
   local images=("$@") address i node
   ((EUID == 0)) || die "real nodes need root (containerd, kubelet, iptables, cgroups)"
-  [[ -f "$(kubeconfig_of "$name")" ]] || die "cluster $name does not exist: run EBBFLOW_CLUSTER_ADDRESS=<this host's address> scripts/cluster.sh up $name"
+  [[ -f "$(kubeconfig_path "$name")" ]] || die "cluster $name does not exist: run EBBFLOW_CLUSTER_ADDRESS=<this host's address> scripts/cluster.sh up $name"
   for i in "${images[@]}"; do [[ -f "$i" ]] || die "image archive $i does not exist"; done
   install_packages
   address="$(host_address)"
@@ -257,7 +232,7 @@ up() {
     node="${nodes[$i]}"
     write_kubelet_config "$node" "$i" "$address"
     start "kubelet-$node" "$state/$node/logs/kubelet.log" "$kubelet" \
-      --config "$run/$node/kubelet.yaml" --kubeconfig "$(kubeconfig_of "$name")" \
+      --config "$run/$node/kubelet.yaml" --kubeconfig "$(kubeconfig_path "$name")" \
       --root-dir "$state/$node/kubelet" --hostname-override "$node" --node-ip "$address" \
       --node-labels "$(cat "$run/$node/labels")" --v=2
     # One at a time: every kubelet unlinks and binds the same device-plugin socket
@@ -274,7 +249,7 @@ up() {
     errors
     ready 127.0.0.1:0
     kubernetes cluster.local in-addr.arpa ip6.arpa {
-        kubeconfig $(kubeconfig_of "$name")
+        kubeconfig $(kubeconfig_path "$name")
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
@@ -291,7 +266,7 @@ kind: KubeProxyConfiguration
 mode: iptables
 clusterCIDR: 10.244.0.0/16
 hostnameOverride: ${nodes[0]}
-clientConnection: {kubeconfig: $(kubeconfig_of "$name")}
+clientConnection: {kubeconfig: $(kubeconfig_path "$name")}
 bindAddress: $address
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
