@@ -39,6 +39,25 @@ pub fn free_port() -> Result<u16, BoxError> {
         .port())
 }
 
+/// Runs the helm built by scripts/setup-cluster-tools.sh (`EBBFLOW_HELM`) with `args` against
+/// the cluster of `kubeconfig`; its stdout, or an error with the command and helm's stderr.
+pub fn helm(kubeconfig: &str, args: &[&str]) -> Result<String, BoxError> {
+    let helm = std::env::var("EBBFLOW_HELM").map_err(|_| "EBBFLOW_HELM is unset")?;
+    let output = std::process::Command::new(&helm)
+        .args(args)
+        .args(["--kubeconfig", kubeconfig])
+        .output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "helm {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// The repository root (the tests crate sits one level below it).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

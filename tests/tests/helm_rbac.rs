@@ -10,7 +10,6 @@
 //! (`scripts/e2e.sh` sets both).
 
 use std::io::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
@@ -29,21 +28,7 @@ use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 fn helm(args: &[&str]) -> Result<String, BoxError> {
-    let helm = std::env::var("EBBFLOW_HELM")?;
-    let kubeconfig = std::env::var(KUBECONFIG_ENV)?;
-    let output = Command::new(&helm)
-        .args(args)
-        .args(["--kubeconfig", &kubeconfig])
-        .output()?;
-    if !output.status.success() {
-        return Err(format!(
-            "helm {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    ebbflow_tests::cluster::helm(&std::env::var(KUBECONFIG_ENV)?, args)
 }
 
 /// A client for the same API server that authenticates as `namespace/service_account` with a

@@ -17,7 +17,6 @@
 //! Skipped (with a line saying so) unless `EBBFLOW_REAL_KUBECONFIG` is set.
 
 use std::io::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use ebbflow_crds::{Phase, TrainingJob};
@@ -44,7 +43,6 @@ struct Real {
     client: Client,
     kubeconfig: String,
     tag: String,
-    helm: String,
 }
 
 impl Real {
@@ -68,24 +66,11 @@ impl Real {
             client: Client::try_from(config)?,
             kubeconfig,
             tag: std::env::var("EBBFLOW_REAL_IMAGE_TAG")?,
-            helm: std::env::var("EBBFLOW_HELM")?,
         }))
     }
 
     fn helm(&self, args: &[&str]) -> Result<String, BoxError> {
-        let output = Command::new(&self.helm)
-            .args(args)
-            .args(["--kubeconfig", &self.kubeconfig])
-            .output()?;
-        if !output.status.success() {
-            return Err(format!(
-                "helm {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into());
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        ebbflow_tests::cluster::helm(&self.kubeconfig, args)
     }
 }
 
@@ -193,11 +178,7 @@ async fn install_chart(real: &Real) -> Result<String, BoxError> {
     )
     .await
     .map_err(|e| format!("{e}; {}", pod_report(client, NAMESPACE)))?;
-    let node = operator
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
+    let node = node_of(&operator);
     assert_eq!(
         node, ON_DEMAND_NODE,
         "the operator lands on the untainted node"
@@ -274,10 +255,7 @@ fn pod_report(client: &Client, namespace: &str) -> String {
                 format!(
                     "{} on {} {} {}",
                     p.name_any(),
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default(),
+                    node_of(p),
                     status.phase.unwrap_or_default(),
                     waiting.join("; ")
                 )
