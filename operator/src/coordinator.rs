@@ -60,7 +60,9 @@ impl From<StatusResponse> for CoordinatorStatus {
     fn from(response: StatusResponse) -> Self {
         let progress = response.progress.as_ref();
         Self {
-            stage: progress.map(|p| p.stage),
+            // stage 0: no segment has started yet (a coordinator resuming from its
+            // checkpoint reports its clock first); the job's status takes 1 to 3 only
+            stage: progress.map(|p| p.stage).filter(|s| (1..=3).contains(s)),
             iteration: progress.map(|p| p.clock),
             loss: response
                 .result
@@ -303,6 +305,17 @@ mod tests {
         );
         assert_eq!(status.transient_nodes_added, Some(7));
         assert!(!status.finished);
+        // Before its first segment a coordinator reports stage 0, which the job's status (1 to
+        // 3) refuses: a resumed coordinator's first answer failed every status update.
+        let starting: StatusResponse = serde_json::from_str(
+            r#"{"phase":"training","expected_nodes":1,"nodes":[],"partitions":[],"notices":[],
+                "result":null,"error":null,
+                "progress":{"clock":20040,"stage":0,"reliable_nodes":0,"transient_nodes":0,
+                            "transient_nodes_added":0,"partitions_migrated":0,"rollbacks":0}}"#,
+        )
+        .unwrap();
+        let status = CoordinatorStatus::from(starting);
+        assert_eq!((status.stage, status.iteration), (None, Some(20040)));
 
         let failed = StatusResponse {
             phase: JobPhase::Failed,
