@@ -1148,6 +1148,13 @@ async fn transition_events(
         let message = condition.map(|c| c.message.clone()).unwrap_or_default();
         publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
     }
+    // a job that ends Failed says why where `kubectl describe` shows it too
+    if became(conditions::FAILED, true) {
+        let condition = new.condition(conditions::FAILED);
+        let reason = condition.map_or(conditions::FAILED, |c| c.reason.as_str());
+        let message = condition.map(|c| c.message.clone()).unwrap_or_default();
+        publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
+    }
     if became(conditions::SUSPENDED, true) {
         publish(
             ctx,

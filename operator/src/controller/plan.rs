@@ -360,6 +360,43 @@ pub fn unschedulable_since(
     })
 }
 
+/// Container waiting reasons of a pod the kubelet cannot start and will not get past by
+/// itself: its image cannot be pulled, or its container cannot be created. The kubelet retries
+/// each with its own backoff, for as long as the pod exists.
+const NOT_STARTING_REASONS: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// If a container of the pending `pod` waits for one of [`NOT_STARTING_REASONS`]: the kubelet's
+/// reason and message (which names the image or what is missing).
+pub fn not_starting(pod: &Pod) -> Option<(String, String)> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Pending") {
+        return None;
+    }
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let waiting = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = waiting.reason.as_deref()?;
+            NOT_STARTING_REASONS.contains(&reason).then(|| {
+                (
+                    reason.to_owned(),
+                    waiting.message.as_deref().unwrap_or("").trim().to_owned(),
+                )
+            })
+        })
+}
+
 /// A runtime pod that failed (phase Failed): why, and when.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodFailure {

@@ -65,6 +65,9 @@ pub mod reasons {
     pub const NODE_LOST: &str = "NodeLost";
     /// Pods have waited for a node for minutes: the scheduler finds none that fits.
     pub const PODS_UNSCHEDULABLE: &str = "PodsUnschedulable";
+    /// The kubelet cannot start pods: their image cannot be pulled, or their container not
+    /// created (a wrong image name or tag, a missing Secret).
+    pub const PODS_NOT_STARTING: &str = "PodsNotStarting";
     /// Nothing is wrong.
     pub const AS_EXPECTED: &str = "AsExpected";
     /// The coordinator reported that training failed.
@@ -610,7 +613,39 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         })
         .collect();
     stuck.sort_by_key(|(name, since, _)| (*since, *name));
+    // Pods the kubelet cannot start (an image that cannot be pulled): named with its reason,
+    // ahead of the unreachable coordinator that follows when the coordinator's is one of them.
+    let mut not_starting: Vec<(&str, String, String)> = input
+        .pods
+        .iter()
+        .filter(|p| !p.deleting)
+        .filter_map(|p| {
+            let (reason, why) = super::plan::not_starting(p.pod)?;
+            Some((p.name, reason, why))
+        })
+        .collect();
+    not_starting.sort();
     match input.coordinator {
+        _ if !not_starting.is_empty() => {
+            let (first, reason, why) = &not_starting[0];
+            let others = match not_starting.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {why}")
+            };
+            let message = format!("{first}{others} cannot start ({reason}){why}");
+            set(
+                &mut status,
+                conditions::DEGRADED,
+                true,
+                reasons::PODS_NOT_STARTING,
+                &message,
+            );
+        }
         _ if !stuck.is_empty() => {
             let (first, since, why) = &stuck[0];
             let minutes = (now.as_second() - since.as_second()) / 60;

@@ -270,6 +270,55 @@ fn pods_that_cannot_be_scheduled_degrade_after_five_minutes() {
     );
 }
 
+/// A pod whose image cannot be pulled is named in the Degraded condition at once, with the
+/// kubelet's reason and message (the image), ahead of the unreachable coordinator it causes.
+#[test]
+fn pods_the_kubelet_cannot_start_degrade_with_its_reason() {
+    let waiting = |name: &str, reason: &str, message: &str| {
+        let mut pod = pod(name, false);
+        pod.status = serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{
+                "name": "runtime", "image": "example.com/ebbflow/runtime:nope", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }],
+        }))
+        .unwrap();
+        pod
+    };
+    let message = "Back-off pulling image \"example.com/ebbflow/runtime:nope\"";
+    let pods = [
+        waiting("mf-r-0", "ImagePullBackOff", message),
+        waiting("mf-t-0", "ImagePullBackOff", message),
+        // still being created: not stuck
+        waiting("mf-t-1", "ContainerCreating", ""),
+    ];
+    let observed = observe_pods("mf", &pods, &[]);
+    let status = compute(
+        None,
+        &observed,
+        &CoordinatorObservation::Unreachable("connection refused".into()),
+        false,
+        at(10),
+    );
+    assert_eq!(
+        condition(&status, conditions::DEGRADED),
+        ("True", reasons::PODS_NOT_STARTING)
+    );
+    assert_eq!(
+        status.condition(conditions::DEGRADED).unwrap().message,
+        format!("mf-r-0 and 1 more cannot start (ImagePullBackOff): {message}")
+    );
+    let creating = [waiting("mf-t-1", "ContainerCreating", "")];
+    let observed = observe_pods("mf", &creating, &[]);
+    let status = compute(None, &observed, &reported(1, false), false, at(10));
+    assert_eq!(
+        condition(&status, conditions::DEGRADED),
+        ("False", reasons::AS_EXPECTED)
+    );
+}
+
 #[test]
 fn suspend_and_resume() {
     let suspended = compute(None, &[], &CoordinatorObservation::NotQueried, true, at(0));
