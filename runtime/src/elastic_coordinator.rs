@@ -669,6 +669,17 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     let (start, writer) = match &job.checkpoint {
         Some(settings) => {
             let start = crate::checkpoint::Checkpoint::read(&settings.path, &job.job)?;
+            match &start {
+                Some(start) => tracing::info!(
+                    clock = start.clock,
+                    path = %settings.path.display(),
+                    "resuming from this job's checkpoint"
+                ),
+                None => tracing::info!(
+                    path = %settings.path.display(),
+                    "no checkpoint of this job yet: training starts at clock 0"
+                ),
+            }
             let writer = crate::checkpoint::CheckpointWriter::start(
                 settings.path.clone(),
                 &job.job,
