@@ -7,7 +7,7 @@
 use std::{
     future::Future,
     io::Write as _,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -60,7 +60,12 @@ pub fn helm(kubeconfig: &str, args: &[&str]) -> Result<String, BoxError> {
 
 /// The repository root (the tests crate sits one level below it).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // `cargo test` sets the variable when it runs the test too: the checkout it runs in, even
+    // when a build of another checkout with the same sources (a shared target directory) is
+    // reused and the compile-time path names a directory that may be gone.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from);
+    manifest_dir
         .parent()
         .expect("tests crate has a parent directory")
         .to_path_buf()

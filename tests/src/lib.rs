@@ -2,3 +2,4 @@
 
 pub mod cluster;
 pub mod operator;
+pub mod prometheus;

@@ -8,11 +8,9 @@
 //! the replayed p3 trace (runtime and per-job metrics). Skipped (with a line saying so) unless both
 //! `EBBFLOW_PROMETHEUS` (the binary) and `EBBFLOW_KUBECONFIG` are set; `scripts/e2e.sh` sets them.
 
-use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ebbflow_crds::TrainingJob;
@@ -23,21 +21,12 @@ use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::worker::JobConfig;
 use ebbflow_tests::cluster::{
-    BoxError, FIELD_MANAGER, client_or_skip, free_port, install_crd, poll_until, repo_root,
+    BoxError, FIELD_MANAGER, client_or_skip, install_crd, poll_until, repo_root,
 };
+use ebbflow_tests::prometheus::{PROMETHEUS_ENV, Prometheus};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use prometheus::Registry;
-
-/// A Prometheus process, killed on drop.
-struct PrometheusProcess(Child);
-
-impl Drop for PrometheusProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Serves `registry` at `/metrics` on 127.0.0.1 (port 0); returns the address.
 async fn serve_metrics(registry: Registry) -> Result<SocketAddr, BoxError> {
@@ -155,115 +144,11 @@ async fn refuse_a_bad_peer(metrics: &RuntimeMetrics, registry: &Registry) -> Res
     Ok(())
 }
 
-async fn query(
-    http: &reqwest::Client,
-    base: &str,
-    expr: &str,
-) -> Result<serde_json::Value, BoxError> {
-    let response = http
-        .get(format!(
-            "{base}/api/v1/query?query={}",
-            percent_encode(expr)
-        ))
-        .send()
-        .await?;
-    let status = response.status();
-    let body: serde_json::Value = response.json().await?;
-    if !status.is_success() || body["status"] != "success" {
-        return Err(format!("query {expr:?} failed ({status}): {body}").into());
-    }
-    Ok(body)
-}
-
-/// `text` with everything but unreserved URL characters percent-encoded.
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// Every panel expression, and every variable's `label_values` as a query that must return
-/// data, each with where it comes from.
-type Expressions = Vec<(String, String)>;
-
-fn dashboard_expressions() -> Result<(Expressions, Expressions), BoxError> {
-    let mut expressions = Vec::new();
-    let mut variables = Vec::new();
-    for name in ["operator.json", "jobs.json", "runtime.json"] {
-        let text = std::fs::read_to_string(repo_root().join("dashboards").join(name))?;
-        let dashboard: serde_json::Value = serde_json::from_str(&text)?;
-        let unvar = |expr: &str| {
-            ["$instance", "$namespace", "$trainingjob"]
-                .iter()
-                .fold(expr.to_owned(), |expr, var| expr.replace(var, ".*"))
-        };
-        for panel in dashboard["panels"].as_array().into_iter().flatten() {
-            for target in panel["targets"].as_array().into_iter().flatten() {
-                if let Some(expr) = target["expr"].as_str() {
-                    let title = format!("{name}: {}", panel["title"].as_str().unwrap_or("?"));
-                    expressions.push((title, unvar(expr)));
-                }
-            }
-        }
-        // the variables' `label_values(selector, label)`: a variable whose metric has no
-        // series leaves its panels without a value to choose
-        for variable in dashboard["templating"]["list"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let Some(inner) = variable["definition"]
-                .as_str()
-                .and_then(|q| q.strip_prefix("label_values("))
-                .and_then(|q| q.strip_suffix(')'))
-            else {
-                continue;
-            };
-            let Some((selector, label)) = inner.rsplit_once(',') else {
-                continue;
-            };
-            let title = format!(
-                "{name}: variable {}",
-                variable["name"].as_str().unwrap_or("?")
-            );
-            // only series that carry the label give the variable a value
-            let label = label.trim();
-            let selector = unvar(selector);
-            let selector = match selector.strip_suffix('}') {
-                Some(open) => format!("{open}, {label}!=\"\"}}"),
-                None => format!("{selector}{{{label}!=\"\"}}"),
-            };
-            variables.push((title, format!("count by ({label}) ({selector})")));
-        }
-    }
-    Ok((expressions, variables))
-}
-
-/// Metric families an expression names (histogram suffixes folded).
-fn families(expr: &str) -> BTreeSet<String> {
-    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|word| word.starts_with("ebbflow_"))
-        .map(|word| {
-            ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|suffix| word.strip_suffix(suffix))
-                .unwrap_or(word)
-                .to_owned()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
 -> Result<(), BoxError> {
     let test = "dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime";
-    let Some(binary) = std::env::var_os("EBBFLOW_PROMETHEUS").filter(|v| !v.is_empty()) else {
+    let Some(binary) = std::env::var_os(PROMETHEUS_ENV).filter(|v| !v.is_empty()) else {
         let _ = writeln!(
             std::io::stderr(),
             "skipped {test}: EBBFLOW_PROMETHEUS is unset (scripts/e2e.sh sets it)"
@@ -330,94 +215,25 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
 
     // Prometheus scraping all three every second; the runtime targets carry the labels the
     // chart's PodMonitor gives them (the pod's namespace, its ebbflow.dev/job as trainingjob).
-    let port = free_port()?;
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
          - job_name: ebbflow-operator\n    static_configs:\n      - targets: ['{operator_addr}']\n  \
          - job_name: ebbflow-runtime\n    static_configs:\n      - targets: ['{runtime_addr}']\n        labels: {{namespace: e2e, trainingjob: quickstart}}\n  \
          - job_name: ebbflow-run\n    static_configs:\n      - targets: ['{run_addr}']\n        labels: {{namespace: e2e, trainingjob: run}}\n"
     );
-    std::fs::write(dir.join("prometheus.yml"), config)?;
-    let log = std::fs::File::create(dir.join("prometheus.log"))?;
-    let _prometheus = PrometheusProcess(
-        Command::new(&binary)
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?,
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let prometheus = Prometheus::start(&binary, &dir, &config)?;
 
     // Every target up, with at least three scrapes each (rate() needs two samples).
-    poll_until(
-        "all targets scraped three times",
-        Duration::from_secs(60),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let Ok(body) =
-                    query(&http, &base, "count_over_time(up[5m]) >= 3 and up == 1").await
-                else {
-                    return Ok(None);
-                };
-                let up = body["data"]["result"].as_array().map_or(0, Vec::len);
-                Ok((up == 3).then_some(()))
-            }
-        },
-    )
-    .await
-    .map_err(|e| format!("{e}; prometheus log in {}", dir.display()))?;
-
-    let mut failures = Vec::new();
-    let mut answered = 0;
-    let (expressions, variables) = dashboard_expressions()?;
-    // a variable with no value leaves its dashboard empty: every one must have values
-    for (title, expr) in &variables {
-        let body = query(&http, &base, expr).await?;
-        if body["data"]["result"].as_array().is_none_or(Vec::is_empty) {
-            failures.push(format!("{title}: {expr} has no values"));
-        }
-    }
-    for (title, expr) in expressions {
-        let body = match query(&http, &base, &expr).await {
-            Ok(body) => body,
-            Err(error) => {
-                failures.push(format!("{title}: {error}"));
-                continue;
-            }
-        };
-        let results = body["data"]["result"].as_array().map_or(0, Vec::len);
-        // Every family the expression names has series: then the expression must return data.
-        let mut all_present = true;
-        for family in families(&expr) {
-            let present = query(
-                &http,
-                &base,
-                &format!("count({{__name__=~\"{family}(_bucket)?\"}})"),
-            )
-            .await?;
-            all_present &= present["data"]["result"]
-                .as_array()
-                .is_some_and(|r| !r.is_empty());
-        }
-        if all_present && results == 0 {
-            failures.push(format!("{title}: {expr} returned no data"));
-        }
-        answered += usize::from(results > 0);
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    prometheus
+        .wait_for(
+            "all targets scraped three times",
+            "count_over_time(up[5m]) >= 3 and up == 1",
+            3,
+            Duration::from_secs(60),
+        )
+        .await
+        .map_err(|e| format!("{e}; prometheus log in {}", dir.display()))?;
+    let answered = prometheus.check_dashboards(None).await?;
     assert!(
         answered >= 15,
         "only {answered} dashboard expressions returned data"
