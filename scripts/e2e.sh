@@ -19,6 +19,8 @@ export EBBFLOW_PROMETHEUS="${EBBFLOW_PROMETHEUS:-$(scripts/setup-prometheus.sh)}
 
 # One run per cluster name on this machine at a time (a second run would delete the first's
 # cluster when it replaces a leftover).
+# The lock is this script's alone: what it starts runs with fd 8 closed (8>&-), so a process
+# that outlives a killed run (a test's Prometheus) cannot hold the next run off for an hour.
 exec 8>"$EBBFLOW_CACHE/e2e-$name.lock"
 flock -w 3600 8 || { echo "e2e: error: another end-to-end run held the lock for an hour" >&2; exit 1; }
 
@@ -34,5 +36,5 @@ finish() {
 }
 trap finish EXIT
 
-kubeconfig="$(scripts/cluster.sh up "$name")"
-EBBFLOW_KUBECONFIG="$kubeconfig" cargo test -p ebbflow-tests --locked
+kubeconfig="$(scripts/cluster.sh up "$name" 8>&-)"
+EBBFLOW_KUBECONFIG="$kubeconfig" cargo test -p ebbflow-tests --locked 8>&-
