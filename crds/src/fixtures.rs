@@ -106,6 +106,10 @@ fn synthetic_dataset(kind: AppKind) -> DatasetSpec {
             classes: Some(3),
             ..SyntheticDataset::default()
         },
+        AppKind::SelfTest => SyntheticDataset {
+            seed: 1,
+            ..SyntheticDataset::default()
+        },
         AppKind::Lda | AppKind::Python => SyntheticDataset {
             seed: 1,
             documents: Some(200),
@@ -363,6 +367,7 @@ mod tests {
             AppKind::LogisticRegression,
             AppKind::Lda,
             AppKind::Python,
+            AppKind::SelfTest,
         ] {
             let job = TrainingJob::test("app").with_app(kind);
             job.spec.validate().expect("every app fixture is valid");

@@ -113,13 +113,16 @@ pub static RULES: &[Rule] = &[
               || (self.kind == 'MatrixFactorization' && self.dataset.format in ['movielens-inter', 'csv']) \
               || (self.kind == 'LogisticRegression' && self.dataset.format in ['libsvm', 'csv']) \
               || (self.kind == 'LDA' && self.dataset.format == 'ldac') \
-              || (self.kind == 'Python' && self.dataset.format == 'raw')",
+              || (self.kind == 'Python' && self.dataset.format == 'raw') \
+              || self.kind == 'SelfTest'",
         message: "spec.app.dataset.format must suit spec.app.kind: movielens-inter or csv for MatrixFactorization, libsvm or csv for LogisticRegression, ldac for LDA, raw for Python",
+        // SelfTest reads no data: the rule of its own says so
         holds: |s| {
-            s.app
-                .dataset
-                .format
-                .is_none_or(|format| s.app.kind.supported_formats().contains(&format))
+            s.app.kind == AppKind::SelfTest
+                || s.app
+                    .dataset
+                    .format
+                    .is_none_or(|format| s.app.kind.supported_formats().contains(&format))
         },
     },
     Rule {
@@ -260,6 +263,23 @@ pub static RULES: &[Rule] = &[
         cel: "self.kind != 'Python' || !has(self.hyperparameters)",
         message: "spec.app.hyperparameters is not valid for kind Python: pass spec.app.python.args",
         holds: |s| s.app.kind != AppKind::Python || s.app.hyperparameters.is_none(),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "dataset.synthetic",
+        cel: "self.kind != 'SelfTest' || has(self.dataset.synthetic)",
+        message: "spec.app.dataset.synthetic is required for kind SelfTest: its table is generated (e.g. synthetic: {seed: 1})",
+        holds: |s| s.app.kind != AppKind::SelfTest || s.app.dataset.synthetic.is_some(),
+    },
+    Rule {
+        scope: "spec.app",
+        field: "hyperparameters",
+        cel: "self.kind != 'SelfTest' || (!has(self.hyperparameters) && !has(self.serverOptimizer))",
+        message: "spec.app.hyperparameters and serverOptimizer are not valid for kind SelfTest: its updates are exact integer sums",
+        holds: |s| {
+            s.app.kind != AppKind::SelfTest
+                || (s.app.hyperparameters.is_none() && s.app.server_optimizer.is_none())
+        },
     },
     // --- consistency, stop -------------------------------------------------------------------
     Rule {

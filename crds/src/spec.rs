@@ -177,7 +177,8 @@ pub(crate) fn json_object_schema(_: &mut schemars::SchemaGenerator) -> schemars:
 }
 
 /// Model to train: MatrixFactorization (SGD), LogisticRegression (multinomial, SGD), LDA
-/// (collapsed Gibbs sampling) or Python (your own model).
+/// (collapsed Gibbs sampling) or Python (your own model); or SelfTest, which checks the
+/// platform: its final table is known exactly, and its loss counts wrong values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum AppKind {
     /// Low-rank factorization of a sparse ratings matrix (SGD).
@@ -189,6 +190,13 @@ pub enum AppKind {
     Lda,
     /// Your own model, written with the Python SDK (spec.app.python).
     Python,
+    /// A self-test of the cluster and the runtime, not a model: every worker adds known small
+    /// integers to known rows each clock (10 ms of work a clock), so the final table is known
+    /// exactly and the job's loss is the number of wrong values: 0 when no update was lost or
+    /// doubled through the evictions, failures and rollbacks it went through. Stop it by
+    /// spec.stop.iterations (the table is checked against that many clocks); it takes
+    /// dataset.synthetic (only its seed) and no hyperparameters.
+    SelfTest,
 }
 
 impl AppKind {
@@ -199,6 +207,7 @@ impl AppKind {
             Self::LogisticRegression => "LogisticRegression",
             Self::Lda => "LDA",
             Self::Python => "Python",
+            Self::SelfTest => "SelfTest",
         }
     }
 
@@ -209,6 +218,7 @@ impl AppKind {
             Self::LogisticRegression => &[DatasetFormat::Libsvm, DatasetFormat::Csv],
             Self::Lda => &[DatasetFormat::Ldac],
             Self::Python => &[DatasetFormat::Raw],
+            Self::SelfTest => &[],
         }
     }
 }

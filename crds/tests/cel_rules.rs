@@ -317,6 +317,21 @@ fn breakers() -> Vec<Breaker> {
             s.app.dataset.synthetic = Some(SyntheticDataset::default());
             s.app.server_optimizer = Some(ServerOptimizer::Adagrad);
         }),
+        ("required for kind SelfTest", |s| {
+            s.app.kind = AppKind::SelfTest;
+            s.app.hyperparameters = None;
+            s.app.dataset = DatasetSpec {
+                path: Some("ratings.csv".into()),
+                format: Some(DatasetFormat::Csv),
+                ..DatasetSpec::default()
+            };
+        }),
+        ("not valid for kind SelfTest", |s| {
+            s.app.kind = AppKind::SelfTest;
+            s.app.hyperparameters = None;
+            s.app.dataset.synthetic = Some(SyntheticDataset::default());
+            s.app.server_optimizer = Some(ServerOptimizer::Sgd);
+        }),
         ("only allowed with model SSP", |s| {
             s.consistency.staleness = Some(3)
         }),
@@ -463,6 +478,7 @@ fn varied_spec(seed: u64) -> TrainingJobSpec {
         AppKind::LogisticRegression,
         AppKind::Lda,
         AppKind::Python,
+        AppKind::SelfTest,
     ]);
     let entry = c.pick(&["mf_numpy:App", "pkg.model:Net", "no-colon", ":App"]);
     s.app.python = c.maybe(python_app(entry));

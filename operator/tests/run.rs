@@ -227,6 +227,38 @@ fn a_run_through_evictions_reaches_the_quality_of_a_calm_one() {
     );
 }
 
+/// `examples/self-test.yaml` (kind SelfTest) through a stormy market (three trace hours a
+/// second: joins, notices, some too late, and failures with rollbacks), each instance a process
+/// of its own: its final table is exact, so its loss (the count of wrong values) is 0.
+#[test]
+fn example_self_test_through_evictions_and_failures_is_exact() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, _) = example(dir.path(), "self-test", |job| {
+        job["spec"]["stop"]["iterations"] = 600.into();
+    });
+    let summary = run(&args(manifest, dir.path().join("out"), 12_000.0)).unwrap();
+    let leaves: u64 = ["notice", "late_notice", "fail"]
+        .iter()
+        .filter_map(|kind| summary.events.get(*kind))
+        .sum();
+    println!(
+        "self-test: {} clocks, events {:?}, rollbacks {}, wrong values {}",
+        summary.clocks, summary.events, summary.rollbacks, summary.loss
+    );
+    assert!(leaves > 0, "no node left: {:?}", summary.events);
+    assert_eq!(summary.clocks, 600, "{summary:?}");
+    assert_eq!(
+        summary.loss, 0.0,
+        "wrong values in the final table: {summary:?}"
+    );
+    assert_eq!(
+        summary.quality.get("wrong_values"),
+        Some(&0.0),
+        "{summary:?}"
+    );
+}
+
 /// Runs the quickstart (in process, one trace hour a second) at 100,000 iterations, with `from`
 /// in its manifest replaced by `to`.
 fn run_long_quickstart_with(from: &str, to: &str) -> ebbflow_operator::run::RunSummary {

@@ -123,6 +123,14 @@ fn invalid_cases() -> Vec<Case> {
             j.with_app(AppKind::Python)
                 .with_spec(|s| s.app.hyperparameters = Some(Hyperparameters::default()))
         }),
+        case("self-test-reading-a-file", |j| {
+            j.with_app(AppKind::SelfTest)
+                .with_dataset_path("ratings.csv", DatasetFormat::Csv)
+        }),
+        case("server-optimizer-on-self-test", |j| {
+            j.with_app(AppKind::SelfTest)
+                .with_spec(|s| s.app.server_optimizer = Some(ServerOptimizer::Sgd))
+        }),
         case("staleness-with-bsp", |j| {
             j.with_spec(|s| s.consistency.staleness = Some(2))
         }),

@@ -30,6 +30,7 @@ use ebbflow_runtime::elastic::{
 };
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
 use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources};
+use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::optimizer::Optimizer;
 use ebbflow_runtime::worker::JobConfig;
@@ -222,6 +223,8 @@ enum JobApp {
     Mf(MfApp),
     Mlr(MlrApp),
     Lda(LdaApp),
+    /// The integer-exact self-test (kind SelfTest).
+    SelfTest(ExactApp),
     /// A model written with the Python SDK (built with the `python` feature).
     #[cfg(feature = "python")]
     Python(ebbflow_python::PyApp),
@@ -235,6 +238,7 @@ macro_rules! with_job_app {
             JobApp::Mf($app) => $body,
             JobApp::Mlr($app) => $body,
             JobApp::Lda($app) => $body,
+            JobApp::SelfTest($app) => $body,
             #[cfg(feature = "python")]
             JobApp::Python($app) => $body,
         }
@@ -481,7 +485,24 @@ fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
             JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)
         }
         AppKind::Python => python_app(job, dataset_path.as_deref(), data_dir)?,
+        AppKind::SelfTest => JobApp::SelfTest(ExactApp::new(self_test_config(clocks, staleness))),
     })
+}
+
+/// Kind SelfTest's table: 2 tables of 4,096 rows of 4 values, the first 16 rows of each
+/// updated by every worker every clock (the rest by one worker each), 10 ms of work a clock,
+/// checked against `clocks` clocks of SSP `staleness`.
+pub fn self_test_config(clocks: u64, staleness: u64) -> ExactConfig {
+    ExactConfig {
+        rows: 4096,
+        width: 4,
+        tables: 2,
+        shared_rows: 16,
+        clocks,
+        staleness,
+        clock_delay: Duration::from_millis(10),
+        update_period: 1,
+    }
 }
 
 /// The Python app of a job: `spec.app.python`'s class, imported with its `path` in front, its
