@@ -363,7 +363,7 @@ pub fn unschedulable_since(
 /// Container waiting reasons of a pod the kubelet cannot start and will not get past by
 /// itself: its image cannot be pulled, or its container cannot be created. The kubelet retries
 /// each with its own backoff, for as long as the pod exists.
-const NOT_STARTING_REASONS: [&str; 7] = [
+pub const NOT_STARTING_REASONS: [&str; 7] = [
     "ErrImagePull",
     "ImagePullBackOff",
     "ErrImageNeverPull",

@@ -78,7 +78,8 @@ impl Drop for LiveGuard {
 
 /// Keeps of a cached pod only what notices, readiness, job lookup and the reconcile's plan read
 /// (names, labels, the operator's own `ebbflow.dev/` annotations, deletion, node, grace period,
-/// phase, conditions, start time; a failed pod's reason and terminations): at thousands of pods the rest (containers, volumes, statuses of every
+/// phase, conditions, start time; a failed pod's reason and terminations, a pending pod's
+/// containers the kubelet cannot start): at thousands of pods the rest (containers, volumes, statuses of every
 /// container, other annotations, managed fields) is most of the memory.
 fn slim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
@@ -115,15 +116,49 @@ fn slim_pod(pod: &mut Pod) {
                 })
                 .collect()
         });
+        // A pending pod the kubelet cannot start keeps why (its image cannot be pulled...):
+        // the waiting containers' reason and message, for the job's Degraded condition.
+        let pending = status.phase.as_deref() == Some("Pending");
+        let stuck = |statuses: Option<Vec<ContainerStatus>>| -> Option<Vec<ContainerStatus>> {
+            let kept: Vec<ContainerStatus> = statuses
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    let waiting = c.state?.waiting.filter(|w| {
+                        w.reason
+                            .as_deref()
+                            .is_some_and(|r| plan::NOT_STARTING_REASONS.contains(&r))
+                    })?;
+                    Some(ContainerStatus {
+                        name: c.name,
+                        state: Some(ContainerState {
+                            waiting: Some(waiting),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    })
+                })
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        };
+        let (waiting, init_waiting) = if pending {
+            (
+                stuck(status.container_statuses.take()),
+                stuck(status.init_container_statuses.take()),
+            )
+        } else {
+            (None, None)
+        };
         *status = PodStatus {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
+            init_container_statuses: init_waiting,
             // the cost ledger charges a pod from when it started running, not from its
             // creation (a pod Pending for capacity is not paid for)
             start_time: status.start_time.take(),
             reason: status.reason.take().filter(|_| failed),
             message: status.message.take().filter(|_| failed),
-            container_statuses: terminations,
+            container_statuses: terminations.or(waiting),
             ..PodStatus::default()
         };
     }
@@ -764,6 +799,37 @@ pub(super) mod tests {
             Some("exit code 1: Error: no shard 3")
         );
         assert_eq!(plan::pod_failure(&slim_failed), plan::pod_failure(&failed));
+        // a pending pod the kubelet cannot start keeps why (the Degraded condition reports it);
+        // one still being created keeps nothing
+        let mut stuck = full.clone();
+        let status = stuck.status.as_mut().unwrap();
+        status.phase = Some("Pending".into());
+        status.container_statuses.as_mut().unwrap()[0].state = serde_json::from_value(
+            serde_json::json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"ebbflow:nope\""}}),
+        )
+        .unwrap();
+        let mut slim_stuck = stuck.clone();
+        slim_pod(&mut slim_stuck);
+        assert_eq!(
+            plan::not_starting(&slim_stuck),
+            Some((
+                "ImagePullBackOff".to_owned(),
+                "Back-off pulling image \"ebbflow:nope\"".to_owned()
+            ))
+        );
+        assert_eq!(plan::not_starting(&slim_stuck), plan::not_starting(&stuck));
+        stuck
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state =
+            serde_json::from_value(serde_json::json!({"waiting": {"reason": "ContainerCreating"}}))
+                .unwrap();
+        slim_pod(&mut stuck);
+        assert!(stuck.status.as_ref().unwrap().container_statuses.is_none());
         let mut node = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
         node.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-0abc".into());
         node.status = Some(Default::default());
