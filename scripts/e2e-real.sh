@@ -22,6 +22,8 @@ fi
 source tests/cluster/versions.env
 bin_dir="$(scripts/setup-cluster-tools.sh)"
 export EBBFLOW_HELM="$bin_dir/helm-$helm_version"
+# Step 6 scrapes the real pods with a real Prometheus (Debian's, installed when missing).
+export EBBFLOW_PROMETHEUS="${EBBFLOW_PROMETHEUS:-$(scripts/setup-prometheus.sh)}"
 
 # Images: the release build the chart's users get, under a tag of this tree (never `latest`, so
 # IfNotPresent uses the imported image), and the sandbox image.
@@ -41,6 +43,8 @@ fi
 gcc -Os -static -Wall -o "$images/pause" tests/cluster/pause/pause.c
 python3 scripts/oci-image.py --pause "$images/pause" --out "$images" --tag 3.10 >&2
 
+# The lock is this script's alone: what it starts runs with fd 8 closed (8>&-), so a process
+# that outlives a killed run (a test's Prometheus) cannot hold the next run off for an hour.
 exec 8>"$EBBFLOW_CACHE/e2e-$name.lock"
 flock -w 3600 8 || { echo "e2e-real: error: another run held the lock for an hour" >&2; exit 1; }
 
@@ -63,7 +67,7 @@ die() { echo "e2e-real: error: $*" >&2; exit 1; }
 # shellcheck source=lib/cluster-common.sh
 source scripts/lib/cluster-common.sh
 address="$(host_address)"
-kubeconfig="$(EBBFLOW_CLUSTER_ADDRESS="$address" EBBFLOW_ONDEMAND_NODES=0 EBBFLOW_SPOT_NODES=0 scripts/cluster.sh up "$name")"
-scripts/real-nodes.sh up "$name" "$images"/*.oci.tar
+kubeconfig="$(EBBFLOW_CLUSTER_ADDRESS="$address" EBBFLOW_ONDEMAND_NODES=0 EBBFLOW_SPOT_NODES=0 scripts/cluster.sh up "$name" 8>&-)"
+scripts/real-nodes.sh up "$name" "$images"/*.oci.tar 8>&-
 EBBFLOW_REAL_KUBECONFIG="$kubeconfig" EBBFLOW_REAL_IMAGE_TAG="$tag" EBBFLOW_REAL_NODES_SCRIPT="$repo/scripts/real-nodes.sh" \
-  EBBFLOW_REAL_CLUSTER="$name" cargo test -p ebbflow-tests --locked --test real_pods -- --test-threads 1
+  EBBFLOW_REAL_CLUSTER="$name" cargo test -p ebbflow-tests --locked --test real_pods -- --test-threads 1 8>&-

@@ -2,7 +2,8 @@
 //! kubelet's own SIGTERM and grace periods, Services through kube-proxy and CoreDNS, a volume
 //! mounted by the kubelet. `scripts/e2e-real.sh` starts a control plane with three real nodes
 //! (scripts/real-nodes.sh: real-od-0 on-demand; real-spot-0 and real-spot-1 spot, tainted) and
-//! imports the release images; this suite then, in order:
+//! imports the release images; this suite then runs the issue's scenarios (numbered as there,
+//! bad input last) in this order:
 //!
 //! 1. `helm install`s the chart with those images: the operator runs as a pod under the chart's
 //!    ServiceAccount, becomes Ready and takes the Lease;
@@ -12,7 +13,16 @@
 //! 3. interrupts a spot node the Node Termination Handler's way (its taint, then a drain through
 //!    the Eviction API): the kubelet delivers SIGTERM, the pods hand their work over and exit
 //!    well before the grace period ends, and the job still succeeds with no failure or rollback;
-//! 4. `helm uninstall`s and deletes the jobs: no pod, Service, Secret or Lease is left.
+//! 6. meanwhile a real Prometheus scrapes the operator (its Service's endpoints) and the runtime
+//!    pods, found from the API server: every dashboard query returns data;
+//! 5. deletes the coordinator pod of a job with `spec.runtime.checkpoint` on a hostPath volume:
+//!    the replacement resumes from the checkpoint, not from clock 0, and the job succeeds;
+//! 4. makes a spot node vanish (kubelet and containerd SIGKILLed, pods frozen, then its Node
+//!    deleted as the cloud does): heartbeats time out, the job rolls back, the operator creates
+//!    replacement pods, and the job succeeds on the nodes left;
+//! 8. runs bad input: an image that does not exist, a runtime failing at start, a runtime
+//!    OOM-killed: each job's condition and events name the cause, nothing is recreated in a loop;
+//! 7. `helm uninstall`s and deletes the jobs: no pod, Service, Secret or Lease is left.
 //!
 //! Skipped (with a line saying so) unless `EBBFLOW_REAL_KUBECONFIG` is set.
 
@@ -23,6 +33,7 @@ use ebbflow_crds::{Phase, TrainingJob};
 use ebbflow_operator::controller::plan::{COORDINATOR_LABEL, JOB_LABEL, TIER_LABEL};
 use ebbflow_operator::notices::NTH_SPOT_ITN_TAINT;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, poll_until, repo_root};
+use ebbflow_tests::prometheus::{PROMETHEUS_ENV, Prometheus};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -43,6 +54,11 @@ struct Real {
     client: Client,
     kubeconfig: String,
     tag: String,
+    /// The Prometheus binary (`EBBFLOW_PROMETHEUS`).
+    prometheus: std::ffi::OsString,
+    /// scripts/real-nodes.sh and the cluster's name, to kill a node.
+    nodes_script: String,
+    cluster: String,
 }
 
 impl Real {
@@ -66,6 +82,11 @@ impl Real {
             client: Client::try_from(config)?,
             kubeconfig,
             tag: std::env::var("EBBFLOW_REAL_IMAGE_TAG")?,
+            prometheus: std::env::var_os(PROMETHEUS_ENV)
+                .filter(|v| !v.is_empty())
+                .ok_or("EBBFLOW_PROMETHEUS is unset (scripts/e2e-real.sh sets it)")?,
+            nodes_script: std::env::var("EBBFLOW_REAL_NODES_SCRIPT")?,
+            cluster: std::env::var("EBBFLOW_REAL_CLUSTER")?,
         }))
     }
 
@@ -87,34 +108,47 @@ fn trace_dir() -> String {
     })
 }
 
-/// A hostPath PersistentVolume of the spot traces and its claim in the release namespace, for
-/// the chart's `traces.claimName`: a volume the kubelet mounts into the operator's pod.
-async fn traces_volume(client: &Client) -> Result<(), BoxError> {
+/// A hostPath PersistentVolume bound to claim `claim` of the release namespace: a directory of
+/// this host (every real node is this host) that the kubelet mounts into the pod.
+async fn host_volume(
+    client: &Client,
+    claim: &str,
+    path: &std::path::Path,
+    mode: &str,
+) -> Result<(), BoxError> {
     let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let volume_name = format!("ebbflow-real-{claim}");
     let volume: PersistentVolume = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "ebbflow-real-traces"},
+        "metadata": {"name": volume_name},
         "spec": {
-            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
+            "capacity": {"storage": "1Gi"}, "accessModes": [mode],
             "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-            "hostPath": {"path": std::fs::canonicalize(trace_dir())?, "type": "Directory"},
+            "hostPath": {"path": path, "type": "Directory"},
         },
     }))?;
     Api::<PersistentVolume>::all(client.clone())
-        .patch("ebbflow-real-traces", &apply, &Patch::Apply(&volume))
+        .patch(&volume_name, &apply, &Patch::Apply(&volume))
         .await?;
-    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+    let claim_object: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "traces", "namespace": NAMESPACE},
+        "metadata": {"name": claim, "namespace": NAMESPACE},
         "spec": {
-            "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-            "volumeName": "ebbflow-real-traces", "resources": {"requests": {"storage": "1Gi"}},
+            "accessModes": [mode], "storageClassName": "",
+            "volumeName": volume_name, "resources": {"requests": {"storage": "1Gi"}},
         },
     }))?;
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), NAMESPACE)
-        .patch("traces", &apply, &Patch::Apply(&claim))
+        .patch(claim, &apply, &Patch::Apply(&claim_object))
         .await?;
     Ok(())
+}
+
+/// The spot traces as claim `traces` in the release namespace, for the chart's
+/// `traces.claimName`: a volume the kubelet mounts into the operator's pod.
+async fn traces_volume(client: &Client) -> Result<(), BoxError> {
+    let path = std::fs::canonicalize(trace_dir())?;
+    host_volume(client, "traces", &path, "ReadOnlyMany").await
 }
 
 fn pod_ready(pod: &Pod) -> bool {
@@ -227,6 +261,107 @@ async fn install_chart(real: &Real) -> Result<String, BoxError> {
     Ok(operator_name)
 }
 
+/// Step 6's Prometheus (Debian's). Debian builds it without Kubernetes service discovery (its
+/// config refuses `kubernetes_sd_configs`), so [`discover_targets`] does that part: it reads
+/// from the API server what prometheus-operator would from the chart's two monitors, and hands
+/// it to Prometheus through `file_sd_configs`. Prometheus scrapes the operator through its
+/// metrics Service's endpoints and every runtime pod on its admin port.
+fn start_prometheus(real: &Real) -> Result<(Prometheus, std::path::PathBuf), BoxError> {
+    let dir = std::env::temp_dir().join(format!("ebbflow-real-prometheus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let targets = |name: &str| dir.join(format!("{name}.json")).display().to_string();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
+         - job_name: ebbflow-operator\n    honor_labels: true\n    file_sd_configs:\n      - files: ['{}']\n  \
+         - job_name: ebbflow-runtime\n    file_sd_configs:\n      - files: ['{}']\n",
+        targets("operator"),
+        targets("runtime")
+    );
+    let prometheus = Prometheus::start(&real.prometheus, &dir, &config)?;
+    Ok((prometheus, dir))
+}
+
+/// Keeps Prometheus's target files in `dir` up to date, every second until the test ends: the
+/// operator's metrics endpoints from the EndpointSlices of the chart's metrics Service (what
+/// its ServiceMonitor selects, `honorLabels` in the scrape config), and each runtime pod's admin
+/// port labelled with its namespace, pod and job (its PodMonitor's relabelling).
+async fn discover_targets(client: Client, dir: std::path::PathBuf) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let write = |name: &str, groups: &serde_json::Value| -> std::io::Result<()> {
+        let temporary = dir.join(format!(".{name}.json"));
+        std::fs::write(&temporary, groups.to_string())?;
+        std::fs::rename(&temporary, dir.join(format!("{name}.json")))
+    };
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::all(client);
+    loop {
+        if let Ok(list) = slices
+            .list(&ListParams::default().labels("app.kubernetes.io/name=ebbflow"))
+            .await
+        {
+            let mut operator = Vec::new();
+            for slice in &list.items {
+                let port = slice
+                    .ports
+                    .iter()
+                    .flatten()
+                    .find(|p| p.name.as_deref() == Some("metrics"))
+                    .and_then(|p| p.port);
+                let Some(port) = port else { continue };
+                for endpoint in &slice.endpoints {
+                    let ready = endpoint
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.ready)
+                        .unwrap_or(true);
+                    if ready {
+                        operator.extend(
+                            endpoint
+                                .addresses
+                                .iter()
+                                .map(|address| format!("{address}:{port}")),
+                        );
+                    }
+                }
+            }
+            let _ = write(
+                "operator",
+                &serde_json::json!([{"targets": operator, "labels": {"namespace": NAMESPACE}}]),
+            );
+        }
+        let selector =
+            "app.kubernetes.io/managed-by=ebbflow-operator,app.kubernetes.io/name=ebbflow-runtime";
+        if let Ok(list) = pods.list(&ListParams::default().labels(selector)).await {
+            let groups: Vec<serde_json::Value> = list
+                .items
+                .iter()
+                .filter_map(|pod| {
+                    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+                    let port = pod
+                        .spec
+                        .as_ref()?
+                        .containers
+                        .iter()
+                        .flat_map(|c| c.ports.iter().flatten())
+                        .find(|p| p.name.as_deref() == Some("admin"))?
+                        .container_port;
+                    Some(serde_json::json!({
+                        "targets": [format!("{ip}:{port}")],
+                        "labels": {
+                            "namespace": pod.namespace().unwrap_or_default(),
+                            "pod": pod.name_any(),
+                            "trainingjob": pod.labels().get(JOB_LABEL).cloned().unwrap_or_default(),
+                        },
+                    }))
+                })
+                .collect();
+            let _ = write("runtime", &serde_json::Value::Array(groups));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// One line per pod of `namespace`: name, node, phase and the reason of any waiting container,
 /// for failure messages.
 fn pod_report(client: &Client, namespace: &str) -> String {
@@ -284,6 +419,35 @@ fn job(name: &str) -> Result<TrainingJob, BoxError> {
     // would have provisioned them.
     job.spec.transient.zones = vec!["us-west-2a".into(), "us-west-2b".into()];
     Ok(job)
+}
+
+/// Kind SelfTest as `name`, on the quickstart's market and pools: `clocks` clocks of 10 ms, its
+/// final table known exactly, its loss the count of wrong values (0 when exact). Stopped by
+/// its clocks alone (the table is checked against all of them).
+fn self_test_job(name: &str, clocks: u64) -> Result<TrainingJob, BoxError> {
+    let mut value = serde_json::to_value(job(name)?)?;
+    merge(
+        &mut value,
+        serde_json::json!({"spec": {
+            "app": {"kind": "SelfTest", "hyperparameters": null},
+            "stop": {"iterations": clocks, "wallClockLimit": null},
+            "runtime": {"resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}},
+        }}),
+    );
+    // its own dataset, not merged into the quickstart's (whose sizes are MF's)
+    value["spec"]["app"]["dataset"] = serde_json::json!({"synthetic": {"seed": 1}});
+    Ok(serde_json::from_value(value)?)
+}
+
+/// The self-test job `name` ended exact: Succeeded with loss 0 (no wrong value in its table).
+fn assert_exact(job: &TrainingJob) {
+    let status = job.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.loss,
+        Some(0.0),
+        "self-test {} counts wrong values in its final table: {status:?}",
+        job.name_any()
+    );
 }
 
 async fn apply_job(client: &Client, job: &TrainingJob) -> Result<(), BoxError> {
@@ -436,28 +600,43 @@ async fn run_job(client: &Client) -> Result<(), BoxError> {
 }
 
 /// Step 3: a spot node interrupted the NTH way while a job runs; the job still succeeds.
-async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
+async fn interrupt_spot_node(client: &Client, prometheus: &Prometheus) -> Result<(), BoxError> {
     let name = "real-interrupted";
+    // Beside it the integer-exact self-test, drained with it: its table must come out exact.
+    let exact = "real-interrupted-exact";
     apply_job(client, &job(name)?).await?;
+    apply_job(client, &self_test_job(exact, 2500)?).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let victim = poll_until("a transient pod to run", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        async move {
-            let list = pods
-                .list(
-                    &ListParams::default()
-                        .labels(&format!("{JOB_LABEL}={name},{TIER_LABEL}=transient")),
-                )
-                .await?;
-            Ok(list
-                .items
-                .into_iter()
-                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
-        }
-    })
+    // A spot node with running transient pods of both jobs (of the MF job alone if none has).
+    let node = poll_until(
+        "transient pods of both jobs to run",
+        Duration::from_secs(120),
+        || async move {
+            let nodes_of = |pods: Vec<Pod>| -> std::collections::BTreeSet<String> {
+                pods.iter().filter(|p| running(p)).map(node_of).collect()
+            };
+            let transient = format!("{TIER_LABEL}=transient");
+            let mf = nodes_of(job_pods(client, name, &transient).await?);
+            let selftest = nodes_of(job_pods(client, exact, &transient).await?);
+            Ok(mf.intersection(&selftest).next().cloned().or_else(|| {
+                (!selftest.is_empty())
+                    .then(|| mf.iter().next().cloned())
+                    .flatten()
+            }))
+        },
+    )
     .await
     .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
-    let node = node_of(&victim);
+    // Step 6 reads what Prometheus scraped from this job's real pods: the runtime pods and the
+    // operator are targets before the interruption.
+    prometheus
+        .wait_for(
+            "Prometheus to scrape the operator and three runtime pods",
+            "up{job=\"ebbflow-runtime\", trainingjob=\"real-interrupted\"} == 1 or up{job=\"ebbflow-operator\"} == 1",
+            4,
+            Duration::from_secs(60),
+        )
+        .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     ebbflow_tests::cluster::set_interruption_taint(&nodes, &node, Some(NTH_SPOT_ITN_TAINT)).await?;
     // Drain the way NTH does: cordon, then evict every pod of the job on the node.
@@ -471,7 +650,7 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
     let on_node = pods
         .list(
             &ListParams::default()
-                .labels(&format!("{JOB_LABEL}={name}"))
+                .labels("app.kubernetes.io/name=ebbflow-runtime")
                 .fields(&format!("spec.nodeName={node}")),
         )
         .await?;
@@ -561,6 +740,9 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let gone_after = evicted_at.elapsed();
+    let gone_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
     let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
     let killing = events
         .list(&ListParams::default().fields("reason=Killing"))
@@ -576,6 +758,29 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
     assert!(
         killing >= 1,
         "the kubelet recorded no Killing event for {names:?}"
+    );
+    // 6. Every dashboard's queries, evaluated two seconds after the evicted pods were gone,
+    // while the job goes on: once Prometheus has scraped past that moment.
+    let at = gone_at + 2.0;
+    prometheus
+        .wait_for(
+            "Prometheus to scrape past the interruption",
+            &format!(
+                "max(timestamp(up{{job=\"ebbflow-operator\"}})) > {:.3}",
+                at + 1.0
+            ),
+            1,
+            Duration::from_secs(30),
+        )
+        .await?;
+    let answered = prometheus.check_dashboards(Some(at)).await?;
+    let targets = prometheus.count("up == 1", Some(at)).await;
+    say(&format!(
+        "6. Prometheus scrapes {targets} targets found through the API server; {answered} dashboard expressions return data, none that should is empty"
+    ));
+    assert!(
+        answered >= 30,
+        "only {answered} dashboard expressions returned data"
     );
     let mut logs = String::new();
     for (pod_name, handle) in followed {
@@ -606,6 +811,13 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
         "   {name} Succeeded: evictions {}, migrations {}, node failures 0, rollbacks 0, loss {:?}",
         status.evictions, status.migrations, status.loss
     ));
+    let exact_job = wait_finished(client, exact, Duration::from_secs(300)).await?;
+    assert_exact(&exact_job);
+    let exact_status = exact_job.status.clone().unwrap_or_default();
+    say(&format!(
+        "   {exact} Succeeded exact (0 wrong values) through {} eviction(s), {} rollback(s)",
+        exact_status.evictions, exact_status.rollbacks
+    ));
     ebbflow_tests::cluster::set_interruption_taint(&nodes, &node, None).await?;
     nodes
         .patch(
@@ -617,7 +829,444 @@ async fn interrupt_spot_node(client: &Client) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Step 4: uninstall and job deletion leave nothing of ebbflow behind.
+/// The job's pods matching `labels` (besides the job's own), by name.
+async fn job_pods(client: &Client, job: &str, labels: &str) -> Result<Vec<Pod>, BoxError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = if labels.is_empty() {
+        format!("{JOB_LABEL}={job}")
+    } else {
+        format!("{JOB_LABEL}={job},{labels}")
+    };
+    Ok(pods
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
+}
+
+fn running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// The first unsigned number after `key` in `line` (a log line, compact or JSON).
+fn number_after(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let digits: String = rest
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Step 5: a job with `spec.runtime.checkpoint` on a real volume loses its coordinator pod (a
+/// deletion: the kubelet's SIGTERM, on which the coordinator checkpoints at once); the operator's
+/// replacement coordinator resumes from the checkpoint, not from clock 0, and the job succeeds.
+async fn resume_from_checkpoint(client: &Client) -> Result<(), BoxError> {
+    let name = "real-checkpointed";
+    let dir = std::env::temp_dir().join(format!("ebbflow-real-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    // The runtime runs as its own user; a hostPath directory keeps the host's owner and mode.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    host_volume(client, "checkpoints", &dir, "ReadWriteOnce").await?;
+    let mut job = job(name)?;
+    job.spec.runtime.checkpoint = Some(serde_json::from_value(
+        serde_json::json!({"claimName": "checkpoints", "interval": "1s"}),
+    )?);
+    apply_job(client, &job).await?;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
+    let uid = jobs.get(name).await?.uid().ok_or("the job has a uid")?;
+    let file = dir.join(format!("{uid}.ckpt"));
+    let coordinator_label = format!("{COORDINATOR_LABEL}=true");
+    let first = poll_until(
+        "the coordinator to train and write its checkpoint on the volume",
+        Duration::from_secs(120),
+        || {
+            let coordinator_label = coordinator_label.clone();
+            let file = file.clone();
+            let jobs = jobs.clone();
+            async move {
+                let running = job_pods(client, name, &coordinator_label)
+                    .await?
+                    .into_iter()
+                    .find(running);
+                // well into training: the checkpoint on the volume is not clock 0's
+                let iteration = jobs
+                    .get(name)
+                    .await?
+                    .status
+                    .and_then(|s| s.iteration)
+                    .unwrap_or(0);
+                Ok(running.filter(|_| file.exists() && iteration >= 4000))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    let before = jobs
+        .get(name)
+        .await?
+        .status
+        .and_then(|s| s.iteration)
+        .unwrap_or(0);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    // A short grace: the kubelet's SIGTERM, on which the coordinator checkpoints at once, then
+    // its SIGKILL well before training ends (with the default 120 s it would train to the end).
+    let grace = DeleteParams {
+        grace_period_seconds: Some(3),
+        ..DeleteParams::default()
+    };
+    pods.delete(&first.name_any(), &grace).await?;
+    say(&format!(
+        "5. {name}: coordinator pod {} deleted at iteration {before}, its checkpoint on the volume ({})",
+        first.name_any(),
+        file.display()
+    ));
+    let first_uid = first.uid();
+    let replacement = poll_until(
+        "a replacement coordinator pod to run",
+        Duration::from_secs(180),
+        || {
+            let coordinator_label = coordinator_label.clone();
+            let first_uid = first_uid.clone();
+            async move {
+                Ok(job_pods(client, name, &coordinator_label)
+                    .await?
+                    .into_iter()
+                    .find(|p| running(p) && p.uid() != first_uid))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    let replacement_name = replacement.name_any();
+    let line = poll_until(
+        "the replacement coordinator to say where it starts",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            let replacement_name = replacement_name.clone();
+            async move {
+                let log = pods
+                    .logs(&replacement_name, &LogParams::default())
+                    .await
+                    .unwrap_or_default();
+                Ok(log
+                    .lines()
+                    .find(|l| l.contains("checkpoint") && l.contains("clock"))
+                    .map(str::to_owned))
+            }
+        },
+    )
+    .await?;
+    assert!(
+        line.contains("resuming from this job's checkpoint"),
+        "the replacement coordinator did not resume from the checkpoint: {line}"
+    );
+    let resumed = number_after(&line, "clock").ok_or("the resume line names a clock")?;
+    let total = job.spec.stop.iterations.unwrap_or(0);
+    assert!(
+        resumed > 0 && resumed < total,
+        "the replacement should resume mid-run, between clock 0 and the job's {total}: {line}"
+    );
+    let finished = wait_finished(client, name, Duration::from_secs(300)).await?;
+    let status = finished.status.unwrap_or_default();
+    say(&format!(
+        "   the replacement {replacement_name} resumed at clock {resumed} of {total} (the job was at iteration {before} when its coordinator was deleted with a 3 s grace); {name} Succeeded, loss {:?}",
+        status.loss
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Step 4: a spot node vanishes without notice: its kubelet and containerd are SIGKILLed and
+/// its pods frozen (`real-nodes.sh kill`), then its Node is deleted, as the cloud's node
+/// lifecycle controller does for a terminated instance. The coordinator finds the node by its
+/// missing heartbeats and rolls back; the operator replaces the lost pods and the job goes on
+/// with the nodes left and succeeds.
+async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
+    let client = &real.client;
+    let name = "real-vanished";
+    // The integer-exact self-test, long enough (about 30 clocks a second on these nodes) that the operator replaces the
+    // lost pods before the end.
+    apply_job(client, &self_test_job(name, 3000)?).await?;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
+    // A transient pod that the coordinator admitted and that trains.
+    let victim = poll_until(
+        "a transient pod to run while the job trains",
+        Duration::from_secs(120),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let training = jobs
+                    .get(name)
+                    .await?
+                    .status
+                    .and_then(|s| s.iteration)
+                    .unwrap_or(0)
+                    > 300;
+                let pod = job_pods(client, name, &format!("{TIER_LABEL}=transient"))
+                    .await?
+                    .into_iter()
+                    .find(|p| running(p) && pod_ready(p));
+                Ok(pod.filter(|_| training))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    let node = node_of(&victim);
+    let output = std::process::Command::new(&real.nodes_script)
+        .args(["kill", &real.cluster, &node])
+        .output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "real-nodes.sh kill {node} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    let killed_at = std::time::Instant::now();
+    let killed_time = k8s_openapi::jiff::Timestamp::now();
+    say(&format!(
+        "4. {node} vanished (kubelet and containerd killed, pods frozen) under {name}'s pod {}",
+        victim.name_any()
+    ));
+    let failed = poll_until(
+        "the coordinator to find the node failed and roll back",
+        Duration::from_secs(120),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let status = jobs.get(name).await?.status.unwrap_or_default();
+                Ok((status.rollbacks >= 1).then_some(status))
+            }
+        },
+    )
+    .await?;
+    let found_after = killed_at.elapsed();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.delete(&node, &DeleteParams::default()).await?;
+    // Until the job ends: the transient pods the operator creates after the loss. BidBrain
+    // may buy the lost node's pool again; there a node autoscaler (Karpenter) would launch a
+    // node for them, which this cluster has not, so they may stay Pending.
+    let mut replacement: Option<String> = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let finished = loop {
+        let job = jobs.get(name).await?;
+        if matches!(
+            job.status.as_ref().and_then(|s| s.phase),
+            Some(Phase::Succeeded | Phase::Failed)
+        ) {
+            break job;
+        }
+        // the first replacement seen, until one is seen running
+        if replacement
+            .as_deref()
+            .is_none_or(|r| r.ends_with("Pending)"))
+        {
+            let mut created: Vec<Pod> = job_pods(client, name, &format!("{TIER_LABEL}=transient"))
+                .await?
+                .into_iter()
+                .filter(|p| {
+                    p.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .is_some_and(|t| t.0 > killed_time)
+                })
+                .collect();
+            created.sort_by_key(|p| !running(p));
+            let found = created.into_iter().next().map(|p| {
+                let pool = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_selector.as_ref())
+                    .and_then(|s| s.get("topology.kubernetes.io/zone").cloned())
+                    .unwrap_or_default();
+                match node_of(&p).as_str() {
+                    "" => format!("{} (pool {pool}, Pending)", p.name_any()),
+                    on => format!("{}@{on} (pool {pool})", p.name_any()),
+                }
+            });
+            replacement = found.or(replacement);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job {name} did not finish within 5 minutes of losing {node}; pods: {}",
+            pod_report(client, NAMESPACE)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let name_any = finished.name_any();
+    let finished = wait_finished(client, &name_any, Duration::from_secs(5)).await?;
+    let status = finished.status.clone().unwrap_or_default();
+    say(&format!(
+        "   rolled back {:.1} s after the kill (at iteration {:?}; rollbacks {} in all); replacement transient pod: {}; {name} Succeeded exact, loss {:?} (wrong values)",
+        found_after.as_secs_f64(),
+        failed.iteration,
+        status.rollbacks,
+        replacement.as_deref().unwrap_or("none"),
+        status.loss
+    ));
+    assert_exact(&finished);
+    assert!(
+        replacement.is_some(),
+        "the operator created no transient pod after losing {node}: {status:?}"
+    );
+    Ok(())
+}
+
+/// A bad-input job: the quickstart as `name`, small enough in CPU that several fit the
+/// on-demand node at once, with `edit` applied to its spec.
+fn bad_job(name: &str, edit: serde_json::Value) -> Result<TrainingJob, BoxError> {
+    let job = job(name)?;
+    let mut value = serde_json::to_value(&job)?;
+    value["spec"]["runtime"]["resources"] = serde_json::json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "512Mi"}});
+    merge(&mut value, edit);
+    Ok(serde_json::from_value(value)?)
+}
+
+/// JSON merge patch (RFC 7386) of `patch` into `target`.
+fn merge(target: &mut serde_json::Value, patch: serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(target), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(&key);
+                } else {
+                    merge(target.entry(key).or_insert(serde_json::Value::Null), value);
+                }
+            }
+        }
+        (target, patch) => *target = patch,
+    }
+}
+
+/// The job's condition `type_` as (status, reason, message), once it exists.
+fn condition_of(job: &TrainingJob, type_: &str) -> Option<(String, String, String)> {
+    job.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Step 8: bad input on real kubelets, three jobs at once. An image that does not exist, a
+/// runtime that fails at start (a dataset file that is not there) and a runtime OOM-killed by
+/// the kernel at its memory limit: each job's status says which and why (a condition and an
+/// event naming the cause), pods that cannot start are not recreated in a loop, and nothing is
+/// left once the jobs are deleted (step 7 checks).
+async fn bad_input(client: &Client) -> Result<(), BoxError> {
+    let missing_image = "localhost/ebbflow/runtime:does-not-exist";
+    let jobs_in: [(&str, serde_json::Value); 3] = [
+        (
+            "real-bad-image",
+            serde_json::json!({"spec": {"runtime": {"image": missing_image}}}),
+        ),
+        (
+            "real-bad-dataset",
+            serde_json::json!({"spec": {"app": {"dataset": {"synthetic": null,
+                "path": "no-such-ratings.inter", "format": "movielens-inter"}}}}),
+        ),
+        (
+            "real-oom",
+            serde_json::json!({"spec": {"app": {"dataset": {"synthetic": {"seed": 1,
+                "users": 480189, "items": 17770, "ratings": 20000000, "trueRank": 4, "noise": 0.1}}},
+                "runtime": {"resources": {"limits": {"memory": "48Mi"}}}}}),
+        ),
+    ];
+    for (name, edit) in &jobs_in {
+        apply_job(client, &bad_job(name, edit.clone())?).await?;
+    }
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
+    // The missing image: Degraded, the kubelet's reason and the image named, at once.
+    let (_, reason, message) = poll_until(
+        "real-bad-image to say its pods cannot start",
+        Duration::from_secs(120),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = jobs.get("real-bad-image").await?;
+                Ok(condition_of(&job, "Degraded").filter(|(status, _, _)| status == "True"))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    say(&format!("8. real-bad-image: Degraded {reason}: {message}"));
+    let coordinator = format!("{COORDINATOR_LABEL}=true");
+    let stuck: std::collections::BTreeSet<String> =
+        job_pods(client, "real-bad-image", &coordinator)
+            .await?
+            .iter()
+            .filter_map(|p| p.uid())
+            .collect();
+    assert_eq!(reason, "PodsNotStarting", "{message}");
+    assert!(message.contains(missing_image), "{message}");
+    // The other two fail for good after the coordinator's third failure in a row, the cause
+    // in the Failed condition.
+    for (name, cause) in [
+        ("real-bad-dataset", "no-such-ratings.inter"),
+        ("real-oom", "OOMKilled"),
+    ] {
+        let failed = poll_until(&format!("{name} to fail"), Duration::from_secs(180), || {
+            let jobs = jobs.clone();
+            async move {
+                let job = jobs.get(name).await?;
+                let phase = job.status.as_ref().and_then(|s| s.phase);
+                Ok((phase == Some(Phase::Failed)).then_some(job))
+            }
+        })
+        .await
+        .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+        let (_, reason, message) =
+            condition_of(&failed, "Failed").ok_or("a failed job has a Failed condition")?;
+        say(&format!("   {name}: Failed {reason}: {message}"));
+        assert!(
+            message.contains(cause),
+            "{name}'s Failed condition names {cause:?}: {reason}: {message}"
+        );
+    }
+    // The coordinator pod that cannot start is the same pod, never recreated: the kubelet's
+    // pull backoff is the only retry.
+    let now: std::collections::BTreeSet<String> = job_pods(client, "real-bad-image", &coordinator)
+        .await?
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    assert_eq!(
+        now, stuck,
+        "the coordinator pod of real-bad-image, which cannot start, was replaced"
+    );
+    // Events on the jobs: what `kubectl describe tj` shows.
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    let listed = events.list(&ListParams::default()).await?.items;
+    for (name, reason) in [
+        ("real-bad-image", "PodsNotStarting"),
+        ("real-bad-dataset", "CoordinatorFailed"),
+        ("real-oom", "CoordinatorFailed"),
+    ] {
+        let found = listed.iter().any(|e| {
+            e.involved_object.kind.as_deref() == Some("TrainingJob")
+                && e.involved_object.name.as_deref() == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        });
+        let seen: Vec<String> = listed
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| e.reason.clone().unwrap_or_default())
+            .collect();
+        assert!(found, "no {reason} event on {name}; its events: {seen:?}");
+    }
+    for (name, _) in &jobs_in {
+        jobs.delete(name, &DeleteParams::foreground()).await?;
+    }
+    Ok(())
+}
+
+/// Step 7: uninstall and job deletion leave nothing of ebbflow behind.
 async fn uninstall(real: &Real, operator: &str) -> Result<(), BoxError> {
     let client = &real.client;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
@@ -698,7 +1347,7 @@ async fn uninstall(real: &Real, operator: &str) -> Result<(), BoxError> {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    say("4. helm uninstall and job deletion left no pod, Service, Secret or held Lease");
+    say("7. helm uninstall and job deletion left no pod, Service, Secret or held Lease");
     Ok(())
 }
 
@@ -708,8 +1357,33 @@ async fn the_chart_and_jobs_run_on_real_kubelets() -> Result<(), BoxError> {
         return Ok(());
     };
     let operator = install_chart(&real).await?;
-    run_job(&real.client).await?;
-    interrupt_spot_node(&real.client).await?;
+    let (prometheus, prometheus_dir) = start_prometheus(&real)?;
+    let discovery = tokio::spawn(discover_targets(
+        real.client.clone(),
+        prometheus_dir.clone(),
+    ));
+    // EBBFLOW_REAL_SCENARIOS=5,8 runs only those between the install and the uninstall (by
+    // hand, while working on one; 6 runs with 3).
+    let only = std::env::var("EBBFLOW_REAL_SCENARIOS").unwrap_or_default();
+    let run = |scenario: &str| only.is_empty() || only.split(',').any(|s| s.trim() == scenario);
+    if run("2") {
+        run_job(&real.client).await?;
+    }
+    if run("3") {
+        interrupt_spot_node(&real.client, &prometheus).await?;
+    }
+    if run("5") {
+        resume_from_checkpoint(&real.client).await?;
+    }
+    if run("4") {
+        lose_spot_node(&real).await?;
+    }
+    if run("8") {
+        bad_input(&real.client).await?;
+    }
     uninstall(&real, &operator).await?;
+    discovery.abort();
+    drop(prometheus);
+    let _ = std::fs::remove_dir_all(prometheus_dir);
     Ok(())
 }
