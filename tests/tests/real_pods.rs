@@ -30,7 +30,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use ebbflow_crds::{Phase, TrainingJob};
-use ebbflow_operator::controller::plan::{COORDINATOR_LABEL, JOB_LABEL, TIER_LABEL};
+use ebbflow_operator::controller::plan::{COORDINATOR_LABEL, JOB_LABEL, TIER_LABEL, pod_ready};
 use ebbflow_operator::notices::NTH_SPOT_ITN_TAINT;
 use ebbflow_tests::cluster::{BoxError, FIELD_MANAGER, poll_until, repo_root};
 use ebbflow_tests::prometheus::{PROMETHEUS_ENV, Prometheus};
@@ -149,13 +149,6 @@ async fn host_volume(
 async fn traces_volume(client: &Client) -> Result<(), BoxError> {
     let path = std::fs::canonicalize(trace_dir())?;
     host_volume(client, "traces", &path, "ReadOnlyMany").await
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Step 1: the chart with the real images; returns the operator pod's name.
@@ -468,14 +461,14 @@ fn node_of(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// Waits for job `name` to finish; fails on `Failed` with its message.
-async fn wait_finished(
+/// Waits for job `name` to end, `Succeeded` or `Failed`.
+async fn wait_ended(
     client: &Client,
     name: &str,
     timeout: Duration,
 ) -> Result<TrainingJob, BoxError> {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
-    let job = poll_until(&format!("job {name} to finish"), timeout, || {
+    poll_until(&format!("job {name} to finish"), timeout, || {
         let jobs = jobs.clone();
         async move {
             let job = jobs.get(name).await?;
@@ -484,7 +477,11 @@ async fn wait_finished(
         }
     })
     .await
-    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)).into())
+}
+
+/// The ended `job` if it `Succeeded`; else an error with its phase and conditions.
+fn succeeded(job: TrainingJob) -> Result<TrainingJob, BoxError> {
     let status = job.status.clone().unwrap_or_default();
     if status.phase != Some(Phase::Succeeded) {
         let conditions: Vec<String> = status
@@ -493,13 +490,23 @@ async fn wait_finished(
             .map(|c| format!("{} {} {}: {}", c.type_, c.status, c.reason, c.message))
             .collect();
         return Err(format!(
-            "job {name} ended {:?}: {}",
+            "job {} ended {:?}: {}",
+            job.name_any(),
             status.phase,
             conditions.join("; ")
         )
         .into());
     }
     Ok(job)
+}
+
+/// Waits for job `name` to finish; fails on `Failed` with its message.
+async fn wait_finished(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<TrainingJob, BoxError> {
+    succeeded(wait_ended(client, name, timeout).await?)
 }
 
 /// Step 2: the quickstart job to `Succeeded` on real pods, placed by tier.
@@ -517,13 +524,7 @@ async fn run_job(client: &Client) -> Result<(), BoxError> {
                 let list = pods
                     .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
                     .await?;
-                let running: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| {
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                    })
-                    .collect();
+                let running: Vec<Pod> = list.items.into_iter().filter(running).collect();
                 let has = |tier: &str| {
                     running
                         .iter()
@@ -1009,7 +1010,7 @@ async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
                 let pod = job_pods(client, name, &format!("{TIER_LABEL}=transient"))
                     .await?
                     .into_iter()
-                    .find(|p| running(p) && pod_ready(p));
+                    .find(pod_ready);
                 Ok(pod.filter(|_| training))
             }
         },
@@ -1098,8 +1099,7 @@ async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let name_any = finished.name_any();
-    let finished = wait_finished(client, &name_any, Duration::from_secs(5)).await?;
+    let finished = succeeded(finished)?;
     let status = finished.status.clone().unwrap_or_default();
     say(&format!(
         "   rolled back {:.1} s after the kill (at iteration {:?}; rollbacks {} in all); replacement transient pod: {}; {name} Succeeded exact, loss {:?} (wrong values)",
@@ -1211,16 +1211,12 @@ async fn bad_input(client: &Client) -> Result<(), BoxError> {
         ("real-bad-dataset", "no-such-ratings.inter"),
         ("real-oom", "OOMKilled"),
     ] {
-        let failed = poll_until(&format!("{name} to fail"), Duration::from_secs(180), || {
-            let jobs = jobs.clone();
-            async move {
-                let job = jobs.get(name).await?;
-                let phase = job.status.as_ref().and_then(|s| s.phase);
-                Ok((phase == Some(Phase::Failed)).then_some(job))
-            }
-        })
-        .await
-        .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+        let failed = wait_ended(client, name, Duration::from_secs(180)).await?;
+        assert_eq!(
+            failed.status.as_ref().and_then(|s| s.phase),
+            Some(Phase::Failed),
+            "{name} ended but did not fail"
+        );
         let (_, reason, message) =
             condition_of(&failed, "Failed").ok_or("a failed job has a Failed condition")?;
         say(&format!("   {name}: Failed {reason}: {message}"));

@@ -1142,18 +1142,18 @@ async fn transition_events(
         status::condition_is(Some(new), type_, value)
             && !status::condition_is(previous, type_, value)
     };
-    if became(conditions::DEGRADED, true) {
-        let condition = new.condition(conditions::DEGRADED);
-        let reason = condition.map_or(reasons::COORDINATOR_UNREACHABLE, |c| c.reason.as_str());
-        let message = condition.map(|c| c.message.clone()).unwrap_or_default();
-        publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
-    }
-    // a job that ends Failed says why where `kubectl describe` shows it too
-    if became(conditions::FAILED, true) {
-        let condition = new.condition(conditions::FAILED);
-        let reason = condition.map_or(conditions::FAILED, |c| c.reason.as_str());
-        let message = condition.map(|c| c.message.clone()).unwrap_or_default();
-        publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
+    // a job that becomes Degraded or Failed says why where `kubectl describe` shows it too:
+    // the condition's reason and message (the fallback reason if the condition is missing)
+    for (type_, fallback) in [
+        (conditions::DEGRADED, reasons::COORDINATOR_UNREACHABLE),
+        (conditions::FAILED, conditions::FAILED),
+    ] {
+        if became(type_, true) {
+            let condition = new.condition(type_);
+            let reason = condition.map_or(fallback, |c| c.reason.as_str());
+            let message = condition.map(|c| c.message.clone()).unwrap_or_default();
+            publish(ctx, job, EventType::Warning, reason, "Observe", message).await;
+        }
     }
     if became(conditions::SUSPENDED, true) {
         publish(

@@ -13,11 +13,12 @@ use ebbflow_crds::{CapacityType, CapacityTypeLabel, Pool, ResolvedCapacityTypeLa
 use k8s_openapi::{
     ByteString,
     api::core::v1::{
-        Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-        EnvVarSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-        ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-        Probe, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext,
-        Service, ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume, VolumeMount,
+        Affinity, Capabilities, Container, ContainerPort, ContainerStateWaiting,
+        EmptyDirVolumeSource, EnvVar, EnvVarSource, NodeAffinity, NodeSelector,
+        NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+        PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+        ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
+        ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume, VolumeMount,
     },
     api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     apimachinery::pkg::{
@@ -363,7 +364,7 @@ pub fn unschedulable_since(
 /// Container waiting reasons of a pod the kubelet cannot start and will not get past by
 /// itself: its image cannot be pulled, or its container cannot be created. The kubelet retries
 /// each with its own backoff, for as long as the pod exists.
-pub const NOT_STARTING_REASONS: [&str; 7] = [
+const NOT_STARTING_REASONS: [&str; 7] = [
     "ErrImagePull",
     "ImagePullBackOff",
     "ErrImageNeverPull",
@@ -372,6 +373,14 @@ pub const NOT_STARTING_REASONS: [&str; 7] = [
     "CreateContainerError",
     "RunContainerError",
 ];
+
+/// Whether a container waits for one of [`NOT_STARTING_REASONS`].
+pub fn waits_not_starting(waiting: &ContainerStateWaiting) -> bool {
+    waiting
+        .reason
+        .as_deref()
+        .is_some_and(|r| NOT_STARTING_REASONS.contains(&r))
+}
 
 /// If a container of the pending `pod` waits for one of [`NOT_STARTING_REASONS`]: the kubelet's
 /// reason and message (which names the image or what is missing).
@@ -387,10 +396,9 @@ pub fn not_starting(pod: &Pod) -> Option<(String, String)> {
         .chain(status.container_statuses.iter().flatten())
         .find_map(|c| {
             let waiting = c.state.as_ref()?.waiting.as_ref()?;
-            let reason = waiting.reason.as_deref()?;
-            NOT_STARTING_REASONS.contains(&reason).then(|| {
+            waits_not_starting(waiting).then(|| {
                 (
-                    reason.to_owned(),
+                    waiting.reason.clone().unwrap_or_default(),
                     waiting.message.as_deref().unwrap_or("").trim().to_owned(),
                 )
             })

@@ -124,11 +124,7 @@ fn slim_pod(pod: &mut Pod) {
                 .into_iter()
                 .flatten()
                 .filter_map(|c| {
-                    let waiting = c.state?.waiting.filter(|w| {
-                        w.reason
-                            .as_deref()
-                            .is_some_and(|r| plan::NOT_STARTING_REASONS.contains(&r))
-                    })?;
+                    let waiting = c.state?.waiting.filter(plan::waits_not_starting)?;
                     Some(ContainerStatus {
                         name: c.name,
                         state: Some(ContainerState {

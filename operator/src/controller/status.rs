@@ -82,6 +82,14 @@ pub mod reasons {
     pub const COORDINATOR_FAILED: &str = "CoordinatorFailed";
 }
 
+/// " and N more" after the first of `count` pods a message names (nothing for one).
+fn and_more(count: usize) -> String {
+    match count {
+        0 | 1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    }
+}
+
 /// What the coordinator query produced this reconcile.
 #[derive(Clone, Debug)]
 pub enum CoordinatorObservation {
@@ -628,10 +636,7 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
     match input.coordinator {
         _ if !not_starting.is_empty() => {
             let (first, reason, why) = &not_starting[0];
-            let others = match not_starting.len() {
-                1 => String::new(),
-                n => format!(" and {} more", n - 1),
-            };
+            let others = and_more(not_starting.len());
             let why = if why.is_empty() {
                 String::new()
             } else {
@@ -649,10 +654,7 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         _ if !stuck.is_empty() => {
             let (first, since, why) = &stuck[0];
             let minutes = (now.as_second() - since.as_second()) / 60;
-            let others = match stuck.len() {
-                1 => String::new(),
-                n => format!(" and {} more", n - 1),
-            };
+            let others = and_more(stuck.len());
             let message = format!("{first}{others} cannot be scheduled (for {minutes} min): {why}");
             set(
                 &mut status,
