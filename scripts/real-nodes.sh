@@ -7,7 +7,8 @@
 # included (tests/cluster/pause, packaged by scripts/oci-image.py --pause).
 #
 #   scripts/real-nodes.sh up CLUSTER IMAGE.oci.tar...   start the nodes, import the images, wait
-#                                                       until every node is Ready
+#                                                       until every node is Ready (the broken one:
+#                                                       registered, NotReady)
 #   scripts/real-nodes.sh down CLUSTER                  stop what `up` started (by pid) and undo
 #                                                       what it changed on the host
 #   scripts/real-nodes.sh kill CLUSTER NODE             a node that vanishes without notice: its
@@ -17,7 +18,10 @@
 #
 # Nodes: real-od-0 (on-demand m5.large, untainted) and real-spot-0, real-spot-1 (spot p3.2xlarge
 # in us-west-2a and us-west-2b, pools of the shared p3 trace; tainted
-# karpenter.sh/capacity-type=spot:NoSchedule), labelled as Karpenter and EKS label them. Pod
+# karpenter.sh/capacity-type=spot:NoSchedule), labelled as Karpenter and EKS label them; and
+# real-spot-broken (spot p3.2xlarge in us-west-2c), whose CNI configuration is never written, so
+# it registers and never becomes Ready ("cni plugin not initialized"), as a node launched with a
+# broken network setup does; no image is imported into it. Pod
 # subnets 10.244.N.0/24 (ptp + host-local), Services 10.0.0.0/24, cluster DNS on this host's
 # address. Needs root, containerd, runc, containernetworking-plugins, iptables and conntrack
 # (installed through apt when missing) and the kubelet, kube-proxy and coredns builds of
@@ -31,7 +35,9 @@ source "$repo/tests/cluster/versions.env"
 cache="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 bin_dir="$cache/bin"
 timeout_seconds="${EBBFLOW_REAL_NODES_TIMEOUT:-180}"
-nodes=(real-od-0 real-spot-0 real-spot-1)
+nodes=(real-od-0 real-spot-0 real-spot-1 real-spot-broken)
+# The node that never becomes Ready (no CNI configuration).
+broken_node=real-spot-broken
 pause_image="localhost/ebbflow/pause:3.10"
 # Host settings changed by `up` (ip_forward) or by every kubelet (setupKernelTunables).
 sysctls=(net.ipv4.ip_forward vm.overcommit_memory kernel.panic kernel.panic_on_oops)
@@ -81,7 +87,7 @@ write_containerd_config() {
   local node="$1" index="$2"
   local root="$state/$node" rdir="$run/$node"
   mkdir -p "$root/containerd" "$rdir/cni" "$root/logs"
-  cat >"$rdir/cni/10-ebbflow.conflist" <<EOF
+  [[ "$node" == "$broken_node" ]] || cat >"$rdir/cni/10-ebbflow.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "ebbflow-$node", "plugins": [
   {"type": "ptp", "ipMasq": false,
    "ipam": {"type": "host-local", "dataDir": "$rdir/ipam",
@@ -133,7 +139,7 @@ write_kubelet_config() {
   if [[ "$node" == real-spot-* ]]; then
     # Spot nodes are pools of the shared p3.2xlarge trace (us-west-2a, us-west-2b), so a
     # trace-market job restricted to those zones gets its pools' pods placed on them.
-    local spot_zones=(us-west-2a us-west-2b)
+    local spot_zones=(us-west-2a us-west-2b us-west-2c)
     capacity=spot eks=SPOT type=p3.2xlarge zone="${spot_zones[index - 1]}"
     taints="[{key: karpenter.sh/capacity-type, value: spot, effect: NoSchedule}]"
   fi
@@ -214,6 +220,7 @@ up() {
   for node in "${nodes[@]}"; do
     local sock="$run/$node/containerd.sock"
     poll_until "containerd of $node" ctr --address "$sock" version
+    [[ "$node" == "$broken_node" ]] && continue
     local image base tag
     for image in "${images[@]}"; do
       # ebbflow-runtime-0.1.0.oci.tar -> localhost/ebbflow/runtime:0.1.0 (the tag is the archive's
@@ -239,7 +246,12 @@ up() {
     # (/var/lib/kubelet/device-plugins/kubelet.sock, not under --root-dir), and two doing it at
     # once fail ("address already in use") and exit. One after the other, the last holds it;
     # no test uses device plugins.
-    poll_until "node $node to be Ready (logs: $state/$node/logs)" node_ready "$name" "$node"
+    if [[ "$node" == "$broken_node" ]]; then
+      poll_until "node $node to register, NotReady for its network (logs: $state/$node/logs)" \
+        node_not_ready_for_cni "$name" "$node"
+    else
+      poll_until "node $node to be Ready (logs: $state/$node/logs)" node_ready "$name" "$node"
+    fi
   done
 
   # Cluster DNS: CoreDNS on this host's address, answering for Services and pods from the API.
@@ -289,6 +301,10 @@ EOF
 }
 node_ready() {
   [[ "$(kubectl_in "$1" get node "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+node_not_ready_for_cni() {
+  kubectl_in "$1" get node "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}' 2>/dev/null |
+    grep -q "cni plugin not initialized"
 }
 
 # Kills what `up` started and undoes its changes. With `quiet`, says nothing when there is nothing.

@@ -1,7 +1,8 @@
 //! The chart and TrainingJobs on real kubelets (issue 35): real containerd, real images, the
 //! kubelet's own SIGTERM and grace periods, Services through kube-proxy and CoreDNS, a volume
-//! mounted by the kubelet. `scripts/e2e-real.sh` starts a control plane with three real nodes
-//! (scripts/real-nodes.sh: real-od-0 on-demand; real-spot-0 and real-spot-1 spot, tainted) and
+//! mounted by the kubelet. `scripts/e2e-real.sh` starts a control plane with four real nodes
+//! (scripts/real-nodes.sh: real-od-0 on-demand; real-spot-0 and real-spot-1 spot, tainted;
+//! real-spot-broken, spot, never Ready) and
 //! imports the release images; this suite then runs the issue's scenarios (numbered as there,
 //! bad input last) in this order:
 //!
@@ -21,7 +22,8 @@
 //!    deleted as the cloud does): heartbeats time out, the job rolls back, the operator creates
 //!    replacement pods, and the job succeeds on the nodes left;
 //! 8. runs bad input: an image that does not exist, a runtime failing at start, a runtime
-//!    OOM-killed: each job's condition and events name the cause, nothing is recreated in a loop;
+//!    OOM-killed, a spot pool whose node never becomes Ready (real-spot-broken, no CNI): each
+//!    job's condition and events name the cause, nothing is recreated in a loop;
 //! 7. `helm uninstall`s and deletes the jobs: no pod, Service, Secret or Lease is left.
 //!
 //! Skipped (with a line saying so) unless `EBBFLOW_REAL_KUBECONFIG` is set.
@@ -48,6 +50,14 @@ const NAMESPACE: &str = "ebbflow-system";
 const RELEASE: &str = "ebbflow";
 const ON_DEMAND_NODE: &str = "real-od-0";
 const SPOT_NODES: [&str; 2] = ["real-spot-0", "real-spot-1"];
+/// The spot node that never becomes Ready (no CNI configuration), and its pool's zone.
+const BROKEN_NODE: &str = "real-spot-broken";
+const BROKEN_ZONE: &str = "us-west-2c";
+/// The job whose spot pool is that node's.
+const NOT_READY_JOB: &str = "real-not-ready";
+/// The operator's wait before it names a pod that cannot be scheduled (the chart's default is
+/// 300 s, for a node autoscaler).
+const UNSCHEDULABLE_AFTER_SECONDS: u32 = 20;
 
 /// What scripts/e2e-real.sh hands the suite.
 struct Real {
@@ -184,6 +194,8 @@ async fn install_chart(real: &Real) -> Result<String, BoxError> {
         "traces.claimName=traces",
         "--set",
         "traces.speed=360",
+        "--set",
+        &format!("unschedulableAfterSeconds={UNSCHEDULABLE_AFTER_SECONDS}"),
     ])?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -1180,6 +1192,16 @@ async fn bad_input(client: &Client) -> Result<(), BoxError> {
     for (name, edit) in &jobs_in {
         apply_job(client, &bad_job(name, edit.clone())?).await?;
     }
+    // A spot pool whose only node never becomes Ready (real-spot-broken, no CNI): the job
+    // trains on its reliable node, its transient pod waits, and after the operator's
+    // unschedulable wait (20 s here, chart value unschedulableAfterSeconds) the job says which
+    // node and why.
+    let mut not_ready = serde_json::to_value(self_test_job(NOT_READY_JOB, 100_000)?)?;
+    merge(
+        &mut not_ready,
+        serde_json::json!({"spec": {"transient": {"zones": [BROKEN_ZONE], "minNodes": 1, "maxNodes": 1}}}),
+    );
+    apply_job(client, &serde_json::from_value(not_ready)?).await?;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
     // The missing image: Degraded, the kubelet's reason and the image named, at once.
     let (_, reason, message) = poll_until(
@@ -1236,6 +1258,48 @@ async fn bad_input(client: &Client) -> Result<(), BoxError> {
         now, stuck,
         "the coordinator pod of real-bad-image, which cannot start, was replaced"
     );
+    // The never-Ready node: named with the kubelet's reason, the job still training, its
+    // pending pod the same one (nothing recreated in a loop).
+    let (job, message) = poll_until(
+        "real-not-ready to say its pod cannot be scheduled",
+        Duration::from_secs(120),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = jobs.get(NOT_READY_JOB).await?;
+                Ok(condition_of(&job, "Degraded")
+                    .filter(|(status, reason, _)| status == "True" && reason == "PodsUnschedulable")
+                    .map(|(_, _, message)| (job, message)))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    say(&format!(
+        "   {NOT_READY_JOB}: Degraded PodsUnschedulable: {message}"
+    ));
+    for part in [BROKEN_NODE, "cni plugin not initialized"] {
+        assert!(
+            message.contains(part),
+            "the Degraded message names {part:?}: {message}"
+        );
+    }
+    assert_eq!(
+        job.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Running),
+        "{NOT_READY_JOB} trains on its reliable node meanwhile"
+    );
+    let transient = format!("{TIER_LABEL}=transient");
+    let waiting: Vec<String> = job_pods(client, NOT_READY_JOB, &transient)
+        .await?
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    assert_eq!(
+        waiting.len(),
+        1,
+        "one transient pod waits for {BROKEN_NODE}"
+    );
     // Events on the jobs: what `kubectl describe tj` shows.
     let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
     let listed = events.list(&ListParams::default()).await?.items;
@@ -1243,6 +1307,7 @@ async fn bad_input(client: &Client) -> Result<(), BoxError> {
         ("real-bad-image", "PodsNotStarting"),
         ("real-bad-dataset", "CoordinatorFailed"),
         ("real-oom", "CoordinatorFailed"),
+        (NOT_READY_JOB, "PodsUnschedulable"),
     ] {
         let found = listed.iter().any(|e| {
             e.involved_object.kind.as_deref() == Some("TrainingJob")
@@ -1256,7 +1321,16 @@ async fn bad_input(client: &Client) -> Result<(), BoxError> {
             .collect();
         assert!(found, "no {reason} event on {name}; its events: {seen:?}");
     }
-    for (name, _) in &jobs_in {
+    let still: Vec<String> = job_pods(client, NOT_READY_JOB, &transient)
+        .await?
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    assert_eq!(
+        still, waiting,
+        "the pod waiting for {BROKEN_NODE} was replaced"
+    );
+    for name in jobs_in.iter().map(|(name, _)| *name).chain([NOT_READY_JOB]) {
         jobs.delete(name, &DeleteParams::foreground()).await?;
     }
     Ok(())

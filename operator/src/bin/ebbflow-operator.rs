@@ -94,6 +94,12 @@ struct Flags {
     #[arg(long, default_value_t = 15)]
     status_interval_seconds: u64,
 
+    /// Seconds a job's pod may wait for a node before the job's Degraded condition names it
+    /// (PodsUnschedulable): how long a node autoscaler may take to launch spot capacity.
+    #[arg(long, default_value_t = controller::plan::UNSCHEDULABLE_AFTER_SECONDS.unsigned_abs(),
+        value_parser = clap::value_parser!(u64).range(1..))]
+    unschedulable_after_seconds: u64,
+
     /// Compete for a coordination.k8s.io Lease and reconcile only while holding it.
     #[arg(long)]
     leader_election: bool,
@@ -366,6 +372,7 @@ async fn main() -> anyhow::Result<()> {
     config.namespace = flags.watch_namespace.clone();
     config.debounce = Duration::from_millis(flags.reconcile_debounce_ms);
     config.max_concurrent_reconciles = flags.max_concurrent_reconciles;
+    config.unschedulable_after = Duration::from_secs(flags.unschedulable_after_seconds);
     config.interruption_poll = Duration::from_secs(flags.ec2_interruption_poll_seconds.max(1));
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),

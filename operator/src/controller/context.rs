@@ -61,6 +61,9 @@ pub struct Config {
     /// API responses; at hundreds of jobs on a slow API server, unbounded, they made the peak
     /// memory of a 500-job run swing from 210 to 370 MiB. Notices do not wait for it.
     pub max_concurrent_reconciles: u16,
+    /// How long a pod may wait for a node before the job's Degraded condition names it
+    /// (`PodsUnschedulable`).
+    pub unschedulable_after: Duration,
 }
 
 impl Config {
@@ -81,6 +84,9 @@ impl Config {
             interruption_poll: Duration::from_secs(5),
             debounce: Duration::from_secs(1),
             max_concurrent_reconciles: 16,
+            unschedulable_after: Duration::from_secs(
+                super::plan::UNSCHEDULABLE_AFTER_SECONDS.unsigned_abs(),
+            ),
         }
     }
 }

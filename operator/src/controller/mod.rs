@@ -426,6 +426,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             coordinator_failures: 0,
             coordinator_failed: None,
             node_failures: status::NodeFailures::from_status(previous),
+            unschedulable_after: ctx.config.unschedulable_after.as_secs() as i64,
+            unready_nodes: BTreeMap::new(),
             now,
         });
         write_status(&ctx, &job, &job_ref, &namespace, status).await?;
@@ -1054,6 +1056,8 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         coordinator_failures,
         coordinator_failed,
         node_failures: node_failures.clone(),
+        unschedulable_after: ctx.config.unschedulable_after.as_secs() as i64,
+        unready_nodes: unready_nodes(&ctx, &classified, now),
         now,
     });
     // above every transient pod observed or created now, and any handed out before
@@ -1121,6 +1125,31 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         Action::requeue(sooner(limits.map_or(interval, |limit| limit.min(interval))))
     };
     Ok(action)
+}
+
+/// For each of the job's pods the scheduler has found no node for: its pool's nodes that are
+/// not Ready, from the Node cache (none looked up while every pod is placed).
+fn unready_nodes(
+    ctx: &Context,
+    pods: &[plan::ObservedPod<'_>],
+    now: Timestamp,
+) -> BTreeMap<String, Vec<String>> {
+    let stuck: Vec<&plan::ObservedPod<'_>> = pods
+        .iter()
+        .filter(|p| plan::unschedulable_since(p.pod, now, 0).is_some())
+        .collect();
+    if stuck.is_empty() {
+        return BTreeMap::new();
+    }
+    let nodes = ctx.caches.nodes.state();
+    stuck
+        .into_iter()
+        .map(|p| {
+            let unready = plan::unready_pool_nodes(p.pod, nodes.iter().map(|n| n.as_ref()));
+            (p.name.to_owned(), unready)
+        })
+        .filter(|(_, unready)| !unready.is_empty())
+        .collect()
 }
 
 /// How long to wait before posting again a notice not delivered, whose instance leaves at

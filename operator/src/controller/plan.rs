@@ -14,7 +14,7 @@ use k8s_openapi::{
     ByteString,
     api::core::v1::{
         Affinity, Capabilities, Container, ContainerPort, ContainerStateWaiting,
-        EmptyDirVolumeSource, EnvVar, EnvVarSource, NodeAffinity, NodeSelector,
+        EmptyDirVolumeSource, EnvVar, EnvVarSource, Node, NodeAffinity, NodeSelector,
         NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
         PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
         ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
@@ -324,16 +324,18 @@ pub fn pod_ready(pod: &Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-/// How long a pod may wait for a node before the job's status says it cannot be scheduled
-/// (spot capacity a node autoscaler launches takes a minute or two).
+/// How long a pod may wait for a node, by default, before the job's status says it cannot be
+/// scheduled (spot capacity a node autoscaler launches takes a minute or two); the operator's
+/// `--unschedulable-after-seconds`.
 pub const UNSCHEDULABLE_AFTER_SECONDS: i64 = 300;
 
 /// If the scheduler has found no node for `pod` (condition PodScheduled False, reason
-/// Unschedulable) for at least [`UNSCHEDULABLE_AFTER_SECONDS`] by `now`: since when, and the
-/// scheduler's message.
+/// Unschedulable) for at least `after` seconds by `now`: since when, and the scheduler's
+/// message.
 pub fn unschedulable_since(
     pod: &Pod,
     now: k8s_openapi::jiff::Timestamp,
+    after: i64,
 ) -> Option<(k8s_openapi::jiff::Timestamp, String)> {
     let status = pod.status.as_ref()?;
     if status.phase.as_deref() != Some("Pending") {
@@ -348,7 +350,7 @@ pub fn unschedulable_since(
         return None;
     }
     let since = scheduled.last_transition_time.as_ref()?.0;
-    (now.as_second() - since.as_second() >= UNSCHEDULABLE_AFTER_SECONDS).then(|| {
+    (now.as_second() - since.as_second() >= after).then(|| {
         (
             since,
             scheduled
@@ -359,6 +361,59 @@ pub fn unschedulable_since(
                 .to_owned(),
         )
     })
+}
+
+/// Taints the node lifecycle controller puts on a node that is not Ready (or whose kubelet
+/// stopped reporting).
+const NOT_READY_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// The nodes `pod`'s node selector picks (its pool's nodes) that are not Ready: each as
+/// `name (why)`, why being the kubelet's Ready message when the cache holds it, else the
+/// not-ready taint. What a pod that cannot be scheduled waits for when its pool's node was
+/// launched but never came up (no CNI, a kubelet that cannot reach its runtime).
+pub fn unready_pool_nodes<'a>(pod: &Pod, nodes: impl IntoIterator<Item = &'a Node>) -> Vec<String> {
+    let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()) else {
+        return Vec::new();
+    };
+    let mut unready: Vec<String> = nodes
+        .into_iter()
+        .filter(|node| {
+            selector
+                .iter()
+                .all(|(k, v)| node.labels().get(k) == Some(v))
+        })
+        .filter_map(|node| {
+            let ready = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+            let taint = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .and_then(|t| {
+                    t.iter()
+                        .find(|t| NOT_READY_TAINTS.contains(&t.key.as_str()))
+                });
+            if ready.is_some_and(|c| c.status == "True") || (ready.is_none() && taint.is_none()) {
+                return None;
+            }
+            let why = match (ready.and_then(|c| c.message.as_deref()), taint) {
+                (Some(message), _) if !message.trim().is_empty() => {
+                    format!("not Ready: {}", message.trim())
+                }
+                (_, Some(taint)) => format!("not Ready: tainted {}", taint.key),
+                _ => "not Ready".to_owned(),
+            };
+            Some(format!("{} ({why})", node.name_any()))
+        })
+        .collect();
+    unready.sort();
+    unready
 }
 
 /// Container waiting reasons of a pod the kubelet cannot start and will not get past by

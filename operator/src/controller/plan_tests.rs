@@ -1094,3 +1094,56 @@ fn spot_pods_record_their_bid_and_the_lowest_bid_per_pool_is_read_back() {
     let observed = observe_pods("mf", &pods, &[]);
     assert_eq!(bids_per_pool(&observed), BTreeMap::from([(a, 0.25)]));
 }
+
+/// A pending pod's pool nodes that are not Ready are named with the kubelet's message, else
+/// their not-ready taint; Ready nodes and nodes outside the pool are not.
+#[test]
+fn unready_pool_nodes_are_named_with_why() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "mf-t-0"},
+        "spec": {"containers": [], "nodeSelector": {"topology.kubernetes.io/zone": "us-west-2c"}},
+    }))
+    .unwrap();
+    let node = |name: &str, zone: &str, ready: Option<(&str, &str)>, taint: Option<&str>| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+            "spec": {"taints": taint.map(|key| vec![serde_json::json!({"key": key, "effect": "NoSchedule"})])},
+            "status": {"conditions": ready.map(|(status, message)| vec![serde_json::json!({
+                "type": "Ready", "status": status, "message": message})])},
+        }))
+        .unwrap()
+    };
+    let nodes = [
+        node(
+            "b-no-cni",
+            "us-west-2c",
+            Some(("False", "cni plugin not initialized")),
+            Some("node.kubernetes.io/not-ready"),
+        ),
+        node(
+            "a-tainted",
+            "us-west-2c",
+            None,
+            Some("node.kubernetes.io/unreachable"),
+        ),
+        node(
+            "ready",
+            "us-west-2c",
+            Some(("True", "kubelet is posting ready status")),
+            None,
+        ),
+        node("elsewhere", "us-west-2a", Some(("False", "down")), None),
+        node("unknown", "us-west-2c", None, None),
+    ];
+    assert_eq!(
+        unready_pool_nodes(&pod, &nodes),
+        [
+            "a-tainted (not Ready: tainted node.kubernetes.io/unreachable)",
+            "b-no-cni (not Ready: cni plugin not initialized)",
+        ]
+    );
+    // a pod with no node selector has no pool to speak of
+    let mut anywhere = pod.clone();
+    anywhere.spec.as_mut().unwrap().node_selector = None;
+    assert!(unready_pool_nodes(&anywhere, &nodes).is_empty());
+}

@@ -34,7 +34,8 @@ use ebbflow_crds::TrainingJob;
 use futures::{StreamExt, channel::mpsc, stream};
 use k8s_openapi::{
     api::core::v1::{
-        ContainerState, ContainerStatus, Node, NodeSpec, Pod, PodSpec, PodStatus, Secret, Service,
+        ContainerState, ContainerStatus, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec,
+        PodStatus, Secret, Service,
     },
     api::policy::v1::PodDisruptionBudget,
     jiff::Timestamp,
@@ -79,7 +80,7 @@ impl Drop for LiveGuard {
 /// Keeps of a cached pod only what notices, readiness, job lookup and the reconcile's plan read
 /// (names, labels, the operator's own `ebbflow.dev/` annotations, deletion, node, grace period,
 /// phase, conditions, start time; a failed pod's reason and terminations, a pending pod's
-/// containers the kubelet cannot start): at thousands of pods the rest (containers, volumes, statuses of every
+/// containers the kubelet cannot start, an unplaced pod's node selector): at thousands of pods the rest (containers, volumes, statuses of every
 /// container, other annotations, managed fields) is most of the memory.
 fn slim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
@@ -87,8 +88,15 @@ fn slim_pod(pod: &mut Pod) {
         annotations.retain(|key, _| key.starts_with(plan::ANNOTATION_PREFIX));
     }
     if let Some(spec) = pod.spec.as_mut() {
+        // a pod not yet on a node keeps its node selector: its pool's nodes that are not Ready
+        // are named in the job's status (plan::unready_pool_nodes)
+        let node_selector = spec
+            .node_selector
+            .take()
+            .filter(|_| spec.node_name.is_none());
         *spec = PodSpec {
             node_name: spec.node_name.take(),
+            node_selector,
             termination_grace_period_seconds: spec.termination_grace_period_seconds,
             ..PodSpec::default()
         };
@@ -160,12 +168,24 @@ fn slim_pod(pod: &mut Pod) {
     }
 }
 
-/// Keeps of a cached Node only what notices and the interruption watcher read (name, labels,
-/// deletion, taints, provider ID).
+/// Keeps of a cached Node only what notices, the interruption watcher and the job status read
+/// (name, labels, deletion, taints, provider ID, the Ready condition without its times).
 fn slim_node(node: &mut Node) {
     node.managed_fields_mut().clear();
     node.metadata.annotations = None;
-    node.status = None;
+    node.status = node
+        .status
+        .as_mut()
+        .and_then(|s| s.conditions.take())
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|ready| NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                last_heartbeat_time: None,
+                last_transition_time: None,
+                ..ready
+            }]),
+            ..NodeStatus::default()
+        });
     if let Some(spec) = node.spec.as_mut() {
         *spec = NodeSpec {
             taints: spec.taints.take(),
@@ -826,6 +846,20 @@ pub(super) mod tests {
                 .unwrap();
         slim_pod(&mut stuck);
         assert!(stuck.status.as_ref().unwrap().container_statuses.is_none());
+        // a pod not yet on a node keeps its node selector (its pool's nodes are looked up);
+        // one on a node does not
+        let selector =
+            BTreeMap::from([(plan::ZONE_NODE_LABEL.to_owned(), "us-east-1a".to_owned())]);
+        let mut unplaced = full.clone();
+        let spec = unplaced.spec.as_mut().unwrap();
+        spec.node_name = None;
+        spec.node_selector = Some(selector.clone());
+        let mut placed = unplaced.clone();
+        placed.spec.as_mut().unwrap().node_name = Some("spot-1".into());
+        slim_pod(&mut unplaced);
+        slim_pod(&mut placed);
+        assert_eq!(unplaced.spec.unwrap().node_selector, Some(selector));
+        assert_eq!(placed.spec.unwrap().node_selector, None);
         let mut node = node("spot-1", Some(notices::NTH_SPOT_ITN_TAINT));
         node.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-0abc".into());
         node.status = Some(Default::default());
@@ -833,6 +867,24 @@ pub(super) mod tests {
         slim_node(&mut slim_n);
         assert_eq!(slim_n.spec, node.spec);
         assert!(slim_n.status.is_none());
+        // the Ready condition stays, without its times (the job status names a node not Ready)
+        let mut unready = node.clone();
+        unready.status = serde_json::from_value(serde_json::json!({
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                 "message": "cni plugin not initialized",
+                 "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
+            "capacity": {"cpu": "8"},
+        }))
+        .unwrap();
+        slim_node(&mut unready);
+        assert_eq!(
+            serde_json::to_value(&unready.status).unwrap(),
+            serde_json::json!({"conditions": [{"type": "Ready", "status": "False",
+                "reason": "KubeletNotReady", "message": "cni plugin not initialized"}]})
+        );
         let observed = |n: &Node| {
             BTreeMap::from([(
                 "spot-1".to_owned(),

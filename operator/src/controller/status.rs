@@ -141,6 +141,12 @@ pub struct StatusInput<'a> {
     pub coordinator_failed: Option<String>,
     /// Node pods that failed by themselves in a row ([`NodeFailures`]).
     pub node_failures: NodeFailures,
+    /// Seconds a pod may wait for a node before it is named unschedulable
+    /// ([`super::plan::unschedulable_since`]).
+    pub unschedulable_after: i64,
+    /// Per pod that cannot be scheduled: its pool's nodes that are not Ready
+    /// ([`super::plan::unready_pool_nodes`]), named in the Degraded condition.
+    pub unready_nodes: BTreeMap<String, Vec<String>>,
     /// Now.
     pub now: Timestamp,
 }
@@ -616,7 +622,8 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         .iter()
         .filter(|p| !p.deleting)
         .filter_map(|p| {
-            let (since, why) = super::plan::unschedulable_since(p.pod, now)?;
+            let (since, why) =
+                super::plan::unschedulable_since(p.pod, now, input.unschedulable_after)?;
             Some((p.name, since, why))
         })
         .collect();
@@ -653,9 +660,20 @@ pub fn compute_status(input: &StatusInput<'_>) -> TrainingJobStatus {
         }
         _ if !stuck.is_empty() => {
             let (first, since, why) = &stuck[0];
-            let minutes = (now.as_second() - since.as_second()) / 60;
+            let waited = now.as_second() - since.as_second();
+            let waited = if waited < 120 {
+                format!("{waited} s")
+            } else {
+                format!("{} min", waited / 60)
+            };
             let others = and_more(stuck.len());
-            let message = format!("{first}{others} cannot be scheduled (for {minutes} min): {why}");
+            let nodes = match input.unready_nodes.get(*first).map(Vec::as_slice) {
+                None | Some([]) => String::new(),
+                Some([node]) => format!("; its pool's node {node}"),
+                Some(nodes) => format!("; its pool's nodes {}", nodes.join(", ")),
+            };
+            let message =
+                format!("{first}{others} cannot be scheduled (for {waited}): {why}{nodes}");
             set(
                 &mut status,
                 conditions::DEGRADED,

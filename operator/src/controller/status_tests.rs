@@ -268,6 +268,23 @@ fn pods_that_cannot_be_scheduled_degrade_after_five_minutes() {
         Some(Phase::Running),
         "training goes on without them"
     );
+    // the operator's --unschedulable-after-seconds shortens the wait; the pool's nodes that
+    // are not Ready are named
+    let soon = compute_status(&StatusInput {
+        coordinator: &reported(1, false),
+        unschedulable_after: 60,
+        unready_nodes: BTreeMap::from([(
+            "mf-t-0".to_owned(),
+            vec!["spot-2 (not Ready: cni plugin not initialized)".to_owned()],
+        )]),
+        now: at(90),
+        ..input(&observed)
+    });
+    assert_eq!(
+        soon.condition(conditions::DEGRADED).unwrap().message,
+        "mf-t-0 cannot be scheduled (for 90 s): 0/3 nodes are available: 3 Insufficient cpu.; \
+         its pool's node spot-2 (not Ready: cni plugin not initialized)"
+    );
 }
 
 /// A pod whose image cannot be pulled is named in the Degraded condition at once, with the
@@ -604,6 +621,8 @@ fn input<'a>(pods: &'a [ObservedPod<'a>]) -> StatusInput<'a> {
         coordinator_failures: 0,
         coordinator_failed: None,
         node_failures: NodeFailures::default(),
+        unschedulable_after: crate::controller::plan::UNSCHEDULABLE_AFTER_SECONDS,
+        unready_nodes: BTreeMap::new(),
         now: at(200),
     }
 }

@@ -326,27 +326,52 @@ fn download(url: &str) -> Result<PathBuf, RunError> {
     Ok(target)
 }
 
+/// Where a job's relative dataset paths resolve, and how an error says so to whoever runs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DataDir<'a> {
+    /// The directory.
+    pub path: &'a Path,
+    /// Where it comes from, for the error of a missing dataset.
+    pub hint: &'a str,
+}
+
+impl<'a> DataDir<'a> {
+    /// The data directory of `ebbflow run` and `ebbflow node`.
+    fn cli(path: &'a Path) -> Self {
+        Self {
+            path,
+            hint: "relative paths resolve against --data-dir or EBBFLOW_DATA_DIR; \
+                   scripts/fetch-data.sh downloads the real sets",
+        }
+    }
+}
+
 /// `spec.app.dataset.path` resolved against `data_dir` when relative; an error naming it unless
 /// `found` holds for it.
-fn dataset_at(path: &str, data_dir: &Path, found: fn(&Path) -> bool) -> Result<PathBuf, RunError> {
+fn dataset_at(
+    path: &str,
+    data_dir: DataDir<'_>,
+    found: fn(&Path) -> bool,
+) -> Result<PathBuf, RunError> {
     let path = Path::new(path);
     let path = if path.is_absolute() {
         path.to_path_buf()
     } else {
-        data_dir.join(path)
+        data_dir.path.join(path)
     };
     if found(&path) {
         Ok(path)
     } else {
         Err(RunError::LoadData(format!(
-            "spec.app.dataset.path: {} does not exist (relative paths resolve against --data-dir or EBBFLOW_DATA_DIR; scripts/fetch-data.sh downloads the real sets)",
-            path.display()
+            "spec.app.dataset.path: {} does not exist ({})",
+            path.display(),
+            data_dir.hint
         )))
     }
 }
 
 /// Builds the app the spec describes: seeded synthetic data or a file in a supported format.
-fn build_app(job: &TrainingJob, data_dir: &Path) -> Result<JobApp, RunError> {
+fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunError> {
     let app = &job.spec.app;
     let hyper = app.hyperparameters.clone().unwrap_or_default();
     let load = |e: &dyn std::fmt::Display| RunError::LoadData(e.to_string());
@@ -511,7 +536,7 @@ pub fn self_test_config(clocks: u64, staleness: u64) -> ExactConfig {
 fn python_app(
     job: &TrainingJob,
     dataset_path: Option<&str>,
-    data_dir: &Path,
+    data_dir: DataDir<'_>,
 ) -> Result<JobApp, RunError> {
     let python =
         job.spec.app.python.as_ref().ok_or_else(|| {
@@ -537,7 +562,7 @@ fn python_app(
 }
 
 #[cfg(not(feature = "python"))]
-fn python_app(job: &TrainingJob, _: Option<&str>, _: &Path) -> Result<JobApp, RunError> {
+fn python_app(job: &TrainingJob, _: Option<&str>, _: DataDir<'_>) -> Result<JobApp, RunError> {
     Err(RunError::LoadData(format!(
         "spec.app.kind Python ({}): this ebbflow was built without Python apps; build it with          `cargo build --release -p ebbflow-operator --features python` (docs/python.md)",
         job.spec
@@ -673,7 +698,7 @@ fn load_manifest(path: &Path) -> Result<(TrainingJob, PathBuf), RunError> {
 pub fn node(args: &NodeArgs) -> Result<(), RunError> {
     let (job, manifest_dir) = load_manifest(&args.manifest)?;
     let data_dir = args.data_dir.clone().unwrap_or(manifest_dir);
-    let app = build_app(&job, &data_dir)?;
+    let app = build_app(&job, DataDir::cli(&data_dir))?;
     let settings = ElasticNodeSettings {
         job: elastic_config(&job).job,
         job_id: job_id(&job),
@@ -748,7 +773,7 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         .data_dir
         .clone()
         .unwrap_or_else(|| manifest_dir.clone());
-    let app = build_app(&job, &data_dir)?;
+    let app = build_app(&job, DataDir::cli(&data_dir))?;
     let market = crate::jobmarket::setup_market(&job, &manifest_dir)?;
 
     let register_error =
@@ -1587,7 +1612,7 @@ mod tests {
             job.spec.app.dataset.path = None;
             job.spec.app.dataset.url = Some(url);
             job.spec.app.dataset.format = Some(DatasetFormat::MovielensInter);
-            build_app(&job, Path::new("/nonexistent"))
+            build_app(&job, DataDir::cli(Path::new("/nonexistent")))
         };
         let url = format!("{base}/{unique}/ml-100k.inter");
         for _ in 0..2 {
@@ -1629,7 +1654,7 @@ mod tests {
             let mut job = example("mf-movielens.yaml");
             job.spec.app.dataset.path = Some(path);
             job.spec.app.dataset.format = Some(format);
-            match build_app(&job, from) {
+            match build_app(&job, DataDir::cli(from)) {
                 Ok(JobApp::Mf(app)) => app.train_len(),
                 Ok(_) => panic!("not matrix factorization"),
                 Err(error) => panic!("{error}"),
@@ -1644,7 +1669,7 @@ mod tests {
         let mut job = example("mf-movielens.yaml");
         job.spec.app.dataset.path = Some("bad.csv".into());
         job.spec.app.dataset.format = Some(DatasetFormat::Csv);
-        let error = build_app(&job, dir.path())
+        let error = build_app(&job, DataDir::cli(dir.path()))
             .err()
             .expect("refused")
             .to_string();

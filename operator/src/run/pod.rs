@@ -34,7 +34,7 @@ use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elas
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use prometheus::Registry;
 
-use super::{JobApp, RunError, build_app, elastic_config, job_id, with_job_app};
+use super::{DataDir, JobApp, RunError, build_app, elastic_config, job_id, with_job_app};
 
 /// What a runtime pod does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +180,18 @@ impl PodEnv {
 /// Runs the pod: see the module docs. Returns the run's report as JSON for the coordinator pod
 /// (`None` for a node, which returns when the coordinator lets it go).
 pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
-    let app = build_app(&env.job, &env.data_dir)?;
+    let hint = format!(
+        "in a pod, relative paths resolve against {} (EBBFLOW_DATA_DIR), where the job's \
+         spec.app.dataset.claimName is mounted",
+        env.data_dir.display()
+    );
+    let app = build_app(
+        &env.job,
+        DataDir {
+            path: &env.data_dir,
+            hint: &hint,
+        },
+    )?;
     // Listening from the start: a SIGTERM that makes a node leave also ends its linger.
     let terminated = Terminated::listen()?;
     if env.role != PodRole::Coordinator {
