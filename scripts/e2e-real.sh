@@ -2,7 +2,7 @@
 # The real-pod stage of scripts/test.sh: the chart and TrainingJobs on real kubelets. Builds (or
 # reuses, cached) the control plane, kubelet, kube-proxy and CoreDNS, the release images
 # (scripts/build-images.sh) and the sandbox image (tests/cluster/pause); starts a control plane
-# bound to this host's address (scripts/cluster.sh) with three real nodes (scripts/real-nodes.sh);
+# bound to this host's address (scripts/cluster.sh) with four real nodes (one never Ready) (scripts/real-nodes.sh);
 # runs tests/tests/real_pods.rs against it; always tears both down. On failure the nodes' and
 # control plane's logs are kept in $EBBFLOW_CACHE/e2e-real-logs.
 #
@@ -31,9 +31,12 @@ tag="e2e-$(git rev-parse --short=12 HEAD 2>/dev/null || echo dev)"
 [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || tag+="-dirty"
 images="$EBBFLOW_CACHE/e2e-real-images"
 rm -rf "$images" && mkdir -p "$images"
-echo "e2e-real: building the images (scripts/build-images.sh $tag)" >&2
+# The Python runtime image needs a Python with numpy: the test venv (cached).
+export EBBFLOW_PYTHON="${EBBFLOW_PYTHON:-$(scripts/setup-python.sh)}"
+echo "e2e-real: building the images (scripts/build-images.sh $tag, the Python runtime image too)" >&2
 scripts/build-images.sh "$tag" >&2
-mv out/images/ebbflow-operator-"$tag".oci.tar out/images/ebbflow-runtime-"$tag".oci.tar "$images/"
+mv out/images/ebbflow-operator-"$tag".oci.tar out/images/ebbflow-runtime-"$tag".oci.tar \
+  out/images/ebbflow-runtime-python-"$tag".oci.tar "$images/"
 if ! command -v gcc >/dev/null || [[ ! -f /usr/lib/x86_64-linux-gnu/libc.a && ! -f /usr/lib/aarch64-linux-gnu/libc.a ]]; then
   echo "e2e-real: installing gcc and libc6-dev (apt) for the static sandbox binary" >&2
   DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 &&

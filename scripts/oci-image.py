@@ -3,6 +3,7 @@
 
     scripts/oci-image.py --bin-dir DIR --out DIR [--tag TAG] [--no-compress] [--no-strip]
     scripts/oci-image.py --pause BINARY --out DIR [--tag TAG]
+    scripts/oci-image.py --python-bin BINARY --site-packages DIR --sdk DIR [--examples DIR] --out DIR [--tag TAG]
 
 writes `ebbflow-operator-TAG.oci.tar` and `ebbflow-runtime-TAG.oci.tar` into --out: OCI image
 layouts in a tar (what `skopeo copy oci-archive:FILE docker://REGISTRY/NAME:TAG`, `podman load`
@@ -13,6 +14,13 @@ and `docker load` (25+) read). Each image is two layers:
   `/tmp`;
 - the binary (`ebbflow-operator`, or `ebbflow` for the runtime pods, whose command is
   `ebbflow pod`) in `/usr/local/bin`, stripped of debug info unless --no-strip.
+
+With --python-bin it writes `ebbflow-runtime-python-TAG.oci.tar` instead: the runtime image for
+Python apps (`kind: Python` jobs). Its `ebbflow` is the one built with `--features python`; the
+image adds the CPython it links (the shared library, the standard library without its tests,
+PYTHONHOME), numpy from --site-packages, the SDK's `ebbflow` package (its native part is built
+into the binary) on PYTHONPATH at /opt/ebbflow/python, and the examples at /opt/ebbflow/examples.
+A user's image adds their code on top of it (`FROM` it, or the Dockerfile's `runtime-python`).
 
 With --pause it writes `ebbflow-pause-TAG.oci.tar` instead: the pod sandbox image the real-node
 test stage's containerd uses (one layer, the static binary at /pause), so no registry is needed.
@@ -111,9 +119,9 @@ class Layer:
         return self.buffer.getvalue()
 
 
-def base_layer(binaries, mtime):
+def base_layer(binaries, mtime, extra_libs=()):
     layer = Layer(mtime)
-    libs = sorted({lib for b in binaries for lib in linked_libraries(b)})
+    libs = sorted({lib for b in binaries for lib in linked_libraries(b)} | set(extra_libs))
     for lib in libs:
         with open(lib, "rb") as f:
             layer.file(lib, f.read(), 0o755)
@@ -272,6 +280,116 @@ def build_pause(args, mtime):
     )
 
 
+# Parts of the standard library a runtime never imports: tests, GUIs, the packaging bootstrap.
+STDLIB_SKIP = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip",
+               "lib2to3", "site-packages", "dist-packages", "__pycache__"}
+PYTHON_PACKAGES = "/opt/ebbflow/python"
+PYTHON_EXAMPLES = "/opt/ebbflow/examples"
+
+
+def tree_files(root, skip=frozenset()):
+    """(absolute path, path relative to root) of the files under root, sorted, skipping
+    directories named in `skip`, compiled bytecode and config-* build directories."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith("config-"))
+        for name in sorted(filenames):
+            if name.endswith((".pyc", ".pyo")):
+                continue
+            path = os.path.join(dirpath, name)
+            found.append((path, os.path.relpath(path, root)))
+    return found
+
+
+def add_tree(layer, root, at, skip=frozenset()):
+    """Copies the files under `root` to `at` in `layer` (symlinks as links); returns the
+    shared objects copied."""
+    shared = []
+    for path, rel in tree_files(root, skip):
+        target = os.path.join(at, rel)
+        if os.path.islink(path):
+            layer.symlink(target, os.readlink(path))
+            continue
+        mode = 0o755 if os.access(path, os.X_OK) else 0o644
+        with open(path, "rb") as f:
+            layer.file(target, f.read(), mode)
+        if ".so" in os.path.basename(path):
+            shared.append(path)
+    return shared
+
+
+def python_home(binary):
+    """The CPython `binary` links: (its shared library, its prefix, its standard library)."""
+    libpython = [lib for lib in linked_libraries(binary) if "libpython3" in os.path.basename(lib)]
+    if not libpython:
+        raise ImageError(f"--python-bin {binary} links no libpython: build it with --features python")
+    real = os.path.realpath(libpython[0])
+    version = re.search(r"libpython(3\.\d+)", real).group(1)
+    prefix = os.path.dirname(real)
+    while prefix != "/" and os.path.basename(prefix) != "lib":
+        prefix = os.path.dirname(prefix)
+    prefix = os.path.dirname(prefix)
+    stdlib = os.path.join(prefix, "lib", f"python{version}")
+    if not os.path.isfile(os.path.join(stdlib, "os.py")):
+        raise ImageError(f"{binary} links {real}, but {stdlib} holds no standard library")
+    return real, prefix, stdlib
+
+
+def build_python(args, mtime):
+    """The runtime image for Python apps (see the module docs)."""
+    binary = args.python_bin
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        raise ImageError(f"--python-bin {binary}: not an executable file")
+    for flag, path in (("--site-packages", args.site_packages), ("--sdk", args.sdk)):
+        if not path or not os.path.isdir(path):
+            raise ImageError(f"{flag} {path}: not a directory")
+    numpy = os.path.join(args.site_packages, "numpy")
+    if not os.path.isdir(numpy):
+        raise ImageError(f"--site-packages {args.site_packages}: no numpy (pip install numpy there)")
+    libpython, prefix, stdlib = python_home(binary)
+    python = Layer(mtime)
+    shared = add_tree(python, stdlib, stdlib, STDLIB_SKIP)
+    packages = Layer(mtime)
+    for name in sorted(os.listdir(args.site_packages)):
+        if name == "numpy" or name.startswith("numpy.libs") or name.startswith("numpy-"):
+            shared += add_tree(packages, os.path.join(args.site_packages, name),
+                               os.path.join(PYTHON_PACKAGES, name), {"tests", "__pycache__"})
+    # The SDK's Python part; its native module (_core) is built into the binary.
+    for path, rel in tree_files(args.sdk, {"__pycache__"}):
+        if rel.endswith(".py"):
+            with open(path, "rb") as f:
+                packages.file(os.path.join(PYTHON_PACKAGES, "ebbflow", rel), f.read())
+    if args.examples:
+        for path, rel in tree_files(args.examples, {"__pycache__"}):
+            with open(path, "rb") as f:
+                packages.file(os.path.join(PYTHON_EXAMPLES, rel), f.read())
+    # The C libraries of the binary and of the extension modules, except those the layers
+    # above carry themselves (numpy.libs).
+    carried = (stdlib + "/", args.site_packages.rstrip("/") + "/")
+    modules = [so for so in shared if not os.path.dirname(so).endswith(".libs")]
+    extra = sorted({lib for so in modules for lib in linked_libraries_or_static(so)
+                    if not lib.startswith(carried)})
+    base_tar, libs = base_layer([binary], mtime, extra)
+    app_tar = binary_layer(binary, "ebbflow", mtime, args.strip)
+    written = write_image(
+        args.out, "ebbflow-runtime-python", args.tag, mtime,
+        [(base_tar, args.compress), (python.close(), args.compress),
+         (packages.close(), args.compress), (app_tar, args.compress)],
+        [], ["ebbflow", "pod"], f"{NONROOT}:{NONROOT}",
+        ["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=" + CA_BUNDLE,
+         f"PYTHONHOME={prefix}", f"PYTHONPATH={PYTHON_PACKAGES}", "PYTHONDONTWRITEBYTECODE=1"],
+        [
+            "scripts/oci-image.py: C libraries, CA bundle, nonroot user",
+            f"scripts/oci-image.py: the standard library of {libpython}",
+            f"scripts/oci-image.py: numpy, the ebbflow SDK, the examples",
+            "scripts/oci-image.py: /usr/local/bin/ebbflow (--features python)",
+        ],
+        workdir="/home/nonroot",
+    )
+    print(f"python image: {libpython}, PYTHONHOME={prefix}; libraries: {', '.join(libs)}")
+    return [written]
+
+
 def linked_libraries_or_static(binary):
     """The libraries `binary` loads; empty for a static binary (where ldd exits non-zero)."""
     out = subprocess.run(["ldd", binary], capture_output=True, text=True)
@@ -285,6 +403,8 @@ def build(args):
     os.makedirs(args.out, exist_ok=True)
     if args.pause:
         written = [build_pause(args, mtime)]
+    elif args.python_bin:
+        written = build_python(args, mtime)
     else:
         written = build_ebbflow(args, mtime)
     for path, digest, size in written:
@@ -330,13 +450,22 @@ def main():
         metavar="BINARY",
         help="write only the pod sandbox image ebbflow-pause-TAG from this static pause binary",
     )
+    parser.add_argument(
+        "--python-bin",
+        metavar="BINARY",
+        help="write only the Python runtime image ebbflow-runtime-python-TAG from this ebbflow "
+        "(built with --features python)",
+    )
+    parser.add_argument("--site-packages", help="with --python-bin: a site-packages holding numpy")
+    parser.add_argument("--sdk", help="with --python-bin: the SDK's package directory (python/ebbflow)")
+    parser.add_argument("--examples", help="with --python-bin: example apps for /opt/ebbflow/examples")
     parser.add_argument("--out", required=True, help="directory for the .oci.tar archives")
     parser.add_argument("--tag", default="dev", help="image tag (ref name in the archive)")
     parser.add_argument("--no-compress", dest="compress", action="store_false", help="uncompressed layers")
     parser.add_argument("--no-strip", dest="strip", action="store_false", help="keep debug info")
     args = parser.parse_args()
-    if not args.pause and not args.bin_dir:
-        parser.error("--bin-dir is required (or --pause BINARY for the sandbox image)")
+    if not args.pause and not args.python_bin and not args.bin_dir:
+        parser.error("--bin-dir is required (or --pause BINARY, or --python-bin BINARY)")
     try:
         build(args)
     except ImageError as e:

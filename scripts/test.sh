@@ -88,11 +88,11 @@ else
   scripts/e2e.sh
 fi
 
-# The chart and TrainingJobs on three real kubelets with containerd (root; EBBFLOW_SKIP_REAL_PODS=1
+# The chart and TrainingJobs on four real kubelets with containerd (root; EBBFLOW_SKIP_REAL_PODS=1
 # skips): release images, real SIGTERM and grace periods, Services through kube-proxy and CoreDNS.
 if [[ "${EBBFLOW_SKIP_E2E:-0}" == 1 || "${EBBFLOW_SKIP_REAL_PODS:-0}" == 1 ]]; then
   echo "==> real pods on real kubelets: skipped (EBBFLOW_SKIP_E2E or EBBFLOW_SKIP_REAL_PODS)"
 else
-  echo "==> real pods on real kubelets (scripts/e2e-real.sh: containerd + kubelet x3, kube-proxy, CoreDNS)"
+  echo "==> real pods on real kubelets (scripts/e2e-real.sh: containerd + kubelet x4, kube-proxy, CoreDNS)"
   scripts/e2e-real.sh
 fi

@@ -216,3 +216,130 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
         "inside the runtime image as 65532: ebbflow simulate wrote {written:?}; the operator image's binary answers --help"
     );
 }
+
+/// The Python runtime image (`oci-image.py --python-bin`), from this test build's `ebbflow` when
+/// it has the python feature (scripts/test.sh builds it so) and a Python with numpy
+/// (`EBBFLOW_PYTHON`, the test venv): `ebbflow run` of the SDK's integer-exact app inside it, as
+/// the pods' nonroot user with nothing but the image's own CPython, numpy and SDK, ends exact.
+#[test]
+fn the_python_image_runs_a_python_app_as_nonroot() {
+    let ebbflow = Path::new(env!("CARGO_BIN_EXE_ebbflow"));
+    let ldd = run(Command::new("ldd").arg(ebbflow));
+    let python = std::env::var_os("EBBFLOW_PYTHON").filter(|p| !p.is_empty());
+    let (true, Some(python)) = (ldd.contains("libpython3"), python) else {
+        println!(
+            "skipped: needs ebbflow built with --features python and EBBFLOW_PYTHON (a Python with numpy)"
+        );
+        return;
+    };
+    let site_packages = run(Command::new(&python).args([
+        "-c",
+        "import os, numpy; print(os.path.dirname(os.path.dirname(numpy.__file__)))",
+    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("images");
+    let printed = run(Command::new("python3")
+        .arg(repo().join("scripts/oci-image.py"))
+        .arg("--python-bin")
+        .arg(ebbflow)
+        .args(["--site-packages", site_packages.trim()])
+        .arg("--sdk")
+        .arg(repo().join("python/ebbflow"))
+        .arg("--examples")
+        .arg(repo().join("examples/python"))
+        .arg("--out")
+        .arg(&out)
+        .args(["--tag", "test", "--no-compress"]));
+    println!("{printed}");
+    let (_, config, root) = unpack(
+        &out.join("ebbflow-runtime-python-test.oci.tar"),
+        &dir.path().join("python"),
+    );
+    assert_eq!(config["config"]["User"], "65532:65532");
+    assert_eq!(
+        config["config"]["Cmd"],
+        serde_json::json!(["ebbflow", "pod"])
+    );
+    assert!(root.join("opt/ebbflow/python/ebbflow/__init__.py").exists());
+    assert!(root.join("opt/ebbflow/python/numpy").is_dir());
+    assert!(root.join("opt/ebbflow/examples/exact.py").exists());
+    if !is_root() {
+        println!("not root: the run inside the Python image (chroot) is skipped");
+        return;
+    }
+    // A Python job on a replayed market.
+    let data = std::env::var_os("EBBFLOW_SPOT_DATA")
+        .map_or_else(|| repo().join("../shared/data/spot"), PathBuf::from);
+    let trace = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
+    std::fs::create_dir(root.join("tmp/spot")).unwrap();
+    for file in [
+        trace,
+        "aws_on_demand_prices_us-east-1.csv",
+        "aws_instance_specs.csv",
+    ] {
+        std::fs::copy(data.join(file), root.join("tmp/spot").join(file)).unwrap();
+    }
+    let manifest = format!(
+        r#"apiVersion: ebbflow.dev/v1alpha1
+kind: TrainingJob
+metadata: {{name: python-image}}
+spec:
+  app:
+    kind: Python
+    python:
+      entry: exact:App
+      path: [/opt/ebbflow/examples]
+      args: {{clocks: 200, staleness: 1, clock_ms: 5}}
+    dataset: {{path: /opt/ebbflow/examples/exact.py, format: raw}}
+  consistency: {{model: SSP, staleness: 1}}
+  stop: {{iterations: 200}}
+  reliable: {{count: 1}}
+  transient: {{minNodes: 1, maxNodes: 2}}
+  bidding:
+    strategy: BidBrain
+    market: {{kind: trace, trace: /tmp/spot/{trace}}}
+    billingModel: aws
+    budgetPerHour: 15
+  elasticity: {{partitions: 4}}
+  runtime: {{workerThreads: 1}}
+"#
+    );
+    std::fs::write(root.join("tmp/job.yaml"), manifest).unwrap();
+    let env: Vec<(String, String)> = config["config"]["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let output = run(Command::new("chroot")
+        .arg("--userspec=65532:65532")
+        .arg(&root)
+        .args([
+            "ebbflow",
+            "run",
+            "/tmp/job.yaml",
+            "--quiet",
+            // instances as threads: a chroot has no /proc for `ebbflow node` processes to
+            // find the executable by (a pod has)
+            "--in-process",
+            "--out",
+            "/tmp/run",
+        ])
+        .env_clear()
+        .envs(env)
+        // the host's chroot is found on it too
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("HOME", "/home/nonroot"));
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(root.join("tmp/run/summary.json")).unwrap())
+            .unwrap_or_else(|e| panic!("summary.json: {e}\n{output}"));
+    assert_eq!(
+        summary["quality"]["wrong_values"], 0.0,
+        "the Python exact app inside the image: {summary}\n{output}"
+    );
+    println!(
+        "inside the Python image as 65532: ebbflow run of exact:App ended exact: {}",
+        summary["quality"]
+    );
+}

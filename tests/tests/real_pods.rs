@@ -24,6 +24,8 @@
 //! 8. runs bad input: an image that does not exist, a runtime failing at start, a runtime
 //!    OOM-killed, a spot pool whose node never becomes Ready (real-spot-broken, no CNI): each
 //!    job's condition and events name the cause, nothing is recreated in a loop;
+//! 9. runs a Python app (the SDK's integer-exact app) in the Python runtime image, its spot
+//!    pods evicted mid-run: the job ends exact;
 //! 7. `helm uninstall`s and deletes the jobs: no pod, Service, Secret or Lease is left.
 //!
 //! Skipped (with a line saying so) unless `EBBFLOW_REAL_KUBECONFIG` is set.
@@ -696,23 +698,9 @@ async fn interrupt_spot_node(client: &Client, prometheus: &Prometheus) -> Result
             (pod.name_any(), handle)
         })
         .collect();
-    // The Eviction is posted as the API defines it: kube 5.0's `Api::evict` sends its delete
-    // options under `delete_options`, which the API server ignores, so a grace period is lost.
     let grace = 30;
     for pod in &on_node.items {
-        let eviction: Eviction = serde_json::from_value(serde_json::json!({
-            "apiVersion": "policy/v1", "kind": "Eviction",
-            "metadata": {"name": pod.name_any(), "namespace": NAMESPACE},
-            "deleteOptions": {"gracePeriodSeconds": grace},
-        }))?;
-        let _: serde_json::Value = pods
-            .create_subresource(
-                "eviction",
-                &pod.name_any(),
-                &PostParams::default(),
-                &eviction,
-            )
-            .await?;
+        evict(&pods, &pod.name_any(), grace).await?;
     }
     let evicted_at = std::time::Instant::now();
     say(&format!(
@@ -839,6 +827,99 @@ async fn interrupt_spot_node(client: &Client, prometheus: &Prometheus) -> Result
             &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
         )
         .await?;
+    Ok(())
+}
+
+/// Evicts pod `name` through the Eviction API with a `grace` seconds grace period, as a drain
+/// does. The Eviction is posted as the API defines it: kube 5.0's `Api::evict` sends its delete
+/// options under `delete_options`, which the API server ignores, so a grace period is lost.
+async fn evict(pods: &Api<Pod>, name: &str, grace: u64) -> Result<(), BoxError> {
+    let eviction: Eviction = serde_json::from_value(serde_json::json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "deleteOptions": {"gracePeriodSeconds": grace},
+    }))?;
+    let _: serde_json::Value = pods
+        .create_subresource("eviction", name, &PostParams::default(), &eviction)
+        .await?;
+    Ok(())
+}
+
+/// Step 9: a Python app (the SDK's integer-exact app, `examples/python/exact.py`) in the Python
+/// runtime image (`ebbflow-runtime-python`: `ebbflow` with the embedded interpreter, CPython,
+/// numpy, the SDK), on real pods: its transient pods on one spot node are evicted mid-run with
+/// a grace period, and the job ends Succeeded with an exact table (0 wrong values).
+async fn python_job(real: &Real) -> Result<(), BoxError> {
+    let client = &real.client;
+    let name = "real-python-exact";
+    let clocks = 3000;
+    let mut value = serde_json::to_value(job(name)?)?;
+    merge(
+        &mut value,
+        serde_json::json!({"spec": {
+            "app": {"kind": "Python", "hyperparameters": null, "python": {
+                "entry": "exact:App", "path": ["/opt/ebbflow/examples"],
+                "args": {"clocks": clocks, "staleness": 1, "clock_ms": 10, "rows": 256, "shared_rows": 16},
+            }},
+            "stop": {"iterations": clocks, "wallClockLimit": null},
+            "runtime": {
+                "image": format!("localhost/ebbflow/runtime-python:{}", real.tag),
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
+            },
+        }}),
+    );
+    // The exact app reads no data; kind Python needs a raw dataset, so it is handed its own code.
+    value["spec"]["app"]["dataset"] =
+        serde_json::json!({"path": "/opt/ebbflow/examples/exact.py", "format": "raw"});
+    apply_job(client, &serde_json::from_value(value)?).await?;
+    let transient = format!("{TIER_LABEL}=transient");
+    let (node, on_node) = poll_until(
+        "a transient pod of the Python job to run",
+        Duration::from_secs(180),
+        || {
+            let transient = transient.clone();
+            async move {
+                let running_pods: Vec<Pod> = job_pods(client, name, &transient)
+                    .await?
+                    .into_iter()
+                    .filter(running)
+                    .collect();
+                Ok(running_pods.first().map(node_of).map(|node| {
+                    let names: Vec<String> = running_pods
+                        .iter()
+                        .filter(|p| node_of(p) == node)
+                        .map(|p| p.name_any())
+                        .collect();
+                    (node, names)
+                }))
+            }
+        },
+    )
+    .await
+    .map_err(|e| format!("{e}; pods: {}", pod_report(client, NAMESPACE)))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for pod in &on_node {
+        evict(&pods, pod, 30).await?;
+    }
+    say(&format!(
+        "9. Python job {name}: {} transient pod(s) on {node} evicted with a 30 s grace",
+        on_node.len()
+    ));
+    let finished = wait_finished(client, name, Duration::from_secs(300)).await?;
+    assert_exact(&finished);
+    let status = finished.status.clone().unwrap_or_default();
+    assert!(
+        status.evictions >= 1,
+        "the Python job counted the eviction: {status:?}"
+    );
+    say(&format!(
+        "   {name} Succeeded exact (0 wrong values) in the Python image: {} clocks, evictions {}, migrations {}, node failures {}, rollbacks {}",
+        status.iteration.unwrap_or_default(),
+        status.evictions,
+        status.migrations,
+        status.node_failures,
+        status.rollbacks
+    ));
     Ok(())
 }
 
@@ -1450,6 +1531,9 @@ async fn the_chart_and_jobs_run_on_real_kubelets() -> Result<(), BoxError> {
     }
     if run("8") {
         bad_input(&real.client).await?;
+    }
+    if run("9") {
+        python_job(&real).await?;
     }
     uninstall(&real, &operator).await?;
     discovery.abort();
