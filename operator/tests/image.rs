@@ -126,6 +126,24 @@ fn is_root() -> bool {
     run(Command::new("id").arg("-u")).trim() == "0"
 }
 
+/// Copies the shared p3 trace and the price lists beside it into the image at `root`'s
+/// /tmp/spot; returns the trace's path inside the image.
+fn copy_spot_data(root: &Path) -> String {
+    let data = std::env::var_os("EBBFLOW_SPOT_DATA")
+        .map_or_else(|| repo().join("../shared/data/spot"), PathBuf::from);
+    let trace = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
+    std::fs::create_dir(root.join("tmp/spot")).unwrap();
+    for file in [
+        trace,
+        "aws_on_demand_prices_us-east-1.csv",
+        "aws_instance_specs.csv",
+    ] {
+        std::fs::copy(data.join(file), root.join("tmp/spot").join(file))
+            .unwrap_or_else(|e| panic!("{}: {e}", data.join(file).display()));
+    }
+    format!("/tmp/spot/{trace}")
+}
+
 /// Runs `args` inside `root` as the pods' user (65532).
 fn in_image(root: &Path, args: &[&str]) -> String {
     run(Command::new("chroot")
@@ -176,19 +194,7 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
     }
     // The runtime image runs ebbflow as nonroot: a BidBrain simulation of the p3 trace,
     // written to the image's /tmp.
-    let data = std::env::var_os("EBBFLOW_SPOT_DATA")
-        .map_or_else(|| repo().join("../shared/data/spot"), PathBuf::from);
-    let trace = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
-    std::fs::create_dir(root.join("tmp/spot")).unwrap();
-    for file in [
-        trace,
-        "aws_on_demand_prices_us-east-1.csv",
-        "aws_instance_specs.csv",
-    ] {
-        std::fs::copy(data.join(file), root.join("tmp/spot").join(file))
-            .unwrap_or_else(|e| panic!("{}: {e}", data.join(file).display()));
-    }
-    let trace = format!("/tmp/spot/{trace}");
+    let trace = copy_spot_data(&root);
     let out = in_image(
         &root,
         &[
@@ -268,17 +274,7 @@ fn the_python_image_runs_a_python_app_as_nonroot() {
         return;
     }
     // A Python job on a replayed market.
-    let data = std::env::var_os("EBBFLOW_SPOT_DATA")
-        .map_or_else(|| repo().join("../shared/data/spot"), PathBuf::from);
-    let trace = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
-    std::fs::create_dir(root.join("tmp/spot")).unwrap();
-    for file in [
-        trace,
-        "aws_on_demand_prices_us-east-1.csv",
-        "aws_instance_specs.csv",
-    ] {
-        std::fs::copy(data.join(file), root.join("tmp/spot").join(file)).unwrap();
-    }
+    let trace = copy_spot_data(&root);
     let manifest = format!(
         r#"apiVersion: ebbflow.dev/v1alpha1
 kind: TrainingJob
@@ -297,7 +293,7 @@ spec:
   transient: {{minNodes: 1, maxNodes: 2}}
   bidding:
     strategy: BidBrain
-    market: {{kind: trace, trace: /tmp/spot/{trace}}}
+    market: {{kind: trace, trace: {trace}}}
     billingModel: aws
     budgetPerHour: 15
   elasticity: {{partitions: 4}}
