@@ -1,7 +1,8 @@
 //! The Python exact app across real node processes: `python -m ebbflow runtime elastic-node
 //! --app python` processes (the wheel built by `pip install ./python`) join a coordinator that
-//! runs in this process, leave on SIGTERM (a notice), die on SIGKILL (a failure: rollback), and a
-//! bulk add switches in while training. The final table must be exact.
+//! runs in this process, leave on SIGTERM (a notice), die on SIGKILL (a failure: rollback), leave
+//! on a SIGTERM with no grace in stage 2 (a notice too late: rollback), and a bulk add switches
+//! in while training. The final table must be exact.
 
 mod common;
 
@@ -77,6 +78,18 @@ fn wheel_installed(python: &std::path::Path) -> bool {
 }
 
 fn node(python: &std::path::Path, url: &str, name: &str, transient: bool) -> Child {
+    node_with_grace(python, url, name, transient, 30)
+}
+
+/// As [`node`], leaving within `grace_seconds` of a SIGTERM (0: at once, a notice too late for
+/// anything it hosts to move first).
+fn node_with_grace(
+    python: &std::path::Path,
+    url: &str,
+    name: &str,
+    transient: bool,
+    grace_seconds: u64,
+) -> Child {
     let mut command = Command::new(python);
     // Not from python/, whose ebbflow/ sources (without the built module) would shadow the wheel.
     command
@@ -89,7 +102,7 @@ fn node(python: &std::path::Path, url: &str, name: &str, transient: bool) -> Chi
             "--name",
             name,
             "--grace-seconds",
-            "30",
+            &grace_seconds.to_string(),
         ])
         .env("EBBFLOW_JOB_SECRET", SECRET)
         .env(
@@ -105,17 +118,19 @@ fn node(python: &std::path::Path, url: &str, name: &str, transient: bool) -> Chi
     command.spawn().expect("starting a Python elastic node")
 }
 
-#[test]
-fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
-    need_python!();
-    let python = common::venv_python().unwrap();
-    if !wheel_installed(&python) {
-        println!(
-            "skipped: the SDK's wheel is not installed in {} (pip install ./python)",
-            python.display()
-        );
-        return;
-    }
+/// The job's coordinator, in this process, copying to its backups every `backup_every` clocks:
+/// its admin URL and the thread that returns the run's report.
+fn start_coordinator(
+    backup_every: u64,
+) -> (
+    String,
+    std::thread::JoinHandle<
+        Result<
+            ebbflow_runtime::elastic::ElasticReport,
+            ebbflow_runtime::elastic_coordinator::ElasticJobError,
+        >,
+    >,
+) {
     let app = PyApp::load("exact:App", Some(APP_ARGS), &[]).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -130,7 +145,7 @@ fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
                 ..JobConfig::default()
             },
             thresholds: StageThresholds::default(),
-            backup_every: 5,
+            backup_every,
             backup_interval: None,
             backup_bandwidth: None,
             start: None,
@@ -160,6 +175,21 @@ fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
             LiveFeed::new(),
         )
     });
+    (url, coordinator)
+}
+
+#[test]
+fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
+    need_python!();
+    let python = common::venv_python().unwrap();
+    if !wheel_installed(&python) {
+        println!(
+            "skipped: the SDK's wheel is not installed in {} (pip install ./python)",
+            python.display()
+        );
+        return;
+    }
+    let (url, coordinator) = start_coordinator(5);
     let mut r0 = node(&python, &url, "r0", false);
     let mut t0 = node(&python, &url, "t0", true);
     let mut t1 = node(&python, &url, "t1", true);
@@ -209,4 +239,57 @@ fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
     );
     let (exit, stderr) = wait_exit(&mut r0, Duration::from_secs(20));
     assert!(exit.success(), "r0 released at the end: {exit:?} {stderr}");
+}
+
+/// A late notice across Python node processes: a transient node whose grace period is zero
+/// says it leaves and exits at once, in stage 2 (transient nodes serve partitions), so what it
+/// served cannot move first: the job rolls back to the backups and the table stays exact.
+#[test]
+fn a_python_notice_too_late_rolls_back_and_stays_exact() {
+    need_python!();
+    let python = common::venv_python().unwrap();
+    if !wheel_installed(&python) {
+        println!(
+            "skipped: the SDK's wheel is not installed in {} (pip install ./python)",
+            python.display()
+        );
+        return;
+    }
+    let (url, coordinator) = start_coordinator(1);
+    let mut r0 = node(&python, &url, "r0", false);
+    let mut t0 = node_with_grace(&python, &url, "t0", true, 0);
+    let mut t1 = node(&python, &url, "t1", true);
+    let mut t2 = node(&python, &url, "t2", true);
+    wait_for(&url, "stage 2", |s| {
+        s.progress.as_ref().is_some_and(|p| p.stage == 2) && clock(s) >= 10
+    });
+    signal(&t0, "TERM");
+    let (exit, _) = wait_exit(&mut t0, Duration::from_secs(10));
+    assert_eq!(exit.code(), Some(143), "t0 left at once");
+    wait_for(&url, "the rollback", |s| {
+        s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1)
+    });
+    let report = coordinator.join().unwrap().expect("the job finishes");
+    assert_eq!(
+        report.run.eval.metric("wrong_values"),
+        Some(0.0),
+        "lost or doubled updates: {:?}",
+        report.run.eval
+    );
+    assert_eq!(
+        report.rollbacks, 1,
+        "one loss, one rollback: {:?}",
+        report.segments
+    );
+    println!(
+        "python late notice: {} rollback, events {:?}",
+        report.rollbacks, report.events
+    );
+    for node in [&mut r0, &mut t1, &mut t2] {
+        let (exit, stderr) = wait_exit(node, Duration::from_secs(20));
+        assert!(
+            exit.success(),
+            "a survivor released at the end: {exit:?} {stderr}"
+        );
+    }
 }
