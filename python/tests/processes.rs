@@ -178,17 +178,35 @@ fn start_coordinator(
     (url, coordinator)
 }
 
-#[test]
-fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
-    need_python!();
+/// The test venv's python if the SDK's wheel is installed in it; else `None`, saying so.
+fn venv_with_wheel() -> Option<std::path::PathBuf> {
     let python = common::venv_python().unwrap();
     if !wheel_installed(&python) {
         println!(
             "skipped: the SDK's wheel is not installed in {} (pip install ./python)",
             python.display()
         );
-        return;
+        return None;
     }
+    Some(python)
+}
+
+/// No lost or doubled update in the final table.
+fn assert_no_wrong_values(report: &ebbflow_runtime::elastic::ElasticReport) {
+    assert_eq!(
+        report.run.eval.metric("wrong_values"),
+        Some(0.0),
+        "lost or doubled updates: {:?}",
+        report.run.eval
+    );
+}
+
+#[test]
+fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
+    need_python!();
+    let Some(python) = venv_with_wheel() else {
+        return;
+    };
     let (url, coordinator) = start_coordinator(5);
     let mut r0 = node(&python, &url, "r0", false);
     let mut t0 = node(&python, &url, "t0", true);
@@ -220,12 +238,7 @@ fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
     assert!(exit.success(), "t2 released cleanly: {exit:?} {stderr}");
 
     let report = coordinator.join().unwrap().expect("the job finishes");
-    assert_eq!(
-        report.run.eval.metric("wrong_values"),
-        Some(0.0),
-        "lost or doubled updates: {:?}",
-        report.run.eval
-    );
+    assert_no_wrong_values(&report);
     assert_eq!(
         report.run.total_stats().loss_sum,
         0.0,
@@ -247,14 +260,9 @@ fn python_node_processes_join_leave_and_die_and_the_table_is_exact() {
 #[test]
 fn a_python_notice_too_late_rolls_back_and_stays_exact() {
     need_python!();
-    let python = common::venv_python().unwrap();
-    if !wheel_installed(&python) {
-        println!(
-            "skipped: the SDK's wheel is not installed in {} (pip install ./python)",
-            python.display()
-        );
+    let Some(python) = venv_with_wheel() else {
         return;
-    }
+    };
     let (url, coordinator) = start_coordinator(1);
     let mut r0 = node(&python, &url, "r0", false);
     let mut t0 = node_with_grace(&python, &url, "t0", true, 0);
@@ -270,12 +278,7 @@ fn a_python_notice_too_late_rolls_back_and_stays_exact() {
         s.progress.as_ref().is_some_and(|p| p.rollbacks >= 1)
     });
     let report = coordinator.join().unwrap().expect("the job finishes");
-    assert_eq!(
-        report.run.eval.metric("wrong_values"),
-        Some(0.0),
-        "lost or doubled updates: {:?}",
-        report.run.eval
-    );
+    assert_no_wrong_values(&report);
     assert_eq!(
         report.rollbacks, 1,
         "one loss, one rollback: {:?}",
