@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use crate::app::{TableId, TableSpec};
 use crate::frame::{FrameError, HEADER_BYTES, body_len};
+use crate::handshake;
 use crate::message::{Message, Values};
 use crate::partition::{PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
@@ -65,6 +66,15 @@ pub enum ClientError {
         /// The message kind expected.
         expected: &'static str,
     },
+    /// The server did not prove it holds the job key ([`crate::handshake`]).
+    #[error(
+        "server {addr} did not prove it holds the job key (unauthenticated: a wrong or stale \
+         secret on one side, or not this job's server)"
+    )]
+    Unauthenticated {
+        /// The server address.
+        addr: SocketAddr,
+    },
     /// The partition map names a node whose address is unknown.
     #[error("no address for node {node}")]
     LookupNode {
@@ -82,9 +92,18 @@ impl ClientError {
             ClientError::Decode { .. } => "decode",
             ClientError::Refused { .. } => "refused",
             ClientError::Unexpected { .. } => "unexpected",
+            ClientError::Unauthenticated { .. } => "unauthenticated",
             ClientError::LookupNode { .. } => "lookup_node",
         }
     }
+}
+
+/// What a client needs to answer the server's challenge ([`crate::handshake`]).
+#[derive(Debug)]
+struct Challenged {
+    key: Vec<u8>,
+    node: u32,
+    nonce: [u8; handshake::NONCE_BYTES],
 }
 
 /// An authenticated connection to one data-plane server.
@@ -96,8 +115,11 @@ pub struct Connection {
     out: Vec<u8>,
     body: Vec<u8>,
     max_frame_bytes: usize,
-    /// The hello is out and its welcome not read yet: the next read takes it first, so a
-    /// request can follow the hello without waiting a round trip for the welcome.
+    /// The hello is out and the server's challenge not answered yet: the next send or read
+    /// answers it first ([`Connection::prove`]).
+    challenge: Option<Challenged>,
+    /// The proof is out and its welcome not read yet: the next read takes it first, so a
+    /// request can follow the proof without waiting a round trip for the welcome.
     welcome_pending: bool,
     /// The [`Severance`] that can cut this connection, while it is open.
     watched: Option<Watch>,
@@ -143,18 +165,67 @@ impl Connection {
             out: Vec::new(),
             body: Vec::new(),
             max_frame_bytes,
+            challenge: None,
             welcome_pending: true,
             watched: None,
         };
-        connection.send(&Message::Hello { secret, node })?;
+        let nonce = handshake::nonce();
+        connection.queue(&Message::Hello {
+            node,
+            nonce: &nonce,
+        })?;
         connection.flush()?;
+        connection.challenge = Some(Challenged {
+            key: secret.to_vec(),
+            node,
+            nonce,
+        });
         Ok(connection)
     }
 
-    /// Waits for the server's welcome to the hello [`Connection::open`] sent.
+    /// Answers the server's challenge and waits for its welcome to the hello
+    /// [`Connection::open`] sent.
     fn welcomed(mut self) -> Result<Self, ClientError> {
+        self.prove()?;
         self.await_welcome()?;
         Ok(self)
+    }
+
+    /// Reads the server's challenge to the hello, if not yet answered: checks the server's
+    /// proof (a server that does not hold the job key is refused before any request reaches
+    /// it) and sends the client's. The welcome is read later ([`Connection::await_welcome`]).
+    fn prove(&mut self) -> Result<(), ClientError> {
+        let Some(challenged) = self.challenge.take() else {
+            return Ok(());
+        };
+        let addr = self.addr;
+        self.read_body()?;
+        let proof = match Message::decode(&self.body)
+            .map_err(|source| ClientError::Decode { addr, source })?
+        {
+            Message::Challenge { nonce, proof }
+                if handshake::verify_server(
+                    &challenged.key,
+                    challenged.node,
+                    &challenged.nonce,
+                    nonce,
+                    proof,
+                ) =>
+            {
+                handshake::client_proof(&challenged.key, challenged.node, &challenged.nonce, nonce)
+            }
+            Message::Challenge { .. } => return Err(ClientError::Unauthenticated { addr }),
+            Message::Error { category, message } => {
+                return Err(ClientError::Refused {
+                    addr,
+                    category: category.to_owned(),
+                    message: message.to_owned(),
+                });
+            }
+            other => return Err(unexpected(addr, &other, "challenge")),
+        };
+        self.queue(&Message::Proof { proof: &proof })?;
+        self.flush()
     }
 
     /// Reads the welcome to the hello if it is still pending (a refused hello is an error here).
@@ -169,8 +240,15 @@ impl Connection {
         }
     }
 
-    /// Queues a message (sent on [`Connection::flush`] or when the buffer fills).
+    /// Queues a message (sent on [`Connection::flush`] or when the buffer fills), after the
+    /// answer to the server's challenge if that is still due.
     pub fn send(&mut self, message: &Message<'_>) -> Result<(), ClientError> {
+        self.prove()?;
+        self.queue(message)
+    }
+
+    /// Queues a message as it is.
+    fn queue(&mut self, message: &Message<'_>) -> Result<(), ClientError> {
         self.out.clear();
         message.encode(&mut self.out);
         self.writer
@@ -192,7 +270,22 @@ impl Connection {
     /// Reads the next message (after the welcome, if that is still pending); a server `Error`
     /// becomes [`ClientError::Refused`].
     pub fn recv(&mut self) -> Result<Message<'_>, ClientError> {
+        self.prove()?;
         self.await_welcome()?;
+        let addr = self.addr;
+        self.read_body()?;
+        match Message::decode(&self.body).map_err(|source| ClientError::Decode { addr, source })? {
+            Message::Error { category, message } => Err(ClientError::Refused {
+                addr,
+                category: category.to_owned(),
+                message: message.to_owned(),
+            }),
+            message => Ok(message),
+        }
+    }
+
+    /// Reads the next frame's body into `self.body`.
+    fn read_body(&mut self) -> Result<(), ClientError> {
         let addr = self.addr;
         let mut header = [0u8; HEADER_BYTES];
         self.reader
@@ -203,15 +296,7 @@ impl Connection {
         self.body.resize(len, 0);
         self.reader
             .read_exact(&mut self.body)
-            .map_err(|source| ClientError::Exchange { addr, source })?;
-        match Message::decode(&self.body).map_err(|source| ClientError::Decode { addr, source })? {
-            Message::Error { category, message } => Err(ClientError::Refused {
-                addr,
-                category: category.to_owned(),
-                message: message.to_owned(),
-            }),
-            message => Ok(message),
-        }
+            .map_err(|source| ClientError::Exchange { addr, source })
     }
 
     /// The server's address.

@@ -27,6 +27,7 @@ pub mod elastic_coordinator;
 pub mod elastic_node;
 pub mod exact;
 pub mod frame;
+pub mod handshake;
 pub mod heartbeat;
 pub mod local;
 pub mod message;

@@ -65,14 +65,27 @@ impl PartialEq for Values<'_> {
 /// One message of the data plane.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message<'a> {
-    /// First frame of a client: proves it belongs to the job.
+    /// First frame of a client: who connects, and its nonce ([`crate::handshake`]). No
+    /// secret: the key never crosses the wire.
     Hello {
-        /// The job's shared secret.
-        secret: &'a [u8],
         /// The connecting node.
         node: u32,
+        /// The client's nonce ([`crate::handshake::NONCE_BYTES`]).
+        nonce: &'a [u8],
     },
-    /// The server accepted the hello.
+    /// The server's answer to a hello: its nonce and its proof that it holds the job key.
+    Challenge {
+        /// The server's nonce, fresh for this connection.
+        nonce: &'a [u8],
+        /// [`crate::handshake::server_proof`].
+        proof: &'a [u8],
+    },
+    /// The client's proof that it holds the job key ([`crate::handshake::client_proof`]).
+    Proof {
+        /// The proof.
+        proof: &'a [u8],
+    },
+    /// The server accepted the client's proof.
     Welcome,
     /// Declares a worker's batch for one partition: keys per table, in value order.
     Register {
@@ -202,6 +215,8 @@ const CONTROL: u8 = 12;
 const CONTROL_REPLY: u8 = 13;
 const WARM: u8 = 14;
 const WARMED: u8 = 15;
+const CHALLENGE: u8 = 16;
+const PROOF: u8 = 17;
 
 /// Reads fields from a complete frame body; running out of bytes is `Invalid`.
 pub(crate) struct Cursor<'a> {
@@ -313,8 +328,15 @@ impl<'a> Message<'a> {
         let mut c = Cursor { rest: body };
         let message = match c.u8("missing message kind")? {
             HELLO => Message::Hello {
-                secret: c.bytes("hello secret")?,
                 node: c.u32("hello node")?,
+                nonce: c.bytes("hello nonce")?,
+            },
+            CHALLENGE => Message::Challenge {
+                nonce: c.bytes("challenge nonce")?,
+                proof: c.bytes("challenge proof")?,
+            },
+            PROOF => Message::Proof {
+                proof: c.bytes("proof")?,
             },
             WELCOME => Message::Welcome,
             REGISTER => {
@@ -411,10 +433,19 @@ impl<'a> Message<'a> {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let start = begin_frame(out);
         match self {
-            Message::Hello { secret, node } => {
+            Message::Hello { node, nonce } => {
                 out.push(HELLO);
-                put_bytes(out, secret);
                 put_u32(out, *node);
+                put_bytes(out, nonce);
+            }
+            Message::Challenge { nonce, proof } => {
+                out.push(CHALLENGE);
+                put_bytes(out, nonce);
+                put_bytes(out, proof);
+            }
+            Message::Proof { proof } => {
+                out.push(PROOF);
+                put_bytes(out, proof);
             }
             Message::Welcome => out.push(WELCOME),
             Message::Register {
@@ -532,6 +563,8 @@ impl<'a> Message<'a> {
     pub fn kind(&self) -> &'static str {
         match self {
             Message::Hello { .. } => "hello",
+            Message::Challenge { .. } => "challenge",
+            Message::Proof { .. } => "proof",
             Message::Welcome => "welcome",
             Message::Register { .. } => "register",
             Message::Registered { .. } => "registered",
@@ -580,9 +613,14 @@ mod tests {
     fn every_message_round_trips() {
         let floats = [1.0f32, -2.5, 3.75];
         round_trip(&Message::Hello {
-            secret: b"s3cret",
             node: 4,
+            nonce: &[7; 32],
         });
+        round_trip(&Message::Challenge {
+            nonce: &[8; 32],
+            proof: &[9; 32],
+        });
+        round_trip(&Message::Proof { proof: &[10; 32] });
         round_trip(&Message::Welcome);
         round_trip(&Message::Warm { bytes: 1 << 20 });
         round_trip(&Message::Warmed);

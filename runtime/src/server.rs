@@ -2,8 +2,9 @@
 //!
 //! Modelled on mini-redis: [`run`] takes an already-bound listener and a shutdown future; a
 //! semaphore caps open connections; on shutdown it stops accepting, tells handlers to finish and
-//! waits for them. Each connection must start with a `Hello` carrying the job secret (compared in
-//! constant time). A peer without it, or one sending a malformed, truncated or oversized frame, is
+//! waits for them. Each connection must start with the handshake of [`crate::handshake`]: both
+//! ends prove they hold the job key (HMAC over fresh nonces, checked in constant time), and the
+//! key never crosses the wire. A peer that cannot, or one sending a malformed, truncated or oversized frame, is
 //! told why in an `Error` frame, logged and disconnected; every other connection keeps being
 //! served. A registration of more values than one frame carries is refused before any row is
 //! materialised. Request-level failures
@@ -28,7 +29,8 @@ use tokio::task::JoinSet;
 use crate::bandwidth::{Link, NodeBandwidth, WorkerPlacement};
 use crate::control::{ControlRequest, NodeAgent};
 use crate::frame::{FrameError, HEADER_BYTES, body_len, check, put_f32s};
-use crate::message::{Message, Values, secrets_match};
+use crate::handshake;
+use crate::message::{Message, Values};
 use crate::metrics::RuntimeMetrics;
 use crate::store::{PushOutcome, ServerState, StoreError};
 
@@ -139,11 +141,11 @@ pub enum ConnectionError {
     /// The peer closed the connection in the middle of a frame.
     #[error("peer closed the connection mid-frame")]
     Truncate,
-    /// The peer did not present the job secret.
+    /// The peer did not prove it holds the job key (no hello, a wrong or replayed proof).
     #[error("peer did not authenticate")]
     Authenticate,
-    /// The peer did not say hello in time.
-    #[error("peer sent no hello in time")]
+    /// The peer did not finish the handshake in time.
+    #[error("peer did not finish the handshake in time")]
     Handshake,
     /// The peer sent a message a client must not send.
     #[error("peer sent an unexpected {0} message")]
@@ -354,9 +356,10 @@ async fn write_frame(
     stream.write_all(out).await.map_err(ConnectionError::Write)
 }
 
-/// The largest first frame a peer may send: its hello (the job secret and a node id). Anything
-/// larger is refused before it is read, so a peer that does not know the secret cannot make the
-/// server set memory aside (a header may announce up to `max_frame_bytes`, 256 MiB by default).
+/// The largest frame a peer may send before it has proven the job key: its hello (a node id
+/// and a nonce) and its proof. Anything larger is refused before it is read, so a peer that does
+/// not know the key cannot make the server set memory aside (a header may announce up to
+/// `max_frame_bytes`, 256 MiB by default).
 const HELLO_MAX_BYTES: usize = 4096;
 
 /// How long a refused peer's socket is given to take the reason (it may not be reading).
@@ -394,6 +397,54 @@ async fn serve_connection(
     result
 }
 
+/// The server's side of the handshake ([`crate::handshake`]): reads the hello, answers with
+/// its nonce and proof, and checks the client's proof. Frames before it succeeds are read up
+/// to [`HELLO_MAX_BYTES`] only. Returns the bytes read.
+async fn handshake(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    config: &ServerConfig,
+    own: &Link,
+) -> Result<usize, ConnectionError> {
+    let limit = HELLO_MAX_BYTES.min(config.max_frame_bytes);
+    let hello = read_frame(stream, buf, limit)
+        .await?
+        .ok_or(ConnectionError::Authenticate)?;
+    let (node, client_nonce) = match Message::decode(&hello[HEADER_BYTES..])? {
+        Message::Hello { node, nonce } if nonce.len() == handshake::NONCE_BYTES => {
+            (node, nonce.to_vec())
+        }
+        _ => return Err(ConnectionError::Authenticate),
+    };
+    let mut read = hello.len();
+    drop(hello);
+    let server_nonce = handshake::nonce();
+    let mut out = Vec::with_capacity(128);
+    Message::Challenge {
+        nonce: &server_nonce,
+        proof: &handshake::server_proof(&config.secret, node, &client_nonce, &server_nonce),
+    }
+    .encode(&mut out);
+    write_frame(stream, &out, own).await?;
+    let proof = read_frame(stream, buf, limit)
+        .await?
+        .ok_or(ConnectionError::Authenticate)?;
+    match Message::decode(&proof[HEADER_BYTES..])? {
+        Message::Proof { proof }
+            if handshake::verify_client(
+                &config.secret,
+                node,
+                &client_nonce,
+                &server_nonce,
+                proof,
+            ) => {}
+        _ => return Err(ConnectionError::Authenticate),
+    }
+    read += proof.len();
+    tracing::debug!(node, "peer authenticated");
+    Ok(read)
+}
+
 async fn serve(
     stream: &mut TcpStream,
     state: &Arc<ServerState>,
@@ -404,29 +455,17 @@ async fn serve(
     // Frames that are not a worker's (hello, control) cross this node's NIC only.
     let own = Link::between(config.bandwidth.as_ref(), None, None);
     let mut buf = BytesMut::with_capacity(1 << 16);
-    let hello = tokio::time::timeout(
+    // The handshake (crate::handshake), all of it within the handshake timeout: a peer that
+    // stops half-way is dropped like one that never said hello.
+    let handshake_bytes = tokio::time::timeout(
         config.handshake_timeout,
-        read_frame(
-            stream,
-            &mut buf,
-            HELLO_MAX_BYTES.min(config.max_frame_bytes),
-        ),
+        handshake(stream, &mut buf, config, &own),
     )
     .await
     .map_err(|_| ConnectionError::Handshake)??;
-    let Some(hello) = hello else {
-        return Err(ConnectionError::Authenticate);
-    };
-    let node = match Message::decode(&hello[HEADER_BYTES..])? {
-        Message::Hello { secret, node } if secrets_match(&config.secret, secret) => node,
-        _ => return Err(ConnectionError::Authenticate),
-    };
-    tracing::debug!(node, "peer authenticated");
-    let hello_bytes = hello.len();
-    drop(hello);
     let mut out = Vec::with_capacity(1 << 16);
     Message::Welcome.encode(&mut out);
-    own.receive(hello_bytes).await;
+    own.receive(handshake_bytes).await;
     write_frame(stream, &out, &own).await?;
     loop {
         let frame = tokio::select! {

@@ -11,6 +11,7 @@ use ebbflow_runtime::app::{RowInit, TableSpec};
 use ebbflow_runtime::client::Connection;
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::frame::{HEADER_BYTES, check};
+use ebbflow_runtime::handshake;
 use ebbflow_runtime::local::run_single_process;
 use ebbflow_runtime::message::{Message, Values};
 use ebbflow_runtime::metrics::RuntimeMetrics;
@@ -67,6 +68,7 @@ const SECRET: &[u8] = b"job-secret";
 fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> ServerHandle {
     let config = ServerConfig {
         max_frame_bytes: 1 << 20,
+        handshake_timeout: Duration::from_secs(2),
         ..ServerConfig::with_secret(SECRET.to_vec())
     };
     serve_one_table(runtime, metrics, ([127, 0, 0, 1], 0).into(), config)
@@ -96,13 +98,55 @@ fn serve_one_table(
     ServerHandle::start(runtime.handle(), addr, state, config, metrics.clone()).unwrap()
 }
 
-/// Writes raw bytes and waits for the server to close the connection; returns the category of
-/// the `Error` frame it sent first, if any (after a welcome, for peers that got one).
-fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) -> Option<String> {
+/// A raw connection to `addr` that went through the handshake with `key` (as node 9), the
+/// server's welcome not read yet; `None`: no handshake at all.
+fn raw_connection(addr: SocketAddr, key: Option<&[u8]>) -> TcpStream {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
+    if let Some(key) = key {
+        let (_, proof) = hello_and_challenge(&mut stream, key);
+        stream.write_all(&proof).unwrap();
+    }
+    stream
+}
+
+/// Sends a hello as node 9, reads the server's challenge: the challenge's frame, and the proof
+/// frame `key` answers it with.
+fn hello_and_challenge(stream: &mut TcpStream, key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let nonce = handshake::nonce();
+    let mut out = Vec::new();
+    Message::Hello {
+        node: 9,
+        nonce: &nonce,
+    }
+    .encode(&mut out);
+    stream.write_all(&out).unwrap();
+    let mut header = [0u8; HEADER_BYTES];
+    stream.read_exact(&mut header).unwrap();
+    let mut challenge = header.to_vec();
+    challenge.resize(HEADER_BYTES + u32::from_le_bytes(header) as usize, 0);
+    stream.read_exact(&mut challenge[HEADER_BYTES..]).unwrap();
+    let Message::Challenge {
+        nonce: server,
+        proof,
+    } = Message::decode(&challenge[HEADER_BYTES..]).unwrap()
+    else {
+        panic!("no challenge to a hello");
+    };
+    assert!(handshake::verify_server(SECRET, 9, &nonce, server, proof));
+    let mut answer = Vec::new();
+    Message::Proof {
+        proof: &handshake::client_proof(key, 9, &nonce, server),
+    }
+    .encode(&mut answer);
+    (challenge, answer)
+}
+
+/// Writes raw bytes on `stream` and waits for the server to close the connection; returns the
+/// category of the `Error` frame it sent first, if any (after a welcome, for peers that got one).
+fn expect_closed(mut stream: TcpStream, bytes: &[u8], close_write: bool) -> Option<String> {
     stream.write_all(bytes).unwrap();
     if close_write {
         stream.shutdown(std::net::Shutdown::Write).unwrap();
@@ -124,12 +168,6 @@ fn expect_closed(addr: std::net::SocketAddr, bytes: &[u8], close_write: bool) ->
         at += total;
     }
     refusal
-}
-
-fn hello(secret: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    Message::Hello { secret, node: 9 }.encode(&mut out);
-    out
 }
 
 fn wait_for_count(metrics: &RuntimeMetrics, reason: &str, count: u64) {
@@ -187,11 +225,48 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
         Message::Registered { len: 2, .. }
     ));
 
-    // Wrong secret, then no secret at all (a request as first frame).
-    // Each is told why before the server hangs up.
+    // A wrong key, a replayed proof, a hello without a proper nonce, the old hello that
+    // carried the secret (a downgrade), and no hello at all (a request as first frame). Each is
+    // told why before the server hangs up.
+    let addr = server.addr;
     assert_eq!(
-        expect_closed(server.addr, &hello(b"wrong"), false).as_deref(),
+        expect_closed(raw_connection(addr, Some(b"wrong")), &[], false).as_deref(),
         Some("unauthenticated")
+    );
+    let mut recorded = TcpStream::connect(addr).unwrap();
+    let (_, proof) = hello_and_challenge(&mut recorded, SECRET);
+    drop(recorded);
+    let mut replay = raw_connection(addr, None);
+    let (_, _) = hello_and_challenge(&mut replay, SECRET);
+    assert_eq!(
+        expect_closed(replay, &proof, false).as_deref(),
+        Some("unauthenticated"),
+        "a proof recorded on another connection answers the wrong challenge"
+    );
+    let mut short = Vec::new();
+    Message::Hello {
+        node: 9,
+        nonce: b"short",
+    }
+    .encode(&mut short);
+    assert_eq!(
+        expect_closed(raw_connection(addr, None), &short, false).as_deref(),
+        Some("unauthenticated")
+    );
+    // the hello of the plaintext protocol: kind 1, the secret, the node
+    let mut plaintext = vec![0u8; HEADER_BYTES];
+    plaintext.push(1);
+    plaintext.extend_from_slice(&(SECRET.len() as u32).to_le_bytes());
+    plaintext.extend_from_slice(SECRET);
+    plaintext.extend_from_slice(&9u32.to_le_bytes());
+    let len = (plaintext.len() - HEADER_BYTES) as u32;
+    plaintext[..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
+    assert!(
+        matches!(
+            expect_closed(raw_connection(addr, None), &plaintext, false).as_deref(),
+            Some("unauthenticated" | "invalid")
+        ),
+        "the plaintext hello is refused"
     );
     let mut pull = Vec::new();
     Message::Pull {
@@ -202,43 +277,69 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     }
     .encode(&mut pull);
     assert_eq!(
-        expect_closed(server.addr, &pull, false).as_deref(),
+        expect_closed(raw_connection(addr, None), &pull, false).as_deref(),
         Some("unauthenticated")
     );
-    wait_for_count(&metrics, "unauthenticated", 3);
-    // Oversized: a header announcing 1 GiB is refused without reading (or allocating) it.
-    let mut oversized = hello(SECRET);
-    oversized.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    // A half-open handshake: a hello, then nothing, until the handshake timeout.
+    let mut half_open = raw_connection(addr, None);
+    let _ = hello_and_challenge(&mut half_open, SECRET);
     assert_eq!(
-        expect_closed(server.addr, &oversized, false).as_deref(),
+        expect_closed(half_open, &[], false).as_deref(),
+        Some("handshake_timeout")
+    );
+    wait_for_count(&metrics, "handshake_timeout", 1);
+    // stale client, wrong key, replay, short nonce, pull (the plaintext hello may read as
+    // either)
+    wait_for_count(&metrics, "unauthenticated", 5);
+    // Oversized: a header announcing 1 GiB is refused without reading (or allocating) it.
+    assert_eq!(
+        expect_closed(
+            raw_connection(addr, Some(SECRET)),
+            &(1u32 << 30).to_le_bytes(),
+            false
+        )
+        .as_deref(),
         Some("too_large")
     );
     wait_for_count(&metrics, "too_large", 1);
-    // Before the secret is checked only a hello-sized frame is read: a first frame announcing
+    // Before the key is proven only a hello-sized frame is read: a first frame announcing
     // 512 KiB (within the cap for authenticated peers) is refused at once, not buffered.
     assert_eq!(
-        expect_closed(server.addr, &(512u32 << 10).to_le_bytes(), false).as_deref(),
+        expect_closed(
+            raw_connection(addr, None),
+            &(512u32 << 10).to_le_bytes(),
+            false
+        )
+        .as_deref(),
         Some("too_large")
     );
     wait_for_count(&metrics, "too_large", 2);
     // Truncated: half a frame, then the peer goes away.
-    let mut truncated = hello(SECRET);
-    truncated.extend_from_slice(&pull[..pull.len() / 2]);
     // (A peer that went away mid-frame is not written to.)
-    assert_eq!(expect_closed(server.addr, &truncated, true), None);
+    assert_eq!(
+        expect_closed(
+            raw_connection(addr, Some(SECRET)),
+            &pull[..pull.len() / 2],
+            true
+        ),
+        None
+    );
     wait_for_count(&metrics, "truncated", 1);
     // Garbage body.
-    let mut garbage = hello(SECRET);
-    garbage.extend_from_slice(&[3, 0, 0, 0, 250, 1, 2]);
     assert_eq!(
-        expect_closed(server.addr, &garbage, false).as_deref(),
+        expect_closed(
+            raw_connection(addr, Some(SECRET)),
+            &[3, 0, 0, 0, 250, 1, 2],
+            false
+        )
+        .as_deref(),
         Some("invalid")
     );
     // A server-to-client message from a client.
-    let mut welcome = hello(SECRET);
+    let mut welcome = Vec::new();
     Message::Welcome.encode(&mut welcome);
     assert_eq!(
-        expect_closed(server.addr, &welcome, false).as_deref(),
+        expect_closed(raw_connection(addr, Some(SECRET)), &welcome, false).as_deref(),
         Some("unexpected")
     );
     wait_for_count(&metrics, "invalid", 1);
@@ -442,8 +543,9 @@ impl Drop for Peer {
 
 /// Runs the Python `script` with `args` inside the namespace; its stdout is piped.
 fn run_in(ns: &Namespace, script: &str, args: &[String]) -> Peer {
+    let script = format!("{HANDSHAKE_PY}{script}");
     Command::new("ip")
-        .args(["netns", "exec", &ns.name, "python3", "-c", script])
+        .args(["netns", "exec", &ns.name, "python3", "-c", &script])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -477,31 +579,73 @@ fn namespace_for(test: &str, tag: u8) -> Option<Namespace> {
 
 /// A client: connects from the namespace, sends `hello`, reads the server's welcome, says
 /// "welcomed" and then stays silent.
+/// The handshake of `ebbflow_runtime::handshake` in Python (stdlib `hmac`), for the scripts
+/// below: frames are a little-endian u32 length and a body.
+const HANDSHAKE_PY: &str = r#"
+import hashlib, hmac, os, socket, struct, sys, time
+def exact(s, n):
+    got = b""
+    while len(got) < n:
+        chunk = s.recv(n - len(got))
+        if not chunk:
+            sys.exit("the peer closed the connection during the handshake")
+        got += chunk
+    return got
+def read_frame(s):
+    (n,) = struct.unpack("<I", exact(s, 4))
+    return exact(s, n)
+def frame(body):
+    return struct.pack("<I", len(body)) + body
+def blob(b):
+    return struct.pack("<I", len(b)) + b
+def blobs(body, at, count):
+    out = []
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", body, at)
+        out.append(body[at + 4:at + 4 + n])
+        at += 4 + n
+    return out
+def mac(key, role, node, client, server):
+    label = b"ebbflow/1 " + role
+    return hmac.new(key, label + struct.pack("<I", node) + client + server, hashlib.sha256).digest()
+"#;
+
+/// A client: connects as node 9 with the key (hex), goes through the handshake, says
+/// "welcomed" and then sends and answers nothing.
 const SILENT_CLIENT: &str = r#"
-import socket, sys, time
-host, port, hello = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+host, port, key = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
 s = socket.create_connection((host, port), timeout=30)
-s.sendall(hello)
-got = b""
-while len(got) < 5:
-    chunk = s.recv(5 - len(got))
-    if not chunk:
-        sys.exit("the server closed the connection before its welcome")
-    got += chunk
+client = os.urandom(32)
+s.sendall(frame(bytes([1]) + struct.pack("<I", 9) + blob(client)))
+challenge = read_frame(s)
+assert challenge[0] == 16, challenge[:1]
+server, proof = blobs(challenge, 1, 2)
+assert hmac.compare_digest(proof, mac(key, b"server", 9, client, server)), "the server's proof"
+s.sendall(frame(bytes([17]) + blob(mac(key, b"client", 9, client, server))))
+welcome = read_frame(s)
+if welcome != bytes([2]):
+    sys.exit("no welcome: %r" % welcome[:1])
 print("welcomed", flush=True)
 time.sleep(600)
 "#;
 
-/// A server: listens in the namespace (prints its port), welcomes one client, says "request"
-/// once the client's next bytes arrived (and were acknowledged), and never answers.
+/// A server: listens in the namespace (prints its port), welcomes one client (the handshake
+/// with the key in hex), says "request" once the client's next bytes arrived (and were
+/// acknowledged), and never answers.
 const SILENT_SERVER: &str = r#"
-import socket, sys, time
-host, welcome = sys.argv[1], bytes.fromhex(sys.argv[2])
+host, key = sys.argv[1], bytes.fromhex(sys.argv[2])
 listener = socket.create_server((host, 0))
 print(listener.getsockname()[1], flush=True)
 conn, _ = listener.accept()
-conn.recv(4096)
-conn.sendall(welcome)
+hello = read_frame(conn)
+assert hello[0] == 1, hello[:1]
+(node,) = struct.unpack_from("<I", hello, 1)
+(client,) = blobs(hello, 5, 1)
+server = os.urandom(32)
+conn.sendall(frame(bytes([16]) + blob(server) + blob(mac(key, b"server", node, client, server))))
+proof = read_frame(conn)
+assert proof[0] == 17 and blobs(proof, 1, 1)[0] == mac(key, b"client", node, client, server)
+conn.sendall(frame(bytes([2])))
 # acknowledge the request at once (no delayed ACK), so it is not in flight when the link goes
 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 conn.recv(4096)
@@ -543,7 +687,7 @@ fn a_vanished_peer_is_let_go() {
     let args = [
         ns.host.to_string(),
         server.addr.port().to_string(),
-        hex(&hello(SECRET)),
+        hex(SECRET),
     ];
     let mut peer = run_in(&ns, SILENT_CLIENT, &args);
     let welcomed = line_of(&mut peer, &mut None);
@@ -595,9 +739,7 @@ fn a_request_to_a_vanished_server_fails() {
     let Some(ns) = namespace_for("a_request_to_a_vanished_server_fails", 1) else {
         return;
     };
-    let mut welcome = Vec::new();
-    Message::Welcome.encode(&mut welcome);
-    let mut server = run_in(&ns, SILENT_SERVER, &[ns.peer.to_string(), hex(&welcome)]);
+    let mut server = run_in(&ns, SILENT_SERVER, &[ns.peer.to_string(), hex(SECRET)]);
     let mut out = None;
     let port: u16 = line_of(&mut server, &mut out).parse().unwrap();
     let mut connection = Connection::connect(
