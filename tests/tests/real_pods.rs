@@ -871,6 +871,27 @@ async fn python_job(real: &Real) -> Result<(), BoxError> {
     // The exact app reads no data; kind Python needs a raw dataset, so it is handed its own code.
     value["spec"]["app"]["dataset"] =
         serde_json::json!({"path": "/opt/ebbflow/examples/exact.py", "format": "raw"});
+    // Only the pools of spot nodes still Ready (scenario 4 took one away, and no node
+    // autoscaler brings capacity back here).
+    let nodes: Api<Node> = Api::all(client.clone());
+    let zones: Vec<String> = nodes
+        .list(&ListParams::default().labels("karpenter.sh/capacity-type=spot"))
+        .await?
+        .items
+        .iter()
+        .filter(|n| SPOT_NODES.contains(&n.name_any().as_str()))
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|n| n.labels().get("topology.kubernetes.io/zone").cloned())
+        .collect();
+    if zones.is_empty() {
+        return Err("no spot node is Ready for the Python job".into());
+    }
+    value["spec"]["transient"]["zones"] = serde_json::json!(zones);
     apply_job(client, &serde_json::from_value(value)?).await?;
     let transient = format!("{TIER_LABEL}=transient");
     let (node, on_node) = poll_until(
