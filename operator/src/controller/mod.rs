@@ -1127,16 +1127,18 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     Ok(action)
 }
 
-/// For each of the job's pods the scheduler has found no node for: its pool's nodes that are
-/// not Ready, from the Node cache (none looked up while every pod is placed).
+/// For each of the job's pods the status names as unschedulable (not deleting, waiting past
+/// the operator's wait): its pool's nodes that are not Ready, from the Node cache (none looked
+/// up while no pod has waited that long).
 fn unready_nodes(
     ctx: &Context,
     pods: &[plan::ObservedPod<'_>],
     now: Timestamp,
 ) -> BTreeMap<String, Vec<String>> {
+    let after = ctx.config.unschedulable_after.as_secs() as i64;
     let stuck: Vec<&plan::ObservedPod<'_>> = pods
         .iter()
-        .filter(|p| plan::unschedulable_since(p.pod, now, 0).is_some())
+        .filter(|p| !p.deleting && plan::unschedulable_since(p.pod, now, after).is_some())
         .collect();
     if stuck.is_empty() {
         return BTreeMap::new();
