@@ -44,6 +44,7 @@ fn decide(planner: &BidBrainPlanner, job: &TrainingJob, now: Timestamp) -> Capac
         bids: &BTreeMap::new(),
         pools_under_notice: &BTreeSet::new(),
         failed: &BTreeMap::new(),
+        unplaceable: &BTreeSet::new(),
         coordinator: None,
         now,
     })

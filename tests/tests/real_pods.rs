@@ -1103,9 +1103,15 @@ async fn resume_from_checkpoint(client: &Client) -> Result<(), BoxError> {
 async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
     let client = &real.client;
     let name = "real-vanished";
-    // The integer-exact self-test, long enough (about 30 clocks a second on these nodes) that the operator replaces the
-    // lost pods before the end.
-    apply_job(client, &self_test_job(name, 3000)?).await?;
+    // The integer-exact self-test, long enough (about 30 clocks a second on these nodes) that the
+    // operator replaces the lost pods, and moves them off the lost pool, before the end; at
+    // least two transient pods, so the replacements are bought somewhere.
+    let mut value = serde_json::to_value(self_test_job(name, 6000)?)?;
+    merge(
+        &mut value,
+        serde_json::json!({"spec": {"transient": {"minNodes": 2}}}),
+    );
+    apply_job(client, &serde_json::from_value(value)?).await?;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), NAMESPACE);
     // A transient pod that the coordinator admitted and that trains.
     let victim = poll_until(
@@ -1164,8 +1170,9 @@ async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes.delete(&node, &DeleteParams::default()).await?;
     // Until the job ends: the transient pods the operator creates after the loss. BidBrain
-    // may buy the lost node's pool again; there a node autoscaler (Karpenter) would launch a
-    // node for them, which this cluster has not, so they may stay Pending.
+    // first buys the lost node's pool again (there a node autoscaler would launch a node,
+    // which this cluster has not); once its pod has waited past the unschedulable wait (20 s
+    // here) the pool is avoided and the pods are bought in the other one, on the other node.
     let mut replacement: Option<String> = None;
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let finished = loop {
@@ -1224,9 +1231,12 @@ async fn lose_spot_node(real: &Real) -> Result<(), BoxError> {
         status.loss
     ));
     assert_exact(&finished);
+    let replacement = replacement.ok_or_else(|| {
+        format!("the operator created no transient pod after losing {node}: {status:?}")
+    })?;
     assert!(
-        replacement.is_some(),
-        "the operator created no transient pod after losing {node}: {status:?}"
+        !replacement.ends_with("Pending)") && !replacement.contains(&format!("@{node} ")),
+        "no replacement ran on another spot node after {node} was lost: {replacement}"
     );
     Ok(())
 }

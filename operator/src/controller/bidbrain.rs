@@ -469,13 +469,23 @@ pub fn decide_on(
 
     let now = to_trace(view.now);
     let slot = grid.slot_at(now);
-    let market_view = grid.view(slot);
+    let mut market_view = grid.view(slot);
 
     // the allocations: alive transient pods per known pool
     let mut index: BTreeMap<PoolKey, (usize, market::CapacityType)> = BTreeMap::new();
     for (i, info) in grid.pools.iter().enumerate() {
         for capacity in [market::CapacityType::Spot, market::CapacityType::OnDemand] {
             index.insert(pool_key(info, capacity), (i, capacity));
+        }
+    }
+    // A spot pool the cluster did not place the job's pods in has, for this job, no capacity
+    // whatever its price says: nothing is bought there, and what waits there is not held (the
+    // plan drops it), so the bidder buys it elsewhere.
+    for key in view.unplaceable {
+        if let Some(&(pool, market::CapacityType::Spot)) = index.get(key)
+            && let Some(quote) = market_view.quotes.get_mut(pool)
+        {
+            quote.available = false;
         }
     }
     let max_price = |pool: usize| {
@@ -492,7 +502,7 @@ pub fn decide_on(
         let Some(&(pool, capacity)) = index.get(key) else {
             continue;
         };
-        if *count == 0 {
+        if *count == 0 || view.unplaceable.contains(key) {
             continue;
         }
         let launched = view.launched.get(key).copied().unwrap_or(view.now);
@@ -640,6 +650,17 @@ mod tests {
         alive: &[(PoolKey, u32)],
         now: &str,
     ) -> CapacityDecision {
+        decide_avoiding(planner, job, alive, &BTreeSet::new(), now)
+    }
+
+    /// As [`decide`], with pools the cluster did not place pods in.
+    fn decide_avoiding(
+        planner: &dyn CapacityPlanner,
+        job: &TrainingJob,
+        alive: &[(PoolKey, u32)],
+        unplaceable: &BTreeSet<PoolKey>,
+        now: &str,
+    ) -> CapacityDecision {
         let alive: BTreeMap<PoolKey, u32> = alive.iter().cloned().collect();
         let launched: BTreeMap<PoolKey, Timestamp> = alive
             .keys()
@@ -657,9 +678,31 @@ mod tests {
             bids: &BTreeMap::new(),
             pools_under_notice: &BTreeSet::new(),
             failed: &BTreeMap::new(),
+            unplaceable,
             coordinator: None,
             now: now.parse().unwrap(),
         })
+    }
+
+    /// A pool the cluster did not place the job's pods in is neither bought nor held: what
+    /// waits there is dropped and bought in another pool.
+    #[test]
+    fn a_pool_the_cluster_does_not_place_pods_in_is_bought_elsewhere() {
+        let job = job(1, 4);
+        let planner = planner();
+        let first = decide(&planner, &job, &[], "2026-11-23T10:00:00Z");
+        let held: Vec<(PoolKey, u32)> = first.transient.clone().into_iter().collect();
+        let (lost, _) = held.first().cloned().expect("BidBrain buys");
+        let unplaceable = BTreeSet::from([lost.clone()]);
+        let after = decide_avoiding(&planner, &job, &held, &unplaceable, "2026-11-23T10:00:30Z");
+        assert!(
+            !after.transient.contains_key(&lost),
+            "{lost:?} is avoided: {first:?} then {after:?}"
+        );
+        assert!(
+            after.total() >= 1,
+            "minNodes is bought elsewhere: {after:?}"
+        );
     }
 
     /// Pools of the p3 trace buyable at the job's start.
@@ -848,6 +891,7 @@ mod tests {
                 bids,
                 pools_under_notice: &BTreeSet::new(),
                 failed: &BTreeMap::new(),
+                unplaceable: &BTreeSet::new(),
                 coordinator: None,
                 now: "2026-11-23T10:00:30Z".parse().unwrap(),
             })
@@ -1019,6 +1063,7 @@ mod tests {
                 bids: &BTreeMap::new(),
                 pools_under_notice: &noticed,
                 failed: &BTreeMap::new(),
+                unplaceable: &BTreeSet::new(),
                 coordinator: None,
                 now: "2026-11-23T10:04:00Z".parse().unwrap(),
             };
@@ -1172,6 +1217,7 @@ mod tests {
             bids: &bids,
             pools_under_notice: &noticed,
             failed: &failed,
+            unplaceable: &noticed,
             coordinator: None,
             now: now.parse().unwrap(),
         };

@@ -378,6 +378,7 @@ mod tests {
                 bids: &BTreeMap::new(),
                 pools_under_notice: &self.noticed,
                 failed: &self.failed,
+                unplaceable: &BTreeSet::new(),
                 coordinator: self.reachable.then_some(&self.report),
                 now: self.now,
             };

@@ -30,6 +30,10 @@ pub struct CapacityView<'a> {
     /// refusal) and are still listed: gone from `alive` for the runtime's reasons, not the
     /// market's.
     pub failed: &'a BTreeMap<PoolKey, u32>,
+    /// Pools the cluster did not place the job's pods in: a transient pod waited there for a
+    /// node past the operator's unschedulable wait, recently (the capacity a node autoscaler
+    /// should have launched did not come). Planners buy elsewhere and drop what waits there.
+    pub unplaceable: &'a BTreeSet<PoolKey>,
     /// The coordinator's last report, if reachable.
     pub coordinator: Option<&'a CoordinatorStatus>,
     /// Now.
@@ -98,7 +102,9 @@ impl CapacityPlanner for SpecCapacityPlanner {
             };
         }
         let candidates = candidate_pools(view.job);
-        let calm = |pool: &&PoolKey| !view.pools_under_notice.contains(*pool);
+        let calm = |pool: &&PoolKey| {
+            !view.pools_under_notice.contains(*pool) && !view.unplaceable.contains(*pool)
+        };
         let current = candidates
             .iter()
             .filter(calm)
@@ -141,6 +147,7 @@ mod tests {
             bids: &BTreeMap::new(),
             pools_under_notice: &noticed,
             failed: &BTreeMap::new(),
+            unplaceable: &BTreeSet::new(),
             coordinator: None,
             now: Timestamp::UNIX_EPOCH,
         })

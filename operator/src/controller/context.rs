@@ -118,6 +118,9 @@ pub(super) struct JobMemory {
     pub(super) ec2_mode: bool,
     /// The training shape of the spec last warned about as waiting for the next start.
     pub(super) warned_shape: Option<String>,
+    /// Pools the cluster did not place the job's pods in, avoided until then
+    /// ([`super::plan::remember_unplaceable`]).
+    pub(super) unplaceable: BTreeMap<PoolKey, k8s_openapi::jiff::Timestamp>,
 }
 
 /// Nodes → jobs with pods on them, fed by reconciles; maps Node watch events back to jobs.

@@ -707,20 +707,40 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let launched = plan::oldest_per_pool(&classified);
     let bids = plan::bids_per_pool(&classified);
     let failed = plan::failed_per_pool(&classified);
+    let after = ctx.config.unschedulable_after.as_secs() as i64;
+    let unplaceable = ctx.with_memory(&job_ref, |memory| {
+        let found = plan::unplaceable_pools(&classified, now, after);
+        if !found.is_empty() && found.iter().any(|p| !memory.unplaceable.contains_key(p)) {
+            info!(job = %name, pools = ?found, "pods waited past the unschedulable wait: buying elsewhere");
+        }
+        plan::remember_unplaceable(&mut memory.unplaceable, found, now, after)
+    });
     let decision = if activity == Activity::Run {
-        ctx.capacity.decide(&CapacityView {
+        let view = CapacityView {
             job: &job,
             alive: &alive,
             launched: &launched,
             bids: &bids,
             pools_under_notice: &under_notice,
             failed: &failed,
+            unplaceable: &unplaceable,
             coordinator: match &coordinator {
                 CoordinatorObservation::Reported(report) => Some(report),
                 _ => None,
             },
             now,
-        })
+        };
+        let decision = ctx.capacity.decide(&view);
+        if decision.total() == 0 && !unplaceable.is_empty() {
+            // nowhere else to buy: hold the pools the cluster is slow to place in (their pods
+            // wait, and the status says why)
+            ctx.capacity.decide(&CapacityView {
+                unplaceable: &BTreeSet::new(),
+                ..view
+            })
+        } else {
+            decision
+        }
     } else {
         CapacityDecision {
             reason: match activity {

@@ -1458,6 +1458,44 @@ pub fn bids_per_pool(observed: &[ObservedPod<'_>]) -> BTreeMap<PoolKey, f64> {
     bids
 }
 
+/// How many unschedulable waits a pool the cluster did not place a pod in is avoided for
+/// ([`remember_unplaceable`]): long enough that the bidder does not buy it again at once, short
+/// enough that capacity that comes back later is used again.
+pub const UNPLACEABLE_WAITS: i64 = 6;
+
+/// The pools where a transient pod of the job has waited for a node for `after` seconds by
+/// `now` ([`unschedulable_since`]).
+pub fn unplaceable_pools(
+    observed: &[ObservedPod<'_>],
+    now: k8s_openapi::jiff::Timestamp,
+    after: i64,
+) -> BTreeSet<PoolKey> {
+    observed
+        .iter()
+        .filter(|p| p.tier == Tier::Transient && !p.deleting)
+        .filter(|p| unschedulable_since(p.pod, now, after).is_some())
+        .filter_map(|p| p.pool.clone())
+        .collect()
+}
+
+/// Adds `found` to the pools remembered as unplaceable (each until [`UNPLACEABLE_WAITS`] waits
+/// of `after` seconds from `now`), forgets those whose time is up, and returns the rest: the
+/// pools the bidder avoids ([`super::capacity::CapacityView::unplaceable`]). Remembered, since
+/// the pod that showed it is dropped once the bidder buys elsewhere.
+pub fn remember_unplaceable(
+    remembered: &mut BTreeMap<PoolKey, k8s_openapi::jiff::Timestamp>,
+    found: BTreeSet<PoolKey>,
+    now: k8s_openapi::jiff::Timestamp,
+    after: i64,
+) -> BTreeSet<PoolKey> {
+    let until = now + k8s_openapi::jiff::SignedDuration::from_secs(after * UNPLACEABLE_WAITS);
+    for pool in found {
+        remembered.insert(pool, until);
+    }
+    remembered.retain(|_, until| *until > now);
+    remembered.keys().cloned().collect()
+}
+
 /// Pools that have at least one pod under a notice about the pool's capacity
 /// ([`NoticeSource::is_capacity_signal`]): a user's `kubectl delete pod` or the operator's own
 /// release moved the whole transient tier of a Standard job to another pool before.

@@ -1147,3 +1147,38 @@ fn unready_pool_nodes_are_named_with_why() {
     anywhere.spec.as_mut().unwrap().node_selector = None;
     assert!(unready_pool_nodes(&anywhere, &nodes).is_empty());
 }
+
+/// A transient pod that waited past the unschedulable wait marks its pool unplaceable, and
+/// the pool stays avoided for UNPLACEABLE_WAITS waits after it was last seen so.
+#[test]
+fn pools_the_cluster_does_not_place_pods_in_are_remembered_for_a_while() {
+    let pool = spot("p3.2xlarge", "us-west-2b");
+    let mut pending = existing("mf-t-3", Some(&pool), false, "2026-01-01T00:00:00Z");
+    pending.status = serde_json::from_value(serde_json::json!({
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }))
+    .unwrap();
+    let pods = [pending];
+    let observed = observe_pods("mf", &pods, &[]);
+    let at = |s: i64| Timestamp::from_second(1_767_225_600 + s).unwrap();
+    assert!(
+        unplaceable_pools(&observed, at(19), 20).is_empty(),
+        "not yet"
+    );
+    let found = unplaceable_pools(&observed, at(20), 20);
+    assert_eq!(found, BTreeSet::from([pool.clone()]));
+    let mut remembered = BTreeMap::new();
+    assert_eq!(
+        remember_unplaceable(&mut remembered, found, at(20), 20),
+        BTreeSet::from([pool.clone()])
+    );
+    // the pod is gone: still avoided, until UNPLACEABLE_WAITS waits later
+    let until = 20 + 20 * UNPLACEABLE_WAITS;
+    assert_eq!(
+        remember_unplaceable(&mut remembered, BTreeSet::new(), at(until - 1), 20),
+        BTreeSet::from([pool])
+    );
+    assert!(remember_unplaceable(&mut remembered, BTreeSet::new(), at(until), 20).is_empty());
+}
