@@ -1,25 +1,101 @@
 #!/usr/bin/env python3
-"""Matrix-factorization peers on the split ebbflow-bench writes (user<TAB>item<TAB>rating, dense ids).
+"""Matrix-factorization peers on the split ebbflow-bench writes (user<TAB>item<TAB>rating, dense ids)
+or, with --format f32, the split ebbflow-mf-scale writes (float32 triples user, item, rating).
 
 --peer torch:    biased MF in PyTorch on CPU, SGD with ebbflow's hyperparameters (rank, learning
                  rate and per-epoch decay, L2, init std); sparse embedding gradients summed over
                  mini-batches of 1024.
 --peer surprise: scikit-surprise's SVD (SGD matrix factorization with biases).
+--peer libmf:    LIBMF (parallel SGD with adaptive steps, no biases) through the ctypes interface
+                 of its Python binding, built from the `libmf` sdist with LIBMF's own Makefile
+                 flags (scripts/bench-mf-scale.sh; the library's path in EBBFLOW_LIBMF); its own
+                 step size (eta 0.1, its default), ebbflow's rank and L2. LIBMF reports the
+                 validation RMSE after each iteration on stdout; the time to the bar is taken
+                 when that line arrives, from a child process, so the run stops there.
 
 Trains epoch by epoch until the test RMSE (predictions clipped to the training range) is <= the
 target, timing training only. Prints one JSON object: peer, epochs, time_to_quality_s (null if the
 target was not reached), quality (final test RMSE), updates_per_s (ratings per training second).
 """
 import argparse
+import ctypes
 import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 
 
-def load(path):
-    data = np.loadtxt(path, delimiter="\t", dtype=np.float64, ndmin=2)
+def load(path, fmt="tsv"):
+    if fmt == "f32":
+        data = np.fromfile(path, dtype=np.float32).reshape(-1, 3)
+    else:
+        data = np.loadtxt(path, delimiter="\t", dtype=np.float64, ndmin=2)
     return data[:, 0].astype(np.int64), data[:, 1].astype(np.int64), data[:, 2].astype(np.float32)
+
+
+class LibmfParameter(ctypes.Structure):
+    """LIBMF's `mf_parameter` (mf.h)."""
+    _fields_ = [("fun", ctypes.c_int), ("k", ctypes.c_int), ("nr_threads", ctypes.c_int),
+                ("nr_bins", ctypes.c_int), ("nr_iters", ctypes.c_int),
+                ("lambda_p1", ctypes.c_float), ("lambda_p2", ctypes.c_float),
+                ("lambda_q1", ctypes.c_float), ("lambda_q2", ctypes.c_float),
+                ("eta", ctypes.c_float), ("do_nmf", ctypes.c_bool), ("quiet", ctypes.c_bool),
+                ("copy_data", ctypes.c_bool)]
+
+
+def libmf_child(args):
+    """Trains LIBMF with validation; LIBMF prints `iter tr_rmse va_rmse obj` per iteration."""
+    lib = ctypes.CDLL(os.environ["EBBFLOW_LIBMF"])
+    lib.train_valid_interface.restype = ctypes.c_void_p
+    train = np.ascontiguousarray(np.fromfile(args.train, dtype=np.float32))
+    test = np.ascontiguousarray(np.fromfile(args.test, dtype=np.float32))
+    param = LibmfParameter(fun=0, k=args.rank, nr_threads=args.threads,
+                           nr_bins=max(20, 2 * args.threads + 1), nr_iters=args.max_epochs,
+                           lambda_p1=0.0, lambda_p2=args.regularization, lambda_q1=0.0,
+                           lambda_q2=args.regularization, eta=0.1, do_nmf=False, quiet=False,
+                           copy_data=False)
+    pointer = ctypes.POINTER(ctypes.c_float)
+    print(f"START {len(train) // 3}", flush=True)
+    lib.train_valid_interface(len(train) // 3, len(test) // 3, train.ctypes.data_as(pointer),
+                              test.ctypes.data_as(pointer), ctypes.byref(param))
+    print("DONE", flush=True)
+
+
+def run_libmf(args):
+    library = os.environ.get("EBBFLOW_LIBMF", "")
+    if not os.path.isfile(library):
+        raise SystemExit(f"libmf: no built library at EBBFLOW_LIBMF={library!r} "
+                         "(scripts/bench-mf-scale.sh builds it from the libmf sdist)")
+    child = subprocess.Popen([sys.executable, __file__, "--libmf-child"] + sys.argv[1:],
+                             stdout=subprocess.PIPE, text=True)
+    start, n, reached, quality, epochs = None, 0, None, None, 0
+    for line in child.stdout:
+        now = time.perf_counter()
+        fields = line.split()
+        if fields and fields[0] == "START":
+            start, n = now, int(fields[1])
+        elif start is not None and len(fields) >= 3 and fields[0].isdigit():
+            epochs, quality = int(fields[0]) + 1, float(fields[2])
+            print(f"libmf: iteration {epochs}: va_rmse {quality:.4f} at {now - start:.1f} s",
+                  file=sys.stderr)
+            if quality <= args.target:
+                reached = now - start
+                break
+    elapsed = time.perf_counter() - start if start is not None else None
+    child.kill()
+    child.wait()
+    if start is None or epochs == 0:
+        raise SystemExit(f"libmf: the child printed no iteration (exit {child.returncode})")
+    return {
+        "peer": f"LIBMF 0.9.2 sdist (adaptive SGD, eta 0.1, {args.threads} threads)",
+        "epochs": epochs,
+        "time_to_quality_s": reached,
+        "quality": quality,
+        "updates_per_s": n * epochs / elapsed,
+    }
 
 
 def run_torch(args, train, test):
@@ -119,7 +195,11 @@ def run_surprise(args, train, test):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--peer", choices=["torch", "surprise"], required=True)
+    parser.add_argument("--peer", choices=["torch", "surprise", "libmf"], required=True)
+    parser.add_argument("--format", choices=["tsv", "f32"], default="tsv")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and LIBMF (default: torch's own choice, LIBMF 1)")
+    parser.add_argument("--libmf-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train", required=True)
     parser.add_argument("--test", required=True)
     parser.add_argument("--target", type=float, required=True, help="test RMSE to reach")
@@ -132,8 +212,18 @@ def main():
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    train, test = load(args.train), load(args.test)
-    result = run_torch(args, train, test) if args.peer == "torch" else run_surprise(args, train, test)
+    if args.libmf_child:
+        args.threads = args.threads or 1
+        return libmf_child(args)
+    if args.peer == "libmf":
+        args.threads = args.threads or 1
+        result = run_libmf(args)
+    else:
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        train, test = load(args.train, args.format), load(args.test, args.format)
+        result = run_torch(args, train, test) if args.peer == "torch" else run_surprise(args, train, test)
     result["target"] = args.target
     print(json.dumps(result))
 

@@ -6,6 +6,7 @@
 
 mod classification;
 mod corpus;
+mod planted;
 mod ratings;
 mod rng;
 mod synthetic;
@@ -17,6 +18,7 @@ use thiserror::Error;
 
 pub use classification::{Examples, LabelColumn, load_csv, load_digits, load_libsvm};
 pub use corpus::{Corpus, load_ldac, load_vocab};
+pub use planted::{NETFLIX, PlantedRatings, PlantedSplit, available_memory};
 pub use ratings::{Rating, Ratings, load_movielens_inter, load_ratings_csv};
 pub use rng::Rng;
 pub use synthetic::{
@@ -74,7 +76,23 @@ pub enum DataError {
         /// What is wrong.
         what: String,
     },
+    /// Generated data that would not fit in memory, refused before allocating it.
+    #[error(
+        "{what} need {:.2} GiB, but only {:.2} GiB of memory is available: generate fewer, or \
+         shard them over more nodes",
+        *.needed as f64 / GIB, *.available as f64 / GIB
+    )]
+    TooLarge {
+        /// The data asked for.
+        what: String,
+        /// Bytes it needs.
+        needed: u64,
+        /// Bytes available.
+        available: u64,
+    },
 }
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 impl DataError {
     /// Static label for metrics and logs.
@@ -85,6 +103,7 @@ impl DataError {
             DataError::Parse { .. } => "parse",
             DataError::Empty { .. } => "empty",
             DataError::Parameters { .. } => "parameters",
+            DataError::TooLarge { .. } => "too_large",
         }
     }
 

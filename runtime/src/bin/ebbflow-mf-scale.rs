@@ -1,0 +1,411 @@
+//! `ebbflow-mf-scale`: matrix factorization at the seed's scale (issue 36), every ratio from one
+//! run. `scripts/bench-mf-scale.sh` sets it up.
+//!
+//! Generates planted ratings of the Netflix prize data's density (`data::PlantedRatings`: 208
+//! ratings per user, 17,770 items; sizes are flags), then
+//! measures time to a test RMSE bar and updates/s for
+//! - the bare loop (one thread, the app's kernel on plain rows);
+//! - ebbflow in one process, `--threads` worker threads (the parameter server in-process);
+//! - the peers on the very same split files (float32 triples `user, item, rating`): LIBMF (the
+//!   `libmf` binding, built from its sdist), PyTorch on CPU, at `--threads` threads each
+//!   (`bench/mf_peers.py`). A peer that is missing or fails is reported as such.
+//!
+//! and prints a Markdown table with the ratios (a peer's time to the bar ÷ ours: above 1 means
+//! ebbflow is faster).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+
+use ebbflow_runtime::app::App;
+use ebbflow_runtime::apps::{BareLoop, MfApp, MfConfig};
+use ebbflow_runtime::data::{self, PlantedRatings, Ratings};
+use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
+
+/// Command-line arguments.
+#[derive(Parser, Debug)]
+#[command(
+    about = "Matrix factorization at scale: ebbflow against the bare loop, LIBMF and PyTorch"
+)]
+struct Args {
+    /// Ratings in all (test set included).
+    #[arg(long, default_value_t = 25_000_000)]
+    ratings: u64,
+    /// Users (default: the Netflix prize data's ratings per user, 208, at this many ratings).
+    #[arg(long)]
+    users: Option<u32>,
+    /// Items.
+    #[arg(long, default_value_t = data::NETFLIX.1)]
+    items: u32,
+    /// Rank of the planted model.
+    #[arg(long, default_value_t = 16)]
+    true_rank: usize,
+    /// Noise standard deviation (the best achievable test RMSE).
+    #[arg(long, default_value_t = 0.1)]
+    noise: f64,
+    /// Rank of the learned factors.
+    #[arg(long, default_value_t = 32)]
+    rank: usize,
+    /// SGD learning rate (ebbflow, PyTorch; LIBMF keeps its own adaptive step).
+    /// (ebbflow's MovieLens default 0.01 needs 10+ passes to leave the saddle of a small start
+    /// on this data; 0.03 leaves it in 2.)
+    #[arg(long, default_value_t = 0.03)]
+    learning_rate: f32,
+    /// Learning-rate decay per pass.
+    #[arg(long, default_value_t = 0.92)]
+    decay: f32,
+    /// L2 regularization.
+    #[arg(long, default_value_t = 0.02)]
+    regularization: f32,
+    /// Standard deviation of the initial factors.
+    #[arg(long, default_value_t = 0.1)]
+    init_std: f32,
+    /// Test RMSE to reach.
+    #[arg(long, default_value_t = 0.2)]
+    bar: f64,
+    /// Passes over the training set at most.
+    #[arg(long, default_value_t = 20)]
+    max_passes: u64,
+    /// Threads for ebbflow's workers and each peer (default: this machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of the data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Python with the peers' packages (bench/setup-venv.sh); without it peers are not run.
+    #[arg(long, env = "EBBFLOW_BENCH_PYTHON")]
+    python: Option<PathBuf>,
+    /// Peers to run.
+    #[arg(long, value_delimiter = ',', default_value = "libmf,torch")]
+    peers: Vec<String>,
+    /// Where the split files for the peers go.
+    #[arg(long, default_value = "/tmp/ebbflow-mf-scale")]
+    work: PathBuf,
+}
+
+/// Time to the bar: passes, training seconds (evaluation excluded), the last test RMSE.
+#[derive(Debug, Clone, Copy)]
+struct ToBar {
+    passes: u64,
+    seconds: f64,
+    rmse: f64,
+    reached: bool,
+}
+
+impl ToBar {
+    fn text(&self, bar: f64) -> String {
+        if self.reached {
+            format!(
+                "{:.1} s ({} passes, rmse {:.4})",
+                self.seconds, self.passes, self.rmse
+            )
+        } else {
+            format!(
+                "not reached in {} passes ({:.1} s, rmse {:.4} > {bar})",
+                self.passes, self.seconds, self.rmse
+            )
+        }
+    }
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// Float32 triples `user, item, rating`, the layout LIBMF's binding takes.
+fn write_triples(path: &Path, ratings: &Ratings) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    for r in &ratings.entries {
+        for value in [r.user as f32, r.item as f32, r.value] {
+            out.write_all(&value.to_le_bytes())?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn bare_to_bar(app: &MfApp, bar: f64, max_passes: u64) -> (ToBar, f64) {
+    let mut bare = BareLoop::new(app);
+    let per_pass = app.clocks_per_pass(1) as u64;
+    let (mut seconds, mut rmse, mut updates) = (0.0, f64::NAN, 0u64);
+    let mut passes = 0;
+    while passes < max_passes && !(rmse <= bar) {
+        let start = Instant::now();
+        for _ in 0..per_pass {
+            updates += bare.clock().updates;
+        }
+        seconds += start.elapsed().as_secs_f64();
+        passes += 1;
+        rmse = app.evaluate(bare.tables()).loss;
+        eprintln!("bare loop: pass {passes}: rmse {rmse:.4} after {seconds:.1} s");
+    }
+    let to_bar = ToBar {
+        passes,
+        seconds,
+        rmse,
+        reached: rmse <= bar,
+    };
+    (to_bar, updates as f64 / seconds)
+}
+
+/// The in-process parameter server with `workers` threads, run for 1, 2, … passes until one
+/// run's final evaluation reaches the bar (each run from scratch; its training time counts).
+fn ps_to_bar(
+    app: &MfApp,
+    workers: usize,
+    bar: f64,
+    max_passes: u64,
+) -> anyhow::Result<(ToBar, f64)> {
+    let per_pass = app.clocks_per_pass(workers) as u64;
+    let mut last = None;
+    for passes in 1..=max_passes {
+        let config = JobConfig {
+            clocks: passes * per_pass,
+            staleness: 0,
+            workers,
+            partitions: 4,
+            process_cache: true,
+            ..JobConfig::default()
+        };
+        let run = run_single_process(app, &config, &RuntimeMetrics::unregistered())?;
+        let rmse = run.eval.loss;
+        let training: f64 = run.clock_seconds.iter().sum();
+        eprintln!(
+            "ps in-process, {workers} workers: {passes} passes ({} clocks): rmse {rmse:.4}, \
+             {training:.1} s training, {:.1} s in all",
+            config.clocks, run.elapsed_seconds
+        );
+        let to_bar = ToBar {
+            passes,
+            seconds: run.elapsed_seconds,
+            rmse,
+            reached: rmse <= bar,
+        };
+        last = Some((to_bar, run.updates_per_second));
+        if to_bar.reached || !rmse.is_finite() {
+            break;
+        }
+    }
+    last.context("max passes must be >= 1")
+}
+
+/// Runs `bench/mf_peers.py` for one peer; its JSON object, or why it did not run.
+fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<serde_json::Value, String> {
+    eprintln!("==> peer: {} {}", script.display(), args.join(" "));
+    let output = Command::new(python)
+        .arg(script)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "failed ({}): {}",
+            output.status,
+            stdout.lines().last().unwrap_or("")
+        ));
+    }
+    let last = stdout.lines().last().unwrap_or("");
+    serde_json::from_str(last).map_err(|e| format!("printed {last:?}: {e}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let users = args.users.unwrap_or_else(|| {
+        let per_rating = f64::from(data::NETFLIX.0) / data::NETFLIX.2 as f64;
+        ((args.ratings as f64 * per_rating).round() as u32).max(1)
+    });
+    let source = PlantedRatings {
+        users,
+        items: args.items,
+        ratings: args.ratings,
+        true_rank: args.true_rank,
+        noise: args.noise,
+        test_fraction: PlantedRatings::test_fraction_for(args.ratings),
+        seed: args.seed,
+    };
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut add = |what: String, value: String| {
+        eprintln!("{what:<70} {value}");
+        rows.push((what, value));
+    };
+    let start = Instant::now();
+    let split = source.generate(None, threads, data::available_memory())?;
+    let generated = start.elapsed().as_secs_f64();
+    let (train_len, test_len) = (split.train.entries.len(), split.test.entries.len());
+    add(
+        "data".into(),
+        format!(
+            "planted rank {}, noise {}: {} users × {} items, {train_len} training and {test_len} \
+             test ratings",
+            args.true_rank, args.noise, users, args.items
+        ),
+    );
+    add(
+        format!("generation ({threads} threads)"),
+        format!(
+            "{generated:.1} s ({:.1} M ratings/s)",
+            args.ratings as f64 / generated / 1e6
+        ),
+    );
+    std::fs::create_dir_all(&args.work)?;
+    let (train_file, test_file) = (args.work.join("train.f32"), args.work.join("test.f32"));
+    if args.python.is_some() {
+        write_triples(&train_file, &split.train)?;
+        write_triples(&test_file, &split.test)?;
+    }
+    let config = MfConfig {
+        rank: args.rank,
+        learning_rate: args.learning_rate,
+        decay: args.decay,
+        regularization: args.regularization,
+        init_std: args.init_std,
+        ..MfConfig::default()
+    };
+    let app = MfApp::new(split.train, split.test, config.clone())?;
+    let width = args.rank + 1;
+    let parameter_mib =
+        (f64::from(users) + f64::from(args.items)) * width as f64 * 4.0 / (1 << 20) as f64;
+    let data_mib = args.ratings as f64 * 12.0 / (1 << 20) as f64;
+
+    let (bare, bare_rate) = bare_to_bar(&app, args.bar, args.max_passes);
+    add(
+        format!("bare loop (1 thread): time to test rmse <= {}", args.bar),
+        bare.text(args.bar),
+    );
+    add(
+        "bare loop: updates/s".into(),
+        format!("{:.2} M", bare_rate / 1e6),
+    );
+    let mut ours = Vec::new();
+    for workers in [1, threads]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let (run, rate) = ps_to_bar(&app, workers, args.bar, args.max_passes)?;
+        add(
+            format!(
+                "ebbflow in-process, {workers} worker thread(s): time to test rmse <= {}",
+                args.bar
+            ),
+            run.text(args.bar),
+        );
+        add(
+            format!("ebbflow in-process, {workers} worker thread(s): updates/s"),
+            format!("{:.2} M (÷ bare loop {:.2})", rate / 1e6, rate / bare_rate),
+        );
+        ours.push((workers, run));
+    }
+    add(
+        "this process's peak RSS (all of the above)".into(),
+        format!(
+            "{:.0} MiB; parameters {parameter_mib:.0} MiB, ratings {data_mib:.0} MiB",
+            rss_mib()
+        ),
+    );
+    drop(app);
+
+    let ours_at = |threads: usize| {
+        ours.iter()
+            .find(|(w, _)| *w == threads)
+            .map(|(_, run)| *run)
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/mf_peers.py");
+    for peer in &args.peers {
+        let Some(python) = &args.python else {
+            add(
+                format!("peer {peer}"),
+                "not run: no --python (EBBFLOW_BENCH_PYTHON)".into(),
+            );
+            continue;
+        };
+        let peer_args: Vec<String> = [
+            "--peer",
+            peer,
+            "--format",
+            "f32",
+            "--train",
+            &train_file.display().to_string(),
+            "--test",
+            &test_file.display().to_string(),
+            "--target",
+            &args.bar.to_string(),
+            "--rank",
+            &args.rank.to_string(),
+            "--learning-rate",
+            &config.learning_rate.to_string(),
+            "--decay",
+            &config.decay.to_string(),
+            "--regularization",
+            &config.regularization.to_string(),
+            "--init-std",
+            &config.init_std.to_string(),
+            "--max-epochs",
+            &args.max_passes.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        match run_peer(python, &script, &peer_args) {
+            Ok(result) => {
+                let name = result["peer"].as_str().unwrap_or(peer).to_string();
+                let time = result["time_to_quality_s"].as_f64();
+                let rmse = result["quality"].as_f64().unwrap_or(f64::NAN);
+                let epochs = result["epochs"].as_u64().unwrap_or(0);
+                add(
+                    format!("{name}: time to test rmse <= {}", args.bar),
+                    match time {
+                        Some(t) => format!("{t:.1} s ({epochs} epochs, rmse {rmse:.4})"),
+                        None => format!("not reached in {epochs} epochs (rmse {rmse:.4})"),
+                    },
+                );
+                if let Some(rate) = result["updates_per_s"].as_f64() {
+                    add(format!("{name}: updates/s"), format!("{:.2} M", rate / 1e6));
+                }
+                if let (Some(peer_time), Some(run)) = (time, ours_at(threads))
+                    && run.reached
+                {
+                    add(
+                        format!(
+                            "speed, ebbflow in-process ({threads} threads) ÷ {peer}: its time to \
+                             the bar ÷ ours"
+                        ),
+                        format!("{:.2}×", peer_time / run.seconds),
+                    );
+                }
+            }
+            Err(why) => add(format!("peer {peer}"), format!("did not run: {why}")),
+        }
+    }
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "| measurement | value |\n|---|---|")?;
+    for (what, value) in &rows {
+        writeln!(out, "| {what} | {value} |")?;
+    }
+    if ours.iter().all(|(_, run)| !run.reached) {
+        bail!(
+            "ebbflow did not reach test rmse {} in {} passes",
+            args.bar,
+            args.max_passes
+        );
+    }
+    Ok(())
+}
