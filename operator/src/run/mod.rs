@@ -425,6 +425,11 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                     seed,
                 };
                 let threads = worker_threads(&job.spec.runtime);
+                // rows far larger than the cache: each worker's shard in blocks (MfConfig::blocked)
+                let config = MfConfig {
+                    blocked: true,
+                    ..config
+                };
                 let app =
                     MfApp::planted(source, config, threads, workers, data::available_memory())
                         .map_err(|e| load(&e))?;
