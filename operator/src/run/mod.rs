@@ -403,7 +403,7 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                 staleness,
                 ..defaults
             };
-            if let Some(s) = &dataset.synthetic
+            let app = if let Some(s) = &dataset.synthetic
                 && u(s.ratings, 12_000) as u64 > PLANTED_ABOVE
             {
                 // At scale each worker generates its own shard (issue 36): nothing is generated
@@ -430,40 +430,38 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                     blocked: true,
                     ..config
                 };
-                let app =
-                    MfApp::planted(source, config, threads, workers, data::available_memory())
-                        .map_err(|e| load(&e))?;
-                let decay = annealing_decay(clocks, app.clocks_per_pass(workers));
-                return Ok(JobApp::Mf(app.with_decay(decay).map_err(|e| load(&e))?));
-            }
-            let ratings = if let Some(s) = &dataset.synthetic {
-                data::synthetic_ratings(
-                    s.users.unwrap_or(400) as u32,
-                    s.items.unwrap_or(200) as u32,
-                    s.true_rank.unwrap_or(4) as usize,
-                    u(s.ratings, 12_000),
-                    s.noise.unwrap_or(0.1),
-                    seed,
-                )
-                .map_err(|e| load(&e))?
-                .ratings
+                MfApp::planted(source, config, threads, workers, data::available_memory())
+                    .map_err(|e| load(&e))?
             } else {
-                match (&dataset_path, dataset.format) {
-                    (Some(path), Some(DatasetFormat::MovielensInter) | None) => {
-                        data::load_movielens_inter(&file(path)?).map_err(|e| load(&e))?
+                let ratings = if let Some(s) = &dataset.synthetic {
+                    data::synthetic_ratings(
+                        s.users.unwrap_or(400) as u32,
+                        s.items.unwrap_or(200) as u32,
+                        s.true_rank.unwrap_or(4) as usize,
+                        u(s.ratings, 12_000),
+                        s.noise.unwrap_or(0.1),
+                        seed,
+                    )
+                    .map_err(|e| load(&e))?
+                    .ratings
+                } else {
+                    match (&dataset_path, dataset.format) {
+                        (Some(path), Some(DatasetFormat::MovielensInter) | None) => {
+                            data::load_movielens_inter(&file(path)?).map_err(|e| load(&e))?
+                        }
+                        (Some(path), Some(DatasetFormat::Csv)) => {
+                            data::load_ratings_csv(&file(path)?).map_err(|e| load(&e))?
+                        }
+                        (_, format) => {
+                            return Err(RunError::Unsupported(format!(
+                                "spec.app.dataset: ebbflow run reads MatrixFactorization data as synthetic or a movielens-inter or csv path, not {format:?}"
+                            )));
+                        }
                     }
-                    (Some(path), Some(DatasetFormat::Csv)) => {
-                        data::load_ratings_csv(&file(path)?).map_err(|e| load(&e))?
-                    }
-                    (_, format) => {
-                        return Err(RunError::Unsupported(format!(
-                            "spec.app.dataset: ebbflow run reads MatrixFactorization data as synthetic or a movielens-inter or csv path, not {format:?}"
-                        )));
-                    }
-                }
+                };
+                let (train, test) = ratings.split(0.2, seed).map_err(|e| load(&e))?;
+                MfApp::new(train, test, config).map_err(|e| load(&e))?
             };
-            let (train, test) = ratings.split(0.2, seed).map_err(|e| load(&e))?;
-            let app = MfApp::new(train, test, config).map_err(|e| load(&e))?;
             let decay = annealing_decay(clocks, app.clocks_per_pass(workers));
             JobApp::Mf(app.with_decay(decay).map_err(|e| load(&e))?)
         }

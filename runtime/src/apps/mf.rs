@@ -103,18 +103,7 @@ pub struct MfApp {
 impl MfApp {
     /// Builds the app; the global mean and the clipping range come from the training set.
     pub fn new(train: Ratings, test: Ratings, config: MfConfig) -> Result<Self, AppsError> {
-        let bad = |what: String| Err(AppsError::Config { app: "mf", what });
-        if config.rank == 0 {
-            return bad("rank must be > 0".into());
-        }
-        if config.clocks_per_pass == Some(0) {
-            return bad("clocks per pass must be > 0".into());
-        }
-        if !(config.learning_rate > 0.0 && config.decay > 0.0 && config.regularization >= 0.0) {
-            return bad(format!(
-                "learning rate and decay must be > 0 and regularization >= 0, got {config:?}"
-            ));
-        }
+        check_config(&config)?;
         if train.entries.is_empty() {
             return Err(AppsError::Data {
                 app: "mf",
@@ -147,22 +136,9 @@ impl MfApp {
             app: "mf",
             what: error.to_string(),
         };
-        let needed = source.bytes_needed(Some((0, shards.max(1))));
-        if let Some(limit) = memory_limit
-            && needed > limit
-        {
-            return Err(data(DataError::TooLarge {
-                what: format!(
-                    "{} planted ratings over {} workers ({} users × {} items)",
-                    source.ratings,
-                    shards.max(1),
-                    source.users,
-                    source.items
-                ),
-                needed,
-                available: limit,
-            }));
-        }
+        source
+            .fits(Some((0, shards.max(1))), memory_limit)
+            .map_err(data)?;
         let test = source.generate_test(threads).map_err(data)?.test;
         let template = Self::new(test.clone(), test, config)?;
         let scale = 1.0 / source.test_fraction.max(f64::MIN_POSITIVE);
@@ -178,13 +154,9 @@ impl MfApp {
 
     /// The same data with other hyperparameters (validated as in [`MfApp::new`]).
     pub fn with_config(&self, config: MfConfig) -> Result<Self, AppsError> {
-        let checked = Self::new(
-            Ratings::clone(&self.test),
-            Ratings::clone(&self.test),
-            config,
-        )?;
+        check_config(&config)?;
         Ok(Self {
-            config: checked.config,
+            config,
             ..self.clone()
         })
     }
@@ -226,6 +198,23 @@ impl MfApp {
         self.config.decay = decay;
         Ok(self)
     }
+}
+
+/// The hyperparameters [`MfApp::new`] accepts.
+fn check_config(config: &MfConfig) -> Result<(), AppsError> {
+    let bad = |what: String| Err(AppsError::Config { app: "mf", what });
+    if config.rank == 0 {
+        return bad("rank must be > 0".into());
+    }
+    if config.clocks_per_pass == Some(0) {
+        return bad("clocks per pass must be > 0".into());
+    }
+    if !(config.learning_rate > 0.0 && config.decay > 0.0 && config.regularization >= 0.0) {
+        return bad(format!(
+            "learning rate and decay must be > 0 and regularization >= 0, got {config:?}"
+        ));
+    }
+    Ok(())
 }
 
 impl MfApp {
@@ -292,9 +281,6 @@ fn value_range(ratings: &[Rating]) -> (f32, f32) {
         })
 }
 
-/// How many ratings ahead [`sgd_pass`] touches the rows it will need.
-const LOOKAHEAD: usize = 8;
-
 /// `a · b` with eight independent partial sums: one running sum makes every multiply-add wait
 /// for the previous one (about 4 cycles each, 128 for rank 32); eight let them overlap and
 /// vectorize.
@@ -334,16 +320,7 @@ fn sgd_pass(
     regularization: f32,
 ) -> f64 {
     let mut squared_error = 0.0f64;
-    for (i, rating) in ratings.iter().enumerate() {
-        // Touch the rows of a rating a few ahead: at scale the rows are out of cache, and a load
-        // issued now overlaps this update's work instead of stalling that one (safe Rust has no
-        // prefetch instruction; the workspace forbids `unsafe`).
-        if let Some(ahead) = ratings.get(i + LOOKAHEAD) {
-            std::hint::black_box((
-                users.get(ahead.user as usize * width),
-                items.get(ahead.item as usize * width),
-            ));
-        }
+    for rating in ratings {
         let user = &mut users[rating.user as usize * width..][..width];
         let item = &mut items[rating.item as usize * width..][..width];
         let prediction = mean + user[0] + item[0] + dot(&user[1..], &item[1..]);
@@ -387,7 +364,7 @@ impl App for MfApp {
 
     fn worker(&self, shard: usize, num_shards: usize) -> MfWorker {
         let num_shards = num_shards.max(1);
-        let ratings: Vec<Rating> = match &self.train {
+        let mut ratings: Vec<Rating> = match &self.train {
             TrainSet::Loaded(train) => train
                 .entries
                 .iter()
@@ -404,7 +381,6 @@ impl App for MfApp {
                     .entries
             }
         };
-        let mut ratings = ratings;
         if self.config.blocked {
             let (num_users, num_items) = self.id_space();
             block_order(&mut ratings, num_users, num_items, shard, num_shards);

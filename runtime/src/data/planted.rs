@@ -119,6 +119,34 @@ impl PlantedRatings {
         (train + self.test_len()) * rating + factors
     }
 
+    /// Whether [`PlantedRatings::generate`] of `shard` (all for `None`) fits in `memory_limit`
+    /// bytes: [`DataError::TooLarge`] with the size it needs where not.
+    pub fn fits(
+        &self,
+        shard: Option<(usize, usize)>,
+        memory_limit: Option<u64>,
+    ) -> Result<(), DataError> {
+        let needed = self.bytes_needed(shard);
+        match memory_limit {
+            Some(limit) if needed > limit => Err(DataError::TooLarge {
+                what: format!(
+                    "{} planted ratings ({} users × {} items, rank {}){}",
+                    self.ratings,
+                    self.users,
+                    self.items,
+                    self.true_rank,
+                    match shard {
+                        Some((s, n)) => format!(", shard {s} of {n}"),
+                        None => String::new(),
+                    }
+                ),
+                needed,
+                available: limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The test set alone (the training set empty), on `threads` threads.
     pub fn generate_test(&self, threads: usize) -> Result<PlantedSplit, DataError> {
         self.check()?;
@@ -142,26 +170,7 @@ impl PlantedRatings {
                 what: format!("shard {shard} of {shards} does not exist"),
             });
         }
-        let needed = self.bytes_needed(shard);
-        if let Some(limit) = memory_limit
-            && needed > limit
-        {
-            return Err(DataError::TooLarge {
-                what: format!(
-                    "{} planted ratings ({} users × {} items, rank {}){}",
-                    self.ratings,
-                    self.users,
-                    self.items,
-                    self.true_rank,
-                    match shard {
-                        Some((s, n)) => format!(", shard {s} of {n}"),
-                        None => String::new(),
-                    }
-                ),
-                needed,
-                available: limit,
-            });
-        }
+        self.fits(shard, memory_limit)?;
         Ok(self.fill(shard.unwrap_or((0, 1)), threads))
     }
 
