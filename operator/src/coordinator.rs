@@ -13,6 +13,10 @@ pub const ADMIN_PORT: u16 = 7070;
 /// Port of the runtime's TCP data plane inside a runtime pod.
 pub const DATA_PORT: u16 = 7071;
 
+/// Port of a runtime pod's Prometheus `/metrics`, and nothing else (the per-job
+/// NetworkPolicy opens it to any scraper, the other two to the job and the operator only).
+pub const METRICS_PORT: u16 = 7072;
+
 /// What the operator takes from a coordinator's status.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CoordinatorStatus {

@@ -94,14 +94,15 @@ fn environment(pod: &Pod, secrets: &Secrets, admin: u16) -> BTreeMap<String, Str
         env.insert(var.name.clone(), value);
     }
     env.insert("EBBFLOW_COORDINATOR".into(), format!("127.0.0.1:{admin}"));
-    // Every pod has its own IP in a cluster; here a node pod's admin port (its metrics) is a
-    // free one beside the coordinator pod's.
+    // Every pod has its own IP in a cluster; here a node pod's admin port (unused) and every
+    // pod's metrics port are free ones beside the coordinator pod's admin port.
     let own_admin = if env["EBBFLOW_ROLE"] == "coordinator" {
         admin
     } else {
         free_port()
     };
     env.insert("EBBFLOW_ADMIN_PORT".into(), own_admin.to_string());
+    env.insert("EBBFLOW_METRICS_PORT".into(), free_port().to_string());
     // The data plane binds any free port and advertises the one it got.
     env.insert("EBBFLOW_DATA_PORT".into(), "0".into());
     env.insert("RUST_LOG".into(), "warn".into());
@@ -111,8 +112,8 @@ fn environment(pod: &Pod, secrets: &Secrets, admin: u16) -> BTreeMap<String, Str
 /// A pod's process; its stdout and stderr go to files (a full pipe would stall it).
 struct PodProcess {
     child: Child,
-    /// Its `EBBFLOW_ADMIN_PORT` (a node pod's metrics).
-    admin_port: u16,
+    /// Its `EBBFLOW_METRICS_PORT`.
+    metrics_port: u16,
     out: std::path::PathBuf,
     err: std::path::PathBuf,
 }
@@ -146,7 +147,7 @@ fn start_with(
     for (key, value) in extra {
         env.insert((*key).to_owned(), value.clone());
     }
-    let admin_port = env["EBBFLOW_ADMIN_PORT"].parse().unwrap();
+    let metrics_port = env["EBBFLOW_METRICS_PORT"].parse().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_ebbflow"))
         .args(&command[1..])
         .envs(env)
@@ -156,7 +157,7 @@ fn start_with(
         .unwrap();
     PodProcess {
         child,
-        admin_port,
+        metrics_port,
         out,
         err,
     }
@@ -213,6 +214,7 @@ fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, Secrets) {
     let config = PlanConfig {
         default_image: "ebbflow-runtime:test".into(),
         capacity_label: CapacityTypeLabel::default().resolved(),
+        network_policy: None,
     };
     let planned = plan(&PlanInput {
         job,
@@ -423,16 +425,16 @@ fn the_planned_pods_train_the_job_and_a_terminated_spot_pod_leaves_with_notice()
     let joined = status("both spot pods", &|s| transient(s) == 2);
     let at = clock(&joined);
     status("training after the joins", &|s| clock(s) >= at + 10);
-    // A node pod serves its own metrics on its admin port (what the chart's PodMonitor scrapes).
-    let metrics = admin_api.text(spot[0].admin_port, "/metrics");
+    // A node pod serves its own metrics on its metrics port (what the chart's PodMonitor scrapes).
+    let metrics = admin_api.text(spot[0].metrics_port, "/metrics");
     let iterations = sample(&metrics, "ebbflow_runtime_iterations_total ");
     assert!(
         iterations.is_some_and(|n| n > 0.0),
         "a spot pod's /metrics: {metrics}"
     );
     // The coordinator pod's own reliable node: its metrics beside the coordinator's, on the
-    // coordinator's admin port, one family each.
-    let metrics = admin_api.text(admin, "/metrics");
+    // coordinator pod's metrics port, one family each.
+    let metrics = admin_api.text(coordinator.metrics_port, "/metrics");
     let iterations = sample(
         &metrics,
         "ebbflow_runtime_iterations_total{process=\"node\"} ",

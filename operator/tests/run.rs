@@ -1,8 +1,12 @@
 //! `ebbflow run` end to end in this process: the real p3.2xlarge trace replayed on an accelerated
 //! clock, real training through joins and evictions, the bill and the output files; and bad input
-//! (invalid manifest, missing dataset, unknown trace, port in use) as one clear error.
+//! (invalid manifest, missing dataset, unknown trace, port in use) as one clear error; and the
+//! job secret in none of what a run leaves.
 
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use ebbflow_operator::run::{RunArgs, RunError, RunSummary, run, run_on};
 
@@ -724,5 +728,187 @@ class Worker(ef.Worker):
     assert!(
         !out.join("summary.json").exists(),
         "a failed run wrote a summary"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The job secret stays secret (issue 38): `ebbflow run`, as a user starts it, trains a job over
+// node processes through a replayed spot market with debug logging on; the secret those
+// processes really use (read from their environment in `/proc`, as only their user can) is in
+// no line the run or its nodes logged, no output file, no event or status in the summary, no
+// metric, and on no process's command line (which every user of the machine can read).
+
+/// The parent pid of process `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The children of `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| parent_of(pid) == Some(parent))
+        .collect()
+}
+
+/// `pid`'s environment variable `name`, if it has it.
+fn environment_variable(pid: u32, name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{name}=");
+    environ
+        .split(|&b| b == 0)
+        .filter_map(|var| std::str::from_utf8(var).ok())
+        .find_map(|var| var.strip_prefix(&prefix).map(str::to_owned))
+}
+
+/// The body of `GET http://addr/path` (HTTP/1.0, so the server closes when done).
+fn http_get_text(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// Every file under `dir`, with its text (lossy: a binary file is searched as bytes too).
+fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                found.push((path, bytes));
+            }
+        }
+    }
+    found
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn the_job_secret_is_in_no_log_line_file_event_status_metric_or_command_line() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = manifest(dir.path(), 6000, 200_000, &p3_trace());
+    let out = dir.path().join("out");
+    let (stdout, stderr) = (dir.path().join("run.out"), dir.path().join("run.err"));
+    let mut run = Command::new(env!("CARGO_BIN_EXE_ebbflow"))
+        .arg("run")
+        .arg(&manifest)
+        .arg("--out")
+        .arg(&out)
+        // Every log line the code has, the node processes' too (they inherit it).
+        .env(
+            "RUST_LOG",
+            "debug,hyper=info,h2=info,reqwest=info,tower=info",
+        )
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+
+    // The secret the node processes were given, and the run's metrics while it trains.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut secret = None;
+    let mut command_lines = Vec::new();
+    while secret.is_none() && Instant::now() < deadline {
+        for child in children_of(pid) {
+            if let Ok(cmdline) = std::fs::read(format!("/proc/{child}/cmdline")) {
+                command_lines.push(cmdline);
+            }
+            secret = secret.or_else(|| environment_variable(child, "EBBFLOW_JOB_SECRET"));
+        }
+        if run.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let secret = secret.unwrap_or_else(|| {
+        let _ = run.kill();
+        panic!(
+            "no node process of the run had EBBFLOW_JOB_SECRET; stderr: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        )
+    });
+    assert!(secret.len() >= 32, "a short secret: {} bytes", secret.len());
+    let printed = std::fs::read_to_string(&stderr).unwrap();
+    let addr = printed
+        .lines()
+        .find_map(|line| line.strip_prefix("ebbflow run: metrics on http://"))
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .expect("the run prints its metrics address")
+        .to_owned();
+    let metrics = http_get_text(&addr, "/metrics");
+    assert!(
+        metrics.contains("ebbflow_runtime_"),
+        "the run's metrics: {metrics}"
+    );
+    let status = run.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    );
+
+    // Everything it left: its own output, each node's log, the summary (the run's events and
+    // status), the metrics scraped mid-run, the command lines seen.
+    let mut searched = vec![
+        (stdout.clone(), std::fs::read(&stdout).unwrap()),
+        (stderr.clone(), std::fs::read(&stderr).unwrap()),
+        (PathBuf::from("/metrics"), metrics.into_bytes()),
+    ];
+    searched.extend(files_under(&out));
+    searched.extend(
+        command_lines
+            .into_iter()
+            .map(|line| (PathBuf::from("a node's command line"), line)),
+    );
+    let node_logs = searched
+        .iter()
+        .filter(|(path, _)| path.extension().is_some_and(|e| e == "log"))
+        .count();
+    assert!(node_logs >= 2, "the node logs: {searched:?}");
+    let debug_lines: usize = searched
+        .iter()
+        .map(|(_, bytes)| {
+            String::from_utf8_lossy(bytes)
+                .lines()
+                .filter(|l| l.contains("DEBUG"))
+                .count()
+        })
+        .sum();
+    assert!(debug_lines > 0, "the run logged nothing at debug level");
+    let summary = out.join("summary.json");
+    assert!(summary.is_file(), "no summary.json in {}", out.display());
+    // The search can find what is there: the job's name is in the summary.
+    assert!(contains(&std::fs::read(&summary).unwrap(), b"quickstart"));
+    for (path, bytes) in &searched {
+        assert!(
+            !contains(bytes, secret.as_bytes()),
+            "the job secret is in {}",
+            path.display()
+        );
+    }
+    println!(
+        "searched {} files and streams ({} bytes, {debug_lines} debug lines) for the {}-byte secret",
+        searched.len(),
+        searched.iter().map(|(_, b)| b.len()).sum::<usize>(),
+        secret.len()
     );
 }

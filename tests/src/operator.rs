@@ -72,6 +72,15 @@ pub async fn start_custom(
     config.provisioning_requeue = Duration::from_secs(1);
     config.status_interval = Duration::from_secs(2);
     config.namespace = namespace;
+    // Every job gets its NetworkPolicy, as the chart's operator makes them (kwok enforces
+    // none: what is tested here is that it is applied, owned and cleaned up).
+    config.plan.network_policy = Some(
+        controller::plan::OperatorPeer::parse(
+            "ebbflow-system",
+            "app.kubernetes.io/name=ebbflow,app.kubernetes.io/component=operator",
+        )
+        .map_err(|e| format!("the operator pod selector: {e}"))?,
+    );
     let reporter = Reporter {
         controller: controller::MANAGER.to_owned(),
         instance: Some("e2e".into()),

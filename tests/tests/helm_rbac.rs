@@ -22,6 +22,7 @@ use ebbflow_tests::cluster::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
@@ -176,33 +177,76 @@ async fn chart_rbac_scenario(test: &str, release: &str, scoped: bool) -> Result<
     .await?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &jobs_ns);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &jobs_ns);
+    let policies: Api<NetworkPolicy> = Api::namespaced(admin.clone(), &jobs_ns);
     let selector =
         ListParams::default().labels(&format!("{}=quickstart", controller::plan::JOB_LABEL));
-    poll_until(
-        "pods, the coordinator's disruption budget and a status written under the chart's RBAC",
+    let policy = poll_until(
+        "pods, the coordinator's disruption budget, the job's NetworkPolicy and a status written \
+         under the chart's RBAC",
         Duration::from_secs(60),
         || {
             let (pods, jobs, selector) = (pods.clone(), jobs.clone(), selector.clone());
-            let budgets = budgets.clone();
+            let (budgets, policies) = (budgets.clone(), policies.clone());
             async move {
                 let count = pods.list(&selector).await?.items.len();
                 let status = jobs.get("quickstart").await?.status.unwrap_or_default();
                 let budget = budgets.get_opt("quickstart-coordinator").await?;
-                Ok((count >= 2 && !status.conditions.is_empty() && budget.is_some()).then_some(()))
+                let policy = policies.get_opt("quickstart-coordinator").await?;
+                Ok(policy
+                    .filter(|_| count >= 2 && !status.conditions.is_empty() && budget.is_some()))
             }
         },
     )
     .await?;
+    // The API server took it as the operator built it: the job's pods, three ingress rules.
+    let spec = policy.spec.ok_or("the NetworkPolicy has no spec")?;
+    let selected = spec
+        .pod_selector
+        .and_then(|s| s.match_labels)
+        .unwrap_or_default();
+    assert_eq!(
+        selected
+            .get(controller::plan::JOB_LABEL)
+            .map(String::as_str),
+        Some("quickstart")
+    );
+    assert_eq!(spec.ingress.map(|rules| rules.len()), Some(3));
+    // The job's token is in its Secret and nowhere a reader of jobs and events looks.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &jobs_ns);
+    let token = secrets
+        .get("quickstart-token")
+        .await?
+        .data
+        .and_then(|data| data.get("token").cloned())
+        .ok_or("the job's Secret has no token")?;
+    let token = String::from_utf8(token.0)?;
+    assert!(token.len() >= 32, "a short token");
+    let job_json = serde_json::to_string(&jobs.get("quickstart").await?)?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), &jobs_ns);
+    let events_json = serde_json::to_string(&events.list(&ListParams::default()).await?.items)?;
+    let policy_json = serde_json::to_string(&policies.get("quickstart-coordinator").await?)?;
+    for (what, text) in [
+        ("the job (spec and status)", &job_json),
+        ("the namespace's events", &events_json),
+        ("the NetworkPolicy", &policy_json),
+    ] {
+        assert!(
+            what.contains("events") || text.contains("quickstart"),
+            "{what} was not read"
+        );
+        assert!(!text.contains(&token), "the job's token is in {what}");
+    }
     jobs.delete("quickstart", &DeleteParams::default()).await?;
     poll_until(
         "the job cleaned up under the chart's RBAC",
         Duration::from_secs(60),
         || {
-            let (jobs, budgets) = (jobs.clone(), budgets.clone());
+            let (jobs, budgets, policies) = (jobs.clone(), budgets.clone(), policies.clone());
             async move {
                 let job = jobs.get_opt("quickstart").await?;
                 let budget = budgets.get_opt("quickstart-coordinator").await?;
-                Ok((job.is_none() && budget.is_none()).then_some(()))
+                let policy = policies.get_opt("quickstart-coordinator").await?;
+                Ok((job.is_none() && budget.is_none() && policy.is_none()).then_some(()))
             }
         },
     )

@@ -351,7 +351,7 @@ async fn discover_targets(client: Client, dir: std::path::PathBuf) {
                         .containers
                         .iter()
                         .flat_map(|c| c.ports.iter().flatten())
-                        .find(|p| p.name.as_deref() == Some("admin"))?
+                        .find(|p| p.name.as_deref() == Some("metrics"))?
                         .container_port;
                     Some(serde_json::json!({
                         "targets": [format!("{ip}:{port}")],

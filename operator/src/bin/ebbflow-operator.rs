@@ -187,6 +187,16 @@ struct Flags {
     /// Reconcile the TrainingJobs of this namespace only (default: every namespace).
     #[arg(long, env = "EBBFLOW_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+
+    /// Give every job a NetworkPolicy that admits to its runtime pods only the job's own pods,
+    /// the operator's pods (these labels, `key=value,...`, in `--operator-namespace`) on the
+    /// admin port, and any scraper on the metrics port. Unset: no per-job NetworkPolicy.
+    #[arg(long, env = "EBBFLOW_OPERATOR_POD_SELECTOR")]
+    operator_pod_selector: Option<String>,
+
+    /// The namespace the operator's pods run in (for `--operator-pod-selector`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    operator_namespace: String,
 }
 
 /// Which capacity planner decides transient pool counts.
@@ -366,6 +376,14 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut config = Config::new(flags.runtime_image.clone());
     config.plan.capacity_label = capacity_label;
+    config.plan.network_policy = flags
+        .operator_pod_selector
+        .as_deref()
+        .map(|selector| {
+            controller::plan::OperatorPeer::parse(&flags.operator_namespace, selector)
+                .map_err(|e| anyhow::anyhow!("--operator-pod-selector: {e}"))
+        })
+        .transpose()?;
     config.coordinator_url_override = flags.coordinator_url.clone();
     config.provisioning_requeue = Duration::from_secs(flags.provisioning_requeue_seconds);
     config.status_interval = Duration::from_secs(flags.status_interval_seconds);

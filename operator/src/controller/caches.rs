@@ -1,5 +1,5 @@
-//! The reflector caches of Nodes and of the operator's Pods, Secrets, Services and
-//! PodDisruptionBudgets: filled by the notice relay ([`super::relay`]), read by the reconcile
+//! The reflector caches of Nodes and of the operator's Pods, Secrets, Services,
+//! PodDisruptionBudgets and NetworkPolicies: filled by the notice relay ([`super::relay`]), read by the reconcile
 //! instead of LIST and GET calls, and broadcast to the controller as its child triggers.
 
 use std::{
@@ -13,6 +13,7 @@ use std::{
 use futures::FutureExt;
 use k8s_openapi::api::{
     core::v1::{Node, Pod, Secret, Service},
+    networking::v1::NetworkPolicy,
     policy::v1::PodDisruptionBudget,
 };
 use kube::{
@@ -30,6 +31,7 @@ pub(super) struct Writers {
     pub(super) secrets: reflector::store::Writer<Secret>,
     pub(super) services: reflector::store::Writer<Service>,
     pub(super) budgets: reflector::store::Writer<PodDisruptionBudget>,
+    pub(super) network_policies: reflector::store::Writer<NetworkPolicy>,
 }
 
 /// Changes the caches broadcast to subscribers (the controller) after applying them; a slow
@@ -49,6 +51,8 @@ pub struct Caches {
     pub services: Store<Service>,
     /// The operator's PodDisruptionBudgets (managed-by label), without managed fields.
     pub budgets: Store<PodDisruptionBudget>,
+    /// The operator's NetworkPolicies (managed-by label), without managed fields.
+    pub network_policies: Store<NetworkPolicy>,
     pub(super) writers: Arc<Mutex<Option<Writers>>>,
     /// True while the relay ([`super::relay::run`]) keeps the stores current; a stale store is never read.
     pub(super) live: Arc<AtomicBool>,
@@ -61,18 +65,21 @@ impl Default for Caches {
         let (secrets, secret_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         let (services, service_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         let (budgets, budget_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
+        let (network_policies, policy_writer) = reflector::store_shared(SUBSCRIBER_BUFFER);
         Self {
             pods,
             nodes,
             secrets,
             services,
             budgets,
+            network_policies,
             writers: Arc::new(Mutex::new(Some(Writers {
                 pods: pod_writer,
                 nodes: node_writer,
                 secrets: secret_writer,
                 services: service_writer,
                 budgets: budget_writer,
+                network_policies: policy_writer,
             }))),
             live: Arc::new(AtomicBool::new(false)),
         }
@@ -91,6 +98,8 @@ pub struct Subscriptions {
     pub services: ReflectHandle<Service>,
     /// Applied PodDisruptionBudgets.
     pub budgets: ReflectHandle<PodDisruptionBudget>,
+    /// Applied NetworkPolicies.
+    pub network_policies: ReflectHandle<NetworkPolicy>,
 }
 
 /// True once `store` holds a complete list (it never goes back).
@@ -124,6 +133,7 @@ impl Caches {
             secrets: writers.secrets.subscribe()?,
             services: writers.services.subscribe()?,
             budgets: writers.budgets.subscribe()?,
+            network_policies: writers.network_policies.subscribe()?,
         })
     }
 
@@ -183,5 +193,14 @@ impl Caches {
             return None;
         }
         self.budgets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The cached NetworkPolicy `namespace/name`, if the cache is live and holds it.
+    pub fn network_policy(&self, namespace: &str, name: &str) -> Option<Arc<NetworkPolicy>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.network_policies
+            .get(&ObjectRef::new(name).within(namespace))
     }
 }

@@ -73,6 +73,7 @@ impl Config {
             plan: PlanConfig {
                 default_image: default_image.into(),
                 capacity_label: ebbflow_crds::CapacityTypeLabel::default().resolved(),
+                network_policy: None,
             },
             coordinator_url_override: None,
             capabilities: Capabilities::default(),

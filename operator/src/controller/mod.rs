@@ -26,6 +26,7 @@ use ebbflow_crds::{TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::{Node, Pod, Secret, Service},
+    api::networking::v1::NetworkPolicy,
     api::policy::v1::PodDisruptionBudget,
     jiff::{SignedDuration, Timestamp},
 };
@@ -943,6 +944,10 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         cached,
     )
     .await?;
+    if let Some(policy) = &desired.network_policy {
+        let cached = ctx.caches.network_policy(&namespace, &service_name);
+        apply_unless_applied(&ctx, &namespace, &service_name, policy, cached).await?;
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut created = Vec::new();
     for pod in &desired.create {
@@ -1402,6 +1407,10 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         &coordinator_service_name(&name),
     )
     .await?;
+    // Whether or not this operator makes them: one made before a restart without them stays
+    // owned by the job.
+    let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+    delete_ignoring_missing(&policies, "NetworkPolicy", &coordinator_service_name(&name)).await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     delete_ignoring_missing(&secrets, "Secret", &plan::secret_name(&name)).await?;
     publish(
@@ -1412,12 +1421,12 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         "Cleanup",
         if terminated.is_empty() {
             format!(
-                "deleted {} pods, service, disruption budget and secret",
+                "deleted {} pods, service, disruption budget, network policy and secret",
                 pods.len()
             )
         } else {
             format!(
-                "deleted {} pods, service, disruption budget and secret; terminated instances {}",
+                "deleted {} pods, service, disruption budget, network policy and secret; terminated instances {}",
                 pods.len(),
                 terminated.join(", ")
             )
@@ -1589,6 +1598,7 @@ pub async fn run(
         .owns_shared_stream(children.pods)
         .owns_shared_stream(children.services)
         .owns_shared_stream(children.budgets)
+        .owns_shared_stream(children.network_policies)
         .owns_shared_stream(children.secrets)
         .reconcile_on(requeued)
         .graceful_shutdown_on(shutdown)

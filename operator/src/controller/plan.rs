@@ -20,6 +20,10 @@ use k8s_openapi::{
         ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
         ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume, VolumeMount,
     },
+    api::networking::v1::{
+        NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+        NetworkPolicySpec,
+    },
     api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -30,7 +34,7 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt};
 
 use crate::{
-    coordinator::{ADMIN_PORT, DATA_PORT, coordinator_service_name},
+    coordinator::{ADMIN_PORT, DATA_PORT, METRICS_PORT, coordinator_service_name},
     notices::{Notice, NoticeSource},
 };
 
@@ -109,6 +113,52 @@ pub struct PlanConfig {
     pub default_image: String,
     /// Capacity-type label when the spec keeps the default (karpenter, no overrides).
     pub capacity_label: ResolvedCapacityTypeLabel,
+    /// The operator's own pods, admitted to the coordinator's admin port by each job's
+    /// NetworkPolicy ([`build_network_policy`]); `None`: no per-job NetworkPolicy.
+    pub network_policy: Option<OperatorPeer>,
+}
+
+/// Where the operator's pods run and how they are labelled, for the per-job NetworkPolicy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorPeer {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// Labels every operator pod carries (the chart's selector labels).
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+impl OperatorPeer {
+    /// Parses `key=value,key=value` (a `kubectl -l` equality selector) in `namespace`.
+    pub fn parse(namespace: &str, selector: &str) -> Result<Self, String> {
+        let mut pod_labels = BTreeMap::new();
+        for part in selector.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((key, value)) = part.split_once('=') else {
+                return Err(format!(
+                    "operator pod selector {selector:?}: {part:?} is not key=value"
+                ));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            let label = |text: &str, extra: &str| {
+                text.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c) || extra.contains(c))
+            };
+            if key.is_empty() || !label(key, "/") || !label(value, "") {
+                return Err(format!(
+                    "operator pod selector {selector:?}: {part:?} is not key=value"
+                ));
+            }
+            pod_labels.insert(key.to_owned(), value.to_owned());
+        }
+        if pod_labels.is_empty() {
+            return Err(format!(
+                "operator pod selector {selector:?} names no label: every pod would match"
+            ));
+        }
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            pod_labels,
+        })
+    }
 }
 
 /// A [`Pool`] with a total order (instance type, zone, capacity type), so pools can key
@@ -272,6 +322,8 @@ pub struct Plan {
     pub service: Service,
     /// The coordinator pod's PodDisruptionBudget (applied every time).
     pub disruption_budget: PodDisruptionBudget,
+    /// The job's NetworkPolicy, when the operator makes them ([`PlanConfig::network_policy`]).
+    pub network_policy: Option<NetworkPolicy>,
     /// Pods to create.
     pub create: Vec<Pod>,
     /// Pods to delete, with why.
@@ -724,6 +776,11 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         ),
         service: build_service(job),
         disruption_budget: build_disruption_budget(job),
+        network_policy: input
+            .config
+            .network_policy
+            .as_ref()
+            .map(|operator| build_network_policy(job, operator)),
         create,
         delete,
     }
@@ -963,6 +1020,81 @@ pub fn build_service(job: &TrainingJob) -> Service {
             ..ServiceSpec::default()
         }),
         ..Service::default()
+    }
+}
+
+/// The job's NetworkPolicy (named like its Service): ingress to the job's runtime pods only
+/// from the job's own pods (data and admin ports: nodes join the coordinator and exchange
+/// parameters), from the operator's pods (the admin port: status, notices, stop), and to the
+/// metrics port from anywhere (Prometheus scrapes there alone; it serves nothing but
+/// `/metrics`). Every other port and peer is refused by a CNI that enforces policies. Egress is
+/// left alone: pods must reach the coordinator Service, DNS and, in ec2 mode, the instance
+/// metadata endpoint.
+pub fn build_network_policy(job: &TrainingJob, operator: &OperatorPeer) -> NetworkPolicy {
+    let job_name = job.name_any();
+    let runtime_pods = LabelSelector {
+        match_labels: Some(BTreeMap::from([
+            (JOB_LABEL.to_owned(), job_name.clone()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                MANAGED_BY.to_owned(),
+            ),
+        ])),
+        ..LabelSelector::default()
+    };
+    let ports = |ports: &[u16]| {
+        Some(
+            ports
+                .iter()
+                .map(|&port| NetworkPolicyPort {
+                    port: Some(IntOrString::Int(i32::from(port))),
+                    protocol: Some("TCP".to_owned()),
+                    ..NetworkPolicyPort::default()
+                })
+                .collect(),
+        )
+    };
+    NetworkPolicy {
+        metadata: child_meta(
+            job,
+            coordinator_service_name(&job_name),
+            common_labels(&job_name),
+        ),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(runtime_pods.clone()),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(runtime_pods),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: ports(&[ADMIN_PORT, DATA_PORT]),
+                },
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        namespace_selector: Some(LabelSelector {
+                            match_labels: Some(BTreeMap::from([(
+                                "kubernetes.io/metadata.name".to_owned(),
+                                operator.namespace.clone(),
+                            )])),
+                            ..LabelSelector::default()
+                        }),
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(operator.pod_labels.clone()),
+                            ..LabelSelector::default()
+                        }),
+                        ..NetworkPolicyPeer::default()
+                    }]),
+                    ports: ports(&[ADMIN_PORT]),
+                },
+                NetworkPolicyIngressRule {
+                    from: None,
+                    ports: ports(&[METRICS_PORT]),
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
     }
 }
 
@@ -1208,6 +1340,7 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
         ),
         env("EBBFLOW_ADMIN_PORT", ADMIN_PORT.to_string()),
         env("EBBFLOW_DATA_PORT", DATA_PORT.to_string()),
+        env("EBBFLOW_METRICS_PORT", METRICS_PORT.to_string()),
         // The pinned spec, from the Secret (the same for every pod of a run).
         secret_env("EBBFLOW_JOB_SPEC", &job_name, SPEC_KEY),
         env_field("EBBFLOW_POD_NAME", "metadata.name"),
@@ -1342,13 +1475,24 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                 // A pod that fails at startup says why in its status (the error it printed).
                 termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
                 env: Some(env_vars),
-                ports: Some(vec![port("admin", ADMIN_PORT), port("data", DATA_PORT)]),
-                // Ready once the admin port is bound: the coordinator's API (after its
-                // dataset loaded), a node's metrics (as it starts). Before that the operator
-                // would find the coordinator unreachable and mark the job Degraded.
+                // The admin API on the coordinator pod only; `metrics` on every pod.
+                ports: Some(if is_coordinator {
+                    vec![
+                        port("admin", ADMIN_PORT),
+                        port("data", DATA_PORT),
+                        port("metrics", METRICS_PORT),
+                    ]
+                } else {
+                    vec![port("data", DATA_PORT), port("metrics", METRICS_PORT)]
+                }),
+                // Ready once the coordinator's admin API is bound (after its dataset loaded),
+                // a node's metrics port as it starts. Before that the operator would find the
+                // coordinator unreachable and mark the job Degraded.
                 readiness_probe: Some(Probe {
                     tcp_socket: Some(TCPSocketAction {
-                        port: IntOrString::String("admin".to_owned()),
+                        port: IntOrString::String(
+                            if is_coordinator { "admin" } else { "metrics" }.to_owned(),
+                        ),
                         host: None,
                     }),
                     period_seconds: Some(2),

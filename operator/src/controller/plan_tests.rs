@@ -47,6 +47,7 @@ fn config() -> PlanConfig {
     PlanConfig {
         default_image: "ghcr.io/ebbflow/ebbflow-runtime:default".to_owned(),
         capacity_label: CapacityTypeLabel::default().resolved(),
+        network_policy: None,
     }
 }
 
@@ -747,6 +748,159 @@ fn the_coordinator_pod_is_protected_from_eviction_unless_it_checkpoints() {
     let plan = run_plan(&job, &[], &[], &decision(&[]));
     let spec = plan.disruption_budget.spec.unwrap();
     assert_eq!(spec.min_available, Some(IntOrString::Int(0)));
+}
+
+/// The per-job NetworkPolicy: the job's pods reach each other's data and admin ports, the
+/// operator's pods (in their namespace) the admin port, anyone the metrics port; nothing else.
+/// Each port a runtime pod declares is one the policy names, and the admin port is only on the
+/// coordinator pod.
+#[test]
+fn a_jobs_network_policy_admits_its_own_pods_the_operator_and_scrapers() {
+    let job = job().with_reliable(2);
+    let decided = decision(&[(spot("p3.2xlarge", "us-west-2a"), 1)]);
+    assert!(run_plan(&job, &[], &[], &decided).network_policy.is_none());
+    let operator = OperatorPeer::parse(
+        "ebbflow-system",
+        "app.kubernetes.io/name=ebbflow, app.kubernetes.io/component=operator",
+    )
+    .unwrap();
+    let config = PlanConfig {
+        network_policy: Some(operator.clone()),
+        ..config()
+    };
+    let plan = plan(&PlanInput {
+        job: &job,
+        pods: &[],
+        existing_token: None,
+        existing_spec: None,
+        fresh_token: "fresh",
+        notices: &[],
+        decision: &decided,
+        activity: Activity::Run,
+        config: &config,
+    });
+    let policy = plan.network_policy.as_ref().unwrap();
+    assert_eq!(policy.metadata.name.as_deref(), Some("mf-coordinator"));
+    assert_eq!(
+        policy.metadata.owner_references.as_ref().unwrap()[0].name,
+        "mf"
+    );
+    let spec = policy.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.policy_types.as_deref(),
+        Some(&["Ingress".to_owned()][..])
+    );
+    let job_pods = BTreeMap::from([
+        (JOB_LABEL.to_owned(), "mf".to_owned()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            MANAGED_BY.to_owned(),
+        ),
+    ]);
+    let selected = spec
+        .pod_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .as_ref()
+        .unwrap();
+    assert_eq!(selected, &job_pods);
+    // Every pod of the plan is selected.
+    assert_eq!(plan.create.len(), 3);
+    for pod in &plan.create {
+        assert!(
+            job_pods.iter().all(|(k, v)| pod.labels().get(k) == Some(v)),
+            "{} is not selected",
+            pod.name_any()
+        );
+    }
+    let ports = |rule: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| -> Vec<i32> {
+        rule.ports
+            .iter()
+            .flatten()
+            .map(|p| match p.port.as_ref().unwrap() {
+                IntOrString::Int(port) => *port,
+                other => panic!("a named port {other:?}"),
+            })
+            .collect()
+    };
+    let rules = spec.ingress.as_ref().unwrap();
+    assert_eq!(rules.len(), 3);
+    // The job's own pods: admin and data.
+    let from = rules[0].from.as_ref().unwrap();
+    assert_eq!(from.len(), 1);
+    assert_eq!(
+        from[0].pod_selector.as_ref().unwrap().match_labels.as_ref(),
+        Some(&job_pods)
+    );
+    assert!(from[0].namespace_selector.is_none(), "same namespace only");
+    assert_eq!(ports(&rules[0]), [7070, 7071]);
+    // The operator: admin, from its namespace and pods only.
+    let from = rules[1].from.as_ref().unwrap();
+    assert_eq!(
+        from[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()["kubernetes.io/metadata.name"],
+        "ebbflow-system"
+    );
+    assert_eq!(
+        from[0].pod_selector.as_ref().unwrap().match_labels.as_ref(),
+        Some(&operator.pod_labels)
+    );
+    assert_eq!(ports(&rules[1]), [7070]);
+    // Scrapers: the metrics port alone, from anywhere.
+    assert!(rules[2].from.is_none());
+    assert_eq!(ports(&rules[2]), [7072]);
+    // The ports the pods declare: the admin API on the coordinator pod only.
+    for pod in &plan.create {
+        let declared: Vec<(String, i32)> = pod.spec.as_ref().unwrap().containers[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone().unwrap(), p.container_port))
+            .collect();
+        let coordinator = pod
+            .labels()
+            .get(COORDINATOR_LABEL)
+            .is_some_and(|v| v == "true");
+        let expected: Vec<(String, i32)> = if coordinator {
+            vec![
+                ("admin".into(), 7070),
+                ("data".into(), 7071),
+                ("metrics".into(), 7072),
+            ]
+        } else {
+            vec![("data".into(), 7071), ("metrics".into(), 7072)]
+        };
+        assert_eq!(declared, expected, "{}", pod.name_any());
+        let probe = pod.spec.as_ref().unwrap().containers[0]
+            .readiness_probe
+            .as_ref()
+            .unwrap();
+        let probed = probe.tcp_socket.as_ref().unwrap().port.clone();
+        assert!(
+            declared
+                .iter()
+                .any(|(name, _)| IntOrString::String(name.clone()) == probed),
+            "{} probes an undeclared port {probed:?}",
+            pod.name_any()
+        );
+    }
+}
+
+#[test]
+fn operator_pod_selectors_are_parsed_or_refused_by_name() {
+    let peer = OperatorPeer::parse("ops", "a=b,c=d").unwrap();
+    assert_eq!(peer.namespace, "ops");
+    assert_eq!(peer.pod_labels.len(), 2);
+    for bad in ["", "a", "a=b,c", "=b", "a!=b", "a==b"] {
+        let error = OperatorPeer::parse("ops", bad).unwrap_err();
+        assert!(error.contains("operator pod selector"), "{bad:?}: {error}");
+    }
 }
 
 #[test]

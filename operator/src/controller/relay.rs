@@ -6,8 +6,8 @@
 //! pods, talks to its coordinator and server-side applies its children, so under load notices
 //! queued behind hundreds of reconciles (p99 5.9 s at 50 jobs, see BENCHMARKS.md).
 //!
-//! The relay keeps reflector caches of Nodes and of the operator's Pods, Secrets, Services and
-//! PodDisruptionBudgets
+//! The relay keeps reflector caches of Nodes and of the operator's Pods, Secrets, Services,
+//! PodDisruptionBudgets and NetworkPolicies
 //! (one watch per kind for the whole operator: the controller is triggered by the same watches
 //! through [`Subscriptions`], and the reconcile reads its children from these caches instead of
 //! one LIST and two GETs per reconcile), and reacts to each watch
@@ -37,6 +37,7 @@ use k8s_openapi::{
         ContainerState, ContainerStatus, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec,
         PodStatus, Secret, Service,
     },
+    api::networking::v1::NetworkPolicy,
     api::policy::v1::PodDisruptionBudget,
     jiff::Timestamp,
 };
@@ -381,18 +382,24 @@ pub async fn run(
         .map(Watched::child);
     let budget_events = watcher(
         scoped::<PodDisruptionBudget>(&ctx.client, namespace),
-        children,
+        children.clone(),
     )
     .default_backoff()
     .modify(|budget| budget.managed_fields_mut().clear())
     .reflect_shared(writers.budgets)
     .map(Watched::child);
+    let policy_events = watcher(scoped::<NetworkPolicy>(&ctx.client, namespace), children)
+        .default_backoff()
+        .modify(|policy| policy.managed_fields_mut().clear())
+        .reflect_shared(writers.network_policies)
+        .map(Watched::child);
     let mut events = std::pin::pin!(stream::select_all([
         pod_events.boxed(),
         node_events.boxed(),
         secret_events.boxed(),
         service_events.boxed(),
         budget_events.boxed(),
+        policy_events.boxed(),
     ]));
     let mut tracker = NodeTracker::default();
     while let Some(event) = events.next().await {

@@ -56,6 +56,9 @@ type RecordedEvent = (String, String, String);
 
 /// The path segment of PodDisruptionBudgets.
 const BUDGETS: &str = "poddisruptionbudgets";
+/// The API group and path segment of NetworkPolicies.
+const NETWORKING: &str = "networking.k8s.io";
+const POLICIES: &str = "networkpolicies";
 
 #[derive(Default)]
 struct ClusterState {
@@ -64,6 +67,7 @@ struct ClusterState {
     secrets: BTreeMap<String, Secret>,
     services: BTreeMap<String, Service>,
     budgets: BTreeMap<String, PodDisruptionBudget>,
+    network_policies: BTreeMap<String, Value>,
     nodes: BTreeMap<String, Node>,
     events: Vec<RecordedEvent>,
     requests: Vec<String>,
@@ -192,6 +196,17 @@ impl ClusterState {
             ("DELETE", ["apis", "policy", "v1", "namespaces", _, BUDGETS, name]) => {
                 match self.budgets.remove(*name) {
                     Some(budget) => ok(budget),
+                    None => not_found(),
+                }
+            }
+            ("PATCH", ["apis", NETWORKING, "v1", "namespaces", _, POLICIES, name]) => {
+                self.network_policies
+                    .insert((*name).to_owned(), body.clone());
+                ok(body)
+            }
+            ("DELETE", ["apis", NETWORKING, "v1", "namespaces", _, POLICIES, name]) => {
+                match self.network_policies.remove(*name) {
+                    Some(policy) => ok(policy),
                     None => not_found(),
                 }
             }
@@ -433,6 +448,10 @@ impl Scenario {
         let registry = Registry::new();
         let metrics = Metrics::register(&registry).unwrap();
         let mut config = Config::new("ghcr.io/ebbflow/ebbflow-runtime:test");
+        config.plan.network_policy = Some(
+            super::plan::OperatorPeer::parse("ebbflow-system", "app.kubernetes.io/name=ebbflow")
+                .unwrap(),
+        );
         config.coordinator_url_override = Some(format!("http://{address}"));
         let ctx = Context::new(
             client.clone(),
@@ -663,6 +682,7 @@ async fn create_adds_finalizer_then_secret_service_and_reliable_pods() {
         let cluster = scenario.cluster.lock();
         assert!(cluster.services.contains_key("mf-coordinator"));
         assert!(cluster.budgets.contains_key("mf-coordinator"));
+        assert!(cluster.network_policies.contains_key("mf-coordinator"));
         cluster.secrets["mf-token"].data.as_ref().unwrap()["token"]
             .0
             .clone()
@@ -979,6 +999,7 @@ async fn delete_cleans_up_everything_and_releases_the_finalizer() {
         let cluster = scenario.cluster.lock();
         assert!(cluster.services.is_empty());
         assert!(cluster.budgets.is_empty());
+        assert!(cluster.network_policies.is_empty());
         assert!(cluster.secrets.is_empty());
     }
     assert!(scenario.job().finalizers().is_empty(), "finalizer removed");

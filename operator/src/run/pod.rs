@@ -3,14 +3,15 @@
 //!
 //! - `EBBFLOW_ROLE=coordinator` (reliable pod 0): serves the job's admin API (`/join`, `/status`,
 //!   `/notice`, `/stop`) on `EBBFLOW_ADMIN_PORT`, trains the job elastically over the nodes that
-//!   join, and runs one reliable node itself. When training ends it keeps serving the final
+//!   join, and runs one reliable node itself; its metrics (the coordinator's and its node's,
+//!   `process="node"`) are on `EBBFLOW_METRICS_PORT` too. When training ends it keeps serving the final
 //!   status (`done`, or `stopped` after `/stop`, with the result) until SIGTERM, so the operator
 //!   reads the outcome before it deletes the job's pods; then it prints the run's report as one
 //!   JSON line and exits.
 //! - `EBBFLOW_ROLE=reliable` / `transient`: one elastic node. It binds its data plane on
 //!   `EBBFLOW_POD_IP:EBBFLOW_DATA_PORT`, joins the coordinator at `EBBFLOW_COORDINATOR`, and
 //!   treats SIGTERM as a notice with the pod's termination grace period, and serves its metrics
-//!   (`/metrics`) on `EBBFLOW_ADMIN_PORT`. Released at the job's
+//!   (`/metrics`) on `EBBFLOW_METRICS_PORT`. Released at the job's
 //!   end, it waits for SIGTERM (a pod that exited would be replaced before the operator saw the
 //!   end); one that left on a notice has had its SIGTERM and exits.
 //!
@@ -64,6 +65,9 @@ pub struct PodEnv {
     pub admin_port: u16,
     /// The data-plane port.
     pub data_port: u16,
+    /// The port of this pod's `/metrics` (`EBBFLOW_METRICS_PORT`; pods created before it
+    /// existed serve on [`crate::coordinator::METRICS_PORT`]).
+    pub metrics_port: u16,
     /// The job secret.
     pub token: String,
     /// Where dataset paths start.
@@ -122,6 +126,10 @@ impl PodEnv {
             coordinator: need("EBBFLOW_COORDINATOR")?,
             admin_port: port("EBBFLOW_ADMIN_PORT")?,
             data_port: port("EBBFLOW_DATA_PORT")?,
+            metrics_port: match var("EBBFLOW_METRICS_PORT").filter(|v| !v.is_empty()) {
+                None => crate::coordinator::METRICS_PORT,
+                Some(_) => port("EBBFLOW_METRICS_PORT")?,
+            },
             token: need("EBBFLOW_TOKEN")?,
             data_dir: var("EBBFLOW_DATA_DIR")
                 .filter(|v| !v.is_empty())
@@ -157,11 +165,10 @@ impl PodEnv {
             reliable: self.role != PodRole::Transient,
             listen: SocketAddr::new(self.pod_ip, self.data_port),
             advertise: None,
-            // A node pod has no admin API: its port serves the node's metrics (the chart's
-            // PodMonitor scrapes `admin` on every runtime pod). The coordinator pod's port is
-            // the coordinator's.
+            // The chart's PodMonitor scrapes `metrics` on every runtime pod. The coordinator
+            // pod's own node registers on the coordinator's registry, served there.
             metrics_listen: (self.role != PodRole::Coordinator)
-                .then(|| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), self.admin_port)),
+                .then(|| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), self.metrics_port)),
             // The coordinator pod's node registers on a registry of its own that the
             // coordinator's admin port serves too (`process="node"`, [`pod`]).
             registry: None,
@@ -245,6 +252,10 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
             "node",
         )))
         .map_err(|e| RunError::Pod(format!("registering the node's metrics: {e}")))?;
+    serve_metrics(
+        SocketAddr::new(IpAddr::from([0, 0, 0, 0]), env.metrics_port),
+        registry.clone(),
+    )?;
     let own_node = ElasticNodeSettings {
         registry: Some(node_registry),
         ..env.node_settings(format!("http://127.0.0.1:{}", bound.port()))
@@ -269,6 +280,32 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         "rollbacks": report.rollbacks,
         "partitions_migrated": report.partitions_migrated,
     })))
+}
+
+/// Serves `registry` as `/metrics` on `addr` from a thread of its own until the process ends
+/// (the coordinator pod's metrics port: its admin port is for the job and the operator only).
+fn serve_metrics(addr: SocketAddr, registry: Registry) -> Result<(), RunError> {
+    let bind_error = |source| RunError::BindMetrics { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| RunError::Pod(format!("starting the metrics server: {e}")))?;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener).map_err(bind_error)?
+    };
+    let router = ebbflow_runtime::coordinator::metrics_router(registry);
+    std::thread::Builder::new()
+        .name("metrics".to_owned())
+        .spawn(move || {
+            if let Err(error) = rt.block_on(async { axum::serve(listener, router).await }) {
+                tracing::warn!(%error, "the metrics server stopped");
+            }
+        })
+        .map_err(|e| RunError::Pod(format!("starting the metrics server: {e}")))?;
+    Ok(())
 }
 
 /// Runs `app`'s elastic node `name` until the coordinator lets it go.
