@@ -77,6 +77,9 @@ echo "==> cargo test (unit + integration, no cluster needed; Python apps in ebbf
 VIRTUAL_ENV="$(dirname "$(dirname "$EBBFLOW_PYTHON")")" \
   cargo test --workspace --locked --features ebbflow-operator/python,ebbflow-operator/ec2
 
+echo "==> fuzzing: a short coverage-guided run of each target (scripts/fuzz.sh: AFL++ via cargo-afl, cached; the recorded 10 M executions per target are in BENCHMARKS.md)"
+EBBFLOW_FUZZ_EXECS="${EBBFLOW_FUZZ_EXECS:-30000}" scripts/fuzz.sh
+
 echo "==> helm chart: lint, template across value combinations, values schema rejections"
 scripts/check-chart.sh
 

@@ -27,6 +27,8 @@ pub mod elastic_coordinator;
 pub mod elastic_node;
 pub mod exact;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handshake;
 pub mod heartbeat;
 pub mod local;

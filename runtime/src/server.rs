@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
@@ -203,6 +203,7 @@ pub async fn run(
                 metrics.clone(),
                 stop_rx.clone(),
             );
+            let _ = stream.set_nodelay(true);
             if let Err(error) = detect_dead_peer(&stream, config.dead_peer_after) {
                 tracing::warn!(%peer, %error, "setting TCP keepalive failed: a peer that vanishes keeps its connection");
             }
@@ -249,7 +250,7 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Reads one frame into `buf`; `Ok(None)` at a clean end of stream.
 async fn read_frame(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     max: usize,
 ) -> Result<Option<Bytes>, ConnectionError> {
@@ -348,7 +349,7 @@ pub(crate) fn warm_vec(out: &mut Vec<u8>, bytes: usize) {
 
 /// Writes `out` to the peer once `link` grants its bytes.
 async fn write_frame(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncWrite + Unpin),
     out: &[u8],
     link: &Link,
 ) -> Result<(), ConnectionError> {
@@ -370,7 +371,7 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// with an `Error` frame, so a misconfigured worker reports "refused: unauthenticated" rather
 /// than a bare end of stream.
 async fn serve_connection(
-    mut stream: TcpStream,
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
     state: &Arc<ServerState>,
     config: &ServerConfig,
     stop: watch::Receiver<bool>,
@@ -397,11 +398,24 @@ async fn serve_connection(
     result
 }
 
+/// Serves one connection over any byte stream, as [`run`] serves each accepted socket, until
+/// the peer closes it or the server refuses it (why: the error, counted by [`run`] as
+/// `ebbflow_runtime_connections_refused_total{reason}`). For the fuzzing harness
+/// ([`crate::fuzzing`]) and tests.
+pub async fn serve_stream(
+    stream: impl AsyncRead + AsyncWrite + Unpin,
+    state: &Arc<ServerState>,
+    config: &ServerConfig,
+) -> Result<(), ConnectionError> {
+    let (_running, stop) = watch::channel(false);
+    serve_connection(stream, state, config, stop).await
+}
+
 /// The server's side of the handshake ([`crate::handshake`]): reads the hello, answers with
 /// its nonce and proof, and checks the client's proof. Frames before it succeeds are read up
 /// to [`HELLO_MAX_BYTES`] only. Returns the bytes read.
 async fn handshake(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
     config: &ServerConfig,
     own: &Link,
@@ -446,12 +460,11 @@ async fn handshake(
 }
 
 async fn serve(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     state: &Arc<ServerState>,
     config: &ServerConfig,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
-    let _ = stream.set_nodelay(true);
     // Frames that are not a worker's (hello, control) cross this node's NIC only.
     let own = Link::between(config.bandwidth.as_ref(), None, None);
     let mut buf = BytesMut::with_capacity(1 << 16);
