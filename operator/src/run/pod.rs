@@ -252,10 +252,16 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
             "node",
         )))
         .map_err(|e| RunError::Pod(format!("registering the node's metrics: {e}")))?;
-    serve_metrics(
-        SocketAddr::new(IpAddr::from([0, 0, 0, 0]), env.metrics_port),
-        registry.clone(),
-    )?;
+    // The coordinator's and its node's metrics on the metrics port (the admin port is for the
+    // job and the operator only), served as `ebbflow run` serves its own, until this returns.
+    let metrics_addr = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), env.metrics_port);
+    let metrics_listener =
+        std::net::TcpListener::bind(metrics_addr).map_err(|source| RunError::BindMetrics {
+            addr: metrics_addr,
+            source,
+        })?;
+    let _serving = super::serve_metrics(metrics_listener, registry.clone())
+        .ok_or_else(|| RunError::Pod("starting the metrics server failed".into()))?;
     let own_node = ElasticNodeSettings {
         registry: Some(node_registry),
         ..env.node_settings(format!("http://127.0.0.1:{}", bound.port()))
@@ -280,32 +286,6 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         "rollbacks": report.rollbacks,
         "partitions_migrated": report.partitions_migrated,
     })))
-}
-
-/// Serves `registry` as `/metrics` on `addr` from a thread of its own until the process ends
-/// (the coordinator pod's metrics port: its admin port is for the job and the operator only).
-fn serve_metrics(addr: SocketAddr, registry: Registry) -> Result<(), RunError> {
-    let bind_error = |source| RunError::BindMetrics { addr, source };
-    let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
-    listener.set_nonblocking(true).map_err(bind_error)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| RunError::Pod(format!("starting the metrics server: {e}")))?;
-    let listener = {
-        let _guard = rt.enter();
-        tokio::net::TcpListener::from_std(listener).map_err(bind_error)?
-    };
-    let router = ebbflow_runtime::coordinator::metrics_router(registry);
-    std::thread::Builder::new()
-        .name("metrics".to_owned())
-        .spawn(move || {
-            if let Err(error) = rt.block_on(async { axum::serve(listener, router).await }) {
-                tracing::warn!(%error, "the metrics server stopped");
-            }
-        })
-        .map_err(|e| RunError::Pod(format!("starting the metrics server: {e}")))?;
-    Ok(())
 }
 
 /// Runs `app`'s elastic node `name` until the coordinator lets it go.
