@@ -26,7 +26,6 @@ use crate::optimizer::Optimizer;
 use crate::partition::{PartitionEntry, PartitionMap};
 use crate::server::ServerConfig;
 use crate::store::ServerState;
-use crate::tls::{JobTls, TransportSecurity};
 use crate::worker::JobConfig;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
@@ -115,9 +114,6 @@ enum Command {
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
-        /// Data-plane transport security: `tls` or `none` (as the job's other processes).
-        #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
-        transport_security: TransportSecurity,
         #[command(flatten)]
         notices: NoticeArgs,
         #[command(flatten)]
@@ -305,7 +301,6 @@ fn elastic_job_config(job: &JobArgs, elastic: &ElasticArgs) -> JobConfig {
         partitions: job.partitions,
         optimizer: job.optimizer,
         workers: elastic.job_workers,
-        transport_security: job.transport_security,
         ..JobConfig::default()
     }
 }
@@ -324,11 +319,6 @@ struct JobArgs {
     /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS` (local mode).
     #[arg(long = "server-optimizer", default_value = "add", value_parser = parse_optimizer)]
     optimizer: Optimizer,
-    /// Data-plane transport security: `tls` (TLS 1.3 keyed by the job secret) or `none`
-    /// (plain TCP; the handshake still never sends the secret). Every process of a job must
-    /// use the same.
-    #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
-    transport_security: TransportSecurity,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -564,7 +554,6 @@ pub fn main_with<E: ExternalApps>(
             no_serve,
             secret,
             optimizer,
-            transport_security,
             notices,
             app,
         } => node_main(
@@ -577,7 +566,6 @@ pub fn main_with<E: ExternalApps>(
                 metrics_listen,
                 workers: workers.unwrap_or_else(default_workers),
                 optimizer,
-                transport_security,
                 app,
             },
         ),
@@ -853,7 +841,6 @@ impl AppTask for CoordinatorTask {
             partitions: job.partitions,
             clocks: job.clocks,
             staleness: job.staleness,
-            tls: JobTls::for_security(job.transport_security, secret.as_bytes()),
             secret,
             specs,
             evaluator: Arc::new(move |snapshot, total_workers| {
@@ -908,7 +895,6 @@ struct NodeArgs {
     metrics_listen: Option<SocketAddr>,
     workers: usize,
     optimizer: Optimizer,
-    transport_security: TransportSecurity,
     app: AppArgs,
 }
 
@@ -1098,10 +1084,8 @@ impl AppTask for NodeTask {
             plan.staleness == 0,
         ));
         let wait_timeout = Duration::from_secs(600);
-        let tls = JobTls::for_security(args.transport_security, args.notices.secret.as_bytes());
         let server_config = ServerConfig {
             wait_timeout,
-            tls: tls.clone(),
             ..ServerConfig::with_secret(args.notices.secret.clone().into_bytes())
         };
         let server =
@@ -1118,7 +1102,6 @@ impl AppTask for NodeTask {
             node,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: wait_timeout,
-            tls,
         };
         let config = JobConfig {
             clocks: plan.clocks,
@@ -1127,7 +1110,6 @@ impl AppTask for NodeTask {
             partitions: map.num_partitions(),
             optimizer: args.optimizer,
             wait_timeout,
-            transport_security: args.transport_security,
             keep_params: false,
             ..JobConfig::default()
         };

@@ -1062,7 +1062,13 @@ enum ExchangeError {
 }
 
 fn connect(client: &ClientConfig, addr: SocketAddr) -> Result<Connection, ClientError> {
-    Connection::connect(addr, client)
+    Connection::connect(
+        addr,
+        &client.secret,
+        client.node,
+        client.max_frame_bytes,
+        client.timeout,
+    )
 }
 
 /// One request/answer over `connection` (a new connection when `None`); the connection comes
@@ -1444,7 +1450,6 @@ impl ProcessFleet {
     pub fn new(
         directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
         secret: &[u8],
-        tls: Option<Arc<crate::tls::JobTls>>,
         workers: u32,
         timeout: Duration,
         metrics: RuntimeMetrics,
@@ -1457,7 +1462,6 @@ impl ProcessFleet {
                 node: u32::MAX,
                 max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
                 timeout,
-                tls,
             },
             workers,
             assignment: BTreeMap::new(),
@@ -2443,7 +2447,6 @@ mod tests {
             node: 0,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: Duration::from_secs(1),
-            tls: None,
         };
         let (shutdown, _) = std::sync::mpsc::channel();
         Agent::new(
@@ -2760,7 +2763,6 @@ mod tests {
         ProcessFleet::new(
             directory,
             b"s",
-            None,
             workers,
             Duration::from_secs(1),
             RuntimeMetrics::unregistered(),

@@ -42,5 +42,4 @@ pub mod process_cache;
 pub mod server;
 pub mod snapshot;
 pub mod store;
-pub mod tls;
 pub mod worker;
