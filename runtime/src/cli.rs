@@ -26,6 +26,7 @@ use crate::optimizer::Optimizer;
 use crate::partition::{PartitionEntry, PartitionMap};
 use crate::server::ServerConfig;
 use crate::store::ServerState;
+use crate::tls::{JobTls, TransportSecurity};
 use crate::worker::JobConfig;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
@@ -114,6 +115,9 @@ enum Command {
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
+        /// Data-plane transport security: `tls` or `none` (as the job's other processes).
+        #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
+        transport_security: TransportSecurity,
         #[command(flatten)]
         notices: NoticeArgs,
         #[command(flatten)]
@@ -301,6 +305,7 @@ fn elastic_job_config(job: &JobArgs, elastic: &ElasticArgs) -> JobConfig {
         partitions: job.partitions,
         optimizer: job.optimizer,
         workers: elastic.job_workers,
+        transport_security: job.transport_security,
         ..JobConfig::default()
     }
 }
@@ -319,6 +324,11 @@ struct JobArgs {
     /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS` (local mode).
     #[arg(long = "server-optimizer", default_value = "add", value_parser = parse_optimizer)]
     optimizer: Optimizer,
+    /// Data-plane transport security: `tls` (TLS 1.3 keyed by the job secret) or `none`
+    /// (plain TCP; the handshake still never sends the secret). Every process of a job must
+    /// use the same.
+    #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
+    transport_security: TransportSecurity,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -554,6 +564,7 @@ pub fn main_with<E: ExternalApps>(
             no_serve,
             secret,
             optimizer,
+            transport_security,
             notices,
             app,
         } => node_main(
@@ -566,6 +577,7 @@ pub fn main_with<E: ExternalApps>(
                 metrics_listen,
                 workers: workers.unwrap_or_else(default_workers),
                 optimizer,
+                transport_security,
                 app,
             },
         ),
@@ -841,6 +853,7 @@ impl AppTask for CoordinatorTask {
             partitions: job.partitions,
             clocks: job.clocks,
             staleness: job.staleness,
+            tls: JobTls::for_security(job.transport_security, secret.as_bytes()),
             secret,
             specs,
             evaluator: Arc::new(move |snapshot, total_workers| {
@@ -895,6 +908,7 @@ struct NodeArgs {
     metrics_listen: Option<SocketAddr>,
     workers: usize,
     optimizer: Optimizer,
+    transport_security: TransportSecurity,
     app: AppArgs,
 }
 
@@ -1084,8 +1098,10 @@ impl AppTask for NodeTask {
             plan.staleness == 0,
         ));
         let wait_timeout = Duration::from_secs(600);
+        let tls = JobTls::for_security(args.transport_security, args.notices.secret.as_bytes());
         let server_config = ServerConfig {
             wait_timeout,
+            tls: tls.clone(),
             ..ServerConfig::with_secret(args.notices.secret.clone().into_bytes())
         };
         let server =
@@ -1102,6 +1118,7 @@ impl AppTask for NodeTask {
             node,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: wait_timeout,
+            tls,
         };
         let config = JobConfig {
             clocks: plan.clocks,
@@ -1110,6 +1127,7 @@ impl AppTask for NodeTask {
             partitions: map.num_partitions(),
             optimizer: args.optimizer,
             wait_timeout,
+            transport_security: args.transport_security,
             keep_params: false,
             ..JobConfig::default()
         };

@@ -17,6 +17,7 @@ use crate::handshake;
 use crate::message::{Message, Values};
 use crate::partition::{PartitionId, PartitionMap};
 use crate::snapshot::ParamSnapshot;
+use crate::tls::JobTls;
 use crate::worker::{PartitionView, RegisterBatch, Transport, WorkerError};
 
 /// Errors of the data-plane client.
@@ -75,6 +76,14 @@ pub enum ClientError {
         /// The server address.
         addr: SocketAddr,
     },
+    /// The TLS handshake with the server failed ([`crate::tls`]).
+    #[error("TLS with server {addr} failed: {reason}")]
+    Tls {
+        /// The server address.
+        addr: SocketAddr,
+        /// Why, in words (never the key).
+        reason: String,
+    },
     /// The partition map names a node whose address is unknown.
     #[error("no address for node {node}")]
     LookupNode {
@@ -93,6 +102,7 @@ impl ClientError {
             ClientError::Refused { .. } => "refused",
             ClientError::Unexpected { .. } => "unexpected",
             ClientError::Unauthenticated { .. } => "unauthenticated",
+            ClientError::Tls { .. } => "tls",
             ClientError::LookupNode { .. } => "lookup_node",
         }
     }
@@ -110,8 +120,10 @@ struct Challenged {
 #[derive(Debug)]
 pub struct Connection {
     addr: SocketAddr,
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    /// The socket itself (a duplicate), to probe and to cut it whatever runs over it.
+    socket: TcpStream,
+    reader: BufReader<Half>,
+    writer: BufWriter<Half>,
     out: Vec<u8>,
     body: Vec<u8>,
     max_frame_bytes: usize,
@@ -126,26 +138,16 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` and presents the job secret; `timeout` bounds every read.
-    pub fn connect(
-        addr: SocketAddr,
-        secret: &[u8],
-        node: u32,
-        max_frame_bytes: usize,
-        timeout: Duration,
-    ) -> Result<Self, ClientError> {
-        Self::open(addr, secret, node, max_frame_bytes, timeout)?.welcomed()
+    /// Connects to `addr` as `config` says (over TLS when it has a [`JobTls`]) and proves the
+    /// job key; `config.timeout` bounds every read.
+    pub fn connect(addr: SocketAddr, config: &ClientConfig) -> Result<Self, ClientError> {
+        Self::open(addr, config)?.welcomed()
     }
 
     /// Connects and sends the hello without waiting for the welcome ([`Connection::welcomed`]),
-    /// so several connections can be opened in one round trip.
-    fn open(
-        addr: SocketAddr,
-        secret: &[u8],
-        node: u32,
-        max_frame_bytes: usize,
-        timeout: Duration,
-    ) -> Result<Self, ClientError> {
+    /// so several connections can be opened in one round trip (plus the TLS handshake's).
+    fn open(addr: SocketAddr, config: &ClientConfig) -> Result<Self, ClientError> {
+        let timeout = config.timeout;
         let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(30)))
             .map_err(|source| ClientError::Connect { addr, source })?;
         let exchange = |source| ClientError::Exchange { addr, source };
@@ -156,28 +158,39 @@ impl Connection {
         // default).
         crate::server::probe_idle_peer(&stream, crate::server::DEFAULT_DEAD_PEER_AFTER)
             .map_err(exchange)?;
-        let reader = BufReader::with_capacity(1 << 16, stream.try_clone().map_err(exchange)?);
-        let writer = BufWriter::with_capacity(1 << 16, stream);
+        let socket = stream.try_clone().map_err(exchange)?;
+        let (reader, writer) = match &config.tls {
+            None => (
+                Half::Plain(stream.try_clone().map_err(exchange)?),
+                Half::Plain(stream),
+            ),
+            Some(tls) => {
+                let session = tls_handshake(addr, tls, stream)?;
+                let shared = Arc::new(parking_lot::Mutex::new(session));
+                (Half::Tls(shared.clone()), Half::Tls(shared))
+            }
+        };
         let mut connection = Self {
             addr,
-            reader,
-            writer,
+            socket,
+            reader: BufReader::with_capacity(1 << 16, reader),
+            writer: BufWriter::with_capacity(1 << 16, writer),
             out: Vec::new(),
             body: Vec::new(),
-            max_frame_bytes,
+            max_frame_bytes: config.max_frame_bytes,
             challenge: None,
             welcome_pending: true,
             watched: None,
         };
         let nonce = handshake::nonce();
         connection.queue(&Message::Hello {
-            node,
+            node: config.node,
             nonce: &nonce,
         })?;
         connection.flush()?;
         connection.challenge = Some(Challenged {
-            key: secret.to_vec(),
-            node,
+            key: config.secret.clone(),
+            node: config.node,
             nonce,
         });
         Ok(connection)
@@ -308,7 +321,7 @@ impl Connection {
     /// keepalive probes for about `after` ([`crate::server::probe_idle_peer`]; connections
     /// start with [`crate::server::DEFAULT_DEAD_PEER_AFTER`]).
     pub fn probe_idle_peer(&self, after: Duration) -> Result<(), ClientError> {
-        crate::server::probe_idle_peer(self.writer.get_ref(), after).map_err(|source| {
+        crate::server::probe_idle_peer(&self.socket, after).map_err(|source| {
             ClientError::Exchange {
                 addr: self.addr,
                 source,
@@ -333,6 +346,103 @@ impl Connection {
         crate::server::warm_vec(&mut self.out, bytes);
         crate::server::warm_vec(&mut self.body, bytes);
         Ok(())
+    }
+}
+
+/// A client's TLS session over its socket.
+type TlsSession = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// One direction of a connection's byte stream: a duplicate of the socket, or the TLS session
+/// both directions share (a connection is used by one thread at a time, so the lock is never
+/// contended).
+#[derive(Debug)]
+enum Half {
+    Plain(TcpStream),
+    Tls(Arc<parking_lot::Mutex<TlsSession>>),
+}
+
+impl Read for Half {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Half::Plain(stream) => stream.read(buf),
+            Half::Tls(session) => session.lock().read(buf),
+        }
+    }
+}
+
+impl Write for Half {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Half::Plain(stream) => stream.write(buf),
+            Half::Tls(session) => session.lock().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Half::Plain(stream) => stream.flush(),
+            Half::Tls(session) => session.lock().flush(),
+        }
+    }
+}
+
+/// Runs the TLS handshake with the server at `addr` to its end, so a server that is not the
+/// job's, or that does not speak TLS, fails the connect with a reason rather than a later read.
+fn tls_handshake(
+    addr: SocketAddr,
+    tls: &JobTls,
+    mut stream: TcpStream,
+) -> Result<TlsSession, ClientError> {
+    let mut session = rustls::ClientConnection::new(tls.client.clone(), JobTls::server_name())
+        .map_err(|error| ClientError::Tls {
+            addr,
+            reason: error.to_string(),
+        })?;
+    while session.is_handshaking() {
+        if let Err(source) = session.complete_io(&mut stream) {
+            return Err(tls_error(addr, source));
+        }
+    }
+    Ok(rustls::StreamOwned::new(session, stream))
+}
+
+/// The error of a failed TLS handshake: a server without the job's key is unauthenticated; one
+/// that answers with something other than TLS is most likely a plaintext server.
+fn tls_error(addr: SocketAddr, source: std::io::Error) -> ClientError {
+    use std::io::ErrorKind;
+    let Some(error) = source
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return match source.kind() {
+            // A plaintext server closes on the first byte of a TLS client.
+            ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted => ClientError::Tls {
+                addr,
+                reason: format!(
+                    "the server closed the connection in the handshake ({source}): is its \
+                         transport security \"none\" where this side's is \"tls\"?"
+                ),
+            },
+            _ => ClientError::Exchange { addr, source },
+        };
+    };
+    match error {
+        rustls::Error::InvalidCertificate(_) => ClientError::Unauthenticated { addr },
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            ClientError::Tls {
+                addr,
+                reason: format!(
+                    "{error} (the server does not speak TLS: is its transport security \"none\" \
+                     where this side's is \"tls\"?)"
+                ),
+            }
+        }
+        other => ClientError::Tls {
+            addr,
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -385,8 +495,7 @@ impl Severance {
         }
         let addr = connection.addr;
         let duplicate = connection
-            .writer
-            .get_ref()
+            .socket
             .try_clone()
             .map_err(|source| ClientError::Exchange { addr, source })?;
         let mut watched = self.watched.lock();
@@ -481,13 +590,7 @@ impl PreOpened {
         config: &ClientConfig,
         frame_bytes: usize,
     ) -> Result<(), ClientError> {
-        let mut connection = Connection::connect(
-            addr,
-            &config.secret,
-            config.node,
-            config.max_frame_bytes,
-            config.timeout,
-        )?;
+        let mut connection = Connection::connect(addr, config)?;
         connection.warm(frame_bytes)?;
         self.connections.lock().push((worker, connection));
         self.count("opened", 1);
@@ -552,6 +655,8 @@ pub struct ClientConfig {
     pub max_frame_bytes: usize,
     /// Read timeout (must exceed the longest SSP wait).
     pub timeout: Duration,
+    /// TLS keyed by the job key ([`crate::tls`]); `None`: plain TCP.
+    pub tls: Option<Arc<JobTls>>,
 }
 
 /// Worker transport over TCP: one connection per server node, routes by the partition map.
@@ -630,13 +735,7 @@ impl RemoteTransport {
             };
             let mut connection = match kept.or_else(pre_opened) {
                 Some(connection) => connection,
-                None => Connection::open(
-                    addr,
-                    &self.config.secret,
-                    self.config.node,
-                    self.config.max_frame_bytes,
-                    self.config.timeout,
-                )?,
+                None => Connection::open(addr, &self.config)?,
             };
             if let Some(severance) = &self.severance {
                 severance.watch(&mut connection)?;
@@ -823,34 +922,18 @@ pub fn fetch_snapshot(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::{RowInit, TableSpec};
     use crate::metrics::RuntimeMetrics;
     use crate::node::ServerHandle;
-    use crate::optimizer::Optimizer;
     use crate::partition::partition_of;
-    use crate::store::ServerState;
     use crate::worker::Transport;
-    use std::sync::Arc;
 
     fn serve(runtime: &tokio::runtime::Runtime, secret: &[u8]) -> ServerHandle {
-        let specs = [TableSpec {
-            id: 0,
-            name: "t".into(),
-            width: 2,
-            init: RowInit::Zeros,
-        }];
-        let state = Arc::new(ServerState::new(
-            &[(0, 1)],
-            1,
-            &specs,
-            1,
-            Optimizer::Add,
-            true,
-        ));
+        let state = crate::fuzzing::one_table(true);
         ServerHandle::loopback(
             runtime.handle(),
             state,
             secret,
+            None,
             Duration::from_secs(5),
             &RuntimeMetrics::unregistered(),
         )
@@ -863,6 +946,7 @@ mod tests {
             node: 7,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 
@@ -881,14 +965,7 @@ mod tests {
         let batch = vec![(0, vec![(0, keys.clone())], None)];
 
         // The server sizes its buffers within its limits, however much is asked, and answers.
-        let mut raw = Connection::connect(
-            server.addr,
-            b"job",
-            7,
-            config.max_frame_bytes,
-            config.timeout,
-        )
-        .unwrap();
+        let mut raw = Connection::connect(server.addr, &config).unwrap();
         raw.send(&Message::Warm { bytes: u64::MAX }).unwrap();
         raw.flush().unwrap();
         assert!(matches!(raw.recv().unwrap(), Message::Warmed));
@@ -985,7 +1062,14 @@ mod severance_tests {
     }
 
     fn open(addr: SocketAddr) -> Connection {
-        Connection::open(addr, b"s", 1, 1 << 20, Duration::from_secs(60)).unwrap()
+        let config = ClientConfig {
+            secret: b"s".to_vec(),
+            node: 1,
+            max_frame_bytes: 1 << 20,
+            timeout: Duration::from_secs(60),
+            tls: None,
+        };
+        Connection::open(addr, &config).unwrap()
     }
 
     /// Reads from the peer's side until the client's socket closes (EOF or a reset).

@@ -1062,13 +1062,7 @@ enum ExchangeError {
 }
 
 fn connect(client: &ClientConfig, addr: SocketAddr) -> Result<Connection, ClientError> {
-    Connection::connect(
-        addr,
-        &client.secret,
-        client.node,
-        client.max_frame_bytes,
-        client.timeout,
-    )
+    Connection::connect(addr, client)
 }
 
 /// One request/answer over `connection` (a new connection when `None`); the connection comes
@@ -1450,6 +1444,7 @@ impl ProcessFleet {
     pub fn new(
         directory: Arc<Mutex<BTreeMap<String, SocketAddr>>>,
         secret: &[u8],
+        tls: Option<Arc<crate::tls::JobTls>>,
         workers: u32,
         timeout: Duration,
         metrics: RuntimeMetrics,
@@ -1462,6 +1457,7 @@ impl ProcessFleet {
                 node: u32::MAX,
                 max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
                 timeout,
+                tls,
             },
             workers,
             assignment: BTreeMap::new(),
@@ -2447,6 +2443,7 @@ mod tests {
             node: 0,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: Duration::from_secs(1),
+            tls: None,
         };
         let (shutdown, _) = std::sync::mpsc::channel();
         Agent::new(
@@ -2763,6 +2760,7 @@ mod tests {
         ProcessFleet::new(
             directory,
             b"s",
+            None,
             workers,
             Duration::from_secs(1),
             RuntimeMetrics::unregistered(),

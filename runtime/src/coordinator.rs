@@ -132,6 +132,8 @@ pub struct CoordinatorConfig {
     pub specs: Vec<TableSpec>,
     /// The app's evaluation.
     pub evaluator: Evaluator,
+    /// TLS of the data plane ([`crate::tls`]), to fetch the final parameters from the nodes.
+    pub tls: Option<Arc<crate::tls::JobTls>>,
 }
 
 #[derive(Debug, Default)]
@@ -351,6 +353,7 @@ impl Coordinator {
             node: u32::MAX,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: std::time::Duration::from_secs(600),
+            tls: self.config.tls.clone(),
         };
         let outcome = map
             .ok_or_else(|| "no partition map".to_owned())
@@ -580,6 +583,7 @@ mod tests {
             secret: "s3cret".into(),
             specs: vec![],
             evaluator: Arc::new(|_, _| EvalReport::default()),
+            tls: None,
         };
         Coordinator::new(config, Registry::new())
     }
@@ -681,6 +685,7 @@ mod http_tests {
             secret: "k".into(),
             specs: vec![],
             evaluator: Arc::new(|_, _| EvalReport::default()),
+            tls: None,
         };
         let coordinator = Coordinator::new(config, registry);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

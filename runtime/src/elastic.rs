@@ -1009,6 +1009,7 @@ impl LocalFleet {
             node: 0,
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
             timeout: job.wait_timeout,
+            tls: crate::tls::JobTls::for_security(job.transport_security, &secret),
         };
         let pre_opened = Arc::new(PreOpened::counted(metrics));
         let pool = WorkerPool::start(
@@ -1066,6 +1067,7 @@ impl LocalFleet {
             wait_timeout: self.job.wait_timeout,
             bandwidth: self.bandwidth(node),
             placement: Some((node, self.placement.clone())),
+            tls: self.client.tls.clone(),
             ..crate::server::ServerConfig::with_secret(self.secret.clone())
         };
         ServerHandle::start(

@@ -801,9 +801,12 @@ pub fn run_elastic_job_with<A: crate::app::App>(
         transient = config.transient.len(),
         "training starts"
     );
+    let tls =
+        crate::tls::JobTls::for_security(config.job.transport_security, job.secret.as_bytes());
     let mut fleet = crate::control::ProcessFleet::new(
         directory,
         job.secret.as_bytes(),
+        tls,
         config.job.workers as u32,
         config.job.wait_timeout,
         metrics.clone(),

@@ -272,11 +272,13 @@ pub fn run_elastic_node_with<A: App>(
         config.staleness == 0,
     ));
     let secret = settings.notices.secret.clone();
+    let tls = crate::tls::JobTls::for_security(config.transport_security, secret.as_bytes());
     let client = ClientConfig {
         secret: secret.clone().into_bytes(),
         node: 0,
         max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
         timeout: config.wait_timeout,
+        tls: tls.clone(),
     };
     let (shutdown, released) = std::sync::mpsc::channel();
     let agent = Arc::new(Agent::new(
@@ -291,6 +293,7 @@ pub fn run_elastic_node_with<A: App>(
         wait_timeout: config.wait_timeout,
         agent: Some(agent.clone()),
         bandwidth: crate::bandwidth::NodeBandwidth::from_mbps(options.bandwidth_limit_mbps),
+        tls,
         ..ServerConfig::with_secret(secret.clone().into_bytes())
     };
     let server = ServerHandle::serve(rt.handle(), listener, state.clone(), server_config, metrics)

@@ -78,8 +78,9 @@ pub fn frames(data: &[u8]) {
     }
 }
 
-/// A server of one partition holding one row of a width-2 table, as the data-plane tests use.
-fn one_table() -> Arc<ServerState> {
+/// A server state of one partition (epoch 1) of one width-2 table, as the data-plane tests and
+/// the harness use; `strict`: BSP reads.
+pub fn one_table(strict: bool) -> Arc<ServerState> {
     let specs = vec![TableSpec {
         id: 0,
         name: "t".into(),
@@ -92,7 +93,7 @@ fn one_table() -> Arc<ServerState> {
         &specs,
         1,
         Optimizer::Add,
-        false,
+        strict,
     ))
 }
 
@@ -131,7 +132,7 @@ pub fn connection(rt: &tokio::runtime::Runtime, data: &[u8]) -> Vec<u8> {
         wait_timeout: Duration::from_millis(1),
         ..ServerConfig::with_secret(KEY.as_bytes().to_vec())
     };
-    let state = one_table();
+    let state = one_table(false);
     rt.block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 16);
         let serving = tokio::spawn(async move { serve_stream(server, &state, &config).await });

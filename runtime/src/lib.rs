@@ -42,4 +42,5 @@ pub mod process_cache;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod tls;
 pub mod worker;

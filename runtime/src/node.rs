@@ -2,7 +2,6 @@
 //! hosting partitions behind a TCP server, and running worker threads against remote servers.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,16 +36,11 @@ pub struct WorkerPlan {
     pub addrs: NodeAddrs,
 }
 
-/// A fresh random job secret (hex), from the standard library's randomly keyed hasher.
+/// A fresh random job secret: 32 bytes from the operating system's generator, as hex.
 pub fn random_secret() -> String {
-    let state = std::collections::hash_map::RandomState::new();
-    (0..4)
-        .map(|i| {
-            let mut hasher = state.build_hasher();
-            hasher.write_u64(i);
-            hasher.write_u128(Instant::now().elapsed().as_nanos());
-            format!("{:016x}", hasher.finish())
-        })
+    crate::handshake::nonce()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
         .collect()
 }
 
@@ -173,16 +167,18 @@ impl ServerHandle {
         Self::serve(runtime, listener, state, config, metrics)
     }
 
-    /// Serves `state` on a fresh port of 127.0.0.1 with the job `secret`.
+    /// Serves `state` on a fresh port of 127.0.0.1 with the job `secret`, over `tls` when given.
     pub fn loopback(
         runtime: &tokio::runtime::Handle,
         state: Arc<ServerState>,
         secret: &[u8],
+        tls: Option<Arc<crate::tls::JobTls>>,
         wait_timeout: std::time::Duration,
         metrics: &RuntimeMetrics,
     ) -> std::io::Result<Self> {
         let config = ServerConfig {
             wait_timeout,
+            tls,
             ..ServerConfig::with_secret(secret.to_vec())
         };
         Self::start(
@@ -259,6 +255,7 @@ pub fn run_loopback<A: App>(
     let map = PartitionMap::round_robin(config.partitions, &owners)
         .map_err(|e| cluster(e.to_string()))?;
     let secret = random_secret().into_bytes();
+    let tls = crate::tls::JobTls::for_security(config.transport_security, &secret);
     let mut handles = Vec::new();
     let mut addrs = BTreeMap::new();
     for &node in &owners {
@@ -279,6 +276,7 @@ pub fn run_loopback<A: App>(
             runtime.handle(),
             state,
             &secret,
+            tls.clone(),
             config.wait_timeout,
             metrics,
         )
@@ -298,6 +296,7 @@ pub fn run_loopback<A: App>(
         node: 0,
         max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME_BYTES,
         timeout: config.wait_timeout,
+        tls,
     };
     let run_start = Instant::now();
     let reports = run_workers(app, &specs, &plan, &client, config, metrics, run_start)?;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
@@ -33,6 +33,7 @@ use crate::handshake;
 use crate::message::{Message, Values};
 use crate::metrics::RuntimeMetrics;
 use crate::store::{PushOutcome, ServerState, StoreError};
+use crate::tls::{JobTls, TLS_HANDSHAKE_RECORD};
 
 /// Settings of a data-plane server.
 #[derive(Clone)]
@@ -60,6 +61,10 @@ pub struct ServerConfig {
     /// This server's node and where the job's workers run, when they live in this process: a
     /// worker's exchange is then charged to its node's bandwidth too, or to none within a node.
     pub placement: Option<(u32, Arc<WorkerPlacement>)>,
+    /// TLS keyed by the job key ([`crate::tls`]): every peer must open with a TLS handshake,
+    /// and one that speaks plaintext is refused. `None`: plain TCP only, and a TLS client is
+    /// refused.
+    pub tls: Option<Arc<JobTls>>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -72,6 +77,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("dead_peer_after", &self.dead_peer_after)
             .field("agent", &self.agent.is_some())
             .field("bandwidth_mbps", &self.bandwidth.as_ref().map(|b| b.mbps))
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +95,7 @@ impl ServerConfig {
             agent: None,
             bandwidth: None,
             placement: None,
+            tls: None,
         }
     }
 }
@@ -150,6 +157,17 @@ pub enum ConnectionError {
     /// The peer sent a message a client must not send.
     #[error("peer sent an unexpected {0} message")]
     Unexpected(&'static str),
+    /// The peer spoke plaintext to a server that requires TLS (a downgrade attempt, or a node
+    /// whose transport security is "none").
+    #[error("this server requires TLS (transport security \"tls\") and the peer spoke plaintext")]
+    Plaintext,
+    /// The peer opened a TLS handshake with a server whose transport security is "none".
+    #[error("the peer opened TLS with a server whose transport security is \"none\"")]
+    TlsUnexpected,
+    /// The TLS handshake failed (the peer refused this server's key, or sent a malformed or
+    /// unacceptable handshake).
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
 }
 
 impl ConnectionError {
@@ -169,6 +187,9 @@ impl ConnectionError {
             ConnectionError::Authenticate => "unauthenticated",
             ConnectionError::Handshake => "handshake_timeout",
             ConnectionError::Unexpected(_) => "unexpected",
+            ConnectionError::Plaintext => "plaintext",
+            ConnectionError::TlsUnexpected => "tls_unexpected",
+            ConnectionError::Tls(_) => "tls",
         }
     }
 }
@@ -209,7 +230,7 @@ pub async fn run(
             }
             handlers.spawn(async move {
                 metrics.connections_open.inc();
-                let result = serve_connection(stream, &state, &config, stop).await;
+                let result = serve_socket(stream, &state, &config, stop).await;
                 metrics.connections_open.dec();
                 if let Err(error) = result {
                     metrics
@@ -263,7 +284,14 @@ async fn read_frame(
                 } else if buf.capacity() == buf.len() {
                     buf.reserve(4096);
                 }
-                if stream.read_buf(buf).await.map_err(ConnectionError::Read)? == 0 {
+                let read = match stream.read_buf(buf).await {
+                    Ok(read) => read,
+                    // A TLS peer that closed its socket without a close_notify: the same end of
+                    // stream as a plaintext peer's close (the framing catches a truncation).
+                    Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+                    Err(error) => return Err(ConnectionError::Read(error)),
+                };
+                if read == 0 {
                     return if buf.is_empty() {
                         Ok(None)
                     } else {
@@ -382,20 +410,65 @@ async fn serve_connection(
             error,
             ConnectionError::Read(_) | ConnectionError::Write(_) | ConnectionError::Truncate
         ) {
-            let mut out = Vec::new();
-            Message::Error {
-                category: error.category(),
-                message: &error.to_string(),
-            }
-            .encode(&mut out);
-            let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
-                stream.write_all(&out).await?;
-                stream.shutdown().await
-            })
-            .await;
+            tell_refused(&mut stream, error).await;
         }
     }
     result
+}
+
+/// Tells a refused peer why in an `Error` frame (bounded by [`REFUSAL_WRITE_TIMEOUT`]) and
+/// closes the stream.
+async fn tell_refused(stream: &mut (impl AsyncWrite + Unpin), error: &ConnectionError) {
+    let mut out = Vec::new();
+    Message::Error {
+        category: error.category(),
+        message: &error.to_string(),
+    }
+    .encode(&mut out);
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+        stream.write_all(&out).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Serves one accepted socket: looks at its first byte (within the handshake timeout) to tell a
+/// TLS client from a plaintext one, refuses the kind this server does not speak, runs the TLS
+/// handshake when it does ([`crate::tls`]) and then serves the connection.
+async fn serve_socket(
+    mut stream: TcpStream,
+    state: &Arc<ServerState>,
+    config: &ServerConfig,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let mut first = [0u8; 1];
+    let opened_with_tls =
+        match tokio::time::timeout(config.handshake_timeout, stream.peek(&mut first)).await {
+            Err(_) => return Err(ConnectionError::Handshake),
+            Ok(Err(error)) => return Err(ConnectionError::Read(error)),
+            // Closed before a byte: the plaintext path reports it as before.
+            Ok(Ok(0)) => false,
+            Ok(Ok(_)) => first[0] == TLS_HANDSHAKE_RECORD,
+        };
+    match (&config.tls, opened_with_tls) {
+        (None, false) => serve_connection(stream, state, config, stop).await,
+        // A TLS client cannot read a plaintext refusal: it sees the connection close.
+        (None, true) => Err(ConnectionError::TlsUnexpected),
+        (Some(_), false) => {
+            // Plaintext in, plaintext refusal out: a node misconfigured with "none" reads why.
+            let error = ConnectionError::Plaintext;
+            tell_refused(&mut stream, &error).await;
+            Err(error)
+        }
+        (Some(tls), true) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+            let stream = tokio::time::timeout(config.handshake_timeout, acceptor.accept(stream))
+                .await
+                .map_err(|_| ConnectionError::Handshake)?
+                .map_err(|error| ConnectionError::Tls(error.to_string()))?;
+            serve_connection(stream, state, config, stop).await
+        }
+    }
 }
 
 /// Serves one connection over any byte stream, as [`run`] serves each accepted socket, until

@@ -4,11 +4,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ebbflow_runtime::app::{RowInit, TableSpec};
-use ebbflow_runtime::client::Connection;
+use ebbflow_runtime::client::{ClientConfig, Connection};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::frame::{HEADER_BYTES, check};
 use ebbflow_runtime::handshake;
@@ -16,10 +14,8 @@ use ebbflow_runtime::local::run_single_process;
 use ebbflow_runtime::message::{Message, Values};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::node::{ServerHandle, run_loopback};
-use ebbflow_runtime::optimizer::Optimizer;
 use ebbflow_runtime::partition::partition_of;
 use ebbflow_runtime::server::ServerConfig;
-use ebbflow_runtime::store::ServerState;
 use ebbflow_runtime::worker::JobConfig;
 
 fn exact_job(workers: usize, staleness: u64) -> (ExactApp, JobConfig) {
@@ -65,6 +61,17 @@ fn loopback_runs_are_exact_and_equal_single_process_runs() {
 
 const SECRET: &[u8] = b"job-secret";
 
+/// A plaintext client of node `node` holding `key`, with a read timeout of `timeout`.
+fn plain_client(key: &[u8], node: u32, timeout: Duration) -> ClientConfig {
+    ClientConfig {
+        secret: key.to_vec(),
+        node,
+        max_frame_bytes: 1 << 20,
+        timeout,
+        tls: None,
+    }
+}
+
 fn start_server(runtime: &tokio::runtime::Runtime, metrics: &RuntimeMetrics) -> ServerHandle {
     let config = ServerConfig {
         max_frame_bytes: 1 << 20,
@@ -81,20 +88,7 @@ fn serve_one_table(
     addr: std::net::SocketAddr,
     config: ServerConfig,
 ) -> ServerHandle {
-    let specs = vec![TableSpec {
-        id: 0,
-        name: "t".into(),
-        width: 2,
-        init: RowInit::Zeros,
-    }];
-    let state = Arc::new(ServerState::new(
-        &[(0, 1)],
-        1,
-        &specs,
-        1,
-        Optimizer::Add,
-        false,
-    ));
+    let state = ebbflow_runtime::fuzzing::one_table(false);
     ServerHandle::start(runtime.handle(), addr, state, config, metrics.clone()).unwrap()
 }
 
@@ -194,9 +188,10 @@ fn bad_peers_are_refused_while_a_good_client_keeps_working() {
     let server = start_server(&runtime, &metrics);
     let timeout = Duration::from_secs(60);
     // A worker with the wrong secret learns why it was refused.
-    let refused = Connection::connect(server.addr, b"stale", 1, 1 << 20, timeout).unwrap_err();
+    let refused =
+        Connection::connect(server.addr, &plain_client(b"stale", 1, timeout)).unwrap_err();
     assert!(refused.to_string().contains("unauthenticated"), "{refused}");
-    let mut good = Connection::connect(server.addr, SECRET, 1, 1 << 20, timeout).unwrap();
+    let mut good = Connection::connect(server.addr, &plain_client(SECRET, 1, timeout)).unwrap();
     let key = (0..).find(|&k| partition_of(k, 1) == 0).unwrap();
     // A claim to hold rows of a clock the partition has not reached is refused.
     good.send(&Message::Register {
@@ -744,10 +739,7 @@ fn a_request_to_a_vanished_server_fails() {
     let port: u16 = line_of(&mut server, &mut out).parse().unwrap();
     let mut connection = Connection::connect(
         SocketAddr::new(IpAddr::V4(ns.peer), port),
-        SECRET,
-        3,
-        1 << 20,
-        Duration::from_secs(600),
+        &plain_client(SECRET, 3, Duration::from_secs(600)),
     )
     .unwrap();
     let after = Duration::from_secs(2);

@@ -91,10 +91,22 @@ fn run_exact_with_metrics(
     transient: &[&str],
     events: &[ScheduledEvent],
 ) -> Vec<(ElasticReport, RuntimeMetrics)> {
+    run_paced_with_metrics(transient, events, Duration::ZERO)
+}
+
+/// [`run_exact_with_metrics`] with clocks of at least `clock_delay` of compute each.
+fn run_paced_with_metrics(
+    transient: &[&str],
+    events: &[ScheduledEvent],
+    clock_delay: Duration,
+) -> Vec<(ElasticReport, RuntimeMetrics)> {
     [0, 2]
         .into_iter()
         .map(|staleness| {
-            let app = exact(staleness, CLOCKS);
+            let app = ExactApp::new(ExactConfig {
+                clock_delay,
+                ..*exact(staleness, CLOCKS).config()
+            });
             let metrics = RuntimeMetrics::unregistered();
             let report = run_elastic(
                 &app,
@@ -144,7 +156,11 @@ fn bulk_add_is_prepared_then_switched_in_at_a_boundary_and_changes_stage() {
             names: names(&["s-1", "s-2", "s-3", "s-4", "s-5", "s-6"]),
         },
     )];
-    for (report, metrics) in run_exact_with_metrics(&transient, &events) {
+    // Paced, so that the 12 connections (TLS handshakes, warmed buffers) are ready well
+    // before the run's end even on a loaded machine: unpaced, a run of microsecond clocks
+    // could end before the switch.
+    for (report, metrics) in run_paced_with_metrics(&transient, &events, Duration::from_millis(20))
+    {
         assert_eq!(report.segments[0].stage, 1, "1:1 is stage 1");
         // Stage 2 puts ActivePSs on the 4 longest-lived transient nodes: s-0 (a member from the
         // start, whose server starts at the switch) and the joined s-1..s-3, each of whose

@@ -28,6 +28,7 @@ async fn coordinator() -> (Arc<Coordinator>, String) {
             secret: SECRET.into(),
             specs: Vec::new(),
             evaluator: Arc::new(|_, _| EvalReport::default()),
+            tls: None,
         },
         prometheus::Registry::new(),
     );

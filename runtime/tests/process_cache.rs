@@ -16,6 +16,7 @@ use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::node::{SegmentPlan, ServerHandle, WorkerPool, run_loopback};
 use ebbflow_runtime::partition::{PartitionEntry, PartitionMap, partition_of};
 use ebbflow_runtime::store::ServerState;
+use ebbflow_runtime::tls::JobTls;
 use ebbflow_runtime::worker::{ClockGate, DivergenceStop, JobConfig};
 
 const PARTITIONS: u32 = 4;
@@ -205,6 +206,7 @@ fn serve(
         runtime.handle(),
         state,
         secret,
+        JobTls::for_security(config.transport_security, secret),
         config.wait_timeout,
         &RuntimeMetrics::unregistered(),
     )
@@ -237,6 +239,7 @@ impl PoolFixture {
         ];
         let addrs: NodeAddrs = [(0, servers[0].addr), (1, servers[1].addr)].into();
         let client = ClientConfig {
+            tls: JobTls::for_security(config.transport_security, &secret),
             secret,
             node: 0,
             max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,

@@ -69,13 +69,21 @@ fn a_partition_restored_at_its_old_epoch_is_registered_again() {
         job.optimizer,
         true,
     ));
-    let server =
-        ServerHandle::loopback(runtime.handle(), state.clone(), SECRET, WAIT, &metrics).unwrap();
+    let server = ServerHandle::loopback(
+        runtime.handle(),
+        state.clone(),
+        SECRET,
+        None,
+        WAIT,
+        &metrics,
+    )
+    .unwrap();
     let client = ClientConfig {
         secret: SECRET.to_vec(),
         node: NODE,
         max_frame_bytes: ebbflow_runtime::frame::DEFAULT_MAX_FRAME_BYTES,
         timeout: WAIT,
+        tls: None,
     };
     let (shutdown, _stopped) = std::sync::mpsc::channel();
     let agent = Agent::new(

@@ -33,6 +33,7 @@ use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources};
 use ebbflow_runtime::exact::{ExactApp, ExactConfig};
 use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::optimizer::Optimizer;
+use ebbflow_runtime::tls::TransportSecurity;
 use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
@@ -660,6 +661,10 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             partitions,
             optimizer: server_optimizer(spec.app.server_optimizer),
             wait_timeout: Duration::from_secs(120),
+            transport_security: match spec.runtime.transport_security {
+                None | Some(ebbflow_crds::TransportSecurity::Tls) => TransportSecurity::Tls,
+                Some(ebbflow_crds::TransportSecurity::None) => TransportSecurity::None,
+            },
             ..JobConfig::default()
         },
         thresholds: StageThresholds {
