@@ -6,7 +6,7 @@
 # medians, tls / none.
 # Needs the data of scripts/fetch-data.sh in EBBFLOW_DATA_DIR (default ~/.cache/ebbflow/data).
 #
-# Usage: scripts/bench-tls.sh [mf|lda] [ROUNDS]
+# Usage: [EBBFLOW_BENCH_CLOCKS=200] scripts/bench-tls.sh [mf|lda] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}
@@ -16,8 +16,10 @@ BIN=$TARGET/release/ebbflow-runtime
 APP=${1:-mf}
 ROUNDS=${2:-3}
 case "$APP" in mf|lda) ;; *) echo "bench-tls: unknown app '$APP' (mf or lda)" >&2; exit 2 ;; esac
-# As in bench-two-processes.sh: an LDA clock takes milliseconds, an MF clock longer.
-case "$APP" in lda) CLOCKS=200 ;; *) CLOCKS=20 ;; esac
+# Clocks of a few milliseconds (an LDA sweep, an MF pass over 100K ratings): 200 of them, so a
+# run's steady part spans about a second, not the 0.1 s that 20 MF clocks took, which the
+# machine's noise (±25% between runs) swamped.
+CLOCKS=${EBBFLOW_BENCH_CLOCKS:-200}
 export RUST_LOG=warn
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
