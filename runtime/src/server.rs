@@ -382,7 +382,14 @@ async fn write_frame(
     link: &Link,
 ) -> Result<(), ConnectionError> {
     link.send(out.len()).await;
-    stream.write_all(out).await.map_err(ConnectionError::Write)
+    stream
+        .write_all(out)
+        .await
+        .map_err(ConnectionError::Write)?;
+    // A TLS stream keeps the records it could not write when the socket filled: without the
+    // flush the end of a large answer waited for the next frame, which a client waiting for
+    // that answer never sends (a plain socket's flush does nothing).
+    stream.flush().await.map_err(ConnectionError::Write)
 }
 
 /// The largest frame a peer may send before it has proven the job key: its hello (a node id

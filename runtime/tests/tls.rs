@@ -309,6 +309,93 @@ fn a_tls_client_of_a_plaintext_server_is_told_the_transports_differ() {
     server.stop(runtime.handle());
 }
 
+/// An answer far larger than the socket buffers arrives whole. The server's TLS stream keeps
+/// the records the socket did not take until it is flushed; without that flush a 64 MiB job
+/// (`scripts/bench-notice-to-safe.sh`) hung on its first answer. The hang depends on the
+/// socket being full at the last write, which this test does not force: it checks the path,
+/// the benchmark found the bug.
+#[test]
+fn an_answer_larger_than_the_socket_buffers_crosses_tls_whole() {
+    let runtime = runtime();
+    let metrics = RuntimeMetrics::unregistered();
+    let tls = Some(Arc::new(JobTls::new(SECRET)));
+    let width = 4 << 20; // 16 MiB of values in one row
+    let specs = vec![ebbflow_runtime::app::TableSpec {
+        id: 0,
+        name: "wide".into(),
+        width,
+        init: ebbflow_runtime::app::RowInit::Zeros,
+    }];
+    let state = Arc::new(ebbflow_runtime::store::ServerState::new(
+        &[(0, 1)],
+        1,
+        &specs,
+        1,
+        ebbflow_runtime::optimizer::Optimizer::Add,
+        false,
+    ));
+    let config = ServerConfig {
+        max_frame_bytes: 64 << 20,
+        tls: tls.clone(),
+        ..ServerConfig::with_secret(SECRET.to_vec())
+    };
+    let server = ServerHandle::start(
+        runtime.handle(),
+        ([127, 0, 0, 1], 0).into(),
+        state,
+        config,
+        metrics.clone(),
+    )
+    .unwrap();
+    let mut connection = Connection::connect(
+        server.addr,
+        &ClientConfig {
+            max_frame_bytes: 64 << 20,
+            ..client(SECRET, tls)
+        },
+    )
+    .unwrap();
+    let key = (0..).find(|&k| partition_of(k, 1) == 0).unwrap();
+    let deltas: Vec<f32> = (0..width).map(|i| (i % 1000) as f32).collect();
+    connection
+        .send(&Message::Register {
+            worker: 0,
+            partition: 0,
+            epoch: 1,
+            tables: vec![(0, vec![key])],
+            read_through: None,
+        })
+        .unwrap();
+    connection
+        .send(&Message::Push {
+            worker: 0,
+            clock: 0,
+            partition: 0,
+            epoch: 1,
+            values: Values::F32(&deltas),
+        })
+        .unwrap();
+    connection
+        .send(&Message::Pull {
+            worker: 0,
+            partition: 0,
+            epoch: 1,
+            min_clock: 1,
+        })
+        .unwrap();
+    connection.flush().unwrap();
+    assert!(matches!(
+        connection.recv().unwrap(),
+        Message::Registered { .. }
+    ));
+    assert!(matches!(connection.recv().unwrap(), Message::Pushed { .. }));
+    match connection.recv().unwrap() {
+        Message::Rows { values, .. } => assert!(values.to_vec() == deltas),
+        other => panic!("expected rows, got {other:?}"),
+    }
+    server.stop(runtime.handle());
+}
+
 /// A valid plaintext hello never starts with the byte a TLS client opens with, so telling the
 /// two apart by the first byte refuses no good plaintext peer.
 #[test]
