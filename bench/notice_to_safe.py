@@ -19,6 +19,7 @@ BIN is a release build of `ebbflow-runtime` (scripts/bench-notice-to-safe.sh bui
 """
 
 import argparse
+import random
 import json
 import os
 import signal
@@ -106,6 +107,9 @@ def one_round(args, out, round_no):
         # t0 first, so it is the longest-lived transient node and an ActivePS.
         start("t0", True)
         wait_for(url, coordinator, "t0 to join", lambda s: progress(s).get("transient_nodes", 0) >= 1)
+        # A random pause lets t1 and t2 join while a segment runs, not only at a boundary: the
+        # path where the coordinator pauses the nodes and agrees an end (it hung once).
+        time.sleep(random.uniform(0.0, args.join_stagger_s))
         start("t1", True)
         start("t2", True)
         joined = wait_for(
@@ -176,6 +180,8 @@ def main():
     parser.add_argument("--clocks", type=int, default=400)
     parser.add_argument("--clock-ms", type=int, default=20)
     parser.add_argument("--bandwidth-limit-mbps", type=float, default=0.0)
+    parser.add_argument("--join-stagger-s", type=float, default=2.5,
+                        help="t1 and t2 join up to this many seconds after t0 (uniform)")
     args = parser.parse_args()
     if args.mib < 1 or args.rounds < 1:
         sys.exit("--mib and --rounds must be at least 1")

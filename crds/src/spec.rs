@@ -1030,15 +1030,15 @@ pub struct RuntimeSpec {
     pub checkpoint: Option<CheckpointSpec>,
 
     /// How the nodes' data-plane connections (parameters, deltas, partition moves) are
-    /// protected: tls or none (the default for now, docs/security.md).
+    /// protected: tls (default) or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_security: Option<TransportSecurity>,
 }
 
 // The enum's doc is what `kubectl explain` shows for the optional `transportSecurity` field.
-/// Data-plane transport security: tls (TLS 1.3 keyed by the job's secret, docs/security.md) or
-/// none (the default for now: plain TCP; the handshake still never sends the secret, but
-/// parameters and deltas cross the network in clear).
+/// Data-plane transport security: tls (default: TLS 1.3 keyed by the job's secret, docs/security.md)
+/// or none (plain TCP; the handshake still never sends the secret, but parameters and deltas
+/// cross the network in clear).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportSecurity {

@@ -116,7 +116,7 @@ enum Command {
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
         /// Data-plane transport security: `tls` or `none` (as the job's other processes).
-        #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::None)]
+        #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
         transport_security: TransportSecurity,
         #[command(flatten)]
         notices: NoticeArgs,
@@ -327,7 +327,7 @@ struct JobArgs {
     /// Data-plane transport security: `tls` (TLS 1.3 keyed by the job secret) or `none`
     /// (plain TCP; the handshake still never sends the secret). Every process of a job must
     /// use the same.
-    #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::None)]
+    #[arg(long, env = "EBBFLOW_TRANSPORT_SECURITY", default_value_t = TransportSecurity::Tls)]
     transport_security: TransportSecurity,
 }
 

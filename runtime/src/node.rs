@@ -663,6 +663,7 @@ impl WorkerPool {
                             .map_err(fail)
                     });
                     if let Err(error) = &outcome {
+                        tracing::warn!(worker, %error, "a worker's segment failed");
                         // Its connections may be mid-exchange: start clean next time.
                         transport = None;
                         if let Some(cache) = &shared {

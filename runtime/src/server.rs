@@ -627,20 +627,35 @@ async fn serve(
             }
             None => Ok(()),
         };
-        out = match waited {
-            Err(error) => {
-                encode_error(&error, &mut out);
-                out
-            }
-            Ok(()) => {
-                let state = state.clone();
-                let max_frame_bytes = config.max_frame_bytes;
-                tokio::task::spawn_blocking(move || {
-                    process(&state, &frame[HEADER_BYTES..], &mut out, max_frame_bytes);
-                    out
-                })
-                .await
-                .map_err(|_| ConnectionError::Unexpected("panicking"))?
+        let mut waited = waited;
+        out = loop {
+            match waited {
+                Err(error) => {
+                    encode_error(&error, &mut out);
+                    break out;
+                }
+                Ok(()) => {
+                    let (shared, frame) = (state.clone(), frame.clone());
+                    let max_frame_bytes = config.max_frame_bytes;
+                    let early;
+                    (out, early) = tokio::task::spawn_blocking(move || {
+                        let early =
+                            process(&shared, &frame[HEADER_BYTES..], &mut out, max_frame_bytes);
+                        (out, early)
+                    })
+                    .await
+                    .map_err(|_| ConnectionError::Unexpected("panicking"))?;
+                    // The gate closed again between the wait and the push: a worker
+                    // (re-)registered meanwhile and has not read this clock yet (a joined node's
+                    // workers at a switch). Wait for it again rather than refuse the push.
+                    let Some((partition, Some(worker), clock)) = wait.filter(|_| early) else {
+                        break out;
+                    };
+                    out.clear();
+                    waited = state
+                        .wait_push_gate(partition, worker, clock, config.wait_timeout)
+                        .await;
+                }
             }
         };
         write_frame(stream, &out, &link).await?;
@@ -700,12 +715,14 @@ fn encode_error(error: &StoreError, out: &mut Vec<u8>) {
     .encode(out);
 }
 
-/// Serves one decoded request into `out` (the reply frame).
-fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>, max_frame_bytes: usize) {
+/// Serves one decoded request into `out` (the reply frame). Returns whether it was a BSP push
+/// that arrived before its gate opened ([`StoreError::PushEarly`], answered in `out`), which
+/// the caller may wait for and retry.
+fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>, max_frame_bytes: usize) -> bool {
     // A batch's push or pull carries all its values in one frame, beside a small header.
     let max_values = max_frame_bytes.saturating_sub(PUSH_HEADER_BYTES) / 4;
     let Ok(message) = Message::decode(body) else {
-        return;
+        return false;
     };
     let result = match message {
         Message::Register {
@@ -732,7 +749,9 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>, max_frame_bytes:
             epoch,
             values,
         } => {
-            let Values::Le(bytes) = values else { return };
+            let Values::Le(bytes) = values else {
+                return false;
+            };
             state
                 .with_partition(partition, epoch, |store| {
                     store.push_le(worker, clock, bytes)
@@ -781,11 +800,15 @@ fn process(state: &ServerState, body: &[u8], out: &mut Vec<u8>, max_frame_bytes:
             .encode(out);
             Ok(())
         }),
-        _ => return,
+        _ => return false,
     };
-    if let Err(error) = result {
-        out.clear();
-        encode_error(&error, out);
+    match result {
+        Ok(()) => false,
+        Err(error) => {
+            out.clear();
+            encode_error(&error, out);
+            matches!(error, StoreError::PushEarly { .. })
+        }
     }
 }
 

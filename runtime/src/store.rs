@@ -1530,20 +1530,12 @@ impl ServerState {
         clock: u64,
         timeout: std::time::Duration,
     ) -> Result<(), StoreError> {
-        self.wait_async(
-            partition,
-            timeout,
-            |store| Ok(store.push_gate(worker, clock)? != PushGate::Wait),
-            |store| StoreError::WaitClock {
-                partition,
-                clock,
-                visible: store.visible_clock(),
-            },
-        )
-        .await
+        let (open, timed_out) = push_gate_wait(partition, worker, clock);
+        self.wait_async(partition, timeout, open, timed_out).await
     }
 
-    /// Applies `worker`'s push for `clock`, first blocking while the BSP gate is closed.
+    /// Applies `worker`'s push for `clock`, first blocking while the BSP gate is closed (and
+    /// again if it closed between the wait and the push: a worker registered meanwhile).
     pub fn push_blocking(
         &self,
         partition: PartitionId,
@@ -1553,21 +1545,18 @@ impl ServerState {
         values: &[f32],
         timeout: std::time::Duration,
     ) -> Result<PushOutcome, StoreError> {
-        self.wait_blocking(
-            partition,
-            timeout,
-            |store| Ok(store.push_gate(worker, clock)? != PushGate::Wait),
-            |store| StoreError::WaitClock {
-                partition,
-                clock,
-                visible: store.visible_clock(),
-            },
-        )?;
-        self.with_partition(partition, epoch, |store| {
-            store
-                .push(worker, clock, values)
-                .map(|(outcome, _)| outcome)
-        })
+        loop {
+            let (open, timed_out) = push_gate_wait(partition, worker, clock);
+            self.wait_blocking(partition, timeout, open, timed_out)?;
+            match self.with_partition(partition, epoch, |store| {
+                store
+                    .push(worker, clock, values)
+                    .map(|(outcome, _)| outcome)
+            }) {
+                Err(StoreError::PushEarly { .. }) => continue,
+                pushed => return pushed,
+            }
+        }
     }
 
     /// Arms a BackupPS copy at `clock` on every hosted partition (see
@@ -1648,6 +1637,26 @@ impl ServerState {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// What waiting for `worker`'s BSP push gate at `clock` on `partition` checks (the gate is open,
+/// or the push is a duplicate), and the error when it stays closed.
+fn push_gate_wait(
+    partition: PartitionId,
+    worker: u32,
+    clock: u64,
+) -> (
+    impl Fn(&PartitionStore) -> Result<bool, StoreError>,
+    impl Fn(&PartitionStore) -> StoreError,
+) {
+    (
+        move |store: &PartitionStore| Ok(store.push_gate(worker, clock)? != PushGate::Wait),
+        move |store: &PartitionStore| StoreError::WaitClock {
+            partition,
+            clock,
+            visible: store.visible_clock(),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -51,12 +51,11 @@ pub const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 )]
 #[serde(rename_all = "lowercase")]
 pub enum TransportSecurity {
-    /// TLS 1.3 keyed by the job key.
+    /// TLS 1.3 keyed by the job key (the default).
+    #[default]
     Tls,
     /// Plain TCP: the handshake still proves the key without sending it, but parameters and
-    /// deltas cross the network in clear. The default until TLS stops hanging node processes
-    /// of a 64 MiB job (docs/security.md).
-    #[default]
+    /// deltas cross the network in clear.
     None,
 }
 
@@ -289,6 +288,6 @@ mod tests {
             error.contains("\"TLS1.2\"") && error.contains("\"none\""),
             "{error}"
         );
-        assert_eq!(TransportSecurity::default().to_string(), "none");
+        assert_eq!(TransportSecurity::default().to_string(), "tls");
     }
 }

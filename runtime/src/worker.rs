@@ -56,8 +56,7 @@ pub struct JobConfig {
     /// thread. Only used with at least two threads in a process and a stateless server optimizer
     /// (a stateful one must see each worker's delta on its own).
     pub process_cache: bool,
-    /// How the job's data-plane connections are protected ([`crate::tls`]; plain TCP by default
-    /// until TLS stops hanging node processes at 64 MiB, docs/security.md).
+    /// How the job's data-plane connections are protected ([`crate::tls`]; TLS by default).
     pub transport_security: crate::tls::TransportSecurity,
 }
 
@@ -79,7 +78,7 @@ impl Default for JobConfig {
             wait_timeout: Duration::from_secs(600),
             keep_params: false,
             process_cache: true,
-            transport_security: crate::tls::TransportSecurity::None,
+            transport_security: crate::tls::TransportSecurity::Tls,
         }
     }
 }

@@ -662,8 +662,8 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
             optimizer: server_optimizer(spec.app.server_optimizer),
             wait_timeout: Duration::from_secs(120),
             transport_security: match spec.runtime.transport_security {
-                Some(ebbflow_crds::TransportSecurity::Tls) => TransportSecurity::Tls,
-                None | Some(ebbflow_crds::TransportSecurity::None) => TransportSecurity::None,
+                None | Some(ebbflow_crds::TransportSecurity::Tls) => TransportSecurity::Tls,
+                Some(ebbflow_crds::TransportSecurity::None) => TransportSecurity::None,
             },
             ..JobConfig::default()
         },
