@@ -114,6 +114,10 @@ pub(super) struct JobMemory {
     pub(super) node_failures: status::NodeFailures,
     /// The transient ordinal after every one this operator created pods with.
     pub(super) next_transient_ordinal: u32,
+    /// Evictions counted so far. The status is written by server-side apply without a
+    /// precondition, so a reconcile of an object older than the last write (the watch had not
+    /// caught up) would write its older count back; the count never goes below this.
+    pub(super) evictions: u64,
     /// The job was in ec2 provisioning mode at its last reconcile (an edit out of it releases
     /// the instances it launched).
     pub(super) ec2_mode: bool,

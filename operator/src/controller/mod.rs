@@ -1085,6 +1085,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         unready_nodes: unready_nodes(&ctx, &classified, now),
         now,
     });
+    new_status.evictions = ctx.with_memory(&job_ref, |memory| {
+        memory.evictions =
+            memory.evictions.max(previous.map_or(0, |s| s.evictions)) + new_evictions;
+        memory.evictions
+    });
     // above every transient pod observed or created now, and any handed out before
     new_status.next_transient_ordinal = plan::next_transient_ordinal(
         plan::next_transient_ordinal(recorded.max(handed_out), &classified),

@@ -1,0 +1,80 @@
+//! What TLS adds to opening a data-plane connection (issue 38: "the handshake adds at most a few
+//! milliseconds to a join"): one server on 127.0.0.1 with transport security `none` and one with
+//! `tls`, and `ROUNDS` connections to each, alternating, each opened, authenticated (the HMAC
+//! handshake, inside TLS for the second) and answered once (a `Warm` of 0 bytes) before it is
+//! closed. Prints the median and 90th percentile of each and the difference of the medians.
+//!
+//!     cargo run --release -p ebbflow-runtime --example handshake_cost [ROUNDS]
+
+use std::time::{Duration, Instant};
+
+use ebbflow_runtime::client::{ClientConfig, Connection};
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::node::ServerHandle;
+use ebbflow_runtime::tls::{JobTls, TransportSecurity};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let rounds: usize = match std::env::args().nth(1) {
+        Some(text) => text
+            .parse()
+            .map_err(|_| format!("ROUNDS must be a count of connections, not {text:?}"))?,
+        None => 500,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let secret = ebbflow_runtime::node::random_secret();
+    let metrics = RuntimeMetrics::unregistered();
+    let mut sides = Vec::new();
+    for security in [TransportSecurity::None, TransportSecurity::Tls] {
+        let tls = JobTls::for_security(security, secret.as_bytes());
+        let server = ServerHandle::loopback(
+            runtime.handle(),
+            ebbflow_runtime::fuzzing::one_table(false),
+            secret.as_bytes(),
+            tls.clone(),
+            Duration::from_secs(10),
+            &metrics,
+        )?;
+        let client = ClientConfig {
+            secret: secret.as_bytes().to_vec(),
+            node: 1,
+            max_frame_bytes: 1 << 20,
+            timeout: Duration::from_secs(10),
+            tls,
+        };
+        sides.push((security, server, client, Vec::with_capacity(rounds)));
+    }
+    // One unmeasured connection each: the first pays for code and key set-up once per process.
+    for (_, server, client, _) in &sides {
+        Connection::connect(server.addr, client)?.warm(0)?;
+    }
+    for _ in 0..rounds {
+        for (_, server, client, times) in &mut sides {
+            let started = Instant::now();
+            let mut connection = Connection::connect(server.addr, client)?;
+            connection.warm(0)?;
+            times.push(started.elapsed());
+            drop(connection);
+        }
+    }
+    println!("connect + authenticate + one answer, {rounds} connections each, 127.0.0.1:");
+    let mut medians = Vec::new();
+    for (security, _, _, times) in &mut sides {
+        times.sort();
+        let median = times[times.len() / 2];
+        let p90 = times[times.len() * 9 / 10];
+        println!(
+            "  {security:<4}  median {:.3} ms  p90 {:.3} ms",
+            median.as_secs_f64() * 1e3,
+            p90.as_secs_f64() * 1e3
+        );
+        medians.push(median);
+    }
+    println!(
+        "TLS adds {:.3} ms per connection (median)",
+        (medians[1].as_secs_f64() - medians[0].as_secs_f64()) * 1e3
+    );
+    Ok(())
+}
