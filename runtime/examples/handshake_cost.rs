@@ -66,7 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let median = times[times.len() / 2];
         let p90 = times[times.len() * 9 / 10];
         println!(
-            "  {security:<4}  median {:.3} ms  p90 {:.3} ms",
+            "  {:<4}  median {:.3} ms  p90 {:.3} ms",
+            security.to_string(),
             median.as_secs_f64() * 1e3,
             p90.as_secs_f64() * 1e3
         );
