@@ -178,6 +178,8 @@ async fn interruptions_reach_a_coordinator_on_loopback_before_their_deadline()
             secret: secret.clone(),
             specs: Vec::new(),
             evaluator: Arc::new(|_, _| EvalReport::default()),
+            // no node serves data here: only the admin API is exercised
+            tls: None,
         },
         prometheus::Registry::new(),
     );
