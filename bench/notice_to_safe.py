@@ -19,9 +19,9 @@ BIN is a release build of `ebbflow-runtime` (scripts/bench-notice-to-safe.sh bui
 """
 
 import argparse
-import random
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess

@@ -614,7 +614,7 @@ async fn serve(
         out.clear();
         // Reads wait for their clock; BSP pushes wait for their gate (the frame stays unread
         // behind this one in the socket meanwhile, so waiting costs no server memory).
-        let waited = match wait {
+        let mut waited = match wait {
             Some((partition, None, min_clock)) => {
                 state
                     .wait_clock(partition, min_clock, config.wait_timeout)
@@ -627,7 +627,6 @@ async fn serve(
             }
             None => Ok(()),
         };
-        let mut waited = waited;
         out = loop {
             match waited {
                 Err(error) => {
