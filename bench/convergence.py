@@ -80,7 +80,7 @@ def run_processes(bin_, app, workers, staleness, clocks, scratch):
         line = coordinator.stdout.readline()
         if not line.startswith("listening on "):
             return None, f"the coordinator did not start: {line!r}"
-        url = "http://" + line.split()[-1]
+        url = "https://" + line.split()[-1]
         for i, name in enumerate(("r0", "r1")):
             nodes.append(subprocess.Popen(
                 [bin_, "elastic-node", *flags, "--coordinator", url, "--name", name],

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -34,11 +35,28 @@ SECRET = "bench-notice-to-safe"
 WIDTH = 64  # values per row; 4 bytes each
 
 
+def admin_tls(binary):
+    """TLS for the admin API: trusts only the certificate the job secret derives (it names no
+    host, so host names are not checked)."""
+    pem = subprocess.run(
+        [binary, "admin-certificate"], env=dict(os.environ, EBBFLOW_JOB_SECRET=SECRET),
+        capture_output=True, text=True, check=True,
+    ).stdout
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.load_verify_locations(cadata=pem)
+    return context
+
+
+# Set by main() from the binary: status() calls the admin API over TLS with it.
+ADMIN_TLS = None
+
+
 def status(url):
     request = urllib.request.Request(
         f"{url}/status", headers={"Authorization": f"Bearer {SECRET}"}
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=10, context=ADMIN_TLS) as response:
         return json.load(response)
 
 
@@ -92,7 +110,7 @@ def one_round(args, out, round_no):
         line = coordinator.stdout.readline()
         if not line.startswith("listening on "):
             sys.exit(f"the coordinator did not start: {line!r}")
-        url = "http://" + line.split()[-1]
+        url = "https://" + line.split()[-1]
 
         def start(name, transient):
             cmd = [args.bin, "elastic-node", *flags, "--coordinator", url, "--name", name,
@@ -185,6 +203,8 @@ def main():
     args = parser.parse_args()
     if args.mib < 1 or args.rounds < 1:
         sys.exit("--mib and --rounds must be at least 1")
+    global ADMIN_TLS
+    ADMIN_TLS = admin_tls(args.bin)
 
     results = []
     with tempfile.TemporaryDirectory() as out:

@@ -41,7 +41,8 @@ run_mode() { # MODE REPORT
     kill -0 "$coordinator" 2>/dev/null || { cat "$out/coordinator.log" >&2; exit 1; }
     sleep 0.05
   done
-  local url="http://$bound" nodes=()
+  local url nodes=()
+  url="https://$bound"
   for name in r0 t0 t1 t2; do
     local tier=()
     [[ "$name" == t* ]] && tier=(--transient)

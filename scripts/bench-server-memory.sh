@@ -6,6 +6,7 @@
 # the final table is exact.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/lib/admin.sh
 TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}
 cargo build --release -q -p ebbflow-runtime --bin ebbflow-runtime
 BIN=$TARGET/release/ebbflow-runtime
@@ -15,10 +16,10 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 exec 3< <("$BIN" coordinator --nodes 2 --clocks 5 --partitions 8 --report-out "$OUT/report.json" "${APP[@]}")
 read -r _ _ ADDR <&3
-"$BIN" node --coordinator "http://$ADDR" --name server --workers 0 "${APP[@]}" &
+"$BIN" node --coordinator "$(admin_url "$ADDR")" --name server --workers 0 "${APP[@]}" &
 # Node ids follow join order: let the server join first so it is node 0 in the report.
-until curl -fs -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
-"$BIN" node --coordinator "http://$ADDR" --name worker --workers 2 --no-serve "${APP[@]}" &
+until admin_get "$(admin_url "$ADDR")/status" | grep -q '"server"'; do sleep 0.05; done
+"$BIN" node --coordinator "$(admin_url "$ADDR")" --name worker --workers 2 --no-serve "${APP[@]}" &
 wait
 python3 - "$OUT/report.json" <<'PY'
 import json, sys

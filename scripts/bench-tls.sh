@@ -9,6 +9,7 @@
 # Usage: [EBBFLOW_BENCH_CLOCKS=200] scripts/bench-tls.sh [mf|lda] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/lib/admin.sh
 TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}
 export EBBFLOW_DATA_DIR=${EBBFLOW_DATA_DIR:-$HOME/.cache/ebbflow/data}
 cargo build --release -q -p ebbflow-runtime --bin ebbflow-runtime
@@ -29,9 +30,9 @@ run_pair() {
   export EBBFLOW_TRANSPORT_SECURITY=$1 EBBFLOW_JOB_SECRET="bench-$RANDOM$RANDOM"
   exec 3< <("$BIN" coordinator --nodes 2 --clocks "$CLOCKS" --partitions 2 --report-out "$OUT/$2.json" --app "$APP")
   read -r _ _ ADDR <&3
-  "$BIN" node --coordinator "http://$ADDR" --name server --workers 0 --app "$APP" &
-  until curl -fs -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
-  "$BIN" node --coordinator "http://$ADDR" --name worker --workers 1 --no-serve --app "$APP" &
+  "$BIN" node --coordinator "$(admin_url "$ADDR")" --name server --workers 0 --app "$APP" &
+  until admin_get "$(admin_url "$ADDR")/status" | grep -q '"server"'; do sleep 0.05; done
+  "$BIN" node --coordinator "$(admin_url "$ADDR")" --name worker --workers 1 --no-serve --app "$APP" &
   wait
   exec 3<&-
 }

@@ -7,6 +7,7 @@
 # Usage: scripts/bench-two-processes.sh [mf|mlr|lda]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/lib/admin.sh
 TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}
 export EBBFLOW_DATA_DIR=${EBBFLOW_DATA_DIR:-$HOME/.cache/ebbflow/data}
 cargo build --release -q -p ebbflow-runtime --bin ebbflow-runtime --bin ebbflow-bench
@@ -26,9 +27,9 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 exec 3< <("$BIN" coordinator --nodes 2 --clocks "$CLOCKS" --partitions 2 --report-out "$OUT/report.json" --app "$APP")
 read -r _ _ ADDR <&3
-"$BIN" node --coordinator "http://$ADDR" --name server --workers 0 --app "$APP" &
-until curl -fs -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "http://$ADDR/status" | grep -q '"server"'; do sleep 0.05; done
-"$BIN" node --coordinator "http://$ADDR" --name worker --workers 1 --no-serve --app "$APP" &
+"$BIN" node --coordinator "$(admin_url "$ADDR")" --name server --workers 0 --app "$APP" &
+until admin_get "$(admin_url "$ADDR")/status" | grep -q '"server"'; do sleep 0.05; done
+"$BIN" node --coordinator "$(admin_url "$ADDR")" --name worker --workers 1 --no-serve --app "$APP" &
 wait
 python3 - "$OUT/report.json" "$bare" <<'PY'
 import json, sys

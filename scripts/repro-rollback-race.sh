@@ -11,6 +11,8 @@
 set -uo pipefail
 dir="${1:?usage: repro-rollback-race.sh DIR}"
 bin="${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/ebbflow/target}/debug/ebbflow-runtime}"
+BIN="$bin"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/admin.sh"
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 2
 export EBBFLOW_JOB_SECRET=repro RUST_LOG=ebbflow_runtime=debug
 flags=(--app exact --exact-clock-ms 15 --clocks 250 --staleness 0 --partitions 6 --job-workers 3)
@@ -21,7 +23,7 @@ until grep -qs "listening on" coordinator.out; do
   kill -0 "$coordinator" 2>/dev/null || exit 2
   sleep 0.05
 done
-url="http://$(sed -n 's/^listening on //p' coordinator.out)"
+url="$(admin_url "$(sed -n 's/^listening on //p' coordinator.out)")"
 for name in r0 t0 t1 t2; do
   tier=() grace=30
   [[ "$name" == t* ]] && tier=(--transient)
@@ -30,7 +32,7 @@ for name in r0 t0 t1 t2; do
     --grace-seconds "$grace" >"$name.out" 2>"$name.log" &
   echo $! >"$name.pid"
 done
-until curl -s -H "Authorization: Bearer $EBBFLOW_JOB_SECRET" "$url/status" | grep -q '"stage":2'; do sleep 0.05; done
+until admin_get "$url/status" | grep -q '"stage":2'; do sleep 0.05; done
 sleep "0.$((RANDOM % 9))"
 kill -TERM "$(cat t0.pid)"
 for _ in $(seq 1 200); do

@@ -1029,16 +1029,17 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 
-    /// How the nodes' data-plane connections (parameters, deltas, partition moves) are
-    /// protected: tls (default) or none.
+    /// How the nodes' data-plane connections (parameters, deltas, partition moves) and the
+    /// coordinator's admin API are protected: tls (default) or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_security: Option<TransportSecurity>,
 }
 
 // The enum's doc is what `kubectl explain` shows for the optional `transportSecurity` field.
-/// Data-plane transport security: tls (default: TLS 1.3 keyed by the job's secret, docs/security.md)
-/// or none (plain TCP; the handshake still never sends the secret, but parameters and deltas
-/// cross the network in clear).
+/// Transport security of the data plane and the admin API: tls (default: TLS 1.3 keyed by the
+/// job's secret, docs/security.md) or none (plain TCP and HTTP; the data-plane handshake still
+/// never sends the secret, but parameters, deltas and the admin API's bearer token cross the
+/// network in clear).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportSecurity {

@@ -129,6 +129,12 @@ pub enum CoordinatorError {
         /// HTTP status code.
         status: u16,
     },
+    /// The job's coordinator is served over TLS, and the job's token (its key) is not known.
+    #[error("coordinator at {url} is served over TLS, and the job's token is not known")]
+    NoKey {
+        /// The URL called.
+        url: String,
+    },
     /// The answer was not the expected JSON.
     #[error("coordinator at {url} sent an unreadable answer: {source}")]
     Decode {
@@ -162,19 +168,48 @@ async fn send(
 }
 
 /// HTTP client for coordinators of any job; cheap to clone.
+///
+/// A job with TLS (an `https://` base URL) is reached by a client that accepts only a
+/// coordinator holding that job's key (derived from its token, as the runtime derives it), built
+/// for the call: one key per job, and a call every few seconds per job at most, so a cache would
+/// save about a millisecond per call and hold every job's key.
 #[derive(Clone, Debug)]
 pub struct CoordinatorClient {
     http: reqwest::Client,
+    timeout: Duration,
 }
 
 impl CoordinatorClient {
     /// A client whose every request times out after `timeout`.
     pub fn new(timeout: Duration) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        let http = ebbflow_runtime::admin::client(None)
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()?;
-        Ok(Self { http })
+        Ok(Self { http, timeout })
+    }
+
+    /// The client for the coordinator at `url`: pinned to the job's key for `https://`.
+    fn http_for(
+        &self,
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<reqwest::Client, CoordinatorError> {
+        if !url.starts_with("https://") {
+            return Ok(self.http.clone());
+        }
+        let token = token.ok_or_else(|| CoordinatorError::NoKey {
+            url: url.to_owned(),
+        })?;
+        let tls = ebbflow_runtime::tls::JobTls::new(token.as_bytes());
+        ebbflow_runtime::admin::client(Some(&tls))
+            .timeout(self.timeout)
+            .connect_timeout(self.timeout)
+            .build()
+            .map_err(|source| CoordinatorError::Unreachable {
+                url: url.to_owned(),
+                source,
+            })
     }
 
     /// `GET {base}/status`, authenticated with the job's token.
@@ -184,7 +219,7 @@ impl CoordinatorClient {
         token: Option<&str>,
     ) -> Result<CoordinatorStatus, CoordinatorError> {
         let url = format!("{}/status", base.trim_end_matches('/'));
-        let response = send(self.http.get(&url), &url, token).await?;
+        let response = send(self.http_for(&url, token)?.get(&url), &url, token).await?;
         let response = check_status(&url, response)?;
         response
             .json::<StatusResponse>()
@@ -216,7 +251,7 @@ impl CoordinatorClient {
         body: Option<&T>,
     ) -> Result<(), CoordinatorError> {
         let url = format!("{}{path}", base.trim_end_matches('/'));
-        let mut request = self.http.post(&url);
+        let mut request = self.http_for(&url, token)?.post(&url);
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -245,15 +280,31 @@ pub fn coordinator_service_name(job: &str) -> String {
 }
 
 /// Base URL of the coordinator of job `name` in `namespace`, reached through the job's headless
-/// coordinator Service, unless `override_url` points every job elsewhere (tests, port-forwards).
-pub fn coordinator_url(name: &str, namespace: &str, override_url: Option<&str>) -> String {
+/// coordinator Service (`https://` when the job's transport security is `tls`), unless
+/// `override_url` points every job elsewhere (tests, port-forwards).
+pub fn coordinator_url(
+    name: &str,
+    namespace: &str,
+    tls: bool,
+    override_url: Option<&str>,
+) -> String {
     match override_url {
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => format!(
-            "http://{}.{namespace}.svc:{ADMIN_PORT}",
+            "{}://{}.{namespace}.svc:{ADMIN_PORT}",
+            ebbflow_runtime::admin::scheme(tls),
             coordinator_service_name(name)
         ),
     }
+}
+
+/// Whether the job's admin API and data plane use TLS (`spec.runtime.transportSecurity`,
+/// `tls` when unset).
+pub fn uses_tls(job: &ebbflow_crds::TrainingJob) -> bool {
+    !matches!(
+        job.spec.runtime.transport_security,
+        Some(ebbflow_crds::TransportSecurity::None)
+    )
 }
 
 #[cfg(test)]
@@ -263,11 +314,15 @@ mod tests {
     #[test]
     fn url_uses_the_service_unless_overridden() {
         assert_eq!(
-            coordinator_url("mf", "ml", None),
+            coordinator_url("mf", "ml", true, None),
+            "https://mf-coordinator.ml.svc:7070"
+        );
+        assert_eq!(
+            coordinator_url("mf", "ml", false, None),
             "http://mf-coordinator.ml.svc:7070"
         );
         assert_eq!(
-            coordinator_url("mf", "ml", Some("http://127.0.0.1:9000/")),
+            coordinator_url("mf", "ml", true, Some("http://127.0.0.1:9000/")),
             "http://127.0.0.1:9000"
         );
     }
@@ -364,5 +419,61 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains(&address.to_string()));
+        // A TLS job's coordinator is not called without the job's key.
+        let error = client
+            .status(&format!("https://{address}"), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, CoordinatorError::NoKey { .. }), "{error}");
+    }
+
+    /// The operator reaches a TLS job's coordinator (the real admin API, served as a pod
+    /// serves it) with the job's token, and a coordinator holding another key not at all.
+    #[tokio::test]
+    async fn a_tls_coordinator_is_reached_with_its_jobs_token_only() {
+        use ebbflow_runtime::elastic_coordinator::{ElasticService, router};
+        let service = ElasticService::new(
+            "job token".into(),
+            "exact/1".into(),
+            1,
+            std::sync::Arc::default(),
+            prometheus::Registry::new(),
+            ebbflow_runtime::metrics::RuntimeMetrics::unregistered(),
+            std::sync::Arc::new(ebbflow_runtime::heartbeat::Heartbeats::unregistered(
+                Duration::from_secs(60),
+            )),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let tls = ebbflow_runtime::tls::JobTls::new(b"job token");
+        let refused =
+            ebbflow_runtime::metrics::RuntimeMetrics::unregistered().admin_connections_refused;
+        tokio::spawn(async move {
+            ebbflow_runtime::admin::serve(
+                listener,
+                router(service),
+                Some(&tls),
+                refused,
+                std::future::pending(),
+            )
+            .await
+        });
+        let client = CoordinatorClient::new(Duration::from_secs(5)).unwrap();
+        let base = format!("https://{address}");
+        let status = client.status(&base, Some("job token")).await.unwrap();
+        assert!(!status.ended(), "{status:?}");
+        let error = client.status(&base, Some("other token")).await.unwrap_err();
+        assert!(
+            matches!(error, CoordinatorError::Unreachable { .. }),
+            "{error}"
+        );
+        let error = client
+            .status(&format!("http://{address}"), Some("job token"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, CoordinatorError::Rejected { status: 400, .. }),
+            "{error}"
+        );
     }
 }

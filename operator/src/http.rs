@@ -92,7 +92,7 @@ mod tests {
                 let _ = stopped.await;
             },
         ));
-        let client = reqwest::Client::new();
+        let client = ebbflow_runtime::admin::client(None).build().unwrap();
         let get = |path: &str| client.get(format!("http://{address}{path}")).send();
 
         assert_eq!(get("/healthz").await.unwrap().status(), 200);

@@ -251,6 +251,8 @@ fn planned_pods(job: &TrainingJob) -> (Vec<Pod>, Secrets) {
 struct Admin {
     rt: tokio::runtime::Runtime,
     http: reqwest::Client,
+    /// For the admin API, served over TLS keyed by the job's token (the job's default).
+    admin_http: reqwest::Client,
     port: u16,
     /// The job's token: `/status` is for the job only.
     token: String,
@@ -264,7 +266,12 @@ impl Admin {
                 .enable_all()
                 .build()
                 .unwrap(),
-            http: reqwest::Client::new(),
+            http: ebbflow_runtime::admin::client(None).build().unwrap(),
+            admin_http: ebbflow_runtime::admin::client(Some(&ebbflow_runtime::tls::JobTls::new(
+                secrets[TOKEN_KEY].as_bytes(),
+            )))
+            .build()
+            .unwrap(),
             port,
         }
     }
@@ -293,9 +300,9 @@ impl Admin {
         let deadline = Instant::now() + within;
         let mut last = None;
         loop {
-            let url = format!("http://127.0.0.1:{}/status", self.port);
+            let url = format!("https://127.0.0.1:{}/status", self.port);
             let answer = self.rt.block_on(async {
-                self.http
+                self.admin_http
                     .get(url)
                     .bearer_auth(&self.token)
                     .send()

@@ -133,7 +133,7 @@ fn start_coordinator(
 ) {
     let app = PyApp::load("exact:App", Some(APP_ARGS), &[]).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("https://{}", listener.local_addr().unwrap());
     let settings = ElasticJob {
         config: ElasticConfig {
             job: JobConfig {

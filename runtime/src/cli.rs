@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::admin;
 use crate::app::App;
 use crate::apps::NamedApp;
 use crate::client::{ClientConfig, NodeAddrs};
@@ -67,14 +68,8 @@ enum Command {
         /// Nodes to wait for.
         #[arg(long)]
         nodes: u32,
-        /// The job's shared secret.
-        #[arg(
-            long,
-            env = "EBBFLOW_JOB_SECRET",
-            hide_env_values = true,
-            value_parser = clap::builder::NonEmptyStringValueParser::new()
-        )]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArg,
         /// Write the final run report (JSON) here.
         #[arg(long)]
         report_out: Option<PathBuf>,
@@ -83,7 +78,8 @@ enum Command {
     },
     /// Node: hosts partitions and worker threads.
     Node {
-        /// Coordinator URL, e.g. `http://127.0.0.1:7000`.
+        /// Coordinator URL, e.g. `https://127.0.0.1:7000` (`http://` with transport security
+        /// `none`).
         #[arg(long)]
         coordinator: String,
         /// Stable node name.
@@ -104,14 +100,8 @@ enum Command {
         /// Host no partitions (a worker-only node).
         #[arg(long)]
         no_serve: bool,
-        /// The job's shared secret.
-        #[arg(
-            long,
-            env = "EBBFLOW_JOB_SECRET",
-            hide_env_values = true,
-            value_parser = clap::builder::NonEmptyStringValueParser::new()
-        )]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArg,
         /// Server-side optimizer: `add`, `sgd:LR`, `momentum:LR:MU`, `adagrad:LR:EPS`.
         #[arg(long, default_value = "add", value_parser = parse_optimizer)]
         optimizer: Optimizer,
@@ -164,14 +154,8 @@ enum Command {
         /// partitions roll back to the BackupPS copy and it is fenced); 0 turns this off.
         #[arg(long, default_value_t = 5000)]
         heartbeat_timeout_ms: u64,
-        /// The job's shared secret.
-        #[arg(
-            long,
-            env = "EBBFLOW_JOB_SECRET",
-            hide_env_values = true,
-            value_parser = clap::builder::NonEmptyStringValueParser::new()
-        )]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArg,
         /// Write the final report (JSON) here.
         #[arg(long)]
         report_out: Option<PathBuf>,
@@ -192,7 +176,8 @@ enum Command {
         job: JobArgs,
         #[command(flatten)]
         elastic: ElasticArgs,
-        /// Coordinator URL, e.g. `http://127.0.0.1:7000`.
+        /// Coordinator URL, e.g. `https://127.0.0.1:7000` (`http://` with transport security
+        /// `none`).
         #[arg(long)]
         coordinator: String,
         /// Stable node name (instance or pod name).
@@ -210,14 +195,8 @@ enum Command {
         /// Serve `/metrics` on this address.
         #[arg(long)]
         metrics_listen: Option<SocketAddr>,
-        /// The job's shared secret.
-        #[arg(
-            long,
-            env = "EBBFLOW_JOB_SECRET",
-            hide_env_values = true,
-            value_parser = clap::builder::NonEmptyStringValueParser::new()
-        )]
-        secret: String,
+        #[command(flatten)]
+        secret: SecretArg,
         /// Milliseconds between heartbeats to the coordinator.
         #[arg(long, default_value_t = 500)]
         heartbeat_interval_ms: u64,
@@ -230,6 +209,30 @@ enum Command {
         #[command(flatten)]
         app: AppArgs,
     },
+    /// Prints the job's admin-API certificate (PEM), which `curl --cacert` or Python's `ssl`
+    /// trusts with host-name checks off; `--pin` prints the public-key pin `curl --pinnedpubkey`
+    /// takes instead. Both are functions of the job's secret alone.
+    AdminCertificate {
+        #[command(flatten)]
+        secret: SecretArg,
+        /// Print `sha256//...` (curl's `--pinnedpubkey`) instead of the certificate.
+        #[arg(long)]
+        pin: bool,
+    },
+}
+
+/// The job's shared secret, which every process of a job is given (from the environment: a
+/// command line is visible to every user of the machine).
+#[derive(Debug, Clone, Args)]
+struct SecretArg {
+    /// The job's shared secret.
+    #[arg(
+        long = "secret",
+        env = "EBBFLOW_JOB_SECRET",
+        hide_env_values = true,
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
+    )]
+    secret: String,
 }
 
 /// How a node learns that its instance is going away.
@@ -550,7 +553,7 @@ pub fn main_with<E: ExternalApps>(
             job,
             listen,
             nodes,
-            secret,
+            secret: SecretArg { secret },
             report_out,
             app,
         } => coordinator_main(external, job, listen, nodes, secret, report_out, app),
@@ -562,7 +565,7 @@ pub fn main_with<E: ExternalApps>(
             metrics_listen,
             workers,
             no_serve,
-            secret,
+            secret: SecretArg { secret },
             optimizer,
             transport_security,
             notices,
@@ -594,7 +597,7 @@ pub fn main_with<E: ExternalApps>(
             stage3_above,
             join_timeout_seconds,
             heartbeat_timeout_ms,
-            secret,
+            secret: SecretArg { secret },
             report_out,
             checkpoint,
             checkpoint_interval_ms,
@@ -646,7 +649,7 @@ pub fn main_with<E: ExternalApps>(
             listen,
             advertise,
             metrics_listen,
-            secret,
+            secret: SecretArg { secret },
             heartbeat_interval_ms,
             bandwidth_limit_mbps,
             notices,
@@ -672,6 +675,18 @@ pub fn main_with<E: ExternalApps>(
                 },
             };
             with_app(external, &app, job.clocks, job.staleness, task)
+        }
+        Command::AdminCertificate {
+            secret: SecretArg { secret },
+            pin,
+        } => {
+            let tls = JobTls::new(secret.as_bytes());
+            if pin {
+                println!("{}", tls.admin_public_key_pin());
+            } else {
+                print!("{}", tls.admin_certificate_pem());
+            }
+            Ok(())
         }
     }
 }
@@ -848,12 +863,13 @@ impl AppTask for CoordinatorTask {
         } = self;
         let specs = app.tables();
         let app = Arc::new(app);
+        let tls = JobTls::for_security(job.transport_security, secret.as_bytes());
         let config = CoordinatorConfig {
             expected_nodes: nodes,
             partitions: job.partitions,
             clocks: job.clocks,
             staleness: job.staleness,
-            tls: JobTls::for_security(job.transport_security, secret.as_bytes()),
+            tls: tls.clone(),
             secret,
             specs,
             evaluator: Arc::new(move |snapshot, total_workers| {
@@ -862,7 +878,7 @@ impl AppTask for CoordinatorTask {
             }),
         };
         let registry = Registry::new();
-        RuntimeMetrics::register(&registry).context("registering metrics")?;
+        let metrics = RuntimeMetrics::register(&registry).context("registering metrics")?;
         let coordinator = Coordinator::new(config, registry);
         let rt = runtime()?;
         let listener = rt
@@ -871,20 +887,21 @@ impl AppTask for CoordinatorTask {
         let bound = listener.local_addr()?;
         // The launcher reads this line to learn the port.
         println!("listening on {bound}");
-        tracing::info!(%bound, nodes, "coordinator listening");
+        let url = format!("{}://{bound}", admin::scheme(tls.is_some()));
+        tracing::info!(%url, nodes, "coordinator listening");
         let served = coordinator.clone();
         rt.block_on(async move {
             let waiter = served.clone();
-            axum::serve(listener, router(served))
-                .with_graceful_shutdown(async move {
-                    while !waiter.finished() {
-                        tokio::select! {
-                            () = waiter.changed() => {}
-                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        }
+            let finished = async move {
+                while !waiter.finished() {
+                    tokio::select! {
+                        () = waiter.changed() => {}
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
                     }
-                })
-                .await
+                }
+            };
+            let refused = metrics.admin_connections_refused.clone();
+            admin::serve(listener, router(served), tls.as_deref(), refused, finished).await
         })
         .context("serving the admin API")?;
         let status = coordinator.status(None);
@@ -975,11 +992,13 @@ fn node_main<E: ExternalApps>(external: &E, args: NodeArgs) -> anyhow::Result<()
         let app = metrics_router(registry.clone());
         rt.spawn(async move { axum::serve(metrics_listener, app).await });
     }
-    let http = reqwest::Client::builder()
+    let tls = JobTls::for_security(args.transport_security, args.notices.secret.as_bytes());
+    let http = admin::client(tls.as_deref())
         .timeout(Duration::from_secs(60))
         .build()
         .context("building the HTTP client")?;
-    let base = &args.notices.coordinator;
+    let base =
+        &admin::base_url(&args.notices.coordinator, tls.is_some()).map_err(anyhow::Error::msg)?;
     let join = JoinRequest {
         name: args.notices.name.clone(),
         data_addr: advertise.to_string(),

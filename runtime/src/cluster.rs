@@ -91,7 +91,10 @@ pub fn run_cluster(spec: &ClusterSpec, config: &JobConfig) -> Result<RunReport, 
         config.staleness.to_string(),
         "--partitions".to_owned(),
         config.partitions.to_string(),
+        "--transport-security".to_owned(),
+        config.transport_security.to_string(),
     ];
+    let tls = config.transport_security == crate::tls::TransportSecurity::Tls;
     let mut coordinator = Command::new(&spec.binary)
         .arg("coordinator")
         .args(&job_args)
@@ -127,9 +130,13 @@ pub fn run_cluster(spec: &ClusterSpec, config: &JobConfig) -> Result<RunReport, 
             .arg("node")
             .args([
                 "--coordinator",
-                &format!("http://{addr}"),
+                &format!("{}://{addr}", crate::admin::scheme(tls)),
                 "--name",
                 &format!("node-{node}"),
+            ])
+            .args([
+                "--transport-security",
+                &config.transport_security.to_string(),
             ])
             .args([
                 "--workers",

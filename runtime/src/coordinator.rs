@@ -691,7 +691,7 @@ mod http_tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router(coordinator)).await });
-        let http = reqwest::Client::new();
+        let http = crate::admin::client(None).build().unwrap();
         // status and plan name the nodes' addresses: the secret is required
         for path in ["/status", "/plan?node=0"] {
             let open = http.get(format!("{base}{path}")).send().await.unwrap();

@@ -746,12 +746,14 @@ pub fn run_elastic_job_with<A: crate::app::App>(
     };
     let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = service.clone();
+    let tls =
+        crate::tls::JobTls::for_security(job.config.job.transport_security, job.secret.as_bytes());
+    let refused = metrics.admin_connections_refused.clone();
     let server = rt.spawn(async move {
-        axum::serve(listener, router(served))
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        crate::admin::serve(listener, router(served), tls.as_deref(), refused, stopped).await
     });
     let stop = job.stop.clone();
     let told_to_stop = async move {

@@ -293,20 +293,17 @@ pub fn run_elastic_node_with<A: App>(
         wait_timeout: config.wait_timeout,
         agent: Some(agent.clone()),
         bandwidth: crate::bandwidth::NodeBandwidth::from_mbps(options.bandwidth_limit_mbps),
-        tls,
+        tls: tls.clone(),
         ..ServerConfig::with_secret(secret.clone().into_bytes())
     };
     let server = ServerHandle::serve(rt.handle(), listener, state.clone(), server_config, metrics)
         .map_err(setup("serving the data plane"))?;
-    let http = reqwest::Client::builder()
+    let http = crate::admin::client(tls.as_deref())
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| ElasticNodeError::Coordinator(format!("building the HTTP client: {e}")))?;
-    let base = settings
-        .notices
-        .coordinator
-        .trim_end_matches('/')
-        .to_owned();
+    let base = crate::admin::base_url(&settings.notices.coordinator, tls.is_some())
+        .map_err(ElasticNodeError::Coordinator)?;
     let join = JoinRequest {
         name: settings.notices.name.clone(),
         data_addr: advertise.to_string(),

@@ -10,6 +10,7 @@
 //! rollback) in segments; [`exact`] the integer-exact test app; [`notices`] eviction notices raised inside a node
 //! (instance metadata, SIGTERM); [`metrics`] the Prometheus metrics.
 
+pub mod admin;
 pub mod app;
 pub mod apps;
 pub mod bandwidth;

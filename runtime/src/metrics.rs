@@ -28,6 +28,10 @@ pub struct RuntimeMetrics {
     /// Data-plane connections closed for a bad frame or peer, by reason (`dead_peer`: a peer
     /// that stopped answering TCP, a vanished instance).
     pub connections_refused: IntCounterVec,
+    /// Admin-API connections closed before HTTP, by reason (`plaintext`: HTTP to a TLS admin
+    /// API; `tls`: a failed handshake, such as a client of another job's key; `handshake_timeout`;
+    /// `closed`).
+    pub admin_connections_refused: IntCounterVec,
     /// Current AgileML stage (1, 2 or 3) of an elastic run.
     pub stage: IntGauge,
     /// Member nodes of an elastic run, by tier (`reliable`, `transient`).
@@ -125,6 +129,13 @@ impl RuntimeMetrics {
                 Opts::new(
                     "ebbflow_runtime_connections_refused_total",
                     "data-plane connections closed for a bad, failed or vanished (dead_peer) peer or a bad frame",
+                ),
+                &["reason"],
+            )?,
+            admin_connections_refused: IntCounterVec::new(
+                Opts::new(
+                    "ebbflow_runtime_admin_connections_refused_total",
+                    "admin-API connections closed before HTTP: plaintext to a TLS API, a failed or unfinished TLS handshake",
                 ),
                 &["reason"],
             )?,
@@ -241,6 +252,7 @@ impl RuntimeMetrics {
         registry.register(Box::new(metrics.ssp_wait_seconds.clone()))?;
         registry.register(Box::new(metrics.connections_open.clone()))?;
         registry.register(Box::new(metrics.connections_refused.clone()))?;
+        registry.register(Box::new(metrics.admin_connections_refused.clone()))?;
         Ok(metrics)
     }
 

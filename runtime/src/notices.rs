@@ -144,7 +144,7 @@ pub struct MetadataClient {
 impl MetadataClient {
     /// A client for `endpoint` with short timeouts (the service is link-local).
     pub fn new(endpoint: &str) -> Result<Self, NoticeError> {
-        let http = reqwest::Client::builder()
+        let http = crate::admin::client(None)
             .timeout(Duration::from_secs(2))
             .build()
             .map_err(|source| NoticeError::Request {

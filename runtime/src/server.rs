@@ -194,6 +194,31 @@ impl ConnectionError {
     }
 }
 
+/// The next connection on `listener`, with a permit of `permits` held for its life: waits for a
+/// permit first (a full server leaves further connections in the kernel's backlog), and tries a
+/// failed accept (out of file descriptors, say) again after 50 ms. `None` once `permits` is
+/// closed. `what` prefixes the log line of a failed accept.
+pub(crate) async fn accept_permitted(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    what: &str,
+) -> Option<(
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::net::TcpStream,
+    std::net::SocketAddr,
+)> {
+    let permit = permits.clone().acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => return Some((permit, stream, peer)),
+            Err(error) => {
+                tracing::warn!(%error, "{what}accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Serves `state` on `listener` until `shutdown` completes, then waits for open connections.
 pub async fn run(
     listener: TcpListener,
@@ -207,16 +232,9 @@ pub async fn run(
     let mut handlers = JoinSet::new();
     let accept = async {
         loop {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
+            let Some((permit, stream, peer)) = accept_permitted(&listener, &permits, "").await
+            else {
                 return;
-            };
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
             };
             let (state, config, metrics, stop) = (
                 state.clone(),

@@ -16,12 +16,22 @@
 //! the job key, which already guards the job, and an `ebbflow run` on one machine and a job in
 //! a cluster use the same code.
 //!
+//! The admin API (the coordinator's HTTP) is served over TLS 1.3 with the same key, but
+//! presented in a self-signed X.509 certificate ([`JobTls::admin_certificate_pem`]), because
+//! the tools people point at an admin API (curl, Python's `ssl`, a browser behind a
+//! port-forward) cannot take a raw public key. The certificate is a function of the job key
+//! alone (rcgen with a fixed name, validity and key-derived serial; Ed25519 signs
+//! deterministically), so every process builds the same one. Rust clients accept exactly a
+//! certificate whose public key is the job's ([`JobTls::admin_client`]); its ALPN is `http/1.1`.
+//!
 //! TLS 1.2 is not offered; the cipher suites are rustls's TLS 1.3 suites on `ring`
 //! (AES-128-GCM preferred, then AES-256-GCM and ChaCha20-Poly1305). The ALPN protocol `ebbflow/1` is required on
 //! both sides, so a stray TLS client of another protocol is refused in the handshake.
 
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use ring::hkdf;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
@@ -32,6 +42,12 @@ use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
 /// The application protocol both ends name in the handshake.
 pub const ALPN: &[u8] = b"ebbflow/1";
+
+/// The admin API's application protocol (axum serves HTTP/1.1 only).
+pub const ADMIN_ALPN: &[u8] = b"http/1.1";
+
+/// The admin certificate's subject (its common name): the key, not a name, identifies it.
+const ADMIN_SUBJECT: &str = "ebbflow job admin API";
 
 /// The first byte of every TLS record a client opens a connection with (a handshake record):
 /// how a server tells a TLS client from a plaintext one before reading a frame.
@@ -96,6 +112,12 @@ pub struct JobTls {
     pub server: Arc<rustls::ServerConfig>,
     /// For the clients of those servers.
     pub client: Arc<rustls::ClientConfig>,
+    /// For the admin API's server: the same key in an X.509 certificate, ALPN `http/1.1`.
+    pub admin_server: Arc<rustls::ServerConfig>,
+    /// For the admin API's clients: accepts only a certificate of the job's key.
+    pub admin_client: Arc<rustls::ClientConfig>,
+    /// The admin API's certificate (DER).
+    admin_certificate: CertificateDer<'static>,
 }
 
 impl std::fmt::Debug for JobTls {
@@ -153,7 +175,9 @@ impl JobTls {
         let mut pkcs8 = Vec::with_capacity(48);
         pkcs8.extend_from_slice(&ED25519_PKCS8_PREFIX);
         pkcs8.extend_from_slice(&seed);
-        let signing = rustls::crypto::ring::sign::any_eddsa_type(&PrivatePkcs8KeyDer::from(pkcs8))?;
+        let pkcs8 = PrivatePkcs8KeyDer::from(pkcs8);
+        let admin_certificate = admin_certificate(&pkcs8)?;
+        let signing = rustls::crypto::ring::sign::any_eddsa_type(&pkcs8)?;
         let spki = signing
             .public_key()
             .ok_or(rustls::Error::General(
@@ -177,18 +201,54 @@ impl JobTls {
         let verifier = Arc::new(JobKeyVerifier {
             spki,
             algorithms: provider.signature_verification_algorithms,
+            x509: false,
         });
-        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        let client = client_config(provider.clone(), verifier.clone(), ALPN)?;
+        let mut admin_server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_no_client_auth();
-        client.alpn_protocols = vec![ALPN.to_vec()];
-        client.resumption = rustls::client::Resumption::disabled();
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![admin_certificate.clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(pkcs8.clone_key()),
+            )?;
+        admin_server.alpn_protocols = vec![ADMIN_ALPN.to_vec()];
+        admin_server.send_tls13_tickets = 0;
+        let admin_verifier = Arc::new(JobKeyVerifier {
+            x509: true,
+            ..(*verifier).clone()
+        });
+        let admin_client = client_config(provider, admin_verifier, ADMIN_ALPN)?;
         Ok(Self {
             server: Arc::new(server),
             client: Arc::new(client),
+            admin_server: Arc::new(admin_server),
+            admin_client: Arc::new(admin_client),
+            admin_certificate,
         })
+    }
+
+    /// The admin API's certificate in PEM: what `curl --cacert` or Python's
+    /// `ssl.SSLContext.load_verify_locations(cadata=...)` trusts (with host-name checks off: the
+    /// certificate names no host), or `curl --pinnedpubkey` pins.
+    pub fn admin_certificate_pem(&self) -> String {
+        let body = self.admin_certificate.as_ref();
+        let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+        for line in STANDARD.encode(body).as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+        pem
+    }
+
+    /// The admin certificate's public key as curl's `--pinnedpubkey` takes it:
+    /// `sha256//` and the base64 of the SHA-256 of its SubjectPublicKeyInfo.
+    pub fn admin_public_key_pin(&self) -> String {
+        let spki = webpki::EndEntityCert::try_from(&self.admin_certificate)
+            .expect("our own certificate parses")
+            .subject_public_key_info();
+        let digest = ring::digest::digest(&ring::digest::SHA256, spki.as_ref());
+        format!("sha256//{}", STANDARD.encode(digest.as_ref()))
     }
 
     /// The configurations for `security` (none for [`TransportSecurity::None`]).
@@ -205,11 +265,67 @@ impl JobTls {
     }
 }
 
-/// Accepts exactly the job's raw public key, and handshake signatures made with it.
-#[derive(Debug)]
+/// A TLS 1.3-only client configuration that accepts servers through `verifier` and names
+/// `alpn`; no resumption (a ticket would only let a later connection skip the key proof).
+fn client_config(
+    provider: Arc<CryptoProvider>,
+    verifier: Arc<JobKeyVerifier>,
+    alpn: &[u8],
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![alpn.to_vec()];
+    client.resumption = rustls::client::Resumption::disabled();
+    Ok(client)
+}
+
+/// The admin API's self-signed certificate for the key in `pkcs8`: the same bytes for the same
+/// key (fixed subject and validity, a serial rcgen derives from the public key, and Ed25519's
+/// deterministic signature).
+fn admin_certificate(
+    pkcs8: &PrivatePkcs8KeyDer<'_>,
+) -> Result<CertificateDer<'static>, rustls::Error> {
+    let failed = |error: rcgen::Error| {
+        rustls::Error::General(format!("building the admin certificate: {error}"))
+    };
+    let key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(pkcs8, &rcgen::PKCS_ED25519)
+        .map_err(failed)?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, ADMIN_SUBJECT);
+    let certificate = params.self_signed(&key).map_err(failed)?;
+    Ok(certificate.der().clone())
+}
+
+/// Accepts exactly the job's public key, and handshake signatures made with it: as a raw public
+/// key (the data plane) or as the key of a lone X.509 certificate (the admin API; nothing else
+/// in the certificate is trusted or needed).
+#[derive(Debug, Clone)]
 struct JobKeyVerifier {
     spki: SubjectPublicKeyInfoDer<'static>,
     algorithms: WebPkiSupportedAlgorithms,
+    x509: bool,
+}
+
+impl JobKeyVerifier {
+    /// The public key `presented` carries, if it is one this verifier takes the form of.
+    fn presented_key(
+        &self,
+        presented: &CertificateDer<'_>,
+    ) -> Result<SubjectPublicKeyInfoDer<'static>, rustls::Error> {
+        if self.x509 {
+            webpki::EndEntityCert::try_from(presented)
+                .map(|certificate| certificate.subject_public_key_info())
+                .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))
+        } else {
+            Ok(SubjectPublicKeyInfoDer::from(presented.as_ref().to_vec()))
+        }
+    }
 }
 
 impl ServerCertVerifier for JobKeyVerifier {
@@ -222,7 +338,9 @@ impl ServerCertVerifier for JobKeyVerifier {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         // Constant time is not needed: the public key is public.
-        if intermediates.is_empty() && end_entity.as_ref() == self.spki.as_ref() {
+        if intermediates.is_empty()
+            && self.presented_key(end_entity)?.as_ref() == self.spki.as_ref()
+        {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::InvalidCertificate(
@@ -250,7 +368,7 @@ impl ServerCertVerifier for JobKeyVerifier {
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature_with_raw_key(
             message,
-            &SubjectPublicKeyInfoDer::from(cert.as_ref()),
+            &self.presented_key(cert)?,
             dss,
             &self.algorithms,
         )
@@ -261,7 +379,7 @@ impl ServerCertVerifier for JobKeyVerifier {
     }
 
     fn requires_raw_public_keys(&self) -> bool {
-        true
+        !self.x509
     }
 }
 

@@ -163,7 +163,7 @@ fn coordinator_configured(
     registry: prometheus::Registry,
     backup_bandwidth: Option<f64>,
 ) -> (String, CoordinatorThread) {
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("https://{}", listener.local_addr().unwrap());
     let app = job.app();
     let settings = ElasticJob {
         config: ElasticConfig {
@@ -245,7 +245,10 @@ fn status_code(url: &str, bearer: Option<&str>) -> u16 {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut request = reqwest::Client::new().get(format!("{url}/status"));
+        let mut request = ebbflow_runtime::admin::client_for_url(url, SECRET.as_bytes())
+            .build()
+            .unwrap()
+            .get(format!("{url}/status"));
         if let Some(bearer) = bearer {
             request = request.bearer_auth(bearer);
         }
@@ -959,7 +962,7 @@ fn coordinator_process_every(
         .trim()
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("the coordinator's first line: {line:?}"));
-    (child, format!("http://{addr}"))
+    (child, format!("https://{addr}"))
 }
 
 /// A coordinator process checkpointing every `interval_ms` at most, with a reliable and a
@@ -1166,7 +1169,7 @@ fn a_sigterm_while_joining_is_a_notice_once_joined() {
     let job = Job::dense(300);
     // Bound, not yet served: the node's join waits in the listener's backlog.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("https://{}", listener.local_addr().unwrap());
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -126,7 +126,7 @@ fn a_node_with_the_wrong_secret_fails_clearly() {
         .args([
             "node",
             "--coordinator",
-            "http://127.0.0.1:9",
+            "https://127.0.0.1:9",
             "--name",
             "n",
             "--workers",
@@ -139,6 +139,26 @@ fn a_node_with_the_wrong_secret_fails_clearly() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/join"), "{stderr}");
+}
+
+/// A node of a TLS job (the default) given an `http://` coordinator URL refuses to send its
+/// token in clear, and says which scheme to use.
+#[test]
+fn a_node_of_a_tls_job_refuses_a_plaintext_coordinator_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ebbflow-runtime"))
+        .args(["node", "--coordinator", "http://127.0.0.1:9", "--name", "n"])
+        .env("EBBFLOW_JOB_SECRET", "x")
+        .env_remove("EBBFLOW_TRANSPORT_SECURITY")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("\"http://127.0.0.1:9\"") && stderr.contains("use https://"),
+        "{stderr}"
+    );
 }
 
 /// Matrix factorization (the synthetic variant, no download) over two node processes ends where a

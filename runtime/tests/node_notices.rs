@@ -164,7 +164,7 @@ async fn a_spot_interruption_from_the_metadata_service_reaches_the_coordinator()
     let node = join(&coordinator, "spot-a");
     let watcher = tokio::spawn(watch_metadata(
         MetadataClient::new(&mock.1).unwrap(),
-        reqwest::Client::new(),
+        ebbflow_runtime::admin::client(None).build().unwrap(),
         url,
         SECRET.into(),
         "spot-a".into(),
@@ -177,7 +177,7 @@ async fn a_spot_interruption_from_the_metadata_service_reaches_the_coordinator()
     );
     // Without the job secret the coordinator refuses a notice and keeps the one it has.
     let refused = ebbflow_runtime::notices::send_notice(
-        &reqwest::Client::new(),
+        &ebbflow_runtime::admin::client(None).build().unwrap(),
         &coordinator_url,
         "wrong-secret",
         "spot-a",
@@ -215,7 +215,7 @@ async fn a_rebalance_recommendation_reaches_the_coordinator_with_its_lead() {
     let before = now_unix();
     let watcher = tokio::spawn(watch_metadata(
         MetadataClient::new(&mock.1).unwrap(),
-        reqwest::Client::new(),
+        ebbflow_runtime::admin::client(None).build().unwrap(),
         url,
         SECRET.into(),
         "spot-b".into(),
@@ -244,6 +244,9 @@ async fn sigterm_tells_the_coordinator_the_node_leaves_after_its_grace_period() 
             "1",
             "--grace-seconds",
             "3",
+            // as the in-process coordinator (`tls: None`, a plain admin API)
+            "--transport-security",
+            "none",
         ])
         .env("EBBFLOW_JOB_SECRET", SECRET)
         .stdout(Stdio::null())

@@ -50,7 +50,7 @@ impl Prometheus {
         Ok(Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder()
+            http: ebbflow_runtime::admin::client(None)
                 .timeout(Duration::from_secs(5))
                 .build()?,
         })

@@ -507,7 +507,7 @@ fn start_coordinator(
     BoxError,
 > {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let url = format!("https://{}", listener.local_addr()?);
     let registry = prometheus::Registry::new();
     let metrics = RuntimeMetrics::register(&registry)?;
     let settings = ElasticJob {

@@ -450,6 +450,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
     let coordinator_base = coordinator_url(
         &name,
         &namespace,
+        crate::coordinator::uses_tls(&job),
         ctx.config.coordinator_url_override.as_deref(),
     );
 
@@ -1377,6 +1378,7 @@ async fn cleanup_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action,
         let base = coordinator_url(
             &name,
             &namespace,
+            crate::coordinator::uses_tls(&job),
             ctx.config.coordinator_url_override.as_deref(),
         );
         let token = job_token(&ctx, &namespace, &name).await.ok().flatten();

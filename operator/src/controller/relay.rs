@@ -575,6 +575,7 @@ pub(super) async fn deliver(ctx: &Context, job: &TrainingJob, current: &[Notice]
     let base = coordinator_url(
         &name,
         &namespace,
+        crate::coordinator::uses_tls(&job),
         ctx.config.coordinator_url_override.as_deref(),
     );
     let now = Timestamp::now();

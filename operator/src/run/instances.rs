@@ -111,14 +111,16 @@ impl NodeProcesses {
     /// No instance yet.
     pub fn new(command: NodeCommand) -> std::io::Result<Self> {
         std::fs::create_dir_all(&command.log_dir)?;
+        let http =
+            ebbflow_runtime::admin::client_for_url(&command.coordinator, command.secret.as_bytes())
+                .timeout(Duration::from_secs(10))
+                .build()
+                .map_err(std::io::Error::other)?;
         Ok(Self {
             command,
             children: BTreeMap::new(),
             deadlines: BTreeMap::new(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .map_err(std::io::Error::other)?,
+            http,
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?,

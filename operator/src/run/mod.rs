@@ -926,7 +926,8 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
                 source,
             })?;
         let coordinator = format!(
-            "http://{}",
+            "{}://{}",
+            ebbflow_runtime::admin::scheme(config.job.transport_security == TransportSecurity::Tls),
             listener
                 .local_addr()
                 .map_err(|source| RunError::BindMetrics {

@@ -33,6 +33,7 @@ use ebbflow_crds::TrainingJob;
 use ebbflow_runtime::elastic_coordinator::{CheckpointSettings, ElasticJob, run_elastic_job};
 use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
 use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::tls::TransportSecurity;
 use prometheus::Registry;
 
 use super::{DataDir, JobApp, RunError, build_app, elastic_config, job_id, with_job_app};
@@ -201,8 +202,11 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
     )?;
     // Listening from the start: a SIGTERM that makes a node leave also ends its linger.
     let terminated = Terminated::listen()?;
+    let scheme = ebbflow_runtime::admin::scheme(
+        elastic_config(&env.job).job.transport_security == TransportSecurity::Tls,
+    );
     if env.role != PodRole::Coordinator {
-        let coordinator = format!("http://{}", env.coordinator);
+        let coordinator = format!("{scheme}://{}", env.coordinator);
         run_node(app, env.node_settings(coordinator), &env.pod_name)?;
         // Released: the job ended, or this node left on a notice. Exiting now would make the
         // pod Succeeded, and the operator would replace it before it saw the job's end.
@@ -264,7 +268,7 @@ pub fn pod(env: &PodEnv) -> Result<Option<serde_json::Value>, RunError> {
         .ok_or_else(|| RunError::Pod("starting the metrics server failed".into()))?;
     let own_node = ElasticNodeSettings {
         registry: Some(node_registry),
-        ..env.node_settings(format!("http://127.0.0.1:{}", bound.port()))
+        ..env.node_settings(format!("{scheme}://127.0.0.1:{}", bound.port()))
     };
     // The apps hold their data behind `Arc`s: the node shares the coordinator's, loaded once.
     let node_app = app.clone();

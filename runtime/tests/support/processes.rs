@@ -18,7 +18,9 @@ pub fn status(url: &str, secret: &str) -> Option<StatusResponse> {
         .build()
         .unwrap();
     rt.block_on(async {
-        reqwest::Client::new()
+        ebbflow_runtime::admin::client_for_url(url, secret.as_bytes())
+            .build()
+            .unwrap()
             .get(format!("{url}/status"))
             .bearer_auth(secret)
             .send()

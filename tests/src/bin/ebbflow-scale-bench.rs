@@ -93,7 +93,7 @@ async fn start_operator(
         child,
         metrics: format!("http://127.0.0.1:{port}"),
     };
-    let http = reqwest::Client::new();
+    let http = ebbflow_runtime::admin::client(None).build()?;
     let ready = format!("{}/readyz", operator.metrics);
     poll_until("operator ready", Duration::from_secs(60), || {
         let (http, ready) = (http.clone(), ready.clone());
