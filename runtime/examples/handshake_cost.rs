@@ -3,6 +3,9 @@
 //! `tls`, and `ROUNDS` connections to each, alternating, each opened, authenticated (the HMAC
 //! handshake, inside TLS for the second) and answered once (a `Warm` of 0 bytes) before it is
 //! closed. Prints the median and 90th percentile of each and the difference of the medians.
+//! Then the same for the coordinator's admin API (the real router, served plain and over TLS):
+//! `ROUNDS` `GET /status` calls each, every one on a new connection, as a node's first call of a
+//! join opens one.
 //!
 //!     cargo run --release -p ebbflow-runtime --example handshake_cost [ROUNDS]
 
@@ -75,6 +78,94 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "TLS adds {:.3} ms per connection (median)",
+        (medians[1].as_secs_f64() - medians[0].as_secs_f64()) * 1e3
+    );
+    admin_cost(&runtime, &secret, rounds)
+}
+
+/// `GET /status` of the admin API on a new connection each time, plain and over TLS.
+fn admin_cost(
+    runtime: &tokio::runtime::Runtime,
+    secret: &str,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use ebbflow_runtime::elastic_coordinator::{ElasticService, router};
+    let mut sides = Vec::new();
+    for security in [TransportSecurity::None, TransportSecurity::Tls] {
+        let tls = JobTls::for_security(security, secret.as_bytes());
+        let service = ElasticService::new(
+            secret.to_owned(),
+            "handshake-cost".into(),
+            1,
+            std::sync::Arc::default(),
+            prometheus::Registry::new(),
+            RuntimeMetrics::unregistered(),
+            std::sync::Arc::new(ebbflow_runtime::heartbeat::Heartbeats::unregistered(
+                Duration::from_secs(60),
+            )),
+        );
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let url = format!(
+            "{}://{}/status",
+            ebbflow_runtime::admin::scheme(tls.is_some()),
+            listener.local_addr()?
+        );
+        let served = tls.clone();
+        let refused = RuntimeMetrics::unregistered().admin_connections_refused;
+        runtime.spawn(async move {
+            ebbflow_runtime::admin::serve(
+                listener,
+                router(service),
+                served.as_deref(),
+                refused,
+                std::future::pending(),
+            )
+            .await
+        });
+        // No idle connections kept: every call opens its own.
+        let client = ebbflow_runtime::admin::client(tls.as_deref())
+            .pool_max_idle_per_host(0)
+            .build()?;
+        sides.push((security, url, client, Vec::with_capacity(rounds)));
+    }
+    let call = |client: &reqwest::Client, url: &str| {
+        runtime.block_on(async {
+            client
+                .get(url)
+                .bearer_auth(secret)
+                .send()
+                .await?
+                .error_for_status()?
+                .bytes()
+                .await
+        })
+    };
+    for (_, url, client, _) in &sides {
+        call(client, url)?;
+    }
+    for _ in 0..rounds {
+        for (_, url, client, times) in &mut sides {
+            let started = Instant::now();
+            call(client, url)?;
+            times.push(started.elapsed());
+        }
+    }
+    println!("admin API: connect + GET /status, {rounds} calls each, 127.0.0.1:");
+    let mut medians = Vec::new();
+    for (security, _, _, times) in &mut sides {
+        times.sort();
+        let median = times[times.len() / 2];
+        let p90 = times[times.len() * 9 / 10];
+        println!(
+            "  {:<4}  median {:.3} ms  p90 {:.3} ms",
+            security.to_string(),
+            median.as_secs_f64() * 1e3,
+            p90.as_secs_f64() * 1e3
+        );
+        medians.push(median);
+    }
+    println!(
+        "TLS adds {:.3} ms per admin call on a new connection (median)",
         (medians[1].as_secs_f64() - medians[0].as_secs_f64()) * 1e3
     );
     Ok(())
