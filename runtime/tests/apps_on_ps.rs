@@ -219,7 +219,8 @@ fn reuters_on_ps_with_two_workers_is_within_2_percent_of_the_lda_package() {
     };
     let corpus = data::load_ldac(&dir.join("reuters.ldac")).unwrap();
     let app = LdaApp::new(corpus, LdaConfig::default()).unwrap();
-    let report = run_ps(&app, 2, 0, 1500);
+    // 200 sweeps (16 clocks each for two workers under BSP).
+    let report = run_ps(&app, 2, 0, 200 * app.clocks_per_pass(2) as u64);
     let ours = report.eval.metric("per_token_log_likelihood").unwrap();
     let theirs = -7.806_907;
     println!("reuters: ps 2 workers per-token log-likelihood {ours:.4}, lda package {theirs}");

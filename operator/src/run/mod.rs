@@ -542,6 +542,7 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                 alpha: hyper.alpha.unwrap_or(defaults.alpha),
                 eta: hyper.beta.unwrap_or(defaults.eta),
                 seed,
+                staleness,
                 ..defaults
             };
             JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)

@@ -36,8 +36,27 @@ pub const DOC_LOGLIK: TableId = 2;
 pub const ASSIGNMENTS: TableId = 3;
 
 /// Most clocks a sweep takes when [`LdaConfig::clocks_per_pass`] is `None`: every clock moves
-/// the whole word-topic working set, so more slices cost more than they gain.
-pub const MAX_AUTO_CLOCKS_PER_PASS: usize = 16;
+/// the whole word-topic working set.
+pub const MAX_AUTO_CLOCKS_PER_PASS: usize = 128;
+
+/// The largest share of a sweep of the other workers' topic moves a worker may sample without
+/// seeing: `(staleness + 1) / clocks_per_pass · (workers − 1) / workers`. Measured on reuters
+/// (BENCHMARKS.md, "LDA at any worker count"): at 1/32 two and eight workers end where one does
+/// (per-token log-likelihood -7.80 after 1,500 sweeps, one worker -7.77 to -7.81 over five
+/// seeds); at 3/32 they end at -7.83 and at 3/4 at -7.86.
+pub const STALE_SWEEP_SHARE: f64 = 1.0 / 32.0;
+
+/// Clocks a sweep takes for `workers` workers at SSP `staleness` so that no worker samples
+/// against more than [`STALE_SWEEP_SHARE`] of a sweep of the others' moves it has not seen: one
+/// for one worker (nobody else writes), at most [`MAX_AUTO_CLOCKS_PER_PASS`].
+pub fn lda_clocks_per_pass(workers: usize, staleness: u64) -> usize {
+    if workers <= 1 {
+        return 1;
+    }
+    let others = (workers - 1) as f64 / workers as f64;
+    let clocks = ((staleness + 1) as f64 * others / STALE_SWEEP_SHARE).ceil();
+    (clocks as usize).clamp(1, MAX_AUTO_CLOCKS_PER_PASS)
+}
 
 /// Hyperparameters of LDA.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,13 +69,16 @@ pub struct LdaConfig {
     pub eta: f64,
     /// Seed of the samplers (one stream per shard).
     pub seed: u64,
-    /// Clocks per Gibbs sweep over the data, or `None` for one per worker up to
-    /// [`MAX_AUTO_CLOCKS_PER_PASS`]: clock `c` resamples slice `c % clocks_per_pass` of each
-    /// worker's tokens. Workers sample against each other's counts as of the last clock
-    /// boundary, so a whole sweep per clock lets each worker move the topics on stale counts
-    /// (reuters, 8 workers, 400 sweeps: per-token log-likelihood -7.96 against -7.86 for one
-    /// worker; 4 clocks a sweep -7.90, 16 -7.88).
+    /// Clocks per Gibbs sweep over the data, or `None` for [`lda_clocks_per_pass`] of the
+    /// worker count and `staleness`: clock `c` resamples slice `c % clocks_per_pass` of each
+    /// worker's tokens. Workers sample against each other's counts as of up to `staleness + 1`
+    /// clock boundaries ago, and the more of a sweep that is, the further the chain ends from
+    /// one worker's (reuters, 2 workers, SSP 2, 1,500 sweeps: -7.86 at 2 clocks a sweep,
+    /// -7.80 at 48, one worker -7.77 to -7.81).
     pub clocks_per_pass: Option<usize>,
+    /// The job's SSP staleness (0 = BSP), which sizes the clocks when `clocks_per_pass` is
+    /// `None`.
+    pub staleness: u64,
 }
 
 impl Default for LdaConfig {
@@ -68,6 +90,7 @@ impl Default for LdaConfig {
             eta: 0.01,
             seed: 1,
             clocks_per_pass: None,
+            staleness: 0,
         }
     }
 }
@@ -277,7 +300,7 @@ impl App for LdaApp {
     fn clocks_per_pass(&self, workers: usize) -> usize {
         self.config
             .clocks_per_pass
-            .unwrap_or(workers.clamp(1, MAX_AUTO_CLOCKS_PER_PASS))
+            .unwrap_or_else(|| lda_clocks_per_pass(workers, self.config.staleness))
             .max(1)
     }
 
@@ -500,6 +523,26 @@ mod tests {
                 .sum::<f64>();
         }
         ll
+    }
+
+    #[test]
+    fn a_sweep_has_enough_clocks_that_stale_moves_stay_a_small_share() {
+        assert_eq!(lda_clocks_per_pass(1, 3), 1);
+        assert_eq!(lda_clocks_per_pass(2, 0), 16);
+        assert_eq!(lda_clocks_per_pass(2, 2), 48);
+        assert_eq!(lda_clocks_per_pass(7, 1), 55);
+        assert_eq!(lda_clocks_per_pass(32, 2), 93);
+        assert_eq!(lda_clocks_per_pass(64, 8), MAX_AUTO_CLOCKS_PER_PASS);
+        for workers in 2..40 {
+            for staleness in 0..3 {
+                let clocks = lda_clocks_per_pass(workers, staleness) as f64;
+                let share = (staleness + 1) as f64 / clocks * (workers - 1) as f64 / workers as f64;
+                assert!(
+                    share <= STALE_SWEEP_SHARE + 1e-12,
+                    "{workers} {staleness}: {share}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -76,8 +76,8 @@ fn require(name: &str, data_dir: Option<&Path>, file: &str) -> Result<PathBuf, N
         .ok_or_else(|| NamedAppError::LocateData { name: name.into() })
 }
 
-/// Builds the app called `name` for a job of SSP `staleness` (0 = BSP; it sizes MF's clocks);
-/// real-data apps read their file from `data_dir`.
+/// Builds the app called `name` for a job of SSP `staleness` (0 = BSP; it sizes MF's and LDA's
+/// clocks); real-data apps read their file from `data_dir`.
 pub fn build_named_app(
     name: &str,
     data_dir: Option<&Path>,
@@ -102,7 +102,11 @@ pub fn build_named_app(
         }
         "lda" => {
             let path = require(name, data_dir, "reuters.ldac")?;
-            NamedApp::Lda(LdaApp::new(data::load_ldac(&path)?, LdaConfig::default())?)
+            let config = LdaConfig {
+                staleness,
+                ..LdaConfig::default()
+            };
+            NamedApp::Lda(LdaApp::new(data::load_ldac(&path)?, config)?)
         }
         "mf-synthetic" => {
             let generated = data::synthetic_ratings(400, 200, 4, 12_000, 0.1, SPLIT_SEED)?;
@@ -130,6 +134,7 @@ pub fn build_named_app(
             let generated = data::synthetic_corpus(200, 500, 10, 80, 0.1, 0.05, SPLIT_SEED)?;
             let config = LdaConfig {
                 num_topics: 10,
+                staleness,
                 ..LdaConfig::default()
             };
             NamedApp::Lda(LdaApp::new(generated.corpus, config)?)
