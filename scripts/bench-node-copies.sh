@@ -12,6 +12,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+source scripts/lib/admin.sh
 clocks="${1:-300}"
 rounds="${2:-3}"
 backup_every="${3:-5}"
@@ -42,7 +43,7 @@ run_mode() { # MODE REPORT
     sleep 0.05
   done
   local url nodes=()
-  url="https://$bound"
+  url="$(admin_url "$bound")"
   for name in r0 t0 t1 t2; do
     local tier=()
     [[ "$name" == t* ]] && tier=(--transient)

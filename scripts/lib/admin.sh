@@ -1,5 +1,5 @@
 # Helpers of the benchmark scripts that start a coordinator themselves and call its admin API.
-# Needs BIN (the ebbflow-runtime binary) and EBBFLOW_JOB_SECRET; follows
+# admin_get needs BIN (the ebbflow-runtime binary) and EBBFLOW_JOB_SECRET; both follow
 # EBBFLOW_TRANSPORT_SECURITY (tls, the default, or none) as the processes do.
 
 # admin_url ADDR: the coordinator's URL for the job's transport security.
