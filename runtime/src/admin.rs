@@ -125,6 +125,7 @@ enum Refusal {
     Tls(io::Error),
     #[error("it did not finish its TLS handshake in {HANDSHAKE_TIMEOUT:?}")]
     Timeout,
+    /// Not counted: a TCP check (a readiness probe) connects and closes.
     #[error("it closed the connection before its handshake")]
     Closed,
 }
@@ -177,6 +178,10 @@ impl TlsListener {
                     match result {
                         Ok(stream) => {
                             let _ = done.send((stream, peer)).await;
+                        }
+                        // A TCP check (the kubelet's readiness probe): connected, sent nothing.
+                        Err(Refusal::Closed) => {
+                            tracing::debug!(%peer, "admin API: closed before a byte (a TCP check)");
                         }
                         Err(refusal) => {
                             refused.with_label_values(&[refusal.category()]).inc();

@@ -29,8 +29,9 @@ pub struct RuntimeMetrics {
     /// that stopped answering TCP, a vanished instance).
     pub connections_refused: IntCounterVec,
     /// Admin-API connections closed before HTTP, by reason (`plaintext`: HTTP to a TLS admin
-    /// API; `tls`: a failed handshake, such as a client of another job's key; `handshake_timeout`;
-    /// `closed`).
+    /// API; `tls`: a failed handshake, such as a client of another job's key;
+    /// `handshake_timeout`). A connection closed before its first byte (a TCP readiness probe)
+    /// is not counted.
     pub admin_connections_refused: IntCounterVec,
     /// Current AgileML stage (1, 2 or 3) of an elastic run.
     pub stage: IntGauge,
