@@ -62,23 +62,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             drop(connection);
         }
     }
-    println!("connect + authenticate + one answer, {rounds} connections each, 127.0.0.1:");
-    let mut medians = Vec::new();
-    for (security, _, _, times) in &mut sides {
-        times.sort();
-        let median = times[times.len() / 2];
-        let p90 = times[times.len() * 9 / 10];
-        println!(
-            "  {:<4}  median {:.3} ms  p90 {:.3} ms",
-            security.to_string(),
-            median.as_secs_f64() * 1e3,
-            p90.as_secs_f64() * 1e3
-        );
-        medians.push(median);
-    }
-    println!(
-        "TLS adds {:.3} ms per connection (median)",
-        (medians[1].as_secs_f64() - medians[0].as_secs_f64()) * 1e3
+    report(
+        &format!("connect + authenticate + one answer, {rounds} connections each, 127.0.0.1:"),
+        sides
+            .into_iter()
+            .map(|(security, _, _, times)| (security, times)),
+        "per connection",
     );
     admin_cost(&runtime, &secret, rounds)
 }
@@ -150,9 +139,26 @@ fn admin_cost(
             times.push(started.elapsed());
         }
     }
-    println!("admin API: connect + GET /status, {rounds} calls each, 127.0.0.1:");
+    report(
+        &format!("admin API: connect + GET /status, {rounds} calls each, 127.0.0.1:"),
+        sides
+            .into_iter()
+            .map(|(security, _, _, times)| (security, times)),
+        "per admin call on a new connection",
+    );
+    Ok(())
+}
+
+/// Prints `title`, each side's median and 90th percentile, and what TLS (the second side) adds
+/// to the first's median.
+fn report(
+    title: &str,
+    sides: impl Iterator<Item = (TransportSecurity, Vec<Duration>)>,
+    what: &str,
+) {
+    println!("{title}");
     let mut medians = Vec::new();
-    for (security, _, _, times) in &mut sides {
+    for (security, mut times) in sides {
         times.sort();
         let median = times[times.len() / 2];
         let p90 = times[times.len() * 9 / 10];
@@ -165,8 +171,7 @@ fn admin_cost(
         medians.push(median);
     }
     println!(
-        "TLS adds {:.3} ms per admin call on a new connection (median)",
+        "TLS adds {:.3} ms {what} (median)",
         (medians[1].as_secs_f64() - medians[0].as_secs_f64()) * 1e3
     );
-    Ok(())
 }

@@ -1059,6 +1059,7 @@ fn node_main<E: ExternalApps>(external: &E, args: NodeArgs) -> anyhow::Result<()
         metrics,
         listener,
         http,
+        tls,
         base: base.to_owned(),
         node,
         map,
@@ -1076,6 +1077,8 @@ struct NodeTask {
     metrics: RuntimeMetrics,
     listener: tokio::net::TcpListener,
     http: reqwest::Client,
+    /// The job's TLS (none without transport security), derived once for both planes.
+    tls: Option<Arc<JobTls>>,
     base: String,
     node: u32,
     map: PartitionMap,
@@ -1092,6 +1095,7 @@ impl AppTask for NodeTask {
             metrics,
             listener,
             http,
+            tls,
             base,
             node,
             map,
@@ -1117,7 +1121,6 @@ impl AppTask for NodeTask {
             plan.staleness == 0,
         ));
         let wait_timeout = Duration::from_secs(600);
-        let tls = JobTls::for_security(args.transport_security, args.notices.secret.as_bytes());
         let server_config = ServerConfig {
             wait_timeout,
             tls: tls.clone(),
