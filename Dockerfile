@@ -13,7 +13,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p ebbflow-operator --features ec2 --bins \
+    cargo build --release --locked -p ebbflow-operator -p ebbflow-job --features ebbflow-operator/ec2 --bins \
  && mkdir -p /out \
  && objcopy --strip-debug target/release/ebbflow-operator /out/ebbflow-operator \
  && objcopy --strip-debug target/release/ebbflow /out/ebbflow
@@ -43,7 +43,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    PYO3_PYTHON=/usr/bin/python3 cargo build --release --locked -p ebbflow-operator --features python --bin ebbflow \
+    PYO3_PYTHON=/usr/bin/python3 cargo build --release --locked -p ebbflow-job --features python --bin ebbflow \
  && mkdir -p /out \
  && objcopy --strip-debug target/release/ebbflow /out/ebbflow
 

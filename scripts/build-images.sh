@@ -14,7 +14,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 tag="${1:-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)}"
-cargo build --release --locked -p ebbflow-operator --features ec2 --bins
+cargo build --release --locked -p ebbflow-operator -p ebbflow-job --features ebbflow-operator/ec2 --bins
 target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}" \
     python3 scripts/oci-image.py --bin-dir "$target/release" --out out/images --tag "$tag"
@@ -23,7 +23,7 @@ if [[ -n "${EBBFLOW_PYTHON:-}" ]]; then
     { echo "build-images: error: EBBFLOW_PYTHON=$EBBFLOW_PYTHON cannot import numpy" >&2; exit 1; }
   # After the images above: this build's `ebbflow` replaces theirs in target/release (cargo keeps
   # both builds, so switching back recompiles nothing).
-  cargo build --release --locked -p ebbflow-operator --features python --bin ebbflow
+  cargo build --release --locked -p ebbflow-job --features python --bin ebbflow
   SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}" \
       python3 scripts/oci-image.py --python-bin "$target/release/ebbflow" --site-packages "$site_packages" \
       --sdk python/ebbflow --examples examples/python --out out/images --tag "$tag"

@@ -418,7 +418,8 @@ def build_ebbflow(args, mtime):
         if not os.path.isfile(path) or not os.access(path, os.X_OK):
             raise ImageError(
                 f"--bin-dir {args.bin_dir}: no executable {binary} (build it with "
-                f"`cargo build --release --locked -p ebbflow-operator --features ec2 --bins`)"
+                f"`cargo build --release --locked -p ebbflow-operator -p ebbflow-job "
+                f"--features ebbflow-operator/ec2 --bins`)"
             )
         binaries[image] = path
     base_tar, libs = base_layer(list(binaries.values()), mtime)

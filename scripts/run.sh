@@ -23,7 +23,7 @@ fi
 trace=../shared/data/spot/aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv
 [[ -f "$trace" ]] || { echo "run: error: the quickstart's spot trace is missing: $repo/$trace" >&2; exit 1; }
 
-echo "==> cargo build --release -p ebbflow-operator --bin ebbflow" >&2
-cargo build --release --locked -p ebbflow-operator --bin ebbflow >&2
+echo "==> cargo build --release -p ebbflow-job --bin ebbflow" >&2
+cargo build --release --locked -p ebbflow-job --bin ebbflow >&2
 echo "==> ebbflow run examples/quickstart.yaml --out $out $*" >&2
 exec "$CARGO_TARGET_DIR/release/ebbflow" run examples/quickstart.yaml --out "$out" "$@"

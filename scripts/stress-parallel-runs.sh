@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs COPIES copies of `ebbflow run`'s end-to-end test binary (operator/tests/run.rs) at once,
+# Runs COPIES copies of `ebbflow run`'s end-to-end test binary (operator/job/tests/run.rs) at once,
 # ROUNDS times, and prints per round the wall time, the most `ebbflow node` processes alive at
 # once and the least MemAvailable. Each copy replays the p3 market against the wall clock, so a
 # loaded machine makes each run see more market (more joins, releases and replacements): three
@@ -24,7 +24,7 @@ trap 'pkill -9 -f "$bin" 2>/dev/null; pkill -9 -f "ebbflow node" 2>/dev/null' EX
 for round in $(seq 1 "$rounds"); do
   pids=()
   for copy in $(seq 1 "$copies"); do
-    (cd "$root/operator" && "$bin" --test-threads 1 >"$logs/$round-$copy.log" 2>&1) &
+    (cd "$root/operator/job" && "$bin" --test-threads 1 >"$logs/$round-$copy.log" 2>&1) &
     pids+=($!)
   done
   start=$SECONDS most=0 least=$((1 << 40))

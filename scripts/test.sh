@@ -40,7 +40,7 @@ cargo fmt --all -- --check
 
 echo "==> no import cycles between the files of the operator and of BidBrain (scripts/check-imports.py)"
 python3 scripts/check-imports.py --self-test
-python3 scripts/check-imports.py operator/src operator/bidbrain/src
+python3 scripts/check-imports.py operator/src operator/bidbrain/src operator/job/src
 
 echo "==> the shared spot traces (EBBFLOW_SPOT_DATA, else ../shared/data/spot beside the repository)"
 spot_data="${EBBFLOW_SPOT_DATA:-$repo/../shared/data/spot}"

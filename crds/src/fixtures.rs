@@ -268,6 +268,18 @@ impl TrainingJob {
         self.with_ec2_market(region)
     }
 
+    /// Provisions EC2 instances of `image_id` (no launch template) on the EC2 market in `region`,
+    /// reliable ones of type m5.large, for a job with UID `uid-1`.
+    pub fn with_ec2_image(self, region: &str, image_id: &str) -> Self {
+        let mut job = self.with_ec2_provisioning(region, "unused");
+        job.metadata.uid = Some("uid-1".into());
+        let ec2 = job.spec.provisioning.ec2.as_mut().expect("set just now");
+        ec2.launch_template = None;
+        ec2.image_id = Some(image_id.to_owned());
+        job.spec.reliable.instance_types = vec!["m5.large".into()];
+        job
+    }
+
     /// Caps spending at `usd` per hour.
     pub fn with_budget_per_hour(mut self, usd: f64) -> Self {
         self.spec.bidding.budget_per_hour = Some(usd);

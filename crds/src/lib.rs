@@ -77,7 +77,7 @@ pub use spec::*;
 pub use status::*;
 
 /// The command that regenerates the committed CRD YAML.
-pub const REGENERATE_COMMAND: &str = "cargo run -p ebbflow-operator --bin ebbflow -- crd > charts/ebbflow/crds/trainingjobs.ebbflow.dev.yaml";
+pub const REGENERATE_COMMAND: &str = "cargo run -p ebbflow-job --bin ebbflow -- crd > charts/ebbflow/crds/trainingjobs.ebbflow.dev.yaml";
 
 /// Where the generated CRD YAML is committed, relative to the repository root.
 pub const CRD_YAML_PATH: &str = "charts/ebbflow/crds/trainingjobs.ebbflow.dev.yaml";

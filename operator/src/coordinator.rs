@@ -15,7 +15,7 @@ pub const DATA_PORT: u16 = 7071;
 
 /// Port of a runtime pod's Prometheus `/metrics`, and nothing else (the per-job
 /// NetworkPolicy opens it to any scraper, the other two to the job and the operator only).
-pub const METRICS_PORT: u16 = 7072;
+pub use ebbflow_job::run::pod::METRICS_PORT;
 
 /// What the operator takes from a coordinator's status.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,17 +1,15 @@
-//! The ebbflow operator: the controller, provisioning, notices, the live EC2 market and the `ebbflow`
-//! command line. The bidder, markets, billing and the simulator are crate `ebbflow-bidbrain`.
+//! The ebbflow operator: the controller, the cluster's side of provisioning, notices and the
+//! coordinator client. The bidder, markets, billing and the simulator are crate
+//! `ebbflow-bidbrain`; what a TrainingJob needs without a cluster (its market, its provisioning
+//! plan, its metrics, its pods' entry point and the `ebbflow` command) is crate `ebbflow-job`.
 
 pub mod controller;
 pub mod coordinator;
 pub mod http;
-pub mod job_metrics;
-pub mod jobmarket;
+pub mod instances;
 pub mod leader;
-pub mod live_market;
 pub mod metrics;
 pub mod notices;
-pub mod provision;
-pub mod run;
 
 /// Shared by the unit tests.
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! Names follow `ebbflow_operator_<what>_<unit>`; every label is a small closed set (error
 //! categories, notice sources, tiers, phases), never an object name. The per-job gauges of
-//! [`crate::job_metrics`] are the documented exception.
+//! [`ebbflow_job::job_metrics`] are the documented exception.
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -54,7 +54,7 @@ pub struct Metrics {
     /// queue being drained; it stays above zero while the operator falls behind).
     pub reconciles_in_flight: IntGauge,
     /// Per-job gauges for the jobs dashboard (the one place object names are labels).
-    pub job: std::sync::Arc<crate::job_metrics::JobMetrics>,
+    pub job: std::sync::Arc<ebbflow_job::job_metrics::JobMetrics>,
 }
 
 /// Error categories used as the `category` label (see each step's `category()`).
@@ -191,7 +191,7 @@ impl Metrics {
                 "ebbflow_operator_reconciles_in_flight",
                 "Reconcile runs under way",
             )?,
-            job: std::sync::Arc::new(crate::job_metrics::JobMetrics::register(registry)?),
+            job: std::sync::Arc::new(ebbflow_job::job_metrics::JobMetrics::register(registry)?),
         };
         registry.register(Box::new(metrics.reconciliations.clone()))?;
         registry.register(Box::new(metrics.reconcile_errors.clone()))?;

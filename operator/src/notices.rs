@@ -42,7 +42,8 @@ pub const KARPENTER_DISRUPTION_TAINT: &str = "karpenter.sh/disruption";
 pub const GKE_TERMINATION_TAINT: &str = "cloud.google.com/impending-node-termination";
 
 /// EC2's spot interruption notice.
-pub(crate) const EC2_NOTICE: SignedDuration = SignedDuration::from_secs(120);
+pub(crate) const EC2_NOTICE: SignedDuration =
+    SignedDuration::from_secs(ebbflow_job::EC2_NOTICE.as_secs() as i64);
 /// Rebalance recommendations carry no deadline; assume generously that one comes later.
 const REBALANCE_NOTICE: SignedDuration = SignedDuration::from_secs(600);
 /// GKE's preemption notice.

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use ebbflow_crds::{CapacityType, TrainingJob};
 use ebbflow_ec2::{Ec2Api, SpotPriceQuery, moto::MotoServer};
+use ebbflow_job::live_market::OnDemandPrices;
 use ebbflow_operator::controller::bidbrain::{BidBrainConfig, BidBrainPlanner, Ec2MarketSource};
 use ebbflow_operator::controller::capacity::{CapacityPlanner, CapacityView};
 use ebbflow_operator::controller::plan::CapacityDecision;
-use ebbflow_operator::live_market::OnDemandPrices;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 

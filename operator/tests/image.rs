@@ -31,9 +31,21 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The `ebbflow` binary of this test build: crate ebbflow-job's, which `cargo test --workspace`
+/// builds beside this package's (for the job crate's own integration tests).
+fn ebbflow_bin() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_ebbflow-operator")).with_file_name("ebbflow");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (`cargo build -p ebbflow-job --bin ebbflow`)",
+        path.display()
+    );
+    path
+}
+
 fn build_images(out: &Path) -> String {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_ebbflow")).parent().unwrap();
-    assert!(bin_dir.join("ebbflow-operator").exists());
+    let ebbflow = ebbflow_bin();
+    let bin_dir = ebbflow.parent().unwrap();
     run(Command::new("python3")
         .arg(repo().join("scripts/oci-image.py"))
         .arg("--bin-dir")
@@ -229,7 +241,7 @@ fn the_images_are_valid_reproducible_and_run_as_nonroot() {
 /// the pods' nonroot user with nothing but the image's own CPython, numpy and SDK, ends exact.
 #[test]
 fn the_python_image_runs_a_python_app_as_nonroot() {
-    let ebbflow = Path::new(env!("CARGO_BIN_EXE_ebbflow"));
+    let ebbflow = &ebbflow_bin();
     let ldd = run(Command::new("ldd").arg(ebbflow));
     let python = std::env::var_os("EBBFLOW_PYTHON").filter(|p| !p.is_empty());
     let (true, Some(python)) = (ldd.contains("libpython3"), python) else {

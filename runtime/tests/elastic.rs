@@ -971,7 +971,7 @@ fn a_panicking_controller_with_a_live_feed_does_not_hang_the_run() {
 /// LDA's workers hold each document's topics; a worker rebuilt on a joining node process used to
 /// add its tokens' initial topics to the counts again (the reuters example under `ebbflow run`
 /// ended at per-token log-likelihood -14.5 after 5 joins; `example_lda_reuters_*` in
-/// operator/tests/run.rs now reaches -7.92). The topics now live in a table: through joins,
+/// operator/job/tests/run.rs now reaches -7.92). The topics now live in a table: through joins,
 /// notices and a failure (a rollback) every count must equal the number of tokens the final
 /// table puts in that (word, topic), and the totals must sum to the corpus. (In one process the
 /// fleet keeps each logical worker's state when it moves, so this checks the rollback path and

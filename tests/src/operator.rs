@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ebbflow_job::provision::Ec2Provisioner;
 use ebbflow_operator::controller::capacity::{CapacityPlanner, SpecCapacityPlanner};
 use ebbflow_operator::controller::{self, Config, Context};
 use ebbflow_operator::coordinator::CoordinatorClient;
 use ebbflow_operator::metrics::Metrics;
-use ebbflow_operator::provision::Ec2Provisioner;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 

@@ -29,12 +29,12 @@ use ebbflow_crds::{
     BidAction, BillingModel, Ec2Provisioning, MarketKind, MarketSpec, ProvisioningMode, TrainingJob,
 };
 use ebbflow_ec2::{Ec2Api, moto::MotoServer};
+use ebbflow_job::provision::Ec2Provisioner;
 use ebbflow_operator::controller::{
     self,
     bidbrain::{BidBrainConfig, BidBrainPlanner},
 };
 use ebbflow_operator::notices::NTH_SPOT_ITN_TAINT;
-use ebbflow_operator::provision::Ec2Provisioner;
 use ebbflow_runtime::elastic::{ElasticConfig, LiveFeed, StageThresholds};
 use ebbflow_runtime::elastic_coordinator::{ElasticJob, run_elastic_job};
 use ebbflow_runtime::elastic_node::{ElasticNodeSettings, NoticeSources, run_elastic_node};
@@ -359,7 +359,7 @@ async fn bidbrain_recalibrates_from_a_real_coordinators_progress() -> Result<(),
     let mut job = trace_job(name, &namespace)?;
     job.spec.transient.min_nodes = 1;
     job.spec.transient.max_nodes = 3;
-    let spec_model = ebbflow_operator::jobmarket::app_model(&job);
+    let spec_model = ebbflow_job::jobmarket::app_model(&job);
     apply(&client, &job).await?;
 
     // The test is the kubelet: every pod of the job the operator creates becomes a node.

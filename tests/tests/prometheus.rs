@@ -192,7 +192,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
     let run_registry = Registry::new();
     let dir = tempfile_dir(test)?;
     let manifest = local_run_manifest(&dir)?;
-    let run_args = ebbflow_operator::run::RunArgs {
+    let run_args = ebbflow_job::run::RunArgs {
         manifest,
         speed: 3600.0,
         out: Some(dir.join("run")),
@@ -207,7 +207,7 @@ async fn dashboards_query_a_real_prometheus_scraping_the_operator_and_runtime()
     };
     let registry = run_registry.clone();
     let summary = tokio::task::spawn_blocking(move || {
-        ebbflow_operator::run::run_on(&run_args, &registry).map_err(|e| e.to_string())
+        ebbflow_job::run::run_on(&run_args, &registry).map_err(|e| e.to_string())
     })
     .await??;
     assert!(summary.clocks > 0);

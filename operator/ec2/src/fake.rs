@@ -57,6 +57,19 @@ impl FakeEc2 {
         self
     }
 
+    /// Sets the instance types DescribeInstanceTypes knows to `names`, each with 2 vCPUs, 8 GiB
+    /// and spot support (a fixture for provisioning tests).
+    pub fn with_small_types(self, names: &[&str]) -> Self {
+        let info = |name: &&str| InstanceTypeInfo {
+            instance_type: (*name).to_owned(),
+            vcpus: 2,
+            memory_mib: 8192,
+            gpus: 0,
+            spot_supported: true,
+        };
+        self.with_instance_types(names.iter().map(info).collect())
+    }
+
     /// Sets the (instance type, zone) offerings.
     pub fn with_offerings(self, offerings: Vec<InstanceTypeOffering>) -> Self {
         self.state().offerings = offerings;

@@ -16,6 +16,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use ebbflow_crds::{CapacityTypeLabel, CapacityTypePreset, ResolvedCapacityTypeLabel};
 use ebbflow_ec2::Ec2Api;
+use ebbflow_job::live_market::OnDemandPrices;
 use ebbflow_operator::{
     controller::{
         self, Config, Context,
@@ -25,7 +26,6 @@ use ebbflow_operator::{
     coordinator::CoordinatorClient,
     http::{self, HttpState},
     leader::{LeaderElector, LeaseConfig},
-    live_market::OnDemandPrices,
     metrics::Metrics,
 };
 use kube::{
@@ -396,7 +396,7 @@ async fn main() -> anyhow::Result<()> {
         controller: controller::MANAGER.to_owned(),
         instance: Some(identity.clone()),
     };
-    let ec2 = ec2_api.map(ebbflow_operator::provision::Ec2Provisioner::new);
+    let ec2 = ec2_api.map(ebbflow_job::provision::Ec2Provisioner::new);
     let mut ctx = Context::new(
         client.clone(),
         Recorder::new(client, reporter),

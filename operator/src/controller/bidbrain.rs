@@ -1,5 +1,5 @@
 //! BidBrain as the controller's capacity planner: the same [`Bidder`] as `ebbflow simulate` and
-//! `ebbflow run`, over the same job market ([`crate::jobmarket::setup_market`]).
+//! `ebbflow run`, over the same job market ([`ebbflow_job::jobmarket::setup_market`]).
 //!
 //! Every reconcile of a running BidBrain job asks [`BidBrainPlanner::decide`]:
 //! - the job's market (trace replay, pools filtered to its instance types and zones, eviction
@@ -15,7 +15,7 @@
 //!
 //! On the live `ec2` market (when the planner has an EC2 client, [`BidBrainPlanner::with_ec2`])
 //! the market is EC2's spot price history over the last `live_lookback`, on-demand prices from
-//! an [`OnDemandPrices`] list ([`crate::jobmarket::setup_ec2_market`]); it is fetched in a
+//! an [`OnDemandPrices`] list ([`ebbflow_job::jobmarket::setup_ec2_market`]); it is fetched in a
 //! spawned task (a decision never waits on EC2), refreshed every `live_refresh`, and decided at
 //! wall-clock time. Until the first fetch lands the reason is `MarketLoading`; a failed fetch is
 //! logged and the reason is `MarketUnavailable` until a retry succeeds (a market fetched
@@ -41,12 +41,12 @@ use super::calibration::JobCalibration;
 use super::capacity::{CapacityPlanner, CapacityView, SpecCapacityPlanner};
 use super::cost::{MarketClock, Pricing, market_time};
 use super::plan::{CapacityDecision, PoolKey};
-use crate::jobmarket::{
-    LiveSettings, MarketSetup, app_model, bidder_config, fetch_ec2_setup, setup_market,
-};
-use crate::live_market::OnDemandPrices;
 use ebbflow_bidbrain::bidder::{Allocation, AppModel, Bidder, BidderInput, JobState};
 use ebbflow_bidbrain::market;
+use ebbflow_job::jobmarket::{
+    LiveSettings, MarketSetup, app_model, bidder_config, fetch_ec2_setup, setup_market,
+};
+use ebbflow_job::live_market::OnDemandPrices;
 
 /// Settings of [`BidBrainPlanner`].
 #[derive(Clone, Debug)]
@@ -957,8 +957,8 @@ mod tests {
         };
 
         use super::*;
-        use crate::jobmarket::{LiveSettings, setup_ec2_market};
-        use crate::live_market::{LiveMarketError, OnDemandPrices};
+        use ebbflow_job::jobmarket::{LiveSettings, setup_ec2_market};
+        use ebbflow_job::live_market::{LiveMarketError, OnDemandPrices};
 
         const NOW: &str = "2026-11-23T10:00:00Z";
         const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];

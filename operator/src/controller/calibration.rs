@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ebbflow_crds::AppModelStatus;
+use ebbflow_job::jobmarket::app_model_status;
 use k8s_openapi::jiff::Timestamp;
 
 use super::capacity::CapacityView;
@@ -297,24 +298,6 @@ impl JobCalibration {
         if !self.probe.events_at_last(&events) {
             self.events.extend(events);
         }
-    }
-}
-
-/// The status form (`status.appModel`, the jobs dashboard's application-model panels) of
-/// `calibrator`'s estimate; `in_use` says whether decisions use it. The operator's and
-/// `ebbflow run`'s.
-pub fn app_model_status(calibrator: &Calibrator, in_use: bool) -> AppModelStatus {
-    let model = calibrator.model();
-    let counts = calibrator.counts();
-    AppModelStatus {
-        nu: model.nu_per_vcpu_second,
-        phi: model.phi,
-        sigma_seconds: model.sigma_seconds,
-        lambda_seconds: model.lambda_seconds,
-        steady_intervals: counts.steady,
-        additions: counts.additions,
-        evictions: counts.evictions,
-        in_use,
     }
 }
 

@@ -174,7 +174,7 @@ pub struct Context {
     /// Decides transient pool counts (the bidder seam).
     pub capacity: Arc<dyn CapacityPlanner>,
     /// Launches and terminates EC2 instances for jobs in ec2 provisioning mode, when enabled.
-    pub ec2: Option<crate::provision::Ec2Provisioner>,
+    pub ec2: Option<ebbflow_job::provision::Ec2Provisioner>,
     /// Node → jobs index for the Node watch.
     pub node_index: NodeIndex,
     /// Pod and Node caches, filled by the notice relay ([`super::relay::run`]).
@@ -207,7 +207,7 @@ impl Context {
     }
 
     /// Enables ec2 provisioning through `provisioner` (and says so to validation).
-    pub fn with_ec2(mut self, provisioner: crate::provision::Ec2Provisioner) -> Self {
+    pub fn with_ec2(mut self, provisioner: ebbflow_job::provision::Ec2Provisioner) -> Self {
         self.ec2 = Some(provisioner);
         self.config.capabilities.ec2 = true;
         self

@@ -25,9 +25,9 @@ use ebbflow_crds::{CapacityType, CostStatus};
 use k8s_openapi::jiff::Timestamp;
 
 use super::plan::{ObservedPod, PoolKey, Tier};
-use crate::jobmarket::MarketSetup;
 use crate::notices::NoticeSource;
 use ebbflow_bidbrain::billing::{EndReason, Meter};
+use ebbflow_job::jobmarket::MarketSetup;
 
 /// How a decision's wall-clock time maps onto the market's time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -387,9 +387,9 @@ mod tests {
         CAPACITY_TYPE_ANNOTATION, INSTANCE_TYPE_ANNOTATION, TIER_LABEL, ZONE_ANNOTATION,
         observe_pods,
     };
-    use crate::jobmarket::setup_market;
     use crate::notices::Notice;
     use crate::test_data::spot_data;
+    use ebbflow_job::jobmarket::setup_market;
 
     const P3: &str = "aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv";
     const CREATED: &str = "2026-11-23T10:00:00Z";

@@ -34,9 +34,10 @@ use super::{
     plan, relay,
 };
 use crate::{
+    instances::node_instance,
     notices::{EC2_NOTICE, Notice, NoticeSource},
-    provision::{Ec2Provisioner, ProvisionError, job_tag, node_instance},
 };
+use ebbflow_job::provision::{Ec2Provisioner, ProvisionError, job_tag};
 
 /// Longest wait between polls after consecutive EC2 failures (unless the poll interval is
 /// longer).
@@ -217,13 +218,17 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeSpec;
 
     use super::*;
-    use crate::{
-        controller::{plan::PoolKey, relay::tests::pod},
-        provision::{
-            tests::{ec2_job, fake},
-            wanted_for,
-        },
-    };
+    use crate::controller::{plan::PoolKey, relay::tests::pod};
+    use ebbflow_ec2::FakeEc2;
+    use ebbflow_job::provision::wanted_for;
+
+    fn ec2_job() -> TrainingJob {
+        TrainingJob::test("ec2").with_ec2_image("us-east-1", "ami-12345678")
+    }
+
+    fn fake() -> Arc<FakeEc2> {
+        Arc::new(FakeEc2::new().with_small_types(&["m5.large", "c5.xlarge"]))
+    }
 
     fn at(text: &str) -> Timestamp {
         text.parse().unwrap()

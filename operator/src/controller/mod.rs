@@ -139,7 +139,7 @@ pub enum Error {
     Status(#[from] StatusError),
     /// The EC2 provisioner failed (cleanup: the finalizer stays until it succeeds).
     #[error("provisioner: {0}")]
-    Provision(#[source] crate::provision::ProvisionError),
+    Provision(#[source] ebbflow_job::provision::ProvisionError),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
@@ -294,7 +294,10 @@ fn shape_edit_pending(job: &TrainingJob, observed: &Observed) -> Option<String> 
         spec: pinned,
         ..job.clone()
     };
-    let (was, now) = (crate::run::job_id(&running), crate::run::job_id(job));
+    let (was, now) = (
+        ebbflow_job::run::job_id(&running),
+        ebbflow_job::run::job_id(job),
+    );
     (was != now).then(|| {
         format!(
             "the spec's training shape changed while the job runs; its pods keep the spec they \
@@ -764,7 +767,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
 
     // An edit of the training state's shape waits for the next start: say so once.
     if let Some(note) = shape_edit_pending(&job, &observed) {
-        let current = crate::run::job_id(&job);
+        let current = ebbflow_job::run::job_id(&job);
         let new = ctx.with_memory(&job_ref, |memory| {
             let new = memory.warned_shape.as_ref() != Some(&current);
             memory.warned_shape = Some(current);
@@ -848,7 +851,7 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         }
         (Some(provisioner), ebbflow_crds::ProvisioningMode::Ec2) => {
             let wanted = if activity == Activity::Run {
-                crate::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
+                ebbflow_job::provision::wanted_for(&job, &decision.transient, &decision.max_prices)
             } else {
                 Vec::new()
             };
@@ -861,11 +864,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
                 .caches
                 .managed_pods()
                 .unwrap_or_else(|| observed.pods.clone());
-            let uses = crate::provision::instance_uses(
+            let uses = crate::instances::instance_uses(
                 &every_pod,
                 |node_name| {
                     let instance = |node: &k8s_openapi::api::core::v1::Node| {
-                        crate::provision::node_instance(node).map(str::to_owned)
+                        crate::instances::node_instance(node).map(str::to_owned)
                     };
                     match observed.nodes.get(node_name) {
                         Some(notices::NodeObservation::Present(node)) => instance(node),
@@ -1341,10 +1344,10 @@ async fn write_status(
 /// returns their ids.
 async fn terminate_job_instances(
     ctx: &Context,
-    provisioner: &crate::provision::Ec2Provisioner,
+    provisioner: &ebbflow_job::provision::Ec2Provisioner,
     job: &TrainingJob,
-) -> Result<Vec<String>, crate::provision::ProvisionError> {
-    let tag = crate::provision::job_tag(job)?;
+) -> Result<Vec<String>, ebbflow_job::provision::ProvisionError> {
+    let tag = ebbflow_job::provision::job_tag(job)?;
     let terminated = provisioner.cleanup(&tag).await?;
     ctx.metrics
         .instances

@@ -38,6 +38,9 @@ use crate::{
     notices::{Notice, NoticeSource},
 };
 
+pub use ebbflow_job::provision::PoolKey;
+pub use ebbflow_job::run::pod::{DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_GRACE_SECONDS};
+
 /// Label carrying the owning job's name on every child.
 pub const JOB_LABEL: &str = "ebbflow.dev/job";
 /// Label carrying the tier (`reliable` or `transient`) on runtime pods.
@@ -70,15 +73,11 @@ pub const TOKEN_KEY: &str = "token";
 pub const SPEC_KEY: &str = "spec";
 /// Where the coordinator pod mounts `spec.runtime.checkpoint.claimName`.
 pub const CHECKPOINT_DIR: &str = "/checkpoint";
-/// Time between checkpoint writes when `spec.runtime.checkpoint.interval` is not set.
-pub const DEFAULT_CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Karpenter's annotation keeping a pod's node from voluntary disruption (consolidation,
 /// drift); set on reliable pods.
 pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
 /// Name of the runtime container.
 pub const CONTAINER_NAME: &str = "runtime";
-/// Termination grace period when the spec sets none: EC2's spot notice.
-pub const DEFAULT_GRACE_SECONDS: i64 = 120;
 /// User the runtime runs as (distroless `nonroot`).
 pub const RUNTIME_USER: i64 = 65532;
 
@@ -158,49 +157,6 @@ impl OperatorPeer {
             namespace: namespace.to_owned(),
             pod_labels,
         })
-    }
-}
-
-/// A [`Pool`] with a total order (instance type, zone, capacity type), so pools can key
-/// ordered maps and plans come out deterministic.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PoolKey(pub Pool);
-
-impl PoolKey {
-    /// A key for a spot or on-demand pool of `instance_type` in `zone`.
-    pub fn new(instance_type: &str, zone: &str, capacity_type: CapacityType) -> Self {
-        Self(Pool {
-            instance_type: instance_type.to_owned(),
-            zone: zone.to_owned(),
-            capacity_type,
-        })
-    }
-
-    fn sort_key(&self) -> (&str, &str, u8) {
-        let capacity = match self.0.capacity_type {
-            CapacityType::OnDemand => 0,
-            CapacityType::Spot => 1,
-        };
-        (&self.0.instance_type, &self.0.zone, capacity)
-    }
-}
-
-impl Ord for PoolKey {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.sort_key().cmp(&other.sort_key())
-    }
-}
-
-impl PartialOrd for PoolKey {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl std::ops::Deref for PoolKey {
-    type Target = Pool;
-    fn deref(&self) -> &Pool {
-        &self.0
     }
 }
 
@@ -1470,7 +1426,7 @@ fn build_pod(input: &PlanInput<'_>, role: &PodRole) -> Pod {
                         .clone()
                         .unwrap_or_else(|| input.config.default_image.clone()),
                 ),
-                // `ebbflow pod` (operator/src/run/pod.rs) reads everything from `env_vars`.
+                // `ebbflow pod` (operator/job/src/run/pod.rs) reads everything from `env_vars`.
                 command: Some(RUNTIME_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
                 // A pod that fails at startup says why in its status (the error it printed).
                 termination_message_policy: Some("FallbackToLogsOnError".to_owned()),

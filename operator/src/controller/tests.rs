@@ -1238,7 +1238,7 @@ impl CapacityPlanner for PricedSpec {
 async fn running_pods_are_charged_and_pods_without_a_price_are_warned_about() {
     let market_job = TrainingJob::test("mf")
         .with_trace("aws_p3.2xlarge_availability_price_9az_2023-02-15_to_03-09.csv");
-    let setup = crate::jobmarket::setup_market(&market_job, &crate::test_data::spot_data())
+    let setup = ebbflow_job::jobmarket::setup_market(&market_job, &crate::test_data::spot_data())
         .expect("the p3 trace loads");
     let pricing = super::cost::Pricing {
         setup: Arc::new(setup),

@@ -60,7 +60,7 @@ pub fn validate(job: &TrainingJob, capabilities: Capabilities) -> Vec<FieldError
             });
         }
     }
-    if let Err(detail) = crate::jobmarket::throughput_table(job) {
+    if let Err(detail) = ebbflow_job::jobmarket::throughput_table(job) {
         errors.push(FieldError {
             field: "spec.bidding.overrides.throughput".to_owned(),
             detail,
@@ -120,7 +120,9 @@ mod tests {
         };
         let good = with(&[(0.0, 1.0), (1.0, 1.017), (7.0, 0.958)]);
         assert!(validate(&good, Capabilities::default()).is_empty());
-        let table = crate::jobmarket::bidder_config(&good).throughput.unwrap();
+        let table = ebbflow_job::jobmarket::bidder_config(&good)
+            .throughput
+            .unwrap();
         assert_eq!(table.points().len(), 3);
         for bad in [
             with(&[(1.0, 1.0), (7.0, 0.958)]),
@@ -129,7 +131,11 @@ mod tests {
             let errors = validate(&bad, Capabilities::default());
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert_eq!(errors[0].field, "spec.bidding.overrides.throughput");
-            assert!(crate::jobmarket::bidder_config(&bad).throughput.is_none());
+            assert!(
+                ebbflow_job::jobmarket::bidder_config(&bad)
+                    .throughput
+                    .is_none()
+            );
         }
     }
 

@@ -38,9 +38,9 @@ use ebbflow_runtime::worker::JobConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 
-use crate::controller::calibration::app_model_status;
 use crate::job_metrics::JobMetrics;
 use crate::jobmarket::JobMarketError;
+use crate::jobmarket::app_model_status;
 use ebbflow_bidbrain::bidder::probe::{
     CALIBRATION_WEIGHT, Observation, ProbeEvent, ProbeSettings, ThroughputProbe,
 };
@@ -602,7 +602,7 @@ fn python_app(
 #[cfg(not(feature = "python"))]
 fn python_app(job: &TrainingJob, _: Option<&str>, _: DataDir<'_>) -> Result<JobApp, RunError> {
     Err(RunError::LoadData(format!(
-        "spec.app.kind Python ({}): this ebbflow was built without Python apps; build it with          `cargo build --release -p ebbflow-operator --features python` (docs/python.md)",
+        "spec.app.kind Python ({}): this ebbflow was built without Python apps; build it with          `cargo build --release -p ebbflow-job --features python` (docs/python.md)",
         job.spec
             .app
             .python
@@ -701,7 +701,7 @@ fn elastic_config(job: &TrainingJob) -> ElasticConfig {
 /// on from its checkpoint. The digest is FNV-1a, stable across builds and toolchains (a
 /// checkpoint outlives the binary that wrote it); the counts are spelled out so a refused
 /// checkpoint's error shows what changed.
-pub(crate) fn job_id(job: &TrainingJob) -> String {
+pub fn job_id(job: &TrainingJob) -> String {
     let config = elastic_config(job);
     let shape = serde_json::json!({
         "app": job.spec.app,
@@ -868,9 +868,9 @@ pub fn run_on(args: &RunArgs, registry: &Registry) -> Result<RunSummary, RunErro
         eprintln!(
             "ebbflow run {name}: an EC2 notice ({} s ahead in the trace) reaches the runtime {:.2} s \
              ahead at --speed {} (--notice-floor {} s)",
-            crate::notices::EC2_NOTICE.as_secs(),
+            crate::EC2_NOTICE.as_secs(),
             notice_wall_lead(
-                crate::notices::EC2_NOTICE.as_secs_f64(),
+                crate::EC2_NOTICE.as_secs_f64(),
                 args.speed,
                 args.notice_floor
             ),
@@ -1532,7 +1532,7 @@ mod tests {
 
     fn example(name: &str) -> TrainingJob {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples")
+            .join("../../examples")
             .join(name);
         load_manifest(&path).expect("the example is valid").0
     }

@@ -38,6 +38,17 @@ use prometheus::Registry;
 
 use super::{DataDir, JobApp, RunError, build_app, elastic_config, job_id, with_job_app};
 
+/// Port of a runtime pod's Prometheus `/metrics`, and nothing else (the operator's per-job
+/// NetworkPolicy opens it to any scraper); where pods created before `EBBFLOW_METRICS_PORT`
+/// existed serve.
+pub const METRICS_PORT: u16 = 7072;
+
+/// Time between checkpoint writes when `spec.runtime.checkpoint.interval` is not set.
+pub const DEFAULT_CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Termination grace period when the spec sets none: EC2's spot notice.
+pub const DEFAULT_GRACE_SECONDS: i64 = crate::EC2_NOTICE.as_secs() as i64;
+
 /// What a runtime pod does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodRole {
@@ -67,7 +78,7 @@ pub struct PodEnv {
     /// The data-plane port.
     pub data_port: u16,
     /// The port of this pod's `/metrics` (`EBBFLOW_METRICS_PORT`; pods created before it
-    /// existed serve on [`crate::coordinator::METRICS_PORT`]).
+    /// existed serve on [`METRICS_PORT`]).
     pub metrics_port: u16,
     /// The job secret.
     pub token: String,
@@ -128,7 +139,7 @@ impl PodEnv {
             admin_port: port("EBBFLOW_ADMIN_PORT")?,
             data_port: port("EBBFLOW_DATA_PORT")?,
             metrics_port: match var("EBBFLOW_METRICS_PORT").filter(|v| !v.is_empty()) {
-                None => crate::coordinator::METRICS_PORT,
+                None => METRICS_PORT,
                 Some(_) => port("EBBFLOW_METRICS_PORT")?,
             },
             token: need("EBBFLOW_TOKEN")?,
@@ -141,7 +152,7 @@ impl PodEnv {
                 Some(path) => {
                     let name = "EBBFLOW_CHECKPOINT_INTERVAL_SECONDS";
                     let seconds = match var(name).filter(|v| !v.is_empty()) {
-                        None => crate::controller::plan::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
+                        None => DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
                         Some(text) => text.parse::<u64>().map_err(|_| {
                             RunError::Pod(format!("{name}={text:?} is not a number of seconds"))
                         })?,
@@ -159,7 +170,7 @@ impl PodEnv {
             .spec
             .runtime
             .termination_grace_period_seconds
-            .unwrap_or(crate::controller::plan::DEFAULT_GRACE_SECONDS);
+            .unwrap_or(DEFAULT_GRACE_SECONDS);
         ElasticNodeSettings {
             job: elastic_config(&self.job).job,
             job_id: job_id(&self.job),

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use ebbflow_crds::{CapacityType, TrainingJob};
 use ebbflow_ec2::{CapacityType as Ec2Capacity, Ec2Api, InstanceState, Tier, moto::MotoServer};
-use ebbflow_operator::controller::plan::PoolKey;
-use ebbflow_operator::provision::{Ec2Provisioner, InstanceUse, parse_pool_tag, wanted_for};
+use ebbflow_job::provision::PoolKey;
+use ebbflow_job::provision::{Ec2Provisioner, InstanceUse, parse_pool_tag, wanted_for};
 
 /// An AMI moto ships in every region.
 const AMI: &str = "ami-03cf127a";

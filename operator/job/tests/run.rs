@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebbflow_operator::run::{RunArgs, RunError, RunSummary, run, run_on};
+use ebbflow_job::run::{RunArgs, RunError, RunSummary, run, run_on};
 
 /// The shared spot data directory: `EBBFLOW_SPOT_DATA`, else `../shared/data/spot` beside the
 /// repository.
 fn spot_data() -> PathBuf {
     std::env::var_os("EBBFLOW_SPOT_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/spot"),
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/spot"),
         PathBuf::from,
     )
 }
@@ -32,7 +32,7 @@ fn p3_trace() -> PathBuf {
 /// The quickstart with its trace made absolute and the job sized by the caller.
 fn manifest(dir: &Path, iterations: u64, ratings: u64, trace: &Path) -> PathBuf {
     let quickstart = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.yaml"),
     )
     .unwrap();
     let text = quickstart
@@ -84,7 +84,7 @@ fn args(manifest: PathBuf, out: PathBuf, speed: f64) -> RunArgs {
 /// The calibration committed from `ebbflow-elastic-bench --stages`.
 fn committed_calibration() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../bench/calibration/mf-movielens100k-8nodes-100mbps.json")
+        .join("../../bench/calibration/mf-movielens100k-8nodes-100mbps.json")
 }
 
 #[test]
@@ -265,7 +265,7 @@ fn example_self_test_through_evictions_and_failures_is_exact() {
 
 /// Runs the quickstart (in process, one trace hour a second) at 100,000 iterations, with `from`
 /// in its manifest replaced by `to`.
-fn run_long_quickstart_with(from: &str, to: &str) -> ebbflow_operator::run::RunSummary {
+fn run_long_quickstart_with(from: &str, to: &str) -> ebbflow_job::run::RunSummary {
     let _alone = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let job = manifest(dir.path(), 100_000, 100_000, &p3_trace());
@@ -468,7 +468,7 @@ fn example(
     name: &str,
     edit: impl FnOnce(&mut serde_yaml::Value),
 ) -> (PathBuf, serde_yaml::Value) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.yaml"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../examples/{name}.yaml"));
     let mut job: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     if job["spec"]["bidding"]["market"]["kind"].as_str() == Some("trace") {
@@ -654,7 +654,7 @@ fn example_python_mf_as_shipped_reaches_its_bar() {
     if python_venv("example_python_mf").is_none() {
         return;
     }
-    let code = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/python");
+    let code = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/python");
     example_reaches_its_bar("python-mf", true, 4, "rmse", 0.95, |job| {
         job["spec"]["app"]["python"]["path"] =
             serde_yaml::Value::Sequence(vec![code.display().to_string().into()]);

@@ -316,3 +316,23 @@ pub fn bidder_config(job: &TrainingJob) -> BidderConfig {
         ..BidderConfig::default()
     }
 }
+/// The status form (`status.appModel`, the jobs dashboard's application-model panels) of
+/// `calibrator`'s estimate; `in_use` says whether decisions use it. The operator's and
+/// `ebbflow run`'s.
+pub fn app_model_status(
+    calibrator: &ebbflow_bidbrain::bidder::Calibrator,
+    in_use: bool,
+) -> ebbflow_crds::AppModelStatus {
+    let model = calibrator.model();
+    let counts = calibrator.counts();
+    ebbflow_crds::AppModelStatus {
+        nu: model.nu_per_vcpu_second,
+        phi: model.phi,
+        sigma_seconds: model.sigma_seconds,
+        lambda_seconds: model.lambda_seconds,
+        steady_intervals: counts.steady,
+        additions: counts.additions,
+        evictions: counts.evictions,
+        in_use,
+    }
+}

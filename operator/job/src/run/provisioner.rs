@@ -15,8 +15,7 @@ use ebbflow_crds::{CapacityType, Pool, TrainingJob};
 use ebbflow_ec2::Tier;
 
 use super::instances::Instances;
-use crate::controller::plan::PoolKey;
-use crate::provision::{Held, InstanceUse, Provisioner, Wanted, pool_tag, wanted_for};
+use crate::provision::{Held, InstanceUse, PoolKey, Provisioner, Wanted, pool_tag, wanted_for};
 use ebbflow_bidbrain::bidder::Allocation;
 use ebbflow_bidbrain::market;
 use ebbflow_bidbrain::sim::grid::MarketGrid;

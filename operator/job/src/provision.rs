@@ -30,6 +30,49 @@ use ebbflow_ec2::{
     LaunchTemplateRef, SpotRequestStatus, Tier,
 };
 
+/// A [`Pool`] with a total order (instance type, zone, capacity type), so pools can key
+/// ordered maps and plans come out deterministic.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PoolKey(pub Pool);
+
+impl PoolKey {
+    /// A key for a spot or on-demand pool of `instance_type` in `zone`.
+    pub fn new(instance_type: &str, zone: &str, capacity_type: CapacityType) -> Self {
+        Self(Pool {
+            instance_type: instance_type.to_owned(),
+            zone: zone.to_owned(),
+            capacity_type,
+        })
+    }
+
+    fn sort_key(&self) -> (&str, &str, u8) {
+        let capacity = match self.0.capacity_type {
+            CapacityType::OnDemand => 0,
+            CapacityType::Spot => 1,
+        };
+        (&self.0.instance_type, &self.0.zone, capacity)
+    }
+}
+
+impl Ord for PoolKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.sort_key().cmp(&other.sort_key())
+    }
+}
+
+impl PartialOrd for PoolKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::ops::Deref for PoolKey {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        &self.0
+    }
+}
+
 /// Instances wanted in one (tier, pool).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Wanted {
@@ -68,63 +111,6 @@ pub enum InstanceUse {
     Draining,
     /// A pod that is kept.
     Busy,
-}
-
-/// The instance ID in a Node's `spec.providerID` (`aws:///<zone>/<instance-id>`).
-pub fn node_instance(node: &k8s_openapi::api::core::v1::Node) -> Option<&str> {
-    let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
-    let id = provider_id.strip_prefix("aws://")?.rsplit('/').next()?;
-    id.starts_with("i-").then_some(id)
-}
-
-/// How long past its deletion deadline (the deletion timestamp: the request plus the grace
-/// period) a pod still being deleted keeps its instance: a kubelet that stopped answering never
-/// confirms the deletion, and its instance must not be kept for that.
-pub const DRAIN_SLACK: k8s_openapi::jiff::SignedDuration =
-    k8s_openapi::jiff::SignedDuration::from_secs(30);
-
-/// What each instance hosts at `now`: `pods` (every runtime pod the operator knows, of any
-/// job: pods are placed by pool, so another job's pod may run on this job's instance) mapped
-/// through their Nodes (`instance_of` a node name, from its `providerID`) onto instance IDs. A
-/// pod that has finished hosts nothing, nor does one [`DRAIN_SLACK`] past its deletion
-/// deadline; one being deleted, or `releasing` (the plan deletes it now), is shutting down.
-/// Pure.
-pub fn instance_uses(
-    pods: &[k8s_openapi::api::core::v1::Pod],
-    instance_of: impl Fn(&str) -> Option<String>,
-    releasing: impl Fn(&k8s_openapi::api::core::v1::Pod) -> bool,
-    now: k8s_openapi::jiff::Timestamp,
-) -> BTreeMap<String, InstanceUse> {
-    let mut uses: BTreeMap<String, InstanceUse> = BTreeMap::new();
-    for pod in pods {
-        if crate::controller::plan::pod_finished(pod) {
-            continue;
-        }
-        if pod
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .is_some_and(|deadline| deadline.0 + DRAIN_SLACK < now)
-        {
-            continue;
-        }
-        let Some(instance) = pod
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.node_name.as_deref())
-            .and_then(&instance_of)
-        else {
-            continue;
-        };
-        let usage = if pod.metadata.deletion_timestamp.is_some() || releasing(pod) {
-            InstanceUse::Draining
-        } else {
-            InstanceUse::Busy
-        };
-        let entry = uses.entry(instance).or_default();
-        *entry = (*entry).max(usage);
-    }
-    uses
 }
 
 /// What to do.
@@ -377,7 +363,7 @@ impl Ec2Provisioner {
 
     /// The spot request statuses of the `jobs`' (tags) spot instances, recently terminated ones
     /// included (EC2 lists them for about an hour), in one DescribeSpotInstanceRequests call:
-    /// what the interruption watcher ([`crate::controller::interruptions`]) polls.
+    /// what the interruption watcher (the operator's interruption watcher) polls.
     pub async fn spot_statuses(
         &self,
         jobs: &[String],
@@ -578,8 +564,8 @@ fn read_held(instance: &Ec2Instance) -> Option<Held> {
 /// instance type, and the capacity decision's transient pools.
 pub fn wanted_for(
     job: &TrainingJob,
-    transient: &BTreeMap<crate::controller::plan::PoolKey, u32>,
-    max_prices: &BTreeMap<crate::controller::plan::PoolKey, f64>,
+    transient: &BTreeMap<PoolKey, u32>,
+    max_prices: &BTreeMap<PoolKey, f64>,
 ) -> Vec<Wanted> {
     let reliable = &job.spec.reliable;
     let mut wanted = vec![Wanted {
@@ -611,11 +597,10 @@ pub fn wanted_for(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use ebbflow_ec2::{FakeEc2, InstanceTypeInfo};
+mod tests {
+    use ebbflow_ec2::FakeEc2;
 
     use super::*;
-    use crate::controller::plan::PoolKey;
 
     fn pool(instance_type: &str, zone: &str, capacity_type: CapacityType) -> Pool {
         Pool {
@@ -705,74 +690,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn instances_are_used_by_the_pods_on_their_nodes() {
-        use k8s_openapi::api::core::v1::{Node, Pod};
-        let node = |name: &str, provider: &str| -> Node {
-            serde_json::from_value(serde_json::json!({
-                "metadata": { "name": name },
-                "spec": { "providerID": provider },
-            }))
-            .unwrap()
-        };
-        let pod = |name: &str, node: &str, phase: &str, deleting: bool| -> Pod {
-            let mut pod: Pod = serde_json::from_value(serde_json::json!({
-                "metadata": { "name": name },
-                "spec": { "nodeName": node, "containers": [] },
-                "status": { "phase": phase },
-            }))
-            .unwrap();
-            if deleting {
-                pod.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        "2026-11-26T10:00:00Z".parse().unwrap(),
-                    ));
-            }
-            pod
-        };
-        let nodes = [
-            node("n-1", "aws:///us-east-1a/i-1"),
-            node("n-2", "aws:///us-east-1a/i-2"),
-            node("n-3", "aws:///us-east-1a/i-3"),
-            node("n-4", "aws:///us-east-1a/i-4"),
-            node("kwok", "kwok://fake"),
-        ];
-        let pods = [
-            pod("mf-t-0", "n-1", "Running", false),
-            pod("mf-t-1", "n-1", "Running", true),
-            pod("mf-t-2", "n-2", "Running", true),
-            pod("mf-t-3", "n-3", "Running", false),
-            pod("mf-t-4", "n-4", "Failed", false),
-            pod("mf-t-5", "kwok", "Running", false),
-            pod("mf-t-6", "gone", "Running", false),
-        ];
-        let by_name = |name: &str| {
-            nodes
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(name))
-                .and_then(node_instance)
-                .map(str::to_owned)
-        };
-        let releasing = |pod: &Pod| pod.metadata.name.as_deref() == Some("mf-t-3");
-        // the deletions are due at 10:00:00; at 10:00:20 they still drain
-        let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:20Z".parse().unwrap();
-        let uses = instance_uses(&pods, by_name, releasing, now);
-        assert_eq!(
-            uses,
-            BTreeMap::from([
-                ("i-1".to_owned(), InstanceUse::Busy),
-                ("i-2".to_owned(), InstanceUse::Draining),
-                ("i-3".to_owned(), InstanceUse::Draining),
-            ])
-        );
-        // past the deadline and the slack (a kubelet that never confirms): i-2 hosts nothing,
-        // and i-1 only the pod the job keeps
-        let later: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:31Z".parse().unwrap();
-        let uses = instance_uses(&pods, by_name, releasing, later);
-        assert_eq!(uses.get("i-2"), None);
-        assert_eq!(uses.get("i-1"), Some(&InstanceUse::Busy));
-    }
-
-    #[test]
     fn pool_tags_round_trip() {
         for p in [
             pool("p3.2xlarge", "us-east-1a", CapacityType::Spot),
@@ -785,24 +702,12 @@ pub(crate) mod tests {
         assert_eq!(parse_pool_tag("m5.large/us-east-1a/reserved"), None);
     }
 
-    pub(crate) fn ec2_job() -> TrainingJob {
-        let mut job = TrainingJob::test("ec2").with_ec2_provisioning("us-east-1", "lt");
-        job.metadata.uid = Some("uid-1".into());
-        job.spec.provisioning.ec2.as_mut().unwrap().launch_template = None;
-        job.spec.provisioning.ec2.as_mut().unwrap().image_id = Some("ami-12345678".into());
-        job.spec.reliable.instance_types = vec!["m5.large".into()];
-        job
+    fn ec2_job() -> TrainingJob {
+        TrainingJob::test("ec2").with_ec2_image("us-east-1", "ami-12345678")
     }
 
-    pub(crate) fn fake() -> Arc<FakeEc2> {
-        let info = |name: &str| InstanceTypeInfo {
-            instance_type: name.into(),
-            vcpus: 2,
-            memory_mib: 8192,
-            gpus: 0,
-            spot_supported: true,
-        };
-        Arc::new(FakeEc2::new().with_instance_types(vec![info("m5.large"), info("c5.xlarge")]))
+    fn fake() -> Arc<FakeEc2> {
+        Arc::new(FakeEc2::new().with_small_types(&["m5.large", "c5.xlarge"]))
     }
 
     #[tokio::test]

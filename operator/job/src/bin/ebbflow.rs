@@ -17,12 +17,12 @@ enum Command {
     /// Replay a spot trace from many random start times and compare bidding strategies.
     Simulate(Box<ebbflow_bidbrain::sim::cli::SimulateArgs>),
     /// Train a TrainingJob on this machine against a replayed spot market.
-    Run(Box<ebbflow_operator::run::RunArgs>),
+    Run(Box<ebbflow_job::run::RunArgs>),
     /// One instance of an `ebbflow run` (started by it).
     #[command(hide = true)]
-    Node(Box<ebbflow_operator::run::NodeArgs>),
+    Node(Box<ebbflow_job::run::NodeArgs>),
     /// A runtime pod of a TrainingJob (the operator's pods run it; configured by their
-    /// environment, see operator/src/run/pod.rs).
+    /// environment, see operator/job/src/run/pod.rs).
     Pod,
 }
 
@@ -47,17 +47,17 @@ fn main() -> anyhow::Result<()> {
             print!("{}", ebbflow_bidbrain::sim::cli::run(&args)?);
         }
         Command::Run(args) => {
-            let summary = ebbflow_operator::run::run(&args)?;
+            let summary = ebbflow_job::run::run(&args)?;
             print!("{}", summary.text());
         }
         Command::Node(args) => {
             init_node_logs();
-            ebbflow_operator::run::node(&args)?;
+            ebbflow_job::run::node(&args)?;
         }
         Command::Pod => {
             init_node_logs();
-            let env = ebbflow_operator::run::pod::PodEnv::read(|name| std::env::var(name).ok())?;
-            if let Some(report) = ebbflow_operator::run::pod::pod(&env)? {
+            let env = ebbflow_job::run::pod::PodEnv::read(|name| std::env::var(name).ok())?;
+            if let Some(report) = ebbflow_job::run::pod::pod(&env)? {
                 println!("{report}");
             }
         }
