@@ -259,25 +259,35 @@ impl TrainingJob {
     }
 
     /// Provisions EC2 instances from `launch_template` itself, on the EC2 market in `region`.
-    pub fn with_ec2_provisioning(mut self, region: &str, launch_template: &str) -> Self {
+    pub fn with_ec2_provisioning(self, region: &str, launch_template: &str) -> Self {
+        self.with_ec2(
+            region,
+            Ec2Provisioning {
+                launch_template: Some(launch_template.to_owned()),
+                ..Ec2Provisioning::default()
+            },
+        )
+    }
+
+    /// Provisions EC2 instances as `ec2` says, on the EC2 market in `region`.
+    fn with_ec2(mut self, region: &str, ec2: Ec2Provisioning) -> Self {
         self.spec.provisioning.mode = ProvisioningMode::Ec2;
-        self.spec.provisioning.ec2 = Some(Ec2Provisioning {
-            launch_template: Some(launch_template.to_owned()),
-            ..Ec2Provisioning::default()
-        });
+        self.spec.provisioning.ec2 = Some(ec2);
         self.with_ec2_market(region)
     }
 
     /// Provisions EC2 instances of `image_id` (no launch template) on the EC2 market in `region`,
     /// reliable ones of type m5.large, for a job with UID `uid-1`.
-    pub fn with_ec2_image(self, region: &str, image_id: &str) -> Self {
-        let mut job = self.with_ec2_provisioning(region, "unused");
-        job.metadata.uid = Some("uid-1".into());
-        let ec2 = job.spec.provisioning.ec2.as_mut().expect("set just now");
-        ec2.launch_template = None;
-        ec2.image_id = Some(image_id.to_owned());
-        job.spec.reliable.instance_types = vec!["m5.large".into()];
-        job
+    pub fn with_ec2_image(mut self, region: &str, image_id: &str) -> Self {
+        self.metadata.uid = Some("uid-1".into());
+        self.spec.reliable.instance_types = vec!["m5.large".into()];
+        self.with_ec2(
+            region,
+            Ec2Provisioning {
+                image_id: Some(image_id.to_owned()),
+                ..Ec2Provisioning::default()
+            },
+        )
     }
 
     /// Caps spending at `usd` per hour.

@@ -363,7 +363,7 @@ impl Ec2Provisioner {
 
     /// The spot request statuses of the `jobs`' (tags) spot instances, recently terminated ones
     /// included (EC2 lists them for about an hour), in one DescribeSpotInstanceRequests call:
-    /// what the interruption watcher (the operator's interruption watcher) polls.
+    /// what the operator's interruption watcher polls.
     pub async fn spot_statuses(
         &self,
         jobs: &[String],
