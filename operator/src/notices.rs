@@ -266,6 +266,10 @@ fn taint_notice(taint: &Taint, grace: SignedDuration) -> Option<(SignedDuration,
 pub struct NoticeLedger {
     delivered: BTreeMap<String, Timestamp>,
     seen: BTreeSet<String>,
+    /// Pods whose notice was delivered (by the relay, say) but not yet counted by a reconcile:
+    /// counted by the next [`Self::count_new`] even if the pod is gone by then. A pod drained
+    /// in three seconds may leave between two reconciles, and its eviction must still count.
+    uncounted: BTreeSet<String>,
     /// Notices no Pod or Node shows (EC2's interruption notice, from the interruption
     /// watcher), by pod: merged into what each reconcile observes.
     external: BTreeMap<String, Notice>,
@@ -310,17 +314,19 @@ impl NoticeLedger {
             .collect()
     }
 
-    /// True if a notice for `pod` was ever delivered (its eviction was counted).
+    /// True if a notice for `pod` was ever delivered.
     pub fn knows(&self, pod: &str) -> bool {
         self.delivered.contains_key(pod)
     }
 
-    /// Counts the pods of `current` noticed for the first time (evictions), remembering them.
-    /// Pods the operator released itself ([`Self::mark_released`]) are not evictions.
+    /// Counts the pods noticed for the first time (evictions), remembering them: those of
+    /// `current` and those whose notice was delivered since the last count, gone or not. Pods
+    /// the operator released itself ([`Self::mark_released`]) are not evictions.
     pub fn count_new(&mut self, current: &[Notice]) -> u64 {
+        let delivered = std::mem::take(&mut self.uncounted);
         let mut new = 0;
-        for notice in current {
-            if self.seen.insert(notice.pod.clone()) {
+        for pod in current.iter().map(|n| &n.pod).chain(&delivered) {
+            if self.seen.insert(pod.clone()) {
                 new += 1;
             }
         }
@@ -330,14 +336,20 @@ impl NoticeLedger {
     /// Remembers that the operator itself released `pod`, so its deletion is no eviction.
     pub fn mark_released(&mut self, pod: &str) {
         self.seen.insert(pod.to_owned());
+        self.uncounted.remove(pod);
     }
 
-    /// Records that `notice` reached the coordinator.
+    /// Records that `notice` reached the coordinator; a pod not counted yet is counted at the
+    /// next [`Self::count_new`].
     pub fn record(&mut self, notice: &Notice) {
         self.delivered.insert(notice.pod.clone(), notice.leaves_at);
+        if !self.seen.contains(&notice.pod) {
+            self.uncounted.insert(notice.pod.clone());
+        }
     }
 
-    /// Forgets pods that no longer exist, keeping the ledger bounded.
+    /// Forgets pods that no longer exist, keeping the ledger bounded (the uncounted ones wait
+    /// for the next count, which empties them).
     pub fn retain_pods(&mut self, live: &[&str]) {
         self.delivered.retain(|pod, _| live.contains(&pod.as_str()));
         self.seen.retain(|pod| live.contains(&pod.as_str()));
@@ -586,6 +598,28 @@ spec:
         assert_eq!(ledger.count_new(&evicted), 0, "each eviction counts once");
         ledger.retain_pods(&[]);
         assert!(!ledger.knows("mf-t-0"));
+    }
+
+    /// A notice the relay delivered counts as an eviction even when its pod drained and went
+    /// before any reconcile saw it; a pod the operator released does not.
+    #[test]
+    fn delivered_notices_count_even_when_their_pod_is_gone() {
+        let notice = |pod: &str| Notice {
+            pod: pod.into(),
+            node: None,
+            leaves_at: at("2026-01-01T00:02:00Z"),
+            source: NoticeSource::AwsNodeTerminationHandler,
+        };
+        let mut ledger = NoticeLedger::default();
+        ledger.record(&notice("mf-t-0"));
+        ledger.record(&notice("mf-t-1"));
+        ledger.mark_released("mf-t-1");
+        ledger.retain_pods(&[]);
+        assert_eq!(ledger.count_new(&[]), 1, "the evicted pod counts once");
+        assert_eq!(ledger.count_new(&[notice("mf-t-0")]), 0);
+        ledger.mark_released("mf-t-2");
+        ledger.record(&notice("mf-t-2"));
+        assert_eq!(ledger.count_new(&[]), 0, "a released pod is no eviction");
     }
 
     /// EC2's interruption notices (the watcher's) join what the reconcile observes from Pods

@@ -991,7 +991,11 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
         .unwrap_or(plan::DEFAULT_GRACE_SECONDS);
     for deletion in &desired.delete {
         if deletion.reason != DeleteReason::Replace && coordinator_reachable {
-            // Our own releases are notices too: the coordinator migrates before SIGTERM.
+            // Our own releases are notices too: the coordinator migrates before SIGTERM. Marked
+            // released first, so delivering the notice never counts as an eviction.
+            ctx.with_memory(&job_ref, |memory| {
+                memory.ledger.mark_released(&deletion.name)
+            });
             let notice = Notice {
                 pod: deletion.name.clone(),
                 node: None,
@@ -1012,7 +1016,6 @@ async fn apply_job(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, E
             {
                 ctx.with_memory(&job_ref, |memory| memory.ledger.record(&notice));
             }
-            ctx.with_memory(&job_ref, |memory| memory.ledger.mark_released(&notice.pod));
         }
         match pods.delete(&deletion.name, &DeleteParams::default()).await {
             // counted only when this reconcile deleted it (a pod the cache still lists after
