@@ -1288,10 +1288,12 @@ impl Fleet for LocalFleet {
             let outcome = pool.run_segment(&plan);
             interrupt.close();
             // Copies at clocks past the end will never be ready: disarming them ends the
-            // copier's wait (and any later one) there.
-            let end = gate.end();
+            // copier's wait (and any later one) there. A segment that failed may have stopped
+            // short of its end, so a copy before it may never be ready either; its copies are
+            // of no use (the error drops them), so all go and the copier stops at once.
+            let disarm_from = if outcome.is_ok() { gate.end() + 1 } else { 0 };
             for (_, state) in &servers {
-                state.disarm_backups(end + 1);
+                state.disarm_backups(disarm_from);
             }
             let backup = copies.join().unwrap_or(None);
             (outcome, backup)
