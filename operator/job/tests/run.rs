@@ -622,16 +622,23 @@ fn example_lda_reuters_as_shipped_reaches_its_bar() {
 }
 
 /// The EC2 example: 272 logical workers (8 threads × 34 nodes), SSP 3, on its synthetic data of
-/// the same shape scaled down a hundredfold (200,000 ratings; 20 million do not fit this machine
-/// 272 times over); bar: test RMSE within 0.1 of the noise (0.1).
+/// the same density scaled down a hundredfold (200,000 ratings); bar: test RMSE within 0.1 of the
+/// noise (0.1). The trace's p3.2xlarge costs 9 times the example's c5.2xlarge, and 2 cores run a
+/// clock far slower than 34 instances: its price cap is scaled by 9 and its budgets lifted.
 #[test]
-#[ignore = "open (issue 39): 272 logical workers on 2 cores run 0.37 s a clock, and the example's budget ends the run at 179 of 300 clocks (RMSE 0.41 with trueRank 4, 0.99 with its 32)"]
+#[ignore = "open (issue 39): 3000 clocks of 272 logical workers in node processes take about 40 min on 2 cores (0.8 s a clock), and in one process the 272 workers' data-plane connections (4,352) break within 1,240 clocks"]
 fn example_ec2_spot_at_its_worker_count_reaches_its_bar() {
     example_reaches_its_bar("ec2-spot", false, 272, "rmse", 0.2, |job| {
         let synthetic = &mut job["spec"]["app"]["dataset"]["synthetic"];
         synthetic["users"] = 2000.into();
         synthetic["items"] = 500.into();
         synthetic["ratings"] = 200_000.into();
+        let bidding = job["spec"]["bidding"].as_mapping_mut().unwrap();
+        for lifted in ["budgetPerHour", "budgetTotal", "deadline"] {
+            bidding.remove(lifted);
+        }
+        let cap = bidding["maxPrice"].as_f64().unwrap();
+        bidding.insert("maxPrice".into(), (cap * 9.0).into());
     });
 }
 
