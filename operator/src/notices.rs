@@ -266,10 +266,6 @@ fn taint_notice(taint: &Taint, grace: SignedDuration) -> Option<(SignedDuration,
 pub struct NoticeLedger {
     delivered: BTreeMap<String, Timestamp>,
     seen: BTreeSet<String>,
-    /// Pods whose notice was delivered (by the relay, say) but not yet counted by a reconcile:
-    /// counted by the next [`Self::count_new`] even if the pod is gone by then. A pod drained
-    /// in three seconds may leave between two reconciles, and its eviction must still count.
-    uncounted: BTreeSet<String>,
     /// Notices no Pod or Node shows (EC2's interruption notice, from the interruption
     /// watcher), by pod: merged into what each reconcile observes.
     external: BTreeMap<String, Notice>,
@@ -320,12 +316,12 @@ impl NoticeLedger {
     }
 
     /// Counts the pods noticed for the first time (evictions), remembering them: those of
-    /// `current` and those whose notice was delivered since the last count, gone or not. Pods
-    /// the operator released itself ([`Self::mark_released`]) are not evictions.
+    /// `current` and those whose notice was delivered (by the relay, say), gone or not: a pod
+    /// drained in three seconds may leave between two reconciles, and its eviction must still
+    /// count. Pods the operator released itself ([`Self::mark_released`]) are not evictions.
     pub fn count_new(&mut self, current: &[Notice]) -> u64 {
-        let delivered = std::mem::take(&mut self.uncounted);
         let mut new = 0;
-        for pod in current.iter().map(|n| &n.pod).chain(&delivered) {
+        for pod in current.iter().map(|n| &n.pod).chain(self.delivered.keys()) {
             if self.seen.insert(pod.clone()) {
                 new += 1;
             }
@@ -336,22 +332,18 @@ impl NoticeLedger {
     /// Remembers that the operator itself released `pod`, so its deletion is no eviction.
     pub fn mark_released(&mut self, pod: &str) {
         self.seen.insert(pod.to_owned());
-        self.uncounted.remove(pod);
     }
 
-    /// Records that `notice` reached the coordinator; a pod not counted yet is counted at the
-    /// next [`Self::count_new`].
+    /// Records that `notice` reached the coordinator.
     pub fn record(&mut self, notice: &Notice) {
         self.delivered.insert(notice.pod.clone(), notice.leaves_at);
-        if !self.seen.contains(&notice.pod) {
-            self.uncounted.insert(notice.pod.clone());
-        }
     }
 
-    /// Forgets pods that no longer exist, keeping the ledger bounded (the uncounted ones wait
-    /// for the next count, which empties them).
+    /// Forgets pods that no longer exist, keeping the ledger bounded; a delivered notice not yet
+    /// counted stays until the next [`Self::count_new`] counts it.
     pub fn retain_pods(&mut self, live: &[&str]) {
-        self.delivered.retain(|pod, _| live.contains(&pod.as_str()));
+        self.delivered
+            .retain(|pod, _| live.contains(&pod.as_str()) || !self.seen.contains(pod));
         self.seen.retain(|pod| live.contains(&pod.as_str()));
         self.external.retain(|pod, _| live.contains(&pod.as_str()));
     }
