@@ -721,6 +721,7 @@ impl RemoteTransport {
             .collect();
         let owners = map.owners();
         let mut connections = Vec::with_capacity(owners.len());
+        let mut opened = Vec::new();
         for owner in &owners {
             let addr = *addrs
                 .get(owner)
@@ -735,15 +736,25 @@ impl RemoteTransport {
             };
             let mut connection = match kept.or_else(pre_opened) {
                 Some(connection) => connection,
-                None => Connection::open(addr, &self.config)?,
+                None => {
+                    opened.push(connections.len());
+                    Connection::open(addr, &self.config)?
+                }
             };
             if let Some(severance) = &self.severance {
                 severance.watch(&mut connection)?;
             }
             connections.push(connection);
         }
-        // Every new connection's hello is out; its welcome is read before its first answer, so
+        // Every new connection's hello is out: its proof goes now, all of them after all the
+        // hellos. A proof left for the first request would not go until that request: a worker
+        // of a shared process cache may not use a connection for many clocks, and its server
+        // closes a connection whose handshake takes longer than the handshake timeout (then the
+        // request fails with a broken pipe). The welcome is read before the first answer, so
         // the requests that follow (registrations) go out without waiting a round trip for it.
+        for &index in &opened {
+            connections[index].prove()?;
+        }
         self.routes = map
             .entries()
             .iter()
@@ -1029,10 +1040,42 @@ mod tests {
         );
         assert!(!transport.connections[0].welcome_pending);
 
-        // A refused hello fails the first exchange, naming the server, and installs nothing.
-        let mut stranger = transport_to(&server, b"not the job").unwrap();
-        let error = stranger.register_all(0, &batch).unwrap_err().to_string();
+        // A server that does not hold the job key is refused at the connection, named.
+        let error = transport_to(&server, b"not the job")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains(&server.addr.to_string()), "{error}");
+        server.stop(runtime.handle());
+    }
+
+    /// A connection the transport opens finishes its handshake there, not at its first
+    /// request: a worker of a shared process cache may not use one for many clocks, and the
+    /// server closes a connection still in its handshake after the handshake timeout (the
+    /// request then failed with a broken pipe: issue 39's 272 workers in one process).
+    #[test]
+    fn a_connection_left_unused_past_the_handshake_timeout_still_serves() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let timeout = Duration::from_millis(200);
+        let config = crate::server::ServerConfig {
+            handshake_timeout: timeout,
+            ..crate::server::ServerConfig::with_secret(b"job".to_vec())
+        };
+        let server = ServerHandle::start(
+            runtime.handle(),
+            ([127, 0, 0, 1], 0).into(),
+            crate::fuzzing::one_table(true),
+            config,
+            RuntimeMetrics::unregistered(),
+        )
+        .unwrap();
+        let mut transport = transport_to(&server, b"job").unwrap();
+        std::thread::sleep(timeout * 3);
+        let keys: Vec<u64> = (0..4).filter(|&k| partition_of(k, 1) == 0).collect();
+        let batch = vec![(0, vec![(0, keys.clone())], None)];
+        assert_eq!(
+            transport.register_all(0, &batch).unwrap(),
+            vec![keys.len() * 2]
+        );
         server.stop(runtime.handle());
     }
 }

@@ -47,6 +47,11 @@ fn main() -> anyhow::Result<()> {
             print!("{}", ebbflow_bidbrain::sim::cli::run(&args)?);
         }
         Command::Run(args) => {
+            // The run's own progress goes to the terminal; its runtime's logs (the in-process
+            // instances' servers and workers) only when asked for with RUST_LOG.
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_node_logs();
+            }
             let summary = ebbflow_job::run::run(&args)?;
             print!("{}", summary.text());
         }
