@@ -6,6 +6,14 @@ or, with --format f32, the split ebbflow-mf-scale writes (float32 triples user, 
                  rate and per-epoch decay, L2, init std); sparse embedding gradients summed over
                  mini-batches of 1024.
 --peer surprise: scikit-surprise's SVD (SGD matrix factorization with biases).
+--peer spark:    Spark MLlib ALS (pyspark, local mode on --threads cores): alternating least squares
+                 with ebbflow's rank; its regParam is --spark-reg (ALS-WR: Spark scales it by each
+                 row's rating count, so SGD's L2 does not carry over). ALS trains all iterations in
+                 one fit: it is refit from scratch with one more iteration until the target is
+                 met, and the time to quality is that fit's time. The ratings reach Spark through
+                 a Parquet file written before any timing (pyarrow), cached in memory and counted
+                 before the first fit; the pyspark venv is EBBFLOW_SPARK_PYTHON (set up by
+                 scripts/bench-mf-scale.sh).
 --peer libmf:    LIBMF (parallel SGD with adaptive steps, no biases) through the ctypes interface
                  of its Python binding, built from the `libmf` sdist with LIBMF's own Makefile
                  flags (scripts/bench-mf-scale.sh; the library's path in EBBFLOW_LIBMF); its own
@@ -193,9 +201,74 @@ def run_surprise(args, train, test):
     }
 
 
+def run_spark(args):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pyspark
+    from pyspark.ml.recommendation import ALS
+    from pyspark.sql import SparkSession, functions as F
+
+    threads = args.threads or 1
+    work = os.path.dirname(os.path.abspath(args.train))
+    paths = {}
+    for name, path in (("train", args.train), ("test", args.test)):
+        users, items, ratings = load(path, args.format)
+        paths[name] = os.path.join(work, f"{name}.parquet")
+        table = pa.table({"user": users.astype(np.int32), "item": items.astype(np.int32),
+                          "rating": ratings})
+        pq.write_table(table, paths[name])
+    spark = (SparkSession.builder.master(f"local[{threads}]").appName("ebbflow-mf-peer")
+             .config("spark.driver.memory", args.spark_memory)
+             .config("spark.sql.shuffle.partitions", str(max(2 * threads, 4)))
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setCheckpointDir(os.path.join(work, "spark-checkpoints"))
+    train = spark.read.parquet(paths["train"]).repartition(max(2 * threads, 4)).cache()
+    test = spark.read.parquet(paths["test"]).cache()
+    n = train.count()
+    test.count()
+    low, high = train.agg(F.min("rating"), F.max("rating")).first()
+
+    def rmse(model):
+        predicted = model.transform(test).select(
+            F.least(F.greatest(F.col("prediction"), F.lit(low)), F.lit(high)).alias("p"),
+            "rating")
+        mse = predicted.agg(F.avg((F.col("p") - F.col("rating")) ** 2)).first()[0]
+        return float(mse) ** 0.5
+
+    quality, reached, iterations, seconds = None, None, 0, 0.0
+    for iterations in range(1, args.max_epochs + 1):
+        als = ALS(rank=args.rank, maxIter=iterations, regParam=args.spark_reg, userCol="user",
+                  itemCol="item", ratingCol="rating", coldStartStrategy="drop", seed=args.seed,
+                  numUserBlocks=max(2 * threads, 4), numItemBlocks=max(2 * threads, 4))
+        start = time.perf_counter()
+        model = als.fit(train)
+        # fit is lazy in places: the factors are materialized before the clock stops
+        model.userFactors.count()
+        model.itemFactors.count()
+        seconds = time.perf_counter() - start
+        quality = rmse(model)
+        print(f"spark: {iterations} iterations: test rmse {quality:.4f}, fit {seconds:.1f} s",
+              file=sys.stderr, flush=True)
+        if quality <= args.target:
+            reached = seconds
+            break
+    spark.stop()
+    return {
+        "peer": f"Spark MLlib ALS {pyspark.__version__} (local[{threads}], regParam "
+                f"{args.spark_reg})",
+        "epochs": iterations,
+        "time_to_quality_s": reached,
+        "quality": quality,
+        "updates_per_s": n * iterations / seconds,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--peer", choices=["torch", "surprise", "libmf"], required=True)
+    parser.add_argument("--peer", choices=["torch", "surprise", "libmf", "spark"], required=True)
     parser.add_argument("--format", choices=["tsv", "f32"], default="tsv")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for torch and LIBMF (default: torch's own choice, LIBMF 1)")
@@ -211,6 +284,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--spark-reg", type=float, default=0.02,
+                        help="Spark ALS regParam (ALS-WR: scaled by each row's rating count)")
+    parser.add_argument("--spark-memory", default="12g", help="Spark driver memory")
     args = parser.parse_args()
     if args.libmf_child:
         args.threads = args.threads or 1
@@ -218,6 +294,8 @@ def main():
     if args.peer == "libmf":
         args.threads = args.threads or 1
         result = run_libmf(args)
+    elif args.peer == "spark":
+        result = run_spark(args)
     else:
         if args.threads:
             import torch

@@ -7,7 +7,8 @@
 #
 # Usage: scripts/bench-mf-scale.sh [ebbflow-mf-scale flags, e.g. --ratings 50000000 --rank 1000]
 #
-# Peers: PyTorch from the test venv (scripts/setup-python.sh); LIBMF 0.9.2 built once (cached)
+# Peers: PyTorch from the test venv (scripts/setup-python.sh); Spark MLlib ALS (pyspark 4.0.1 in a
+# venv of its own, cached; local mode, Java 17); LIBMF 0.9.2 built once (cached)
 # from the `libmf` sdist's sources with LIBMF's own Makefile flags (-O3 -march=native, SSE,
 # OpenMP), loaded through the binding's ctypes interface. A peer that cannot be set up is
 # reported as such in the table.
@@ -37,6 +38,26 @@ if [[ ! -f "$libmf" ]]; then
   rm -rf "$src"
 fi
 export EBBFLOW_LIBMF="$libmf"
+
+# Spark MLlib ALS: pyspark (it brings Spark's jars; Java 17 runs them) in a venv of its own, so
+# the test venv stays small. Created once, cached by this list's hash.
+spark_requirements="pyspark==4.0.1 pyarrow==26.0.1 numpy==1.26.4"
+spark_venv="$EBBFLOW_CACHE/spark-venv"
+spark_stamp="$spark_venv/.requirements"
+if [[ ! -f "$spark_stamp" || "$(cat "$spark_stamp")" != "$spark_requirements" ]]; then
+  echo "==> installing $spark_requirements into $spark_venv (once)" >&2
+  # shellcheck disable=SC2086
+  if python3 -m venv "$spark_venv" >&2 &&
+    "$spark_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      $spark_requirements >&2; then
+    echo "$spark_requirements" >"$spark_stamp"
+  else
+    echo "bench-mf-scale: pyspark could not be installed; the Spark row will say so" >&2
+  fi
+fi
+if [[ -f "$spark_stamp" ]] && command -v java >/dev/null; then
+  export EBBFLOW_SPARK_PYTHON="$spark_venv/bin/python"
+fi
 
 echo "==> cargo build --release -p ebbflow-runtime --bin ebbflow-mf-scale" >&2
 cargo build --release --locked -q -p ebbflow-runtime --bin ebbflow-mf-scale

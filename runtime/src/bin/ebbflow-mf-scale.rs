@@ -7,8 +7,9 @@
 //! - the bare loop (one thread, the app's kernel on plain rows);
 //! - ebbflow in one process, `--threads` worker threads (the parameter server in-process);
 //! - the peers on the very same split files (float32 triples `user, item, rating`): LIBMF (the
-//!   `libmf` binding, built from its sdist), PyTorch on CPU, at `--threads` threads each
-//!   (`bench/mf_peers.py`). A peer that is missing or fails is reported as such.
+//!   `libmf` binding, built from its sdist), PyTorch on CPU, Spark MLlib ALS in local mode, at
+//!   `--threads` threads each (`bench/mf_peers.py`). A peer that is missing or fails is
+//!   reported as such.
 //!
 //! and prints a Markdown table with the ratios (a peer's time to the bar ÷ ours: above 1 means
 //! ebbflow is faster).
@@ -81,8 +82,15 @@ struct Args {
     /// Python with the peers' packages (bench/setup-venv.sh); without it peers are not run.
     #[arg(long, env = "EBBFLOW_BENCH_PYTHON")]
     python: Option<PathBuf>,
+    /// Python with pyspark for the Spark ALS peer (scripts/bench-mf-scale.sh sets it up).
+    #[arg(long, env = "EBBFLOW_SPARK_PYTHON")]
+    spark_python: Option<PathBuf>,
+    /// Spark ALS's regParam (ALS-WR: Spark scales it by each row's rating count, so SGD's L2
+    /// does not carry over).
+    #[arg(long, default_value_t = 0.02)]
+    spark_reg: f64,
     /// Peers to run.
-    #[arg(long, value_delimiter = ',', default_value = "libmf,torch")]
+    #[arg(long, value_delimiter = ',', default_value = "libmf,torch,spark")]
     peers: Vec<String>,
     /// Where the split files for the peers go.
     #[arg(long, default_value = "/tmp/ebbflow-mf-scale")]
@@ -265,7 +273,7 @@ fn main() -> anyhow::Result<()> {
     );
     std::fs::create_dir_all(&args.work)?;
     let (train_file, test_file) = (args.work.join("train.f32"), args.work.join("test.f32"));
-    if args.python.is_some() {
+    if args.python.is_some() || args.spark_python.is_some() {
         write_triples(&train_file, &split.train)?;
         write_triples(&test_file, &split.test)?;
     }
@@ -365,11 +373,16 @@ fn main() -> anyhow::Result<()> {
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/mf_peers.py");
     for peer in &args.peers {
-        let Some(python) = &args.python else {
-            add(
-                format!("peer {peer}"),
-                "not run: no --python (EBBFLOW_BENCH_PYTHON)".into(),
-            );
+        let (python, missing) = if peer == "spark" {
+            (
+                &args.spark_python,
+                "no --spark-python (EBBFLOW_SPARK_PYTHON: pyspark and java)",
+            )
+        } else {
+            (&args.python, "no --python (EBBFLOW_BENCH_PYTHON)")
+        };
+        let Some(python) = python else {
+            add(format!("peer {peer}"), format!("not run: {missing}"));
             continue;
         };
         let peer_args: Vec<String> = [
@@ -397,6 +410,8 @@ fn main() -> anyhow::Result<()> {
             &args.max_passes.to_string(),
             "--threads",
             &threads.to_string(),
+            "--spark-reg",
+            &args.spark_reg.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
