@@ -670,6 +670,9 @@ pub(crate) struct RemoteTransport {
     pre_opened: Option<(u32, Arc<PreOpened>)>,
     /// Watches every connection the transport holds (its worker pool's).
     severance: Option<Arc<Severance>>,
+    /// The frame buffers (encoding, body) every connection uses for pushes and pulls
+    /// ([`RemoteTransport::on_connection`]).
+    buffers: (Vec<u8>, Vec<u8>),
 }
 
 impl RemoteTransport {
@@ -698,6 +701,7 @@ impl RemoteTransport {
             config: config.clone(),
             pre_opened,
             severance,
+            buffers: (Vec::new(), Vec::new()),
         };
         transport.retarget(map, addrs)?;
         Ok(transport)
@@ -779,6 +783,22 @@ impl RemoteTransport {
     }
 }
 
+impl RemoteTransport {
+    /// Runs `exchange` on connection `index` with the transport's frame buffers in place of
+    /// the connection's own. A buffer keeps the capacity of the largest frame it held: a
+    /// partition's rows, MiBs each at scale, so per-connection buffers would hold that once per
+    /// server for the whole run where one pair suffices (a worker does one exchange at a time).
+    fn on_connection<T>(&mut self, index: usize, exchange: impl FnOnce(&mut Connection) -> T) -> T {
+        let connection = &mut self.connections[index];
+        std::mem::swap(&mut connection.out, &mut self.buffers.0);
+        std::mem::swap(&mut connection.body, &mut self.buffers.1);
+        let result = exchange(connection);
+        std::mem::swap(&mut connection.out, &mut self.buffers.0);
+        std::mem::swap(&mut connection.body, &mut self.buffers.1);
+        result
+    }
+}
+
 impl Transport for RemoteTransport {
     fn register_all(
         &mut self,
@@ -839,12 +859,14 @@ impl Transport for RemoteTransport {
         for view in views {
             let (index, epoch) = self.routes[view.partition as usize];
             let values = Values::F32(&view.delta);
-            self.connections[index].send(&Message::Push {
-                worker,
-                clock,
-                partition: view.partition,
-                epoch,
-                values,
+            self.on_connection(index, |connection| {
+                connection.send(&Message::Push {
+                    worker,
+                    clock,
+                    partition: view.partition,
+                    epoch,
+                    values,
+                })
             })?;
         }
         for connection in &mut self.connections {
@@ -880,19 +902,22 @@ impl Transport for RemoteTransport {
             connection.flush()?;
         }
         for view in views.iter_mut().filter(|v| v.needs_pull) {
-            let connection = &mut self.connections[self.routes[view.partition as usize].0];
-            let addr = connection.addr();
-            match connection.recv()? {
-                Message::Rows {
-                    partition,
-                    visible,
-                    values,
-                } if partition == view.partition && values.len() == view.len => {
-                    values.copy_to(&mut view.incoming);
-                    view.visible = visible;
+            let index = self.routes[view.partition as usize].0;
+            self.on_connection(index, |connection| {
+                let addr = connection.addr();
+                match connection.recv()? {
+                    Message::Rows {
+                        partition,
+                        visible,
+                        values,
+                    } if partition == view.partition && values.len() == view.len => {
+                        values.copy_to(&mut view.incoming);
+                        view.visible = visible;
+                        Ok(())
+                    }
+                    other => Err(WorkerError::from(unexpected(addr, &other, "rows"))),
                 }
-                other => return Err(unexpected(addr, &other, "rows").into()),
-            }
+            })?;
         }
         Ok(())
     }

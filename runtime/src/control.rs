@@ -1224,8 +1224,8 @@ pub struct ProcessFleet {
     workers: u32,
     /// Which node runs each logical worker.
     assignment: BTreeMap<u32, NodeId>,
-    /// Each logical worker's second holder: another worker node that preloads its data shard
-    /// and takes the worker over when its node leaves.
+    /// Each transient node's logical workers' second holder: another worker node that preloads
+    /// the worker's data shard and takes it over when its node leaves.
     standby: BTreeMap<u32, NodeId>,
     /// Joined nodes not switched in yet, with the workers whose shards they preload.
     pending: BTreeMap<NodeId, Vec<u32>>,
@@ -1729,15 +1729,17 @@ impl ProcessFleet {
 
     /// Balances logical workers over `nodes`, keeping each where it is while its node still
     /// runs workers; a worker whose node left goes to its second holder (which preloaded its
-    /// shard) when that is among the least loaded. Then picks every worker's second holder:
-    /// the node it would go to if its own node left now.
-    fn assign(&mut self, nodes: &[NodeId]) {
+    /// shard) when that is among the least loaded. Then picks a second holder for every worker
+    /// of a node not in `reliable`: the node it would go to if its own node left now. Reliable
+    /// nodes get no eviction notice, so their workers' shards are not preloaded anywhere (a
+    /// second copy of a node's data is paid only where it buys a fast migration).
+    fn assign(&mut self, nodes: &[NodeId], reliable: &BTreeSet<NodeId>) {
         self.assignment = place_workers(self.workers, &self.assignment, nodes, &self.standby);
         self.standby.clear();
         if nodes.len() < 2 {
             return;
         }
-        for &leaving in nodes {
+        for &leaving in nodes.iter().filter(|n| !reliable.contains(n)) {
             let rest: Vec<NodeId> = nodes.iter().copied().filter(|&n| n != leaving).collect();
             let placed = place_workers(self.workers, &self.assignment, &rest, &BTreeMap::new());
             for (&worker, &node) in &self.assignment {
@@ -2068,7 +2070,7 @@ impl Fleet for ProcessFleet {
         } else {
             &[]
         };
-        self.assign(&spec.worker_nodes);
+        self.assign(&spec.worker_nodes, &spec.reliable.iter().copied().collect());
         self.publish_placement(&spec.map);
         let owners: Vec<(NodeId, u64)> = spec
             .map
@@ -2813,12 +2815,12 @@ mod tests {
     #[test]
     fn workers_stay_put_and_spread_evenly() {
         let mut fleet = fleet_of(6);
-        fleet.assign(&[0, 1]);
+        fleet.assign(&[0, 1], &BTreeSet::new());
         let count =
             |f: &ProcessFleet, n: NodeId| f.assignment.values().filter(|&&x| x == n).count();
         assert_eq!((count(&fleet, 0), count(&fleet, 1)), (3, 3));
         let before = fleet.assignment.clone();
-        fleet.assign(&[0, 1, 2]);
+        fleet.assign(&[0, 1, 2], &BTreeSet::new());
         assert_eq!(
             (count(&fleet, 0), count(&fleet, 1), count(&fleet, 2)),
             (2, 2, 2)
@@ -2828,14 +2830,14 @@ mod tests {
             .filter(|(w, n)| fleet.assignment.get(w) == Some(n))
             .count();
         assert_eq!(kept, 4, "only the moves needed to balance");
-        fleet.assign(&[2]);
+        fleet.assign(&[2], &BTreeSet::new());
         assert_eq!(count(&fleet, 2), 6);
     }
 
     #[test]
     fn a_worker_whose_node_leaves_goes_to_its_second_holder() {
         let mut fleet = fleet_of(4);
-        fleet.assign(&[1, 2, 3, 4]);
+        fleet.assign(&[1, 2, 3, 4], &BTreeSet::new());
         // Every worker has a second holder: another worker node, one shard each.
         assert_eq!(fleet.standby().len(), 4);
         for (worker, holder) in fleet.standby() {
@@ -2851,7 +2853,7 @@ mod tests {
             .find(|(_, node)| **node == 1)
             .unwrap();
         let holder = fleet.standby()[&moved];
-        fleet.assign(&[2, 3, 4]);
+        fleet.assign(&[2, 3, 4], &BTreeSet::new());
         assert_eq!(fleet.assignment()[&moved], holder);
         // The new layout gives it (and the worker whose holder was node 1) a new second holder.
         for (worker, holder) in fleet.standby() {
@@ -2860,7 +2862,35 @@ mod tests {
         }
         assert_eq!(fleet.standby().len(), 4);
         // A single worker node has no second holder.
-        fleet.assign(&[4]);
+        fleet.assign(&[4], &BTreeSet::new());
+        assert!(fleet.standby().is_empty());
+    }
+
+    #[test]
+    fn only_workers_of_transient_nodes_get_a_second_holder() {
+        let mut fleet = fleet_of(4);
+        // Nodes 1 and 2 reliable, 3 and 4 transient: one worker each.
+        fleet.assign(&[1, 2, 3, 4], &BTreeSet::from([1, 2]));
+        let on = |f: &ProcessFleet, node: NodeId| -> Vec<u32> {
+            f.assignment()
+                .iter()
+                .filter(|(_, n)| **n == node)
+                .map(|(w, _)| *w)
+                .collect()
+        };
+        let mut insured: Vec<u32> = fleet.standby().keys().copied().collect();
+        insured.sort_unstable();
+        let mut transient = [on(&fleet, 3), on(&fleet, 4)].concat();
+        transient.sort_unstable();
+        assert_eq!(
+            insured, transient,
+            "reliable nodes' workers are not preloaded"
+        );
+        for (worker, holder) in fleet.standby() {
+            assert_ne!(fleet.assignment()[worker], *holder);
+        }
+        // Two reliable nodes alone: each holds only its own workers' shards.
+        fleet.assign(&[1, 2], &BTreeSet::from([1, 2]));
         assert!(fleet.standby().is_empty());
     }
 }

@@ -826,6 +826,11 @@ pub struct SegmentSpec {
     /// partition and run no worker, so a fleet that loses one mid-segment reports it
     /// ([`Fleet::departed`]) instead of failing the segment.
     pub bystanders: Vec<NodeId>,
+    /// Reliable (on-demand) members. They get no eviction notice, so a fleet gives their
+    /// workers no second holder: only the workers of transient nodes have their data shards
+    /// preloaded elsewhere, and a node holding only reliable workers' shards holds one copy of
+    /// its data, not two.
+    pub reliable: Vec<NodeId>,
 }
 
 /// What a segment did: where it ended and, per logical worker, its report.
@@ -2199,6 +2204,12 @@ fn run_boundary(
             .members
             .iter()
             .filter(|m| !m.ready && admitted.contains_key(&m.id))
+            .map(|m| m.id)
+            .collect(),
+        reliable: controller
+            .members
+            .iter()
+            .filter(|m| m.reliable)
             .map(|m| m.id)
             .collect(),
     };

@@ -88,12 +88,44 @@ enum TrainSet {
     },
 }
 
+/// Where the test ratings come from.
+#[derive(Debug, Clone)]
+enum TestSet {
+    /// Held from the start.
+    Held(Arc<Ratings>),
+    /// Generated when first evaluated ([`PlantedRatings::generate_test`]): a node process only
+    /// trains (the coordinator evaluates), so it never holds the test set.
+    Planted {
+        source: Arc<PlantedRatings>,
+        threads: usize,
+        generated: Arc<std::sync::OnceLock<Ratings>>,
+    },
+}
+
+impl TestSet {
+    fn ratings(&self) -> &Ratings {
+        match self {
+            TestSet::Held(test) => test,
+            TestSet::Planted {
+                source,
+                threads,
+                generated,
+            } => generated.get_or_init(|| {
+                source
+                    .generate_test(*threads)
+                    .expect("planted sizes are validated by MfApp::planted")
+                    .test
+            }),
+        }
+    }
+}
+
 /// Matrix factorization over a training and a test set of ratings.
 #[derive(Debug, Clone)]
 pub struct MfApp {
     config: MfConfig,
     train: TrainSet,
-    test: Arc<Ratings>,
+    test: TestSet,
     mean: f32,
     clip: (f32, f32),
     /// Ratings of the most rated user or item (updates of one row per pass).
@@ -116,14 +148,15 @@ impl MfApp {
             clip: value_range(&train.entries),
             config,
             train: TrainSet::Loaded(Arc::new(train)),
-            test: Arc::new(test),
+            test: TestSet::Held(Arc::new(test)),
         })
     }
 
-    /// Matrix factorization of planted ratings at any size: only the test set is generated
-    /// here; each worker generates its own shard when it is created, on `threads` threads. The
-    /// global mean, the clipping range and the busiest row's ratings are estimated from the test
-    /// set. Refused before anything is generated when the test set and one shard of `shards`
+    /// Matrix factorization of planted ratings at any size: each worker generates its own shard
+    /// when it is created, on `threads` threads. The global mean, the clipping range and the
+    /// busiest row's ratings are estimated from the test set, which is generated here for that
+    /// and dropped, then generated again at the first evaluation (a node process never
+    /// evaluates). Refused before anything is generated when the test set and one shard of `shards`
     /// would not fit in `memory_limit` bytes.
     pub fn planted(
         source: PlantedRatings,
@@ -139,16 +172,31 @@ impl MfApp {
         source
             .fits(Some((0, shards.max(1))), memory_limit)
             .map_err(data)?;
+        check_config(&config)?;
         let test = source.generate_test(threads).map_err(data)?.test;
-        let template = Self::new(test.clone(), test, config)?;
+        if test.entries.is_empty() {
+            return Err(AppsError::Data {
+                app: "mf",
+                what: "the planted test set has no ratings (a test fraction of 0?)".into(),
+            });
+        }
         let scale = 1.0 / source.test_fraction.max(f64::MIN_POSITIVE);
+        let source = Arc::new(source);
+        let threads = threads.max(1);
         Ok(Self {
-            max_row_updates: max_row_updates(&template.test.entries, scale),
+            max_row_updates: max_row_updates(&test.entries, scale),
+            mean: test.mean() as f32,
+            clip: value_range(&test.entries),
+            config,
             train: TrainSet::Planted {
-                source: Arc::new(source),
-                threads: threads.max(1),
+                source: source.clone(),
+                threads,
             },
-            ..template
+            test: TestSet::Planted {
+                source,
+                threads,
+                generated: Arc::default(),
+            },
         })
     }
 
@@ -224,10 +272,11 @@ impl MfApp {
             TrainSet::Loaded(train) => (train.num_users, train.num_items),
             TrainSet::Planted { source, .. } => (source.users, source.items),
         };
-        (
-            self.test.num_users.max(num_users),
-            self.test.num_items.max(num_items),
-        )
+        match &self.test {
+            TestSet::Held(test) => (test.num_users.max(num_users), test.num_items.max(num_items)),
+            // generated with the same users and items
+            TestSet::Planted { .. } => (num_users, num_items),
+        }
     }
 }
 
@@ -240,7 +289,8 @@ pub const BLOCK_BINS: u32 = 20;
 /// `shard × user_bins / shards`, so at any clock the workers update different users (each
 /// user's ratings in a shard are done within the clocks of its bin, and no other worker is in
 /// that bin then); every clock still spans all item bins, so an item's updates are spread over
-/// the pass as in the random order. The order inside a block stays the shard's (random).
+/// the pass as in the random order. The order inside a block is the in-place sort's (the shard
+/// arrives in random order): a stable sort would allocate half the shard again.
 pub fn block_order(
     ratings: &mut [Rating],
     num_users: u32,
@@ -252,7 +302,7 @@ pub fn block_order(
     let item_bins = u64::from(BLOCK_BINS);
     let start = shard as u64 * user_bins / shards.max(1) as u64;
     let (users, items) = (u64::from(num_users.max(1)), u64::from(num_items.max(1)));
-    ratings.sort_by_key(|r| {
+    ratings.sort_unstable_by_key(|r| {
         let user_bin = u64::from(r.user) * user_bins / users;
         let item_bin = u64::from(r.item) * item_bins / items;
         ((user_bin + user_bins - start) % user_bins, item_bin)
@@ -375,9 +425,8 @@ impl App for MfApp {
             TrainSet::Planted { source, threads } => {
                 // the sizes were checked when the app was built, and memory at its creation
                 source
-                    .generate(Some((shard % num_shards, num_shards)), *threads, None)
+                    .generate_shard(shard % num_shards, num_shards, *threads, None)
                     .expect("planted sizes are validated by MfApp::planted")
-                    .train
                     .entries
             }
         };
@@ -418,15 +467,16 @@ impl App for MfApp {
         let (num_users, num_items) = self.id_space();
         let users = read_all(USERS, num_users);
         let items = read_all(ITEMS, num_items);
+        let test = self.test.ratings();
         let mut squared_error = 0.0f64;
-        for rating in &self.test.entries {
+        for rating in &test.entries {
             let user = &users[rating.user as usize * width..][..width];
             let item = &items[rating.item as usize * width..][..width];
             let prediction = (self.mean + user[0] + item[0] + dot(&user[1..], &item[1..]))
                 .clamp(self.clip.0, self.clip.1);
             squared_error += f64::from(rating.value - prediction).powi(2);
         }
-        let rmse = (squared_error / self.test.entries.len().max(1) as f64).sqrt();
+        let rmse = (squared_error / test.entries.len().max(1) as f64).sqrt();
         crate::app::EvalReport {
             loss: rmse,
             metrics: vec![("rmse".into(), rmse)],

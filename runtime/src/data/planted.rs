@@ -150,7 +150,7 @@ impl PlantedRatings {
     /// The test set alone (the training set empty), on `threads` threads.
     pub fn generate_test(&self, threads: usize) -> Result<PlantedSplit, DataError> {
         self.check()?;
-        Ok(self.fill((0, 0), threads))
+        Ok(self.fill((0, 0), true, threads))
     }
 
     /// Generates the test set and the training ratings of `shard` of `shards` (all of them for
@@ -171,11 +171,37 @@ impl PlantedRatings {
             });
         }
         self.fits(shard, memory_limit)?;
-        Ok(self.fill(shard.unwrap_or((0, 1)), threads))
+        Ok(self.fill(shard.unwrap_or((0, 1)), true, threads))
     }
 
-    /// Generates the test set and training shard `shard` of `shards` (none for `shards == 0`).
-    fn fill(&self, (shard, shards): (usize, usize), threads: usize) -> PlantedSplit {
+    /// The training ratings of `shard` of `shards` alone, on `threads` threads: what a worker
+    /// trains on (the test set is skipped, not generated and dropped). The same ratings as
+    /// [`PlantedRatings::generate`]'s shard.
+    pub fn generate_shard(
+        &self,
+        shard: usize,
+        shards: usize,
+        threads: usize,
+        memory_limit: Option<u64>,
+    ) -> Result<Ratings, DataError> {
+        self.check()?;
+        if shards == 0 || shard >= shards {
+            return Err(DataError::Parameters {
+                what: format!("shard {shard} of {shards} does not exist"),
+            });
+        }
+        self.fits(Some((shard, shards)), memory_limit)?;
+        Ok(self.fill((shard, shards), false, threads).train)
+    }
+
+    /// Generates training shard `shard` of `shards` (none for `shards == 0`), and the test set
+    /// where `with_test`.
+    fn fill(
+        &self,
+        (shard, shards): (usize, usize),
+        with_test: bool,
+        threads: usize,
+    ) -> PlantedSplit {
         let threads = threads.max(1);
         let user_factors = self.factors(self.users, 1, threads);
         let item_factors = self.factors(self.items, 2, threads);
@@ -189,7 +215,7 @@ impl PlantedRatings {
             train_at.push(trains);
             let test_len = self.chunk_test_len(chunk);
             let train_len = self.chunk_len(chunk) - test_len;
-            tests += test_len as usize;
+            tests += if with_test { test_len as usize } else { 0 };
             trains += in_shard(train_index, train_len, shard as u64, shards as u64) as usize;
             train_index += train_len;
         }
@@ -277,7 +303,10 @@ impl PlantedRatings {
             let item = rng.below(self.items);
             let noise = rng.normal();
             let out = if j < test_len {
-                tests.next()
+                match tests.next() {
+                    Some(out) => Some(out),
+                    None => continue, // the test set is not wanted
+                }
             } else {
                 let mine = shards != 0 && train_index % shards as u64 == shard as u64;
                 train_index += 1;
@@ -419,6 +448,9 @@ mod tests {
             assert_eq!(part.train.entries, expected, "shard {shard}");
             assert_eq!(part.train.entries.len() as u64, planted.shard_len(shard, 3));
             assert_eq!(part.test, one.test);
+            // a worker's shard alone: the same ratings, no test set generated
+            let alone = planted.generate_shard(shard, 3, 3, None).unwrap();
+            assert_eq!(alone.entries, expected, "shard {shard} alone");
         }
         let test_only = planted.generate_test(3).unwrap();
         assert!(test_only.train.entries.is_empty());
@@ -494,6 +526,7 @@ mod tests {
             .is_err()
         );
         assert!(small().generate(Some((3, 3)), 1, None).is_err());
+        assert!(small().generate_shard(3, 3, 1, None).is_err());
     }
 
     #[test]
