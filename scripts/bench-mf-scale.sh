@@ -41,7 +41,8 @@ export EBBFLOW_LIBMF="$libmf"
 
 # Spark MLlib ALS: pyspark (it brings Spark's jars; Java 17 runs them) in a venv of its own, so
 # the test venv stays small. Created once, cached by this list's hash.
-spark_requirements="pyspark==4.0.1 pyarrow==26.0.1 numpy==1.26.4"
+# pyarrow 26 needs NumPy 2 (with 1.26.4 pinned here, the Spark row failed to import pyarrow).
+spark_requirements="pyspark==4.0.1 pyarrow==26.0.1 numpy==2.4.6"
 spark_venv="$EBBFLOW_CACHE/spark-venv"
 spark_stamp="$spark_venv/.requirements"
 if [[ ! -f "$spark_stamp" || "$(cat "$spark_stamp")" != "$spark_requirements" ]]; then
