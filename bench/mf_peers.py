@@ -9,8 +9,9 @@ or, with --format f32, the split ebbflow-mf-scale writes (float32 triples user, 
 --peer spark:    Spark MLlib ALS (pyspark, local mode on --threads cores): alternating least squares
                  with ebbflow's rank; its regParam is --spark-reg (ALS-WR: Spark scales it by each
                  row's rating count, so SGD's L2 does not carry over). ALS trains all iterations in
-                 one fit: it is refit from scratch with one more iteration until the target is
-                 met, and the time to quality is that fit's time. The ratings reach Spark through
+                 one fit: it is refit from scratch to find the fewest iterations that meet the
+                 target (up from --spark-first-iterations while they miss it, by bisection below
+                 it when it meets it), and the time to quality is that fit's time. The ratings reach Spark through
                  a Parquet file written before any timing (pyarrow), cached in memory and counted
                  before the first fit; the pyspark venv is EBBFLOW_SPARK_PYTHON (set up by
                  scripts/bench-mf-scale.sh).

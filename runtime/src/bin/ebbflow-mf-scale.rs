@@ -334,8 +334,11 @@ fn main() -> anyhow::Result<()> {
     })?;
     let mut ours = Vec::new();
     let counts: std::collections::BTreeSet<usize> = [1, threads].into_iter().collect();
-    for (layout, app) in [("random order", &app), ("blocked", &blocked_app)] {
-        if !args.layouts.iter().any(|l| layout.starts_with(l.as_str())) {
+    for (flag, layout, app) in [
+        ("random", "random order", &app),
+        ("blocked", "blocked", &blocked_app),
+    ] {
+        if !args.layouts.iter().any(|l| l == flag) {
             continue;
         }
         for &workers in &counts {

@@ -162,15 +162,7 @@ impl PlantedRatings {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<PlantedSplit, DataError> {
-        self.check()?;
-        if let Some((shard, shards)) = shard
-            && (shards == 0 || shard >= shards)
-        {
-            return Err(DataError::Parameters {
-                what: format!("shard {shard} of {shards} does not exist"),
-            });
-        }
-        self.fits(shard, memory_limit)?;
+        self.check_request(shard, memory_limit)?;
         Ok(self.fill(shard.unwrap_or((0, 1)), true, threads))
     }
 
@@ -184,14 +176,26 @@ impl PlantedRatings {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<Ratings, DataError> {
+        self.check_request(Some((shard, shards)), memory_limit)?;
+        Ok(self.fill((shard, shards), false, threads).train)
+    }
+
+    /// What [`PlantedRatings::generate`] and [`PlantedRatings::generate_shard`] refuse: bad
+    /// parameters, a shard that does not exist, a size over `memory_limit`.
+    fn check_request(
+        &self,
+        shard: Option<(usize, usize)>,
+        memory_limit: Option<u64>,
+    ) -> Result<(), DataError> {
         self.check()?;
-        if shards == 0 || shard >= shards {
+        if let Some((shard, shards)) = shard
+            && (shards == 0 || shard >= shards)
+        {
             return Err(DataError::Parameters {
                 what: format!("shard {shard} of {shards} does not exist"),
             });
         }
-        self.fits(Some((shard, shards)), memory_limit)?;
-        Ok(self.fill((shard, shards), false, threads).train)
+        self.fits(shard, memory_limit)
     }
 
     /// Generates training shard `shard` of `shards` (none for `shards == 0`), and the test set
