@@ -187,10 +187,11 @@ def main():
 
     width = args.rank + 1
     parameters = (args.users + args.items) * width * 4
-    # a training rating is 12 bytes (user, item, value); each node holds its half and the test
-    # set, whose size is PlantedRatings::test_fraction_for's: 20 %, at most 1 M ratings
+    # a training rating is 12 bytes (user, item, value); each node's shard is its half of the
+    # training set (the test set, PlantedRatings::test_fraction_for's 20 % or at most 1 M
+    # ratings, is no node's: only the coordinator generates it, to evaluate)
     test = round(args.ratings * min(1_000_000 / args.ratings, 0.2))
-    shard = (args.ratings - test) // 2 * 12 + test * 12
+    shard = (args.ratings - test) // 2 * 12
     target = 1.5 * (parameters / 2 + shard) + 64 * MIB
     table = [("data", f"planted rank 16, noise 0.1: {args.users} users x {args.items} items, "
                       f"{args.ratings} ratings; rank {args.rank}, staleness {args.staleness}, "
