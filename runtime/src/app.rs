@@ -70,6 +70,12 @@ pub enum RowInit {
         /// The modulus (> 0; exact in `f32` below 2^24).
         modulus: u64,
     },
+    /// Column `c` of row `key` is `(key · width + c) mod modulus`: LDA's initial topic of token
+    /// `key · width + c` where a row holds `width` consecutive tokens.
+    PositionModulo {
+        /// The modulus (> 0; exact in `f32` below 2^24).
+        modulus: u64,
+    },
 }
 
 /// SplitMix64 finaliser: a fast, well-mixed 64-bit hash.
@@ -91,6 +97,12 @@ impl RowInit {
         match *self {
             RowInit::Zeros => out.fill(0.0),
             RowInit::KeyModulo { modulus } => out.fill((key % modulus.max(1)) as f32),
+            RowInit::PositionModulo { modulus } => {
+                let first = key.wrapping_mul(out.len() as u64);
+                for (column, value) in out.iter_mut().enumerate() {
+                    *value = (first.wrapping_add(column as u64) % modulus.max(1)) as f32;
+                }
+            }
             RowInit::Uniform { low, high, seed } => {
                 let base = mix64(seed ^ mix64(u64::from(table) ^ mix64(key)));
                 for (column, value) in out.iter_mut().enumerate() {
@@ -566,6 +578,10 @@ mod tests {
             / many.len() as f64;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var.sqrt() - 0.1).abs() < 0.01, "std {}", var.sqrt());
+        let positions = RowInit::PositionModulo { modulus: 5 };
+        let mut row = [0.0f32; 4];
+        positions.fill(0, 3, &mut row);
+        assert_eq!(row, [2.0, 3.0, 4.0, 0.0], "tokens 12..16 mod 5");
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Latent Dirichlet allocation by collapsed Gibbs sampling.
 //!
 //! Tables (counts stored as exact integers in `f32`): [`WORD_TOPIC`] (one row per word, width
-//! `K`), [`TOPIC_TOTALS`] (one row, key 0, width `K`), [`DOC_LOGLIK`] (one row per worker shard,
-//! width 1) and [`ASSIGNMENTS`] (one row per token: its topic). Only the worker that owns a
+//! `K`), [`TOPIC_TOTALS`] (width `K`: the topic counts of the documents `d` with
+//! `d mod rows = key`, as few rows as keep each below 2^24, so one for a corpus under 2^24
+//! tokens), [`DOC_LOGLIK`] (one row per worker shard, width 1) and [`ASSIGNMENTS`] (the topic of
+//! every token, [`ASSIGNMENTS_PER_ROW`] consecutive tokens a row). Only the worker that owns a
 //! document samples its tokens and writes their topics; the doc-topic counts are rebuilt from
 //! the topics whenever the worker did not run the clock before (it was built on a joining node,
 //! or it redoes clocks after a rollback), so every count stays the sum of the topics the tables
@@ -26,14 +28,27 @@ use super::{AppsError, BareWorker, RowStore, ln_gamma, pass_range};
 
 /// Word-topic counts, one row per word.
 pub const WORD_TOPIC: TableId = 0;
-/// Topic totals, a single row (key 0).
+/// Topic totals: row `r` counts the tokens of the documents `d` with `d mod rows = r`; the
+/// topic totals are the sum of the rows.
 pub const TOPIC_TOTALS: TableId = 1;
 /// Document part of the log-likelihood, one single-value row per worker shard.
 pub const DOC_LOGLIK: TableId = 2;
-/// The topic of every token, one single-value row per token (key: its index in the corpus),
-/// initially `index mod K`. The worker that samples a token writes its topic here, so a worker
-/// rebuilt on another node, or after a rollback, resumes from the topics its counts hold.
+/// The topic of every token: token `i` of the corpus (documents in order) is column
+/// `i mod ASSIGNMENTS_PER_ROW` of row `i / ASSIGNMENTS_PER_ROW`, initially `i mod K`. The worker
+/// that samples a token writes its topic here, so a worker rebuilt on another node, or after a
+/// rollback, resumes from the topics its counts hold.
 pub const ASSIGNMENTS: TableId = 3;
+
+/// Tokens per [`ASSIGNMENTS`] row: a row per token cost a key, a row header and a slot per
+/// token in every table and cache.
+pub const ASSIGNMENTS_PER_ROW: usize = 64;
+
+/// Counts are `f32`, exact below 2^24: no word may occur this often, and each [`TOPIC_TOTALS`]
+/// row holds fewer tokens.
+pub const MAX_EXACT_COUNT: u64 = 1 << 24;
+
+/// Most [`TOPIC_TOTALS`] rows (every worker reads them all every clock).
+pub const MAX_TOTALS_ROWS: u64 = 4096;
 
 /// Most clocks a sweep takes when [`LdaConfig::clocks_per_pass`] is `None`: every clock moves
 /// the whole word-topic working set.
@@ -101,11 +116,19 @@ pub struct LdaApp {
     config: LdaConfig,
     corpus: Arc<Corpus>,
     num_tokens: u64,
+    /// [`TOPIC_TOTALS`] rows: document `d` counts in row `d mod totals_rows`.
+    totals_rows: u64,
 }
 
 impl LdaApp {
     /// Builds the app.
     pub fn new(corpus: Corpus, config: LdaConfig) -> Result<Self, AppsError> {
+        Self::with_count_limit(corpus, config, MAX_EXACT_COUNT)
+    }
+
+    /// [`LdaApp::new`] with counts kept below `limit` instead of [`MAX_EXACT_COUNT`] (tests split
+    /// the totals of a small corpus this way).
+    fn with_count_limit(corpus: Corpus, config: LdaConfig, limit: u64) -> Result<Self, AppsError> {
         if config.num_topics < 2 || config.num_topics > usize::from(u16::MAX) {
             return Err(AppsError::Config {
                 app: "lda",
@@ -122,18 +145,31 @@ impl LdaApp {
             });
         }
         let num_tokens = corpus.num_tokens();
-        if num_tokens == 0 || num_tokens >= 1 << 24 {
+        if num_tokens == 0 || num_tokens >= 1 << 32 {
             return Err(AppsError::Data {
                 app: "lda",
-                what: format!(
-                    "need between 1 and 2^24 tokens (f32 counts stay exact), got {num_tokens}"
-                ),
+                what: format!("need between 1 and 2^32 tokens, got {num_tokens}"),
             });
         }
+        let data = |what: String| AppsError::Data { app: "lda", what };
+        let mut word_counts = vec![0u64; corpus.vocab_size];
+        for &(word, count) in corpus.docs.iter().flatten() {
+            word_counts[word as usize] += u64::from(count);
+        }
+        if let Some((word, &count)) =
+            (word_counts.iter().enumerate()).find(|(_, count)| **count >= limit)
+        {
+            return Err(data(format!(
+                "word {word} occurs {count} times; counts must stay below {limit} \
+                 (f32 counts are exact below 2^24)"
+            )));
+        }
+        let totals_rows = totals_rows(&corpus, limit).map_err(data)?;
         Ok(Self {
             config,
             corpus: Arc::new(corpus),
             num_tokens,
+            totals_rows,
         })
     }
 
@@ -146,6 +182,33 @@ impl LdaApp {
     pub fn config(&self) -> &LdaConfig {
         &self.config
     }
+}
+
+/// The fewest [`TOPIC_TOTALS`] rows, document `d` counting in row `d mod rows`, that keep every
+/// row's token count below `limit` ([`MAX_EXACT_COUNT`]: its `f32` counts stay exact).
+fn totals_rows(corpus: &Corpus, limit: u64) -> Result<u64, String> {
+    let lengths: Vec<u64> = (corpus.docs.iter())
+        .map(|doc| doc.iter().map(|&(_, count)| u64::from(count)).sum())
+        .collect();
+    let total: u64 = lengths.iter().sum();
+    let mut rows = total.div_ceil(limit).max(1);
+    let mut sums = Vec::new();
+    while rows <= MAX_TOTALS_ROWS {
+        sums.clear();
+        sums.resize(rows as usize, 0u64);
+        for (doc, length) in lengths.iter().enumerate() {
+            sums[doc % rows as usize] += length;
+        }
+        if sums.iter().all(|&sum| sum < limit) {
+            return Ok(rows);
+        }
+        rows += 1;
+    }
+    Err(format!(
+        "no split of the topic totals into at most {MAX_TOTALS_ROWS} rows keeps each below \
+         {limit} tokens ({total} tokens, longest document {})",
+        lengths.iter().max().unwrap_or(&0)
+    ))
 }
 
 /// One token of a worker's shard: its document (local index) and its word (slot after binding).
@@ -164,33 +227,43 @@ struct Sampler {
     vocab_eta: f32,
     cumulative: Vec<f32>,
     inverse_totals: Vec<f32>,
+    /// The topic totals, the sum of every [`TOPIC_TOTALS`] row (`f64`: exact at any size).
+    totals: Vec<f64>,
 }
 
 impl Sampler {
-    /// One collapsed Gibbs sweep over `tokens`, updating assignments and all counts in place.
+    /// One collapsed Gibbs sweep over `tokens`, updating assignments, the word-topic and
+    /// doc-topic counts and `self.totals` in place; each move is also counted in `moves`, row
+    /// `doc_rows[doc]` (the [`TOPIC_TOTALS`] row of the token's document).
+    #[allow(clippy::too_many_arguments)]
     fn sweep(
         &mut self,
         tokens: &[Token],
         assignments: &mut [u16],
         word_topic: &mut [f32],
-        totals: &mut [f32],
         doc_topic: &mut [f32],
+        doc_rows: &[u32],
+        moves: &mut [i32],
         rng: &mut Rng,
     ) {
         let k = self.topics;
+        let vocab_eta = f64::from(self.vocab_eta);
+        let totals = &mut self.totals[..k];
         for (t, inv) in totals.iter().zip(self.inverse_totals.iter_mut()) {
-            *inv = 1.0 / (t + self.vocab_eta);
+            *inv = (1.0 / (t + vocab_eta)) as f32;
         }
         let cumulative = &mut self.cumulative[..k];
         let inverse = &mut self.inverse_totals[..k];
         for (token, assignment) in tokens.iter().zip(assignments.iter_mut()) {
             let word = &mut word_topic[token.word as usize * k..][..k];
             let doc = &mut doc_topic[token.doc as usize * k..][..k];
+            let moved = &mut moves[doc_rows[token.doc as usize] as usize * k..][..k];
             let old = usize::from(*assignment);
             word[old] -= 1.0;
             doc[old] -= 1.0;
             totals[old] -= 1.0;
-            inverse[old] = 1.0 / (totals[old] + self.vocab_eta);
+            moved[old] -= 1;
+            inverse[old] = (1.0 / (totals[old] + vocab_eta)) as f32;
             let mut sum = 0.0f32;
             for topic in 0..k {
                 sum += (word[topic] + self.eta) * (doc[topic] + self.alpha) * inverse[topic];
@@ -204,7 +277,8 @@ impl Sampler {
             word[new] += 1.0;
             doc[new] += 1.0;
             totals[new] += 1.0;
-            inverse[new] = 1.0 / (totals[new] + self.vocab_eta);
+            moved[new] += 1;
+            inverse[new] = (1.0 / (totals[new] + vocab_eta)) as f32;
             *assignment = new as u16;
         }
     }
@@ -228,8 +302,8 @@ impl App for LdaApp {
             TableSpec {
                 id: ASSIGNMENTS,
                 name: "lda_assignments".into(),
-                width: 1,
-                init: RowInit::KeyModulo { modulus: k as u64 },
+                width: ASSIGNMENTS_PER_ROW,
+                init: RowInit::PositionModulo { modulus: k as u64 },
             },
         ]
     }
@@ -239,25 +313,23 @@ impl App for LdaApp {
         let num_shards = num_shards.max(1);
         let mut tokens = Vec::new();
         let mut words = Vec::new();
-        let mut token_keys = Vec::new();
-        let mut doc_lengths = Vec::new();
+        let (mut doc_lengths, mut doc_starts, mut doc_rows) = (Vec::new(), Vec::new(), Vec::new());
         let mut global_index = 0u64;
         for (doc, doc_words) in self.corpus.docs.iter().enumerate() {
             let length: u64 = doc_words.iter().map(|&(_, c)| u64::from(c)).sum();
-            if doc % num_shards != shard {
-                global_index += length;
-                continue;
-            }
-            let local = doc_lengths.len() as u32;
-            for &(word, count) in doc_words {
-                for _ in 0..count {
-                    tokens.push(Token { doc: local, word });
-                    words.push(word);
-                    token_keys.push(global_index);
-                    global_index += 1;
+            if doc % num_shards == shard {
+                let local = doc_lengths.len() as u32;
+                for &(word, count) in doc_words {
+                    for _ in 0..count {
+                        tokens.push(Token { doc: local, word });
+                        words.push(word);
+                    }
                 }
+                doc_lengths.push(length as u32);
+                doc_starts.push(global_index);
+                doc_rows.push((doc as u64 % self.totals_rows) as u32);
             }
-            doc_lengths.push(length as u32);
+            global_index += length;
         }
         let alpha = self.config.alpha;
         let max_length = doc_lengths.iter().copied().max().unwrap_or(0) as usize;
@@ -270,20 +342,24 @@ impl App for LdaApp {
             .iter()
             .map(|&n| ln_gamma_alpha_k - ln_gamma(alpha * k as f64 + f64::from(n)))
             .sum();
+        let totals_rows = self.totals_rows as usize;
         LdaWorker {
             clocks_per_pass: self.clocks_per_pass(num_shards),
             shard: shard as u64,
             doc_topic: vec![0.0; doc_lengths.len() * k],
+            // Read from the table at the worker's first clock.
+            assignments: vec![0; tokens.len()],
+            assignment_index: vec![0; tokens.len()],
             tokens,
             words,
-            // Read from the table at the worker's first clock.
-            assignments: vec![0; token_keys.len()],
-            assignment_slots: vec![0; token_keys.len()],
-            token_keys,
+            doc_lengths,
+            doc_starts,
+            doc_rows,
             doc_term_table,
             doc_constant,
             last_clock: None,
-            totals_slot: 0,
+            totals_slots: vec![0; totals_rows],
+            moves: vec![0; totals_rows * k],
             loglik_slot: 0,
             seed: self.config.seed,
             sampler: Sampler {
@@ -293,6 +369,7 @@ impl App for LdaApp {
                 vocab_eta: (self.config.eta * self.corpus.vocab_size as f64) as f32,
                 cumulative: vec![0.0; k],
                 inverse_totals: vec![0.0; k],
+                totals: vec![0.0; k],
             },
         }
     }
@@ -351,9 +428,14 @@ pub struct LdaWorker {
     words: Vec<u32>,
     /// Each token's topic, as of the last clock this worker ran (the table holds the truth).
     assignments: Vec<u16>,
-    /// Each token's key in [`ASSIGNMENTS`] (its index in the corpus), and its slot after binding.
-    token_keys: Vec<u64>,
-    assignment_slots: Vec<u32>,
+    /// Where each token's topic is in the [`ASSIGNMENTS`] rows after binding (row slot ·
+    /// [`ASSIGNMENTS_PER_ROW`] + column).
+    assignment_index: Vec<u32>,
+    /// Per local document: its token count, the corpus index of its first token and its
+    /// [`TOPIC_TOTALS`] row.
+    doc_lengths: Vec<u32>,
+    doc_starts: Vec<u64>,
+    doc_rows: Vec<u32>,
     doc_topic: Vec<f32>,
     /// `ln Γ(α + n) − ln Γ(α)` for every possible doc-topic count `n`.
     doc_term_table: Vec<f64>,
@@ -361,7 +443,9 @@ pub struct LdaWorker {
     doc_constant: f64,
     /// The clock this worker ran last: its topics and doc-topic counts are current for the next.
     last_clock: Option<u64>,
-    totals_slot: u32,
+    /// Slot of every [`TOPIC_TOTALS`] row (by key), and this clock's moves into each.
+    totals_slots: Vec<u32>,
+    moves: Vec<i32>,
     loglik_slot: u32,
     /// Seed of the samplers: clock `c` of shard `s` draws from stream `(seed ^ mix(c), s)`, so a
     /// clock redone or moved draws the same numbers.
@@ -374,19 +458,48 @@ impl LdaWorker {
         for (token, &word) in self.tokens.iter_mut().zip(&self.words) {
             token.word = slot(WORD_TOPIC, u64::from(word));
         }
-        self.totals_slot = slot(TOPIC_TOTALS, 0);
-        self.loglik_slot = slot(DOC_LOGLIK, self.shard);
-        for (bound, &key) in self.assignment_slots.iter_mut().zip(&self.token_keys) {
-            *bound = slot(ASSIGNMENTS, key);
+        for (key, bound) in self.totals_slots.iter_mut().enumerate() {
+            *bound = slot(TOPIC_TOTALS, key as u64);
         }
+        self.loglik_slot = slot(DOC_LOGLIK, self.shard);
+        let per_row = ASSIGNMENTS_PER_ROW as u64;
+        let mut index = self.assignment_index.iter_mut();
+        let mut row = None;
+        for (&start, &length) in self.doc_starts.iter().zip(&self.doc_lengths) {
+            for position in start..start + u64::from(length) {
+                let key = position / per_row;
+                let row_slot = match row {
+                    Some((bound_key, bound_slot)) if bound_key == key => bound_slot,
+                    _ => {
+                        let bound_slot = slot(ASSIGNMENTS, key);
+                        row = Some((key, bound_slot));
+                        bound_slot
+                    }
+                };
+                *index.next().expect("one index per token") =
+                    row_slot * ASSIGNMENTS_PER_ROW as u32 + (position % per_row) as u32;
+            }
+        }
+    }
+
+    /// Keys of the [`ASSIGNMENTS`] rows holding this worker's tokens, in order.
+    fn assignment_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        let per_row = ASSIGNMENTS_PER_ROW as u64;
+        let mut last = None;
+        (self.doc_starts.iter().zip(&self.doc_lengths))
+            .filter(|(_, length)| **length > 0)
+            .flat_map(move |(&start, &length)| {
+                start / per_row..=(start + u64::from(length) - 1) / per_row
+            })
+            .filter(move |&key| last.replace(key) != Some(key))
     }
 
     /// Takes the topics from the table (after a move or a rollback, what the counts hold) and
     /// rebuilds the doc-topic counts from them.
     fn load_assignments(&mut self, rows: &[f32]) {
         let k = self.sampler.topics;
-        for (topic, &slot) in self.assignments.iter_mut().zip(&self.assignment_slots) {
-            *topic = rows[slot as usize] as u16;
+        for (topic, &index) in self.assignments.iter_mut().zip(&self.assignment_index) {
+            *topic = rows[index as usize] as u16;
         }
         self.doc_topic.fill(0.0);
         for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
@@ -409,9 +522,9 @@ impl AppWorker for LdaWorker {
     fn working_set(&self) -> WorkingSet {
         let mut set = WorkingSet::new();
         set.add_keys(WORD_TOPIC, self.words.iter().map(|&w| u64::from(w)));
-        set.add_keys(TOPIC_TOTALS, [0]);
+        set.add_range(TOPIC_TOTALS, self.totals_slots.len() as u64);
         set.add_keys(DOC_LOGLIK, [self.shard]);
-        set.add_keys(ASSIGNMENTS, self.token_keys.iter().copied());
+        set.add_keys(ASSIGNMENTS, self.assignment_keys());
         set
     }
 
@@ -441,32 +554,48 @@ impl BareWorker for LdaWorker {
             let (rows, _) = store.rows_mut(ASSIGNMENTS);
             self.load_assignments(rows);
         }
-        let ((word_topic, _), (totals, _)) = store.two_rows_mut(WORD_TOPIC, TOPIC_TOTALS);
-        let totals = &mut totals[self.totals_slot as usize * k..][..k];
+        let ((word_topic, _), (totals_rows, _)) = store.two_rows_mut(WORD_TOPIC, TOPIC_TOTALS);
         // The job's first clock adds every token's initial topic to the counts, once.
         if clock == 0 {
             for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
                 let topic = usize::from(topic);
                 word_topic[token.word as usize * k + topic] += 1.0;
-                totals[topic] += 1.0;
+                let row = self.totals_slots[self.doc_rows[token.doc as usize] as usize];
+                totals_rows[row as usize * k + topic] += 1.0;
             }
         }
+        self.sampler.totals.fill(0.0);
+        for &slot in &self.totals_slots {
+            let row = &totals_rows[slot as usize * k..][..k];
+            for (total, &count) in self.sampler.totals.iter_mut().zip(row) {
+                *total += f64::from(count);
+            }
+        }
+        self.moves.fill(0);
         let range = pass_range(self.tokens.len(), clock, self.clocks_per_pass);
         let mut rng = Rng::stream(self.seed ^ crate::app::mix64(clock), self.shard);
         self.sampler.sweep(
             &self.tokens[range.clone()],
             &mut self.assignments[range.clone()],
             word_topic,
-            totals,
             &mut self.doc_topic,
+            &self.doc_rows,
+            &mut self.moves,
             &mut rng,
         );
+        // A row stays in [0, 2^24), so its net move does too: exact in f32.
+        for (&slot, moved) in self.totals_slots.iter().zip(self.moves.chunks_exact(k)) {
+            let row = &mut totals_rows[slot as usize * k..][..k];
+            for (count, &delta) in row.iter_mut().zip(moved) {
+                *count += delta as f32;
+            }
+        }
         let (rows, _) = store.rows_mut(ASSIGNMENTS);
-        for (&topic, &slot) in self.assignments[range.clone()]
+        for (&topic, &index) in self.assignments[range.clone()]
             .iter()
-            .zip(&self.assignment_slots[range.clone()])
+            .zip(&self.assignment_index[range.clone()])
         {
-            rows[slot as usize] = f32::from(topic);
+            rows[index as usize] = f32::from(topic);
         }
         self.last_clock = Some(clock);
         let doc_loglik = self.doc_loglik();
@@ -576,6 +705,43 @@ mod tests {
         let mut totals = [0.0f32; 4];
         bare.tables().read_row(TOPIC_TOTALS, 0, &mut totals);
         assert_eq!(totals.iter().sum::<f32>(), (60 * 40) as f32);
+    }
+
+    /// A corpus whose totals do not fit one row (here under a limit of 700 tokens instead of
+    /// 2^24) splits them by document; every row counts exactly its documents' tokens, and the
+    /// chain is the one a single row gives (the same draws, the same topics).
+    #[test]
+    fn topic_totals_split_into_rows_each_counting_its_documents() {
+        let data = synthetic_corpus(60, 80, 4, 40, 0.2, 0.05, 9).unwrap();
+        let config = LdaConfig {
+            num_topics: 4,
+            ..LdaConfig::default()
+        };
+        let split = LdaApp::with_count_limit(data.corpus.clone(), config.clone(), 700).unwrap();
+        assert_eq!(split.totals_rows, 4, "2,400 tokens under 700 a row");
+        let whole = LdaApp::new(data.corpus.clone(), config).unwrap();
+        assert_eq!(whole.totals_rows, 1);
+        let (mut a, mut b) = (BareLoop::new(&split), BareLoop::new(&whole));
+        for _ in 0..10 {
+            a.clock();
+            b.clock();
+        }
+        assert_eq!(a.worker.assignments, b.worker.assignments);
+        let loglik = |bare: &BareLoop<LdaWorker>, app: &LdaApp| {
+            app.evaluate(bare.tables())
+                .metric("log_likelihood")
+                .unwrap()
+        };
+        assert_eq!(loglik(&a, &split), loglik(&b, &whole));
+        let mut row = [0.0f32; 4];
+        for key in 0..4u64 {
+            a.tables().read_row(TOPIC_TOTALS, key, &mut row);
+            let docs = data.corpus.docs.len() as u64;
+            let tokens = (key..docs).step_by(4).count() as f32 * 40.0;
+            assert_eq!(row.iter().sum::<f32>(), tokens, "row {key}");
+        }
+        let refused = LdaApp::with_count_limit(data.corpus, LdaConfig::default(), 30).unwrap_err();
+        assert!(refused.to_string().contains("occurs"), "{refused}");
     }
 
     #[test]
