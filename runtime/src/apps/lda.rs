@@ -182,6 +182,32 @@ impl LdaApp {
     pub fn config(&self) -> &LdaConfig {
         &self.config
     }
+
+    /// The topics' word distributions the counts in `tables` give, row-major `topics × vocab`:
+    /// `φ_k(w) = (n_wk + η) / (n_k + Vη)`, the collapsed sampler's estimate.
+    pub fn topic_words(&self, tables: &dyn TableReader) -> Vec<f32> {
+        let (k, vocab, eta) = (
+            self.config.num_topics,
+            self.corpus.vocab_size,
+            self.config.eta,
+        );
+        let mut counts = vec![0.0f64; k * vocab];
+        let mut totals = vec![0.0f64; k];
+        let mut row = vec![0.0f32; k];
+        for word in 0..vocab {
+            tables.read_row(WORD_TOPIC, word as u64, &mut row);
+            for (topic, &count) in row.iter().enumerate() {
+                counts[topic * vocab + word] = f64::from(count);
+                totals[topic] += f64::from(count);
+            }
+        }
+        (counts.chunks_exact(vocab).zip(&totals))
+            .flat_map(|(row, total)| {
+                let norm = 1.0 / (total + eta * vocab as f64);
+                row.iter().map(move |&n| ((n + eta) * norm) as f32)
+            })
+            .collect()
+    }
 }
 
 /// The fewest [`TOPIC_TOTALS`] rows, document `d` counting in row `d mod rows`, that keep every
@@ -209,6 +235,116 @@ fn totals_rows(corpus: &Corpus, limit: u64) -> Result<u64, String> {
          {limit} tokens ({total} tokens, longest document {})",
         lengths.iter().max().unwrap_or(&0)
     ))
+}
+
+/// Held-out per-token log-likelihood of a model's topics, by document completion: for each
+/// held-out document, the mixture `θ` is fitted on its even-numbered tokens (EM with the topics
+/// fixed, prior `alpha`, [`HELD_OUT_ITERATIONS`] iterations from uniform), and its odd-numbered
+/// tokens are scored, `ln Σ_k θ_k φ_k(w)` each. One evaluator for every model: ebbflow's
+/// ([`LdaApp::topic_words`]), a peer's, or the planted truth. `topic_words` is row-major
+/// `topics × vocab`, each row a distribution over the words (`φ_k`).
+pub fn held_out_log_likelihood(
+    topic_words: &[f32],
+    topics: usize,
+    held_out: &Corpus,
+    alpha: f64,
+    threads: usize,
+) -> Result<f64, AppsError> {
+    let vocab = held_out.vocab_size;
+    let data = |what: String| AppsError::Data {
+        app: "lda held-out evaluator",
+        what,
+    };
+    if topics == 0 || topic_words.len() != topics * vocab {
+        return Err(data(format!(
+            "topics must be {topics} × {vocab} values, got {}",
+            topic_words.len()
+        )));
+    }
+    if let Some(bad) = topic_words.iter().find(|p| !(p.is_finite() && **p >= 0.0)) {
+        return Err(data(format!("a topic-word probability is {bad}")));
+    }
+    // Word-major, so one word's topics are contiguous.
+    let mut by_word = vec![0.0f32; vocab * topics];
+    for (topic, row) in topic_words.chunks_exact(vocab).enumerate() {
+        for (word, &p) in row.iter().enumerate() {
+            by_word[word * topics + topic] = p.max(f32::MIN_POSITIVE);
+        }
+    }
+    let docs = &held_out.docs;
+    let chunk = docs.len().div_ceil(threads.max(1)).max(1);
+    let (loglik, scored) = std::thread::scope(|scope| {
+        let handles: Vec<_> = docs
+            .chunks(chunk)
+            .map(|docs| scope.spawn(|| complete_documents(docs, &by_word, topics, alpha)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an evaluator thread panicked"))
+            .fold((0.0, 0u64), |(l, n), (dl, dn)| (l + dl, n + dn))
+    });
+    if scored == 0 {
+        return Err(data(
+            "the held-out documents have no second tokens to score".into(),
+        ));
+    }
+    Ok(loglik / scored as f64)
+}
+
+/// EM iterations of [`held_out_log_likelihood`]'s mixture fit.
+pub const HELD_OUT_ITERATIONS: usize = 30;
+
+/// Log-likelihood of the scored halves of `docs`, and the count of scored tokens.
+fn complete_documents(
+    docs: &[Vec<(u32, u32)>],
+    by_word: &[f32],
+    topics: usize,
+    alpha: f64,
+) -> (f64, u64) {
+    let (mut loglik, mut scored_tokens) = (0.0, 0u64);
+    let mut theta = vec![0.0f64; topics];
+    let mut next = vec![0.0f64; topics];
+    let mut observed = Vec::new();
+    for doc in docs {
+        observed.clear();
+        let mut scored = Vec::new();
+        let mut position = 0u64;
+        for &(word, count) in doc {
+            let count = u64::from(count);
+            // even positions in [position, position + count)
+            let even = (position + count).div_ceil(2) - position.div_ceil(2);
+            if even > 0 {
+                observed.push((word as usize, even as f64));
+            }
+            if count > even {
+                scored.push((word as usize, (count - even) as f64));
+            }
+            position += count;
+        }
+        theta.fill(1.0 / topics as f64);
+        for _ in 0..HELD_OUT_ITERATIONS {
+            next.fill(alpha);
+            for &(word, count) in &observed {
+                let phi = &by_word[word * topics..][..topics];
+                let norm: f64 = theta.iter().zip(phi).map(|(t, &p)| t * f64::from(p)).sum();
+                let scale = count / norm;
+                for ((n, t), &p) in next.iter_mut().zip(&theta).zip(phi) {
+                    *n += scale * t * f64::from(p);
+                }
+            }
+            let sum: f64 = next.iter().sum();
+            for (t, n) in theta.iter_mut().zip(&next) {
+                *t = n / sum;
+            }
+        }
+        for &(word, count) in &scored {
+            let phi = &by_word[word * topics..][..topics];
+            let p: f64 = theta.iter().zip(phi).map(|(t, &p)| t * f64::from(p)).sum();
+            loglik += count * p.ln();
+            scored_tokens += count as u64;
+        }
+    }
+    (loglik, scored_tokens)
 }
 
 /// One token of a worker's shard: its document (local index) and its word (slot after binding).
@@ -742,6 +878,55 @@ mod tests {
         }
         let refused = LdaApp::with_count_limit(data.corpus, LdaConfig::default(), 30).unwrap_err();
         assert!(refused.to_string().contains("occurs"), "{refused}");
+    }
+
+    /// The held-out evaluator ranks the planted topics above a trained model's early topics and
+    /// those above uniform topics, and training moves the model toward the truth.
+    #[test]
+    fn held_out_likelihood_ranks_truth_over_training_over_uniform() {
+        let source = crate::data::PlantedCorpus {
+            docs: 1200,
+            vocab: 200,
+            topics: 5,
+            doc_len: 60,
+            alpha: 0.1,
+            eta: 0.05,
+            held_out: 200,
+            seed: 3,
+        };
+        let docs = source.generate(None, 2, None).unwrap();
+        let truth: Vec<f32> = source
+            .topic_words(2)
+            .unwrap()
+            .iter()
+            .map(|&p| p as f32)
+            .collect();
+        let score = |phi: &[f32]| held_out_log_likelihood(phi, 5, &docs.held_out, 0.1, 2).unwrap();
+        let app = LdaApp::new(
+            docs.train.clone(),
+            LdaConfig {
+                num_topics: 5,
+                ..LdaConfig::default()
+            },
+        )
+        .unwrap();
+        let mut bare = BareLoop::new(&app);
+        bare.clock();
+        let early = score(&app.topic_words(bare.tables()));
+        for _ in 0..60 {
+            bare.clock();
+        }
+        let trained = score(&app.topic_words(bare.tables()));
+        let uniform = score(&vec![1.0 / 200.0; 5 * 200]);
+        let best = score(&truth);
+        assert!((uniform - (1.0f64 / 200.0).ln()).abs() < 1e-6, "{uniform}");
+        assert!(
+            uniform < early && early < trained && trained <= best + 0.02,
+            "uniform {uniform}, 1 sweep {early}, 61 sweeps {trained}, truth {best}"
+        );
+        assert!(trained > best - 0.1, "61 sweeps {trained}, truth {best}");
+        let wrong = held_out_log_likelihood(&truth[1..], 5, &docs.held_out, 0.1, 1).unwrap_err();
+        assert!(wrong.to_string().contains("5 × 200"), "{wrong}");
     }
 
     #[test]

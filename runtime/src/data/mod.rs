@@ -7,6 +7,7 @@
 mod classification;
 mod corpus;
 mod planted;
+mod planted_corpus;
 mod ratings;
 mod rng;
 mod synthetic;
@@ -19,6 +20,7 @@ use thiserror::Error;
 pub use classification::{Examples, LabelColumn, load_csv, load_digits, load_libsvm};
 pub use corpus::{Corpus, load_ldac, load_vocab};
 pub use planted::{NETFLIX, PlantedRatings, PlantedSplit, available_memory};
+pub use planted_corpus::{PlantedCorpus, PlantedDocs};
 pub use ratings::{Rating, Ratings, load_movielens_inter, load_ratings_csv};
 pub use rng::Rng;
 pub use synthetic::{
