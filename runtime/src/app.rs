@@ -70,11 +70,15 @@ pub enum RowInit {
         /// The modulus (> 0; exact in `f32` below 2^24).
         modulus: u64,
     },
-    /// Column `c` of row `key` is `(key · width + c) mod modulus`: LDA's initial topic of token
-    /// `key · width + c` where a row holds `width` consecutive tokens.
-    PositionModulo {
-        /// The modulus (> 0; exact in `f32` below 2^24).
+    /// Value `c` of row `key` packs `per_value` digits in base `modulus`: digit `j` is
+    /// `(p · per_value + j) mod modulus` for position `p = key · width + c` (LDA's initial topics
+    /// of consecutive tokens, `per_value` of them a value). `modulus^per_value` must stay
+    /// within 2^24 so every value is an exact `f32`.
+    PackedModulo {
+        /// The base and modulus (> 0).
         modulus: u64,
+        /// Digits a value (>= 1).
+        per_value: u32,
     },
 }
 
@@ -97,10 +101,15 @@ impl RowInit {
         match *self {
             RowInit::Zeros => out.fill(0.0),
             RowInit::KeyModulo { modulus } => out.fill((key % modulus.max(1)) as f32),
-            RowInit::PositionModulo { modulus } => {
+            RowInit::PackedModulo { modulus, per_value } => {
+                let (modulus, per) = (modulus.max(1), u64::from(per_value.max(1)));
                 let first = key.wrapping_mul(out.len() as u64);
                 for (column, value) in out.iter_mut().enumerate() {
-                    *value = (first.wrapping_add(column as u64) % modulus.max(1)) as f32;
+                    let position = first.wrapping_add(column as u64).wrapping_mul(per);
+                    let packed = (0..per).rev().fold(0u64, |packed, digit| {
+                        packed * modulus + position.wrapping_add(digit) % modulus
+                    });
+                    *value = packed as f32;
                 }
             }
             RowInit::Uniform { low, high, seed } => {
@@ -578,10 +587,21 @@ mod tests {
             / many.len() as f64;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var.sqrt() - 0.1).abs() < 0.01, "std {}", var.sqrt());
-        let positions = RowInit::PositionModulo { modulus: 5 };
+        let positions = RowInit::PackedModulo {
+            modulus: 5,
+            per_value: 1,
+        };
         let mut row = [0.0f32; 4];
         positions.fill(0, 3, &mut row);
         assert_eq!(row, [2.0, 3.0, 4.0, 0.0], "tokens 12..16 mod 5");
+        let packed = RowInit::PackedModulo {
+            modulus: 5,
+            per_value: 2,
+        };
+        let mut row = [0.0f32; 2];
+        packed.fill(0, 1, &mut row);
+        // values 2 and 3: tokens 4, 5 (topics 4, 0) and 6, 7 (topics 1, 2), low digit first
+        assert_eq!(row, [4.0, 1.0 + 2.0 * 5.0]);
     }
 
     #[test]

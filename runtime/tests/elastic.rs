@@ -979,7 +979,9 @@ fn a_panicking_controller_with_a_live_feed_does_not_hang_the_run() {
 #[test]
 fn lda_counts_stay_the_sum_of_the_topics_through_joins_evictions_and_a_failure() {
     use ebbflow_runtime::app::{App, TableReader};
-    use ebbflow_runtime::apps::lda::{ASSIGNMENTS, ASSIGNMENTS_PER_ROW, TOPIC_TOTALS, WORD_TOPIC};
+    use ebbflow_runtime::apps::lda::{
+        ASSIGNMENTS, ASSIGNMENTS_PER_ROW, TOPIC_TOTALS, WORD_TOPIC, topics_per_value,
+    };
     use ebbflow_runtime::apps::{LdaApp, LdaConfig};
 
     let corpus = data::synthetic_corpus(120, 150, 5, 40, 0.1, 0.05, 3)
@@ -1029,12 +1031,15 @@ fn lda_counts_stay_the_sum_of_the_topics_through_joins_evictions_and_a_failure()
         let mut expected = vec![0u64; corpus.vocab_size * topics];
         let mut index = 0usize;
         let mut topics_row = vec![0.0f32; ASSIGNMENTS_PER_ROW];
+        let per_value = topics_per_value(topics) as usize;
         for doc in &corpus.docs {
             for &(word, count) in doc {
                 for _ in 0..count {
-                    let (key, column) = (index / ASSIGNMENTS_PER_ROW, index % ASSIGNMENTS_PER_ROW);
+                    let (value, digit) = (index / per_value, index % per_value);
+                    let (key, column) = (value / ASSIGNMENTS_PER_ROW, value % ASSIGNMENTS_PER_ROW);
                     assert!(tables.read_row(ASSIGNMENTS, key as u64, &mut topics_row));
-                    expected[word as usize * topics + topics_row[column] as usize] += 1;
+                    let topic = topics_row[column] as usize / topics.pow(digit as u32) % topics;
+                    expected[word as usize * topics + topic] += 1;
                     index += 1;
                 }
             }

@@ -4,7 +4,8 @@
 //! `K`), [`TOPIC_TOTALS`] (width `K`: the topic counts of the documents `d` with
 //! `d mod rows = key`, as few rows as keep each below 2^24, so one for a corpus under 2^24
 //! tokens), [`DOC_LOGLIK`] (one row per worker shard, width 1) and [`ASSIGNMENTS`] (the topic of
-//! every token, [`ASSIGNMENTS_PER_ROW`] consecutive tokens a row). Only the worker that owns a
+//! every token, packed [`topics_per_value`] to an `f32`, [`ASSIGNMENTS_PER_ROW`] values a row).
+//! Only the worker that owns a
 //! document samples its tokens and writes their topics; the doc-topic counts are rebuilt from
 //! the topics whenever the worker did not run the clock before (it was built on a joining node,
 //! or it redoes clocks after a rollback), so every count stays the sum of the topics the tables
@@ -33,15 +34,28 @@ pub const WORD_TOPIC: TableId = 0;
 pub const TOPIC_TOTALS: TableId = 1;
 /// Document part of the log-likelihood, one single-value row per worker shard.
 pub const DOC_LOGLIK: TableId = 2;
-/// The topic of every token: token `i` of the corpus (documents in order) is column
-/// `i mod ASSIGNMENTS_PER_ROW` of row `i / ASSIGNMENTS_PER_ROW`, initially `i mod K`. The worker
-/// that samples a token writes its topic here, so a worker rebuilt on another node, or after a
-/// rollback, resumes from the topics its counts hold.
+/// The topic of every token: with `n` = [`topics_per_value`]`(K)`, token `i` of the corpus
+/// (documents in order) is digit `i mod n` (base `K`, lowest first) of value `v = i / n`, which
+/// is column `v mod ASSIGNMENTS_PER_ROW` of row `v / ASSIGNMENTS_PER_ROW`; initially topic
+/// `i mod K`. The worker that samples a token writes its topic here, so a worker rebuilt on
+/// another node, or after a rollback, resumes from the topics its counts hold. Tokens sharing a
+/// value may belong to two workers: each changes only its own digit, so their deltas add up.
 pub const ASSIGNMENTS: TableId = 3;
 
-/// Tokens per [`ASSIGNMENTS`] row: a row per token cost a key, a row header and a slot per
+/// Values per [`ASSIGNMENTS`] row: a row per token cost a key, a row header and a slot per
 /// token in every table and cache.
 pub const ASSIGNMENTS_PER_ROW: usize = 64;
+
+/// Topics packed into one [`ASSIGNMENTS`] value: as many base-`K` digits as keep it an exact
+/// `f32` (below 2^24): 5 for 20 topics, 3 for 100, 2 for 1,000 to 4,096, 1 above. Every clock moves
+/// a worker's whole working set, the assignments most of it: packing divides their bytes.
+pub fn topics_per_value(topics: usize) -> u32 {
+    let mut per = 1u32;
+    while per < 24 && (topics as u64).pow(per + 1) <= 1 << 24 {
+        per += 1;
+    }
+    per
+}
 
 /// Counts are `f32`, exact below 2^24: no word may occur this often, and each [`TOPIC_TOTALS`]
 /// row holds fewer tokens.
@@ -439,7 +453,10 @@ impl App for LdaApp {
                 id: ASSIGNMENTS,
                 name: "lda_assignments".into(),
                 width: ASSIGNMENTS_PER_ROW,
-                init: RowInit::PositionModulo { modulus: k as u64 },
+                init: RowInit::PackedModulo {
+                    modulus: k as u64,
+                    per_value: topics_per_value(k),
+                },
             },
         ]
     }
@@ -486,6 +503,9 @@ impl App for LdaApp {
             // Read from the table at the worker's first clock.
             assignments: vec![0; tokens.len()],
             assignment_index: vec![0; tokens.len()],
+            digit_weights: (0..topics_per_value(k))
+                .map(|j| (k as u32).pow(j))
+                .collect(),
             tokens,
             words,
             doc_lengths,
@@ -564,9 +584,12 @@ pub struct LdaWorker {
     words: Vec<u32>,
     /// Each token's topic, as of the last clock this worker ran (the table holds the truth).
     assignments: Vec<u16>,
-    /// Where each token's topic is in the [`ASSIGNMENTS`] rows after binding (row slot ·
-    /// [`ASSIGNMENTS_PER_ROW`] + column).
+    /// Where each token's topic is in the [`ASSIGNMENTS`] rows after binding: `index / n` is
+    /// the value (row slot · [`ASSIGNMENTS_PER_ROW`] + column), `index mod n` the digit, for
+    /// `n` = [`topics_per_value`].
     assignment_index: Vec<u32>,
+    /// `K^j` for each digit `j` of a packed value.
+    digit_weights: Vec<u32>,
     /// Per local document: its token count, the corpus index of its first token and its
     /// [`TOPIC_TOTALS`] row.
     doc_lengths: Vec<u32>,
@@ -599,10 +622,12 @@ impl LdaWorker {
         }
         self.loglik_slot = slot(DOC_LOGLIK, self.shard);
         let per_row = ASSIGNMENTS_PER_ROW as u64;
+        let per_value = self.digit_weights.len() as u64;
         let mut index = self.assignment_index.iter_mut();
         let mut row = None;
         for (&start, &length) in self.doc_starts.iter().zip(&self.doc_lengths) {
-            for position in start..start + u64::from(length) {
+            for token in start..start + u64::from(length) {
+                let (position, digit) = (token / per_value, token % per_value);
                 let key = position / per_row;
                 let row_slot = match row {
                     Some((bound_key, bound_slot)) if bound_key == key => bound_slot,
@@ -612,15 +637,17 @@ impl LdaWorker {
                         bound_slot
                     }
                 };
-                *index.next().expect("one index per token") =
-                    row_slot * ASSIGNMENTS_PER_ROW as u32 + (position % per_row) as u32;
+                let value = u64::from(row_slot) * per_row + position % per_row;
+                *index.next().expect("one index per token") = (value * per_value + digit)
+                    .try_into()
+                    .expect("LdaApp::new keeps a worker's assignments within u32 indices");
             }
         }
     }
 
     /// Keys of the [`ASSIGNMENTS`] rows holding this worker's tokens, in order.
     fn assignment_keys(&self) -> impl Iterator<Item = u64> + '_ {
-        let per_row = ASSIGNMENTS_PER_ROW as u64;
+        let per_row = (ASSIGNMENTS_PER_ROW * self.digit_weights.len()) as u64;
         let mut last = None;
         (self.doc_starts.iter().zip(&self.doc_lengths))
             .filter(|(_, length)| **length > 0)
@@ -634,8 +661,10 @@ impl LdaWorker {
     /// rebuilds the doc-topic counts from them.
     fn load_assignments(&mut self, rows: &[f32]) {
         let k = self.sampler.topics;
+        let per = self.digit_weights.len() as u32;
         for (topic, &index) in self.assignments.iter_mut().zip(&self.assignment_index) {
-            *topic = rows[index as usize] as u16;
+            let packed = rows[(index / per) as usize] as u32;
+            *topic = (packed / self.digit_weights[(index % per) as usize] % k as u32) as u16;
         }
         self.doc_topic.fill(0.0);
         for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
@@ -727,11 +756,18 @@ impl BareWorker for LdaWorker {
             }
         }
         let (rows, _) = store.rows_mut(ASSIGNMENTS);
+        // Only this token's digit changes: a value shared with another worker's tokens keeps
+        // theirs, and the two deltas add up on the server.
+        let per = self.digit_weights.len() as u32;
         for (&topic, &index) in self.assignments[range.clone()]
             .iter()
             .zip(&self.assignment_index[range.clone()])
         {
-            rows[index as usize] = f32::from(topic);
+            let value = &mut rows[(index / per) as usize];
+            let weight = self.digit_weights[(index % per) as usize];
+            let packed = *value as u32;
+            let old = packed / weight % k as u32;
+            *value = (packed - old * weight + u32::from(topic) * weight) as f32;
         }
         self.last_clock = Some(clock);
         let doc_loglik = self.doc_loglik();
@@ -788,6 +824,15 @@ mod tests {
                 .sum::<f64>();
         }
         ll
+    }
+
+    #[test]
+    fn topics_pack_into_exact_f32_values() {
+        for (topics, per) in [(2, 24), (20, 5), (100, 3), (1000, 2), (4096, 2), (4097, 1)] {
+            assert_eq!(topics_per_value(topics), per, "{topics} topics");
+            assert!((topics as u64).pow(per) <= 1 << 24);
+        }
+        assert_eq!(topics_per_value(65_535), 1);
     }
 
     #[test]
