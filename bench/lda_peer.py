@@ -16,6 +16,23 @@ import lda
 import lda.utils
 
 
+def fit(dtm, topics, iterations, alpha, eta, seed):
+    """The `lda` package's model fitted on `dtm`, and the fit's wall time in seconds."""
+    logging.getLogger("lda").setLevel(logging.WARNING)
+    model = lda.LDA(
+        n_topics=topics,
+        n_iter=iterations,
+        alpha=alpha,
+        eta=eta,
+        random_state=seed,
+        # log-likelihood only at the start and the end, so the timing is the sampler's
+        refresh=max(iterations, 1),
+    )
+    start = time.perf_counter()
+    model.fit(dtm)
+    return model, time.perf_counter() - start
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", required=True, help="directory holding reuters.ldac")
@@ -25,23 +42,11 @@ def main():
     parser.add_argument("--eta", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    logging.getLogger("lda").setLevel(logging.WARNING)
 
     with open(os.path.join(args.data, "reuters.ldac")) as stream:
         dtm = lda.utils.ldac2dtm(stream, offset=0)
     tokens = int(dtm.sum())
-    model = lda.LDA(
-        n_topics=args.topics,
-        n_iter=args.iterations,
-        alpha=args.alpha,
-        eta=args.eta,
-        random_state=args.seed,
-        # log-likelihood only at the start and the end, so the timing is the sampler's
-        refresh=max(args.iterations, 1),
-    )
-    start = time.perf_counter()
-    model.fit(dtm)
-    seconds = time.perf_counter() - start
+    model, seconds = fit(dtm, args.topics, args.iterations, args.alpha, args.eta, args.seed)
     loglik = float(model.loglikelihood())
     print(json.dumps({
         "peer": "lda==3.0.2",

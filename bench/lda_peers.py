@@ -76,10 +76,11 @@ def gensim_peer(args, docs, tokens):
 
 
 def lda_peer(args, docs, tokens):
-    import lda
     import scipy.sparse
 
-    logging.getLogger("lda").setLevel(logging.WARNING)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from lda_peer import fit
+
     rows, cols, vals = [], [], []
     for d, doc in enumerate(docs):
         for w, c in doc:
@@ -89,17 +90,7 @@ def lda_peer(args, docs, tokens):
     dtm = scipy.sparse.csr_matrix(
         (np.array(vals, dtype=np.int64), (rows, cols)), shape=(len(docs), args.vocab)
     )
-    model = lda.LDA(
-        n_topics=args.topics,
-        n_iter=args.iterations,
-        alpha=args.alpha,
-        eta=args.eta,
-        random_state=args.seed,
-        refresh=max(args.iterations, 1),
-    )
-    start = time.perf_counter()
-    model.fit(dtm)
-    seconds = time.perf_counter() - start
+    model, seconds = fit(dtm, args.topics, args.iterations, args.alpha, args.eta, args.seed)
     path = save(model.topic_word_, args.out_dir, f"lda-{args.iterations}.f32")
     print(json.dumps({
         "peer": "lda==3.0.2",

@@ -23,6 +23,10 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Parser;
 
+#[path = "common/scale.rs"]
+mod scale;
+use scale::{ToBar, peak_rss_mib};
+
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::lda::held_out_log_likelihood;
 use ebbflow_runtime::apps::{BareLoop, LdaApp, LdaConfig};
@@ -96,40 +100,6 @@ struct Args {
     work: PathBuf,
 }
 
-/// Time to the bar: sweeps (or passes), training seconds (scoring excluded), the last score.
-#[derive(Debug, Clone, Copy)]
-struct ToBar {
-    sweeps: u64,
-    seconds: f64,
-    score: f64,
-    reached: bool,
-}
-
-impl ToBar {
-    fn text(&self, bar: f64, unit: &str) -> String {
-        if self.reached {
-            format!(
-                "{:.1} s ({} {unit}, held-out {:.4})",
-                self.seconds, self.sweeps, self.score
-            )
-        } else {
-            format!(
-                "not reached in {} {unit} ({:.1} s, held-out {:.4} < {bar:.4})",
-                self.sweeps, self.seconds, self.score
-            )
-        }
-    }
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
 /// The corpus in LDA-C (`N id:count …`, 0-based ids), the format every peer reads.
 fn write_ldac(path: &Path, corpus: &Corpus) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
@@ -196,16 +166,16 @@ impl Bench<'_> {
             eprintln!("bare loop: {sweeps} sweeps, {seconds:.1} s: held-out {score:.4}");
         }
         let to_bar = ToBar {
-            sweeps,
+            steps: sweeps,
             seconds,
-            score,
+            quality: score,
             reached: score >= self.bar,
         };
         Ok((to_bar, tokens as f64 / seconds))
     }
 
     /// The in-process parameter server with `workers` threads for `first` sweeps, then a
-    /// quarter more each run until one run's final topics reach the bar (each run from scratch;
+    /// sixteenth more each run until one run's final topics reach the bar (each run from scratch;
     /// its training time counts).
     fn ps(&self, workers: usize, first: u64, max: u64) -> anyhow::Result<(ToBar, f64)> {
         let per_sweep = self.app.clocks_per_pass(workers) as u64;
@@ -229,15 +199,15 @@ impl Bench<'_> {
                 config.clocks, run.elapsed_seconds
             );
             let to_bar = ToBar {
-                sweeps,
+                steps: sweeps,
                 seconds: run.elapsed_seconds,
-                score,
+                quality: score,
                 reached: score >= self.bar,
             };
             if to_bar.reached || sweeps >= max {
                 return Ok((to_bar, run.updates_per_second));
             }
-            sweeps = (sweeps + sweeps.div_ceil(4)).min(max);
+            sweeps = (sweeps + sweeps.div_ceil(16)).min(max);
         }
     }
 }
@@ -452,20 +422,20 @@ fn main() -> anyhow::Result<()> {
     let (bare, bare_rate) = bench.bare(args.eval_every, args.max_sweeps)?;
     add(
         format!("bare loop (1 thread): time to held-out >= {bar:.4}"),
-        bare.text(bar, "sweeps"),
+        bare.text(bar, "sweeps", "held-out", "<"),
     );
     add(
         "bare loop: tokens/s".into(),
         format!("{:.2} M", bare_rate / 1e6),
     );
-    let (ours, rate) = bench.ps(threads, bare.sweeps, args.max_sweeps)?;
+    let (ours, rate) = bench.ps(threads, bare.steps, args.max_sweeps)?;
     add(
         format!(
             "ebbflow in-process, {threads} worker threads ({} clocks a sweep): time to \
              held-out >= {bar:.4}",
             app.clocks_per_pass(threads)
         ),
-        ours.text(bar, "sweeps"),
+        ours.text(bar, "sweeps", "held-out", "<"),
     );
     add(
         format!("ebbflow in-process, {threads} worker threads: tokens/s"),
@@ -480,14 +450,14 @@ fn main() -> anyhow::Result<()> {
         let reached = scored.iter().find(|s| s.3 >= bar);
         let &(pass, seconds, rate, value) = reached.unwrap_or(scored.last().expect("not empty"));
         let theirs = ToBar {
-            sweeps: pass,
+            steps: pass,
             seconds,
-            score: value,
+            quality: value,
             reached: reached.is_some(),
         };
         add(
             format!("{name} ({peer_threads} thread(s)): time to held-out >= {bar:.4}"),
-            theirs.text(bar, unit),
+            theirs.text(bar, unit, "held-out", "<"),
         );
         add(
             format!("{name}: tokens/s (tokens × {unit} ÷ s)"),

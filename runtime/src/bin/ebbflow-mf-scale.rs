@@ -22,6 +22,10 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Parser;
 
+#[path = "common/scale.rs"]
+mod scale;
+use scale::{ToBar, peak_rss_mib};
+
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{BareLoop, MfApp, MfConfig};
 use ebbflow_runtime::data::{self, PlantedRatings, PlantedSplit, Ratings};
@@ -109,40 +113,6 @@ struct Args {
     work: PathBuf,
 }
 
-/// Time to the bar: passes, training seconds (evaluation excluded), the last test RMSE.
-#[derive(Debug, Clone, Copy)]
-struct ToBar {
-    passes: u64,
-    seconds: f64,
-    rmse: f64,
-    reached: bool,
-}
-
-impl ToBar {
-    fn text(&self, bar: f64) -> String {
-        if self.reached {
-            format!(
-                "{:.1} s ({} passes, rmse {:.4})",
-                self.seconds, self.passes, self.rmse
-            )
-        } else {
-            format!(
-                "not reached in {} passes ({:.1} s, rmse {:.4} > {bar})",
-                self.passes, self.seconds, self.rmse
-            )
-        }
-    }
-}
-
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
 /// Float32 triples `user, item, rating`, the layout LIBMF's binding takes.
 fn write_triples(path: &Path, ratings: &Ratings) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
@@ -171,9 +141,9 @@ fn bare_to_bar(app: &MfApp, bar: f64, max_passes: u64) -> (ToBar, f64) {
         eprintln!("bare loop: pass {passes}: rmse {rmse:.4} after {seconds:.1} s");
     }
     let to_bar = ToBar {
-        passes,
+        steps: passes,
         seconds,
-        rmse,
+        quality: rmse,
         reached: rmse <= bar,
     };
     (to_bar, updates as f64 / seconds)
@@ -207,9 +177,9 @@ fn ps_to_bar(
             config.clocks, run.elapsed_seconds
         );
         let to_bar = ToBar {
-            passes,
+            steps: passes,
             seconds: run.elapsed_seconds,
-            rmse,
+            quality: rmse,
             reached: rmse <= bar,
         };
         last = Some((to_bar, run.updates_per_second));
@@ -320,7 +290,7 @@ fn main() -> anyhow::Result<()> {
     let (bare, bare_rate) = bare_to_bar(&app, args.bar, args.max_passes);
     add(
         format!("bare loop (1 thread): time to test rmse <= {}", args.bar),
-        bare.text(args.bar),
+        bare.text(args.bar, "passes", "rmse", ">"),
     );
     add(
         "bare loop: updates/s".into(),
@@ -349,7 +319,7 @@ fn main() -> anyhow::Result<()> {
                      <= {}",
                     args.bar
                 ),
-                run.text(args.bar),
+                run.text(args.bar, "passes", "rmse", ">"),
             );
             add(
                 format!("ebbflow in-process, {layout}, {workers} worker thread(s): updates/s"),
@@ -363,7 +333,7 @@ fn main() -> anyhow::Result<()> {
         "this process's peak RSS (all of the above)".into(),
         format!(
             "{:.0} MiB; parameters {parameter_mib:.0} MiB, ratings {data_mib:.0} MiB",
-            rss_mib()
+            peak_rss_mib()
         ),
     );
     drop(app);
