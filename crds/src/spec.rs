@@ -229,7 +229,8 @@ impl AppKind {
 pub struct DatasetSpec {
     /// Generate the data from a seed (reproducible; used by the quickstart and tests). Above
     /// 2,000,000 ratings, MatrixFactorization data comes from a planted low-rank model that each
-    /// worker generates for its own shard (unset users and items: the Netflix prize data's).
+    /// worker generates for its own shard (unset users and items: the Netflix prize data's);
+    /// above 2,000,000 tokens, an LDA corpus comes from a planted LDA model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticDataset>,
 
@@ -306,7 +307,8 @@ impl DatasetFormat {
 /// sizes take the runtime's small defaults. MatrixFactorization data of more than 2,000,000
 /// ratings comes from a planted model that each worker generates for its own shard (unset users
 /// and items then default to the Netflix prize data's 480,189 and 17,770, trueRank to 16, noise
-/// to 0.1); a size that cannot fit in a node's memory fails the job with the size it needs.
+/// to 0.1), and an LDA corpus of more than 2,000,000 tokens from a planted model generated in
+/// parallel; a size that cannot fit in a node's memory fails the job with the size it needs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyntheticDataset {
