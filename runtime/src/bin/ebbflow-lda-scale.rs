@@ -132,22 +132,14 @@ fn read_topics(path: &Path, topics: usize, vocab: usize) -> anyhow::Result<Vec<f
 
 struct Bench<'a> {
     app: &'a LdaApp,
-    held_out: &'a Corpus,
-    topics: usize,
-    alpha: f64,
-    threads: usize,
+    /// The one held-out evaluator every model is scored by.
+    score: &'a dyn Fn(&[f32]) -> anyhow::Result<f64>,
     bar: f64,
 }
 
 impl Bench<'_> {
     fn score(&self, topic_words: &[f32]) -> anyhow::Result<f64> {
-        Ok(held_out_log_likelihood(
-            topic_words,
-            self.topics,
-            self.held_out,
-            self.alpha,
-            self.threads,
-        )?)
+        (self.score)(topic_words)
     }
 
     /// The bare loop, scored every `every` sweeps until the bar or `max` sweeps.
@@ -301,17 +293,6 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|&p| p as f32)
         .collect();
-    let truth_score =
-        held_out_log_likelihood(&truth, args.topics, &docs.held_out, args.alpha, threads)?;
-    add(
-        "held-out per-token log-likelihood of the planted topics (document completion)".into(),
-        format!("{truth_score:.4}"),
-    );
-    std::fs::create_dir_all(&args.work)?;
-    let train_file = args.work.join("train.ldac");
-    if args.python.is_some() {
-        write_ldac(&train_file, &docs.train)?;
-    }
     let score = |topic_words: &[f32]| -> anyhow::Result<f64> {
         Ok(held_out_log_likelihood(
             topic_words,
@@ -321,6 +302,16 @@ fn main() -> anyhow::Result<()> {
             threads,
         )?)
     };
+    let truth_score = score(&truth)?;
+    add(
+        "held-out per-token log-likelihood of the planted topics (document completion)".into(),
+        format!("{truth_score:.4}"),
+    );
+    std::fs::create_dir_all(&args.work)?;
+    let train_file = args.work.join("train.ldac");
+    if args.python.is_some() {
+        write_ldac(&train_file, &docs.train)?;
+    }
 
     // The peers first: the default bar is the best gensim reaches.
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/lda_peers.py");
@@ -413,10 +404,7 @@ fn main() -> anyhow::Result<()> {
     let app = LdaApp::new(docs.train, config)?;
     let bench = Bench {
         app: &app,
-        held_out: &docs.held_out,
-        topics: args.topics,
-        alpha: args.alpha,
-        threads,
+        score: &score,
         bar,
     };
     let (bare, bare_rate) = bench.bare(args.eval_every, args.max_sweeps)?;
