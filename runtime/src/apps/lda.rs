@@ -845,6 +845,77 @@ mod tests {
         ll
     }
 
+    /// The blocked draw follows the collapsed conditional `(n_wk + η)(n_dk + α) / (n_k + Vη)`
+    /// with the token taken out: a word and a document with zero and nonzero topics in every
+    /// combination and K = 11 (a partial last block), one token drawn 200,000 times from the
+    /// same state, every topic's frequency within 4.5 standard errors of its exact probability.
+    #[test]
+    fn the_draw_follows_the_exact_conditional() {
+        let k = 11;
+        let (alpha, eta, vocab) = (0.7f32, 0.5f32, 4.0f32);
+        // Counts including the token (at topic 0); the word rows hold other workers' tokens too.
+        let word_row = [3.0f32, 0.0, 0.0, 5.0, 0.0, 1.0, 0.0, 2.0, 0.0, 7.0, 1.0];
+        let doc_row = [2.0f32, 1.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 1.0, 0.0, 2.0];
+        let totals = [10.0f64, 4.0, 6.0, 12.0, 2.0, 8.0, 9.0, 3.0, 5.0, 11.0, 4.0];
+        // Word 1 (word 0 is another word of the table).
+        let tokens = [Token { doc: 0, word: 1 }];
+        let mut word_topic = vec![0.0f32; 2 * k];
+        word_topic[k..].copy_from_slice(&word_row);
+        word_topic[0] = 1.0;
+        let weights: Vec<f64> = (0..k)
+            .map(|t| {
+                let own = if t == 0 { 1.0 } else { 0.0 };
+                f64::from(word_row[t] - own + eta) * f64::from(doc_row[t] - own + alpha)
+                    / (totals[t] - own as f64 + f64::from(eta * vocab))
+            })
+            .collect();
+        let sum: f64 = weights.iter().sum();
+        let mut sampler = Sampler {
+            topics: k,
+            alpha,
+            eta,
+            vocab_eta: eta * vocab,
+            weights: vec![0.0; k],
+            block_sums: vec![0.0; k.div_ceil(BLOCK)],
+            inverse_totals: vec![0.0; k],
+            totals: vec![0.0; k],
+        };
+        let trials = 200_000u64;
+        let mut counts = vec![0u64; k];
+        for trial in 0..trials {
+            sampler.totals.copy_from_slice(&totals);
+            let (mut words, mut doc) = (word_topic.clone(), doc_row.to_vec());
+            let mut assignment = [0u16];
+            let mut moves = vec![0i32; k];
+            let mut rng = Rng::stream(7, trial);
+            sampler.sweep(
+                &tokens,
+                &mut assignment,
+                &mut words,
+                &mut doc,
+                &[0],
+                &mut moves,
+                &mut rng,
+            );
+            let new = usize::from(assignment[0]);
+            counts[new] += 1;
+            assert_eq!(
+                words[k + new],
+                word_row[new] + if new == 0 { 0.0 } else { 1.0 }
+            );
+            assert_eq!(moves.iter().sum::<i32>(), 0);
+        }
+        for t in 0..k {
+            let p = weights[t] / sum;
+            let frequency = counts[t] as f64 / trials as f64;
+            let error = (p * (1.0 - p) / trials as f64).sqrt();
+            assert!(
+                (frequency - p).abs() < 4.5 * error,
+                "topic {t}: drawn {frequency:.5}, exact {p:.5} (counts {counts:?})"
+            );
+        }
+    }
+
     #[test]
     fn topics_pack_into_exact_f32_values() {
         for (topics, per) in [(2, 24), (20, 5), (100, 3), (1000, 2), (4096, 2), (4097, 1)] {
