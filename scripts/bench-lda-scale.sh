@@ -13,21 +13,11 @@ cd "$repo"
 export EBBFLOW_CACHE="${EBBFLOW_CACHE:-$HOME/.cache/ebbflow}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$EBBFLOW_CACHE/target}"
 
-requirements="gensim==4.4.0 lda==3.0.2"
-venv="$EBBFLOW_CACHE/lda-venv"
-stamp="$venv/.requirements"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$requirements" ]]; then
-  echo "==> installing $requirements into $venv (once)" >&2
-  # shellcheck disable=SC2086
-  if python3 -m venv "$venv" >&2 &&
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $requirements >&2; then
-    echo "$requirements" >"$stamp"
-  else
-    echo "bench-lda-scale: $requirements could not be installed; the peers' rows will say so" >&2
-  fi
-fi
-if [[ -f "$stamp" ]]; then
-  export EBBFLOW_LDA_PYTHON="$venv/bin/python"
+# shellcheck source=lib/bench-venv.sh
+source scripts/lib/bench-venv.sh
+lda_python="$(cached_venv lda-venv "gensim==4.4.0 lda==3.0.2" bench-lda-scale)"
+if [[ -n "$lda_python" ]]; then
+  export EBBFLOW_LDA_PYTHON="$lda_python"
 fi
 
 echo "==> cargo build --release -p ebbflow-runtime --bin ebbflow-lda-scale" >&2

@@ -42,22 +42,11 @@ export EBBFLOW_LIBMF="$libmf"
 # Spark MLlib ALS: pyspark (it brings Spark's jars; Java 17 runs them) in a venv of its own, so
 # the test venv stays small. Created once, cached by this list's hash.
 # pyarrow 26 needs NumPy 2 (with 1.26.4 pinned here, the Spark row failed to import pyarrow).
-spark_requirements="pyspark==4.0.1 pyarrow==26.0.1 numpy==2.4.6"
-spark_venv="$EBBFLOW_CACHE/spark-venv"
-spark_stamp="$spark_venv/.requirements"
-if [[ ! -f "$spark_stamp" || "$(cat "$spark_stamp")" != "$spark_requirements" ]]; then
-  echo "==> installing $spark_requirements into $spark_venv (once)" >&2
-  # shellcheck disable=SC2086
-  if python3 -m venv "$spark_venv" >&2 &&
-    "$spark_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      $spark_requirements >&2; then
-    echo "$spark_requirements" >"$spark_stamp"
-  else
-    echo "bench-mf-scale: pyspark could not be installed; the Spark row will say so" >&2
-  fi
-fi
-if [[ -f "$spark_stamp" ]] && command -v java >/dev/null; then
-  export EBBFLOW_SPARK_PYTHON="$spark_venv/bin/python"
+# shellcheck source=lib/bench-venv.sh
+source scripts/lib/bench-venv.sh
+spark_python="$(cached_venv spark-venv "pyspark==4.0.1 pyarrow==26.0.1 numpy==2.4.6" bench-mf-scale)"
+if [[ -n "$spark_python" ]] && command -v java >/dev/null; then
+  export EBBFLOW_SPARK_PYTHON="$spark_python"
 fi
 
 echo "==> cargo build --release -p ebbflow-runtime --bin ebbflow-mf-scale" >&2

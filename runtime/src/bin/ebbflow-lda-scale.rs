@@ -25,7 +25,7 @@ use clap::Parser;
 
 #[path = "common/scale.rs"]
 mod scale;
-use scale::{ToBar, peak_rss_mib};
+use scale::{Report, ToBar, peak_rss_mib};
 
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::lda::held_out_log_likelihood;
@@ -258,16 +258,12 @@ fn main() -> anyhow::Result<()> {
         held_out: args.held_out,
         seed: args.seed,
     };
-    let mut rows: Vec<(String, String)> = Vec::new();
-    let mut add = |what: String, value: String| {
-        eprintln!("{what:<70} {value}");
-        rows.push((what, value));
-    };
+    let mut report = Report::default();
     let start = Instant::now();
     let docs = source.generate(None, threads, data::available_memory())?;
     let generated = start.elapsed().as_secs_f64();
     let tokens = docs.train.num_tokens();
-    add(
+    report.add(
         "data".into(),
         format!(
             "planted LDA, {} topics, alpha {}, eta {}: {} training documents × {} tokens \
@@ -281,7 +277,7 @@ fn main() -> anyhow::Result<()> {
             docs.held_out.docs.len()
         ),
     );
-    add(
+    report.add(
         format!("generation ({threads} threads)"),
         format!(
             "{generated:.1} s ({:.1} M tokens/s)",
@@ -303,7 +299,7 @@ fn main() -> anyhow::Result<()> {
         )?)
     };
     let truth_score = score(&truth)?;
-    add(
+    report.add(
         "held-out per-token log-likelihood of the planted topics (document completion)".into(),
         format!("{truth_score:.4}"),
     );
@@ -318,7 +314,7 @@ fn main() -> anyhow::Result<()> {
     let mut peers = Vec::new();
     for peer in args.peers.iter().filter(|peer| !peer.is_empty()) {
         let Some(python) = &args.python else {
-            add(
+            report.add(
                 format!("peer {peer}"),
                 "not run: no --python (EBBFLOW_LDA_PYTHON)".into(),
             );
@@ -355,7 +351,7 @@ fn main() -> anyhow::Result<()> {
         let (name, snapshots) = match run_peer(python, &script, &peer_args) {
             Ok(result) => result,
             Err(why) => {
-                add(format!("peer {peer}"), format!("did not run: {why}"));
+                report.add(format!("peer {peer}"), format!("did not run: {why}"));
                 continue;
             }
         };
@@ -372,7 +368,7 @@ fn main() -> anyhow::Result<()> {
             scored.push((pass, seconds, rate, value));
         }
         if scored.is_empty() {
-            add(format!("peer {peer}"), "did not run: no snapshot".into());
+            report.add(format!("peer {peer}"), "did not run: no snapshot".into());
             continue;
         }
         peers.push((peer.clone(), name, peer_threads, unit, scored));
@@ -389,7 +385,7 @@ fn main() -> anyhow::Result<()> {
             format!("the planted topics' minus {}", args.bar_gap),
         ),
     };
-    add(
+    report.add(
         "the bar: held-out per-token log-likelihood".into(),
         format!("{bar:.4} ({why})"),
     );
@@ -408,16 +404,16 @@ fn main() -> anyhow::Result<()> {
         bar,
     };
     let (bare, bare_rate) = bench.bare(args.eval_every, args.max_sweeps)?;
-    add(
+    report.add(
         format!("bare loop (1 thread): time to held-out >= {bar:.4}"),
         bare.text(bar, "sweeps", "held-out", "<"),
     );
-    add(
+    report.add(
         "bare loop: tokens/s".into(),
         format!("{:.2} M", bare_rate / 1e6),
     );
     let (ours, rate) = bench.ps(threads, bare.steps, args.max_sweeps)?;
-    add(
+    report.add(
         format!(
             "ebbflow in-process, {threads} worker threads ({} clocks a sweep): time to \
              held-out >= {bar:.4}",
@@ -425,11 +421,11 @@ fn main() -> anyhow::Result<()> {
         ),
         ours.text(bar, "sweeps", "held-out", "<"),
     );
-    add(
+    report.add(
         format!("ebbflow in-process, {threads} worker threads: tokens/s"),
         format!("{:.2} M (÷ bare loop {:.2})", rate / 1e6, rate / bare_rate),
     );
-    add(
+    report.add(
         "this process's peak RSS (ebbflow's runs)".into(),
         format!("{:.0} MiB", peak_rss_mib()),
     );
@@ -443,20 +439,20 @@ fn main() -> anyhow::Result<()> {
             quality: value,
             reached: reached.is_some(),
         };
-        add(
+        report.add(
             format!("{name} ({peer_threads} thread(s)): time to held-out >= {bar:.4}"),
             theirs.text(bar, unit, "held-out", "<"),
         );
-        add(
+        report.add(
             format!("{name}: tokens/s (tokens × {unit} ÷ s)"),
             format!("{:.2} M", rate / 1e6),
         );
         for (what, ours) in [("bare loop, 1 thread", &bare), ("in-process", &ours)] {
             let label = format!("speed, ebbflow {what} ÷ {peer}: its time to the bar ÷ ours");
             if theirs.reached && ours.reached {
-                add(label, format!("{:.2}×", theirs.seconds / ours.seconds));
+                report.add(label, format!("{:.2}×", theirs.seconds / ours.seconds));
             } else if ours.reached {
-                add(
+                report.add(
                     label,
                     format!(
                         "more than {:.2}× ({peer} did not reach the bar in {:.1} s)",
@@ -468,11 +464,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "| measurement | value |\n|---|---|")?;
-    for (what, value) in &rows {
-        writeln!(out, "| {what} | {value} |")?;
-    }
+    report.print_table()?;
     if !ours.reached {
         bail!(
             "ebbflow did not reach held-out {bar:.4} in {} sweeps",

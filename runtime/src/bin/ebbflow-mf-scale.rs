@@ -24,7 +24,7 @@ use clap::Parser;
 
 #[path = "common/scale.rs"]
 mod scale;
-use scale::{ToBar, peak_rss_mib};
+use scale::{Report, ToBar, peak_rss_mib};
 
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{BareLoop, MfApp, MfConfig};
@@ -243,16 +243,12 @@ fn main() -> anyhow::Result<()> {
         test_fraction: PlantedRatings::test_fraction_for(args.ratings),
         seed: args.seed,
     };
-    let mut rows: Vec<(String, String)> = Vec::new();
-    let mut add = |what: String, value: String| {
-        eprintln!("{what:<70} {value}");
-        rows.push((what, value));
-    };
+    let mut report = Report::default();
     let start = Instant::now();
     let split = source.generate(None, threads, data::available_memory())?;
     let generated = start.elapsed().as_secs_f64();
     let (train_len, test_len) = (split.train.entries.len(), split.test.entries.len());
-    add(
+    report.add(
         "data".into(),
         format!(
             "planted rank {}, noise {}: {} users × {} items, {train_len} training and {test_len} \
@@ -260,7 +256,7 @@ fn main() -> anyhow::Result<()> {
             args.true_rank, args.noise, users, args.items
         ),
     );
-    add(
+    report.add(
         format!("generation ({threads} threads)"),
         format!(
             "{generated:.1} s ({:.1} M ratings/s)",
@@ -288,11 +284,11 @@ fn main() -> anyhow::Result<()> {
     let data_mib = args.ratings as f64 * 12.0 / (1 << 20) as f64;
 
     let (bare, bare_rate) = bare_to_bar(&app, args.bar, args.max_passes);
-    add(
+    report.add(
         format!("bare loop (1 thread): time to test rmse <= {}", args.bar),
         bare.text(args.bar, "passes", "rmse", ">"),
     );
-    add(
+    report.add(
         "bare loop: updates/s".into(),
         format!("{:.2} M", bare_rate / 1e6),
     );
@@ -313,7 +309,7 @@ fn main() -> anyhow::Result<()> {
         }
         for &workers in &counts {
             let (run, rate) = ps_to_bar(app, workers, args.bar, args.max_passes)?;
-            add(
+            report.add(
                 format!(
                     "ebbflow in-process, {layout}, {workers} worker thread(s): time to test rmse \
                      <= {}",
@@ -321,7 +317,7 @@ fn main() -> anyhow::Result<()> {
                 ),
                 run.text(args.bar, "passes", "rmse", ">"),
             );
-            add(
+            report.add(
                 format!("ebbflow in-process, {layout}, {workers} worker thread(s): updates/s"),
                 format!("{:.2} M (÷ bare loop {:.2})", rate / 1e6, rate / bare_rate),
             );
@@ -329,7 +325,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     drop(blocked_app);
-    add(
+    report.add(
         "this process's peak RSS (all of the above)".into(),
         format!(
             "{:.0} MiB; parameters {parameter_mib:.0} MiB, ratings {data_mib:.0} MiB",
@@ -357,7 +353,7 @@ fn main() -> anyhow::Result<()> {
         let updates = bare.clock().updates;
         updates as f64 / start.elapsed().as_secs_f64()
     };
-    add(
+    report.add(
         "bare loop, one pass over the ratings in 20 × 20 blocks (locality only): updates/s".into(),
         format!(
             "{:.2} M (÷ bare loop {:.2})",
@@ -385,7 +381,7 @@ fn main() -> anyhow::Result<()> {
             (&args.python, "no --python (EBBFLOW_BENCH_PYTHON)")
         };
         let Some(python) = python else {
-            add(format!("peer {peer}"), format!("not run: {missing}"));
+            report.add(format!("peer {peer}"), format!("not run: {missing}"));
             continue;
         };
         let peer_args: Vec<String> = [
@@ -427,7 +423,7 @@ fn main() -> anyhow::Result<()> {
                 let time = result["time_to_quality_s"].as_f64();
                 let rmse = result["quality"].as_f64().unwrap_or(f64::NAN);
                 let epochs = result["epochs"].as_u64().unwrap_or(0);
-                add(
+                report.add(
                     format!("{name}: time to test rmse <= {}", args.bar),
                     match time {
                         Some(t) => format!("{t:.1} s ({epochs} epochs, rmse {rmse:.4})"),
@@ -435,12 +431,12 @@ fn main() -> anyhow::Result<()> {
                     },
                 );
                 if let Some(rate) = result["updates_per_s"].as_f64() {
-                    add(format!("{name}: updates/s"), format!("{:.2} M", rate / 1e6));
+                    report.add(format!("{name}: updates/s"), format!("{:.2} M", rate / 1e6));
                 }
                 if let (Some(peer_time), Some((layout, run))) = (time, ours_at(threads))
                     && run.reached
                 {
-                    add(
+                    report.add(
                         format!(
                             "speed, ebbflow in-process ({layout}, {threads} threads) ÷ {peer}: \
                              its time to the bar ÷ ours"
@@ -449,15 +445,11 @@ fn main() -> anyhow::Result<()> {
                     );
                 }
             }
-            Err(why) => add(format!("peer {peer}"), format!("did not run: {why}")),
+            Err(why) => report.add(format!("peer {peer}"), format!("did not run: {why}")),
         }
     }
 
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "| measurement | value |\n|---|---|")?;
-    for (what, value) in &rows {
-        writeln!(out, "| {what} | {value} |")?;
-    }
+    report.print_table()?;
     if ours.iter().all(|(_, _, run)| !run.reached) {
         bail!(
             "ebbflow did not reach test rmse {} in {} passes",

@@ -28,6 +28,41 @@ pub use synthetic::{
     synthetic_corpus, synthetic_ratings,
 };
 
+/// Runs `work(index, task, scratch)` once for every task, in parallel on up to `threads` scoped
+/// threads (at least one): each thread takes the next task by index and keeps one `scratch()` of
+/// its own. The generators hand out disjoint slices of their outputs as tasks, so every value is
+/// written in place, by one thread, and the result does not depend on the thread count.
+pub(crate) fn parallel_tasks<T: Send, S>(
+    tasks: Vec<T>,
+    threads: usize,
+    scratch: impl Fn() -> S + Sync,
+    work: impl Fn(usize, T, &mut S) + Sync,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tasks: Vec<std::sync::Mutex<Option<T>>> = tasks
+        .into_iter()
+        .map(|t| std::sync::Mutex::new(Some(t)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, tasks.len().max(1)) {
+            scope.spawn(|| {
+                let mut scratch = scratch();
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(task) = tasks.get(index) else { break };
+                    let task = task
+                        .lock()
+                        .expect("a task's lock is never held across a panic")
+                        .take()
+                        .expect("each task is taken once");
+                    work(index, task, &mut scratch);
+                }
+            });
+        }
+    });
+}
+
 /// Name of the environment variable that points at the fetched real data sets.
 pub const DATA_DIR_ENV: &str = "EBBFLOW_DATA_DIR";
 

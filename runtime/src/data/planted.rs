@@ -8,8 +8,6 @@
 //! so a node generates only the shards it trains and every node agrees on them. Every rating
 //! draws the same count of random numbers, so ratings outside a shard are skipped cheaply.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::{DataError, Rating, Ratings, Rng};
 
 /// Ratings per chunk: the unit of parallel generation and of the test split.
@@ -242,35 +240,18 @@ impl PlantedRatings {
                 let (r, rest_train) = std::mem::take(&mut train_rest).split_at_mut(train_len);
                 test_rest = rest;
                 train_rest = rest_train;
-                parts.push(std::sync::Mutex::new(Some((t, r))));
+                parts.push((t, r));
             }
         }
-        let next = AtomicUsize::new(0);
         let factors = (&user_factors[..], &item_factors[..]);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.min(chunks.max(1)) {
-                scope.spawn(|| {
-                    loop {
-                        let chunk = next.fetch_add(1, Ordering::Relaxed);
-                        if chunk >= chunks {
-                            break;
-                        }
-                        let (test_out, train_out) = parts[chunk]
-                            .lock()
-                            .expect("a generator thread panicked")
-                            .take()
-                            .expect("each chunk is generated once");
-                        self.fill_chunk(
-                            chunk as u64,
-                            factors,
-                            (shard, shards),
-                            test_out,
-                            train_out,
-                        );
-                    }
-                });
-            }
-        });
+        super::parallel_tasks(
+            parts,
+            threads,
+            || (),
+            |chunk, (test_out, train_out), ()| {
+                self.fill_chunk(chunk as u64, factors, (shard, shards), test_out, train_out);
+            },
+        );
         let ratings = |entries| Ratings {
             num_users: self.users,
             num_items: self.items,
@@ -337,32 +318,18 @@ impl PlantedRatings {
         let rank = self.true_rank;
         let scale = (1.0 / rank as f64).sqrt().sqrt();
         let mut out = vec![0.0f32; count as usize * rank];
-        let blocks: Vec<std::sync::Mutex<Option<(usize, &mut [f32])>>> = out
-            .chunks_mut(BLOCK * rank)
-            .enumerate()
-            .map(|block| std::sync::Mutex::new(Some(block)))
-            .collect();
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.min(blocks.len().max(1)) {
-                scope.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(block) = blocks.get(i) else { break };
-                        let (index, rows) = block
-                            .lock()
-                            .expect("a generator thread panicked")
-                            .take()
-                            .expect("each block is generated once");
-                        let stream = (table << 48) | index as u64;
-                        let mut rng = Rng::stream(self.seed ^ 0x5eed_fac7, stream);
-                        for value in rows {
-                            *value = (rng.normal() * scale) as f32;
-                        }
-                    }
-                });
-            }
-        });
+        super::parallel_tasks(
+            out.chunks_mut(BLOCK * rank).collect(),
+            threads,
+            || (),
+            |index, rows, ()| {
+                let stream = (table << 48) | index as u64;
+                let mut rng = Rng::stream(self.seed ^ 0x5eed_fac7, stream);
+                for value in rows {
+                    *value = (rng.normal() * scale) as f32;
+                }
+            },
+        );
         out
     }
 }

@@ -7,8 +7,6 @@
 //! node agrees on them. The last `held_out` documents are the held-out set (never trained on):
 //! [`crate::apps::lda::held_out_log_likelihood`] scores a model's topics on them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::{Corpus, DataError, Rng};
 
 /// Documents generated per unit of parallel work.
@@ -98,25 +96,14 @@ impl PlantedCorpus {
         self.check()?;
         let vocab = self.vocab as usize;
         let mut topics = vec![0.0; self.topics * vocab];
-        let next = AtomicUsize::new(0);
-        let rows: Vec<std::sync::Mutex<&mut [f64]>> = topics
-            .chunks_mut(vocab)
-            .map(std::sync::Mutex::new)
-            .collect();
-        std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, self.topics) {
-                scope.spawn(|| {
-                    loop {
-                        let topic = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(row) = rows.get(topic) else { break };
-                        let mut row = row.lock().expect("a generator thread panicked");
-                        Rng::stream(self.seed ^ TOPIC_STREAMS, topic as u64)
-                            .dirichlet(self.eta, &mut row);
-                    }
-                });
-            }
-        });
-        drop(rows);
+        super::parallel_tasks(
+            topics.chunks_mut(vocab).collect(),
+            threads,
+            || (),
+            |topic, row, ()| {
+                Rng::stream(self.seed ^ TOPIC_STREAMS, topic as u64).dirichlet(self.eta, row);
+            },
+        );
         Ok(topics)
     }
 
@@ -182,29 +169,21 @@ impl PlantedCorpus {
     /// Documents `ids`, generated in parallel into their place.
     fn documents(&self, ids: &[u64], cumulative: &[f64], threads: usize) -> Vec<Vec<(u32, u32)>> {
         let mut docs = vec![Vec::new(); ids.len()];
-        let tasks: Vec<std::sync::Mutex<(&[u64], &mut [Vec<(u32, u32)>])>> = ids
-            .chunks(DOCS_PER_TASK)
-            .zip(docs.chunks_mut(DOCS_PER_TASK))
-            .map(std::sync::Mutex::new)
-            .collect();
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, tasks.len().max(1)) {
-                scope.spawn(|| {
-                    let mut mixture = vec![0.0; self.topics];
-                    let mut words = Vec::with_capacity(self.doc_len as usize);
-                    loop {
-                        let task = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(task) = tasks.get(task) else { break };
-                        let mut task = task.lock().expect("a generator thread panicked");
-                        let (ids, out) = &mut *task;
-                        for (&id, doc) in ids.iter().zip(out.iter_mut()) {
-                            *doc = self.document(id, cumulative, &mut mixture, &mut words);
-                        }
-                    }
-                });
-            }
-        });
+        super::parallel_tasks(
+            ids.chunks(DOCS_PER_TASK)
+                .zip(docs.chunks_mut(DOCS_PER_TASK))
+                .collect(),
+            threads,
+            || {
+                let mixture = vec![0.0; self.topics];
+                (mixture, Vec::with_capacity(self.doc_len as usize))
+            },
+            |_, (ids, out), (mixture, words)| {
+                for (&id, doc) in ids.iter().zip(out.iter_mut()) {
+                    *doc = self.document(id, cumulative, mixture, words);
+                }
+            },
+        );
         docs
     }
 

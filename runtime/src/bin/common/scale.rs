@@ -29,6 +29,32 @@ impl ToBar {
     }
 }
 
+/// A bench's measurements: each printed to stderr as it is taken, all of them to stdout as a
+/// Markdown table at the end (what BENCHMARKS.md records).
+#[derive(Debug, Default)]
+pub struct Report {
+    rows: Vec<(String, String)>,
+}
+
+impl Report {
+    /// Records one measurement.
+    pub fn add(&mut self, what: String, value: String) {
+        eprintln!("{what:<70} {value}");
+        self.rows.push((what, value));
+    }
+
+    /// Writes the table of every measurement to stdout.
+    pub fn print_table(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "| measurement | value |\n|---|---|")?;
+        for (what, value) in &self.rows {
+            writeln!(out, "| {what} | {value} |")?;
+        }
+        Ok(())
+    }
+}
+
 /// This process's peak resident memory (`VmHWM`) in MiB, NaN where unknown.
 pub fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
