@@ -22,7 +22,7 @@ use crate::app::{
 };
 use crate::data::{DataError, PlantedRatings, Rating, Ratings};
 
-use super::{AppsError, BareWorker, RowStore, parallel_clocks_per_pass, pass_slice};
+use super::{AppsError, BareWorker, RowStore, TestData, parallel_clocks_per_pass, pass_slice};
 
 /// Table of user rows (bias, factors).
 pub const USERS: TableId = 0;
@@ -88,44 +88,12 @@ enum TrainSet {
     },
 }
 
-/// Where the test ratings come from.
-#[derive(Debug, Clone)]
-enum TestSet {
-    /// Held from the start.
-    Held(Arc<Ratings>),
-    /// Generated when first evaluated ([`PlantedRatings::generate_test`]): a node process only
-    /// trains (the coordinator evaluates), so it never holds the test set.
-    Planted {
-        source: Arc<PlantedRatings>,
-        threads: usize,
-        generated: Arc<std::sync::OnceLock<Ratings>>,
-    },
-}
-
-impl TestSet {
-    fn ratings(&self) -> &Ratings {
-        match self {
-            TestSet::Held(test) => test,
-            TestSet::Planted {
-                source,
-                threads,
-                generated,
-            } => generated.get_or_init(|| {
-                source
-                    .generate_test(*threads)
-                    .expect("planted sizes are validated by MfApp::planted")
-                    .test
-            }),
-        }
-    }
-}
-
 /// Matrix factorization over a training and a test set of ratings.
 #[derive(Debug, Clone)]
 pub struct MfApp {
     config: MfConfig,
     train: TrainSet,
-    test: TestSet,
+    test: TestData<Ratings>,
     mean: f32,
     clip: (f32, f32),
     /// Ratings of the most rated user or item (updates of one row per pass).
@@ -148,7 +116,7 @@ impl MfApp {
             clip: value_range(&train.entries),
             config,
             train: TrainSet::Loaded(Arc::new(train)),
-            test: TestSet::Held(Arc::new(test)),
+            test: TestData::Held(Arc::new(test)),
         })
     }
 
@@ -192,11 +160,12 @@ impl MfApp {
                 source: source.clone(),
                 threads,
             },
-            test: TestSet::Planted {
-                source,
-                threads,
-                generated: Arc::default(),
-            },
+            test: TestData::lazy(move || {
+                source
+                    .generate_test(threads)
+                    .expect("planted sizes are validated by MfApp::planted")
+                    .test
+            }),
         })
     }
 
@@ -273,9 +242,9 @@ impl MfApp {
             TrainSet::Planted { source, .. } => (source.users, source.items),
         };
         match &self.test {
-            TestSet::Held(test) => (test.num_users.max(num_users), test.num_items.max(num_items)),
+            TestData::Held(test) => (test.num_users.max(num_users), test.num_items.max(num_items)),
             // generated with the same users and items
-            TestSet::Planted { .. } => (num_users, num_items),
+            TestData::Lazy { .. } => (num_users, num_items),
         }
     }
 }
@@ -467,7 +436,7 @@ impl App for MfApp {
         let (num_users, num_items) = self.id_space();
         let users = read_all(USERS, num_users);
         let items = read_all(ITEMS, num_items);
-        let test = self.test.ratings();
+        let test = self.test.get();
         let mut squared_error = 0.0f64;
         for rating in &test.entries {
             let user = &users[rating.user as usize * width..][..width];

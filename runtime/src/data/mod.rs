@@ -8,6 +8,7 @@ mod classification;
 mod corpus;
 mod planted;
 mod planted_corpus;
+mod planted_examples;
 mod ratings;
 mod rng;
 mod synthetic;
@@ -21,12 +22,41 @@ pub use classification::{Examples, LabelColumn, load_csv, load_digits, load_libs
 pub use corpus::{Corpus, load_ldac, load_vocab};
 pub use planted::{NETFLIX, PlantedRatings, PlantedSplit, available_memory};
 pub use planted_corpus::{PlantedCorpus, PlantedDocs};
+pub use planted_examples::{MAX_TEST_EXAMPLES, PlantedExampleSplit, PlantedExamples};
 pub use ratings::{Rating, Ratings, load_movielens_inter, load_ratings_csv};
 pub use rng::Rng;
 pub use synthetic::{
     SyntheticCorpus, SyntheticExamples, SyntheticRatings, synthetic_classification,
     synthetic_corpus, synthetic_ratings,
 };
+
+/// Items of `shard` of `shards` when item `g` of `total` belongs to shard `g mod shards` (the
+/// planted generators' rule).
+pub(crate) fn shard_size(total: u64, shard: usize, shards: usize) -> u64 {
+    let (shards, shard) = (shards.max(1) as u64, shard as u64);
+    total / shards + u64::from(shard < total % shards)
+}
+
+/// A planted generator's size check: [`DataError::TooLarge`] with what it needs when `needed`
+/// bytes of `what` (and of `shard` of `shards`, if given) exceed `memory_limit`.
+pub(crate) fn check_fits(
+    needed: u64,
+    memory_limit: Option<u64>,
+    shard: Option<(usize, usize)>,
+    what: impl FnOnce() -> String,
+) -> Result<(), DataError> {
+    match memory_limit {
+        Some(limit) if needed > limit => Err(DataError::TooLarge {
+            what: match shard {
+                Some((s, n)) => format!("{}, shard {s} of {n}", what()),
+                None => what(),
+            },
+            needed,
+            available: limit,
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Runs `work(index, task, scratch)` once for every task, in parallel on up to `threads` scoped
 /// threads (at least one): each thread takes the next task by index and keeps one `scratch()` of

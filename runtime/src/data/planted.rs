@@ -101,8 +101,7 @@ impl PlantedRatings {
 
     /// Training ratings of `shard` of `shards`.
     pub fn shard_len(&self, shard: usize, shards: usize) -> u64 {
-        let (total, shards, shard) = (self.train_len(), shards.max(1) as u64, shard as u64);
-        total / shards + u64::from(shard < total % shards)
+        super::shard_size(self.train_len(), shard, shards)
     }
 
     /// Bytes [`PlantedRatings::generate`] allocates for `shard` of `shards` (the whole training
@@ -124,25 +123,12 @@ impl PlantedRatings {
         shard: Option<(usize, usize)>,
         memory_limit: Option<u64>,
     ) -> Result<(), DataError> {
-        let needed = self.bytes_needed(shard);
-        match memory_limit {
-            Some(limit) if needed > limit => Err(DataError::TooLarge {
-                what: format!(
-                    "{} planted ratings ({} users × {} items, rank {}){}",
-                    self.ratings,
-                    self.users,
-                    self.items,
-                    self.true_rank,
-                    match shard {
-                        Some((s, n)) => format!(", shard {s} of {n}"),
-                        None => String::new(),
-                    }
-                ),
-                needed,
-                available: limit,
-            }),
-            _ => Ok(()),
-        }
+        super::check_fits(self.bytes_needed(shard), memory_limit, shard, || {
+            format!(
+                "{} planted ratings ({} users × {} items, rank {})",
+                self.ratings, self.users, self.items, self.true_rank
+            )
+        })
     }
 
     /// The test set alone (the training set empty), on `threads` threads.

@@ -80,10 +80,7 @@ impl PlantedCorpus {
     /// generating, and at most one `(word, count)` pair per token.
     pub fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
         let train = match shard {
-            Some((shard, shards)) => {
-                let (docs, shards) = (self.train_docs(), shards.max(1) as u64);
-                docs / shards + u64::from((shard as u64) < docs % shards)
-            }
+            Some((shard, shards)) => super::shard_size(self.train_docs(), shard, shards),
             None => self.train_docs(),
         };
         let doc = std::mem::size_of::<Vec<(u32, u32)>>() as u64 + u64::from(self.doc_len) * 8;
@@ -125,26 +122,12 @@ impl PlantedCorpus {
                 what: format!("shard {shard} of {shards} does not exist"),
             });
         }
-        let needed = self.bytes_needed(shard);
-        if let Some(limit) = memory_limit
-            && needed > limit
-        {
-            return Err(DataError::TooLarge {
-                what: format!(
-                    "a planted corpus of {} documents × {} tokens ({} words, {} topics){}",
-                    self.docs,
-                    self.doc_len,
-                    self.vocab,
-                    self.topics,
-                    match shard {
-                        Some((s, n)) => format!(", shard {s} of {n}"),
-                        None => String::new(),
-                    }
-                ),
-                needed,
-                available: limit,
-            });
-        }
+        super::check_fits(self.bytes_needed(shard), memory_limit, shard, || {
+            format!(
+                "a planted corpus of {} documents × {} tokens ({} words, {} topics)",
+                self.docs, self.doc_len, self.vocab, self.topics
+            )
+        })?;
         let mut cumulative = self.topic_words(threads)?;
         for row in cumulative.chunks_mut(self.vocab as usize) {
             let mut sum = 0.0;
