@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::app::{
     App, AppWorker, ClockStats, RowCache, RowInit, TableId, TableReader, TableSpec, WorkingSet,
 };
-use crate::data::{DataError, PlantedRatings, Rating, Ratings};
+use crate::data::{DataError, Planted as _, PlantedRatings, Rating, Ratings};
 
 use super::{AppsError, BareWorker, RowStore, TestData, parallel_clocks_per_pass, pass_slice};
 

@@ -16,7 +16,7 @@ use crate::app::{
     App, AppWorker, ClockStats, EvalReport, RowCache, RowInit, TableId, TableReader, TableSpec,
     WorkingSet,
 };
-use crate::data::{DataError, Examples, PlantedExamples, Rng};
+use crate::data::{DataError, Examples, Planted as _, PlantedExamples, Rng};
 
 use super::{AppsError, BareWorker, RowStore, TestData, pass_slice};
 

@@ -37,24 +37,34 @@ pub(crate) fn shard_size(total: u64, shard: usize, shards: usize) -> u64 {
     total / shards + u64::from(shard < total % shards)
 }
 
-/// A planted generator's size check: [`DataError::TooLarge`] with what it needs when `needed`
-/// bytes of `what` (and of `shard` of `shards`, if given) exceed `memory_limit`.
-pub(crate) fn check_fits(
-    needed: u64,
-    memory_limit: Option<u64>,
-    shard: Option<(usize, usize)>,
-    what: impl FnOnce() -> String,
-) -> Result<(), DataError> {
-    match memory_limit {
-        Some(limit) if needed > limit => Err(DataError::TooLarge {
-            what: match shard {
-                Some((s, n)) => format!("{}, shard {s} of {n}", what()),
-                None => what(),
-            },
-            needed,
-            available: limit,
-        }),
-        _ => Ok(()),
+/// A planted generator (ratings, a corpus, examples): what it needs in memory, and the check
+/// every one makes before it allocates.
+pub trait Planted {
+    /// Bytes a generation of `shard` of `shards` (everything for `None`) allocates.
+    fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64;
+
+    /// What it generates, for messages: `25000000 planted ratings (…)`.
+    fn describe(&self) -> String;
+
+    /// Whether a generation of `shard` (all for `None`) fits in `memory_limit` bytes:
+    /// [`DataError::TooLarge`] with the size it needs where not.
+    fn fits(
+        &self,
+        shard: Option<(usize, usize)>,
+        memory_limit: Option<u64>,
+    ) -> Result<(), DataError> {
+        let needed = self.bytes_needed(shard);
+        match memory_limit {
+            Some(limit) if needed > limit => Err(DataError::TooLarge {
+                what: match shard {
+                    Some((s, n)) => format!("{}, shard {s} of {n}", self.describe()),
+                    None => self.describe(),
+                },
+                needed,
+                available: limit,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! so a node generates only the shards it trains and every node agrees on them. Every rating
 //! draws the same count of random numbers, so ratings outside a shard are skipped cheaply.
 
+use super::Planted as _;
 use super::{DataError, Rating, Ratings, Rng};
 
 /// Ratings per chunk: the unit of parallel generation and of the test split.
@@ -47,6 +48,27 @@ pub struct PlantedSplit {
     pub train: Ratings,
     /// The test ratings, in generation order.
     pub test: Ratings,
+}
+
+impl super::Planted for PlantedRatings {
+    /// Bytes [`PlantedRatings::generate`] allocates for `shard` of `shards` (the whole training
+    /// set for `None`), the test set and the hidden factors while generating.
+    fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
+        let train = match shard {
+            Some((shard, shards)) => self.shard_len(shard, shards),
+            None => self.train_len(),
+        };
+        let rating = std::mem::size_of::<Rating>() as u64;
+        let factors = (u64::from(self.users) + u64::from(self.items)) * self.true_rank as u64 * 4;
+        (train + self.test_len()) * rating + factors
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} planted ratings ({} users × {} items, rank {})",
+            self.ratings, self.users, self.items, self.true_rank
+        )
+    }
 }
 
 impl PlantedRatings {
@@ -102,33 +124,6 @@ impl PlantedRatings {
     /// Training ratings of `shard` of `shards`.
     pub fn shard_len(&self, shard: usize, shards: usize) -> u64 {
         super::shard_size(self.train_len(), shard, shards)
-    }
-
-    /// Bytes [`PlantedRatings::generate`] allocates for `shard` of `shards` (the whole training
-    /// set for `None`), the test set and the hidden factors while generating.
-    pub fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
-        let train = match shard {
-            Some((shard, shards)) => self.shard_len(shard, shards),
-            None => self.train_len(),
-        };
-        let rating = std::mem::size_of::<Rating>() as u64;
-        let factors = (u64::from(self.users) + u64::from(self.items)) * self.true_rank as u64 * 4;
-        (train + self.test_len()) * rating + factors
-    }
-
-    /// Whether [`PlantedRatings::generate`] of `shard` (all for `None`) fits in `memory_limit`
-    /// bytes: [`DataError::TooLarge`] with the size it needs where not.
-    pub fn fits(
-        &self,
-        shard: Option<(usize, usize)>,
-        memory_limit: Option<u64>,
-    ) -> Result<(), DataError> {
-        super::check_fits(self.bytes_needed(shard), memory_limit, shard, || {
-            format!(
-                "{} planted ratings ({} users × {} items, rank {})",
-                self.ratings, self.users, self.items, self.true_rank
-            )
-        })
     }
 
     /// The test set alone (the training set empty), on `threads` threads.

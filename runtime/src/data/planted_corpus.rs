@@ -7,6 +7,7 @@
 //! node agrees on them. The last `held_out` documents are the held-out set (never trained on):
 //! [`crate::apps::lda::held_out_log_likelihood`] scores a model's topics on them.
 
+use super::Planted as _;
 use super::{Corpus, DataError, Rng};
 
 /// Documents generated per unit of parallel work.
@@ -42,8 +43,31 @@ pub struct PlantedDocs {
     pub held_out: Corpus,
 }
 
+impl super::Planted for PlantedCorpus {
+    /// Bytes [`PlantedCorpus::generate`] allocates for `shard` of `shards` (all training
+    /// documents for `None`) and the held-out set: the topics' cumulative distributions while
+    /// generating, and at most one `(word, count)` pair per token.
+    fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
+        let train = match shard {
+            Some((shard, shards)) => super::shard_size(self.train_docs(), shard, shards),
+            None => self.train_docs(),
+        };
+        let doc = std::mem::size_of::<Vec<(u32, u32)>>() as u64 + u64::from(self.doc_len) * 8;
+        let topics = self.topics as u64 * u64::from(self.vocab) * 8;
+        (train + self.held_out) * doc + topics
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "a planted corpus of {} documents × {} tokens ({} words, {} topics)",
+            self.docs, self.doc_len, self.vocab, self.topics
+        )
+    }
+}
+
 impl PlantedCorpus {
-    fn check(&self) -> Result<(), DataError> {
+    /// Refuses sizes no generation can use, naming them.
+    pub fn check(&self) -> Result<(), DataError> {
         let valid = self.docs > self.held_out
             && self.vocab > 0
             && (1..=65_535).contains(&self.topics)
@@ -75,19 +99,6 @@ impl PlantedCorpus {
         self.train_docs() * u64::from(self.doc_len)
     }
 
-    /// Bytes [`PlantedCorpus::generate`] allocates for `shard` of `shards` (all training
-    /// documents for `None`) and the held-out set: the topics' cumulative distributions while
-    /// generating, and at most one `(word, count)` pair per token.
-    pub fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
-        let train = match shard {
-            Some((shard, shards)) => super::shard_size(self.train_docs(), shard, shards),
-            None => self.train_docs(),
-        };
-        let doc = std::mem::size_of::<Vec<(u32, u32)>>() as u64 + u64::from(self.doc_len) * 8;
-        let topics = self.topics as u64 * u64::from(self.vocab) * 8;
-        (train + self.held_out) * doc + topics
-    }
-
     /// The topics' word distributions, row-major `topics × vocab`, on `threads` threads.
     pub fn topic_words(&self, threads: usize) -> Result<Vec<f64>, DataError> {
         self.check()?;
@@ -114,6 +125,31 @@ impl PlantedCorpus {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<PlantedDocs, DataError> {
+        self.generate_with(shard, true, threads, memory_limit)
+    }
+
+    /// The training documents of `shard` of `shards` alone (what a worker trains on; the
+    /// held-out set is not generated), on `threads` threads: the same documents as
+    /// [`PlantedCorpus::generate`]'s shard.
+    pub fn generate_shard(
+        &self,
+        shard: usize,
+        shards: usize,
+        threads: usize,
+        memory_limit: Option<u64>,
+    ) -> Result<Corpus, DataError> {
+        Ok(self
+            .generate_with(Some((shard, shards)), false, threads, memory_limit)?
+            .train)
+    }
+
+    fn generate_with(
+        &self,
+        shard: Option<(usize, usize)>,
+        with_held_out: bool,
+        threads: usize,
+        memory_limit: Option<u64>,
+    ) -> Result<PlantedDocs, DataError> {
         self.check()?;
         if let Some((shard, shards)) = shard
             && (shards == 0 || shard >= shards)
@@ -122,12 +158,7 @@ impl PlantedCorpus {
                 what: format!("shard {shard} of {shards} does not exist"),
             });
         }
-        super::check_fits(self.bytes_needed(shard), memory_limit, shard, || {
-            format!(
-                "a planted corpus of {} documents × {} tokens ({} words, {} topics)",
-                self.docs, self.doc_len, self.vocab, self.topics
-            )
-        })?;
+        self.fits(shard, memory_limit)?;
         let mut cumulative = self.topic_words(threads)?;
         for row in cumulative.chunks_mut(self.vocab as usize) {
             let mut sum = 0.0;
@@ -138,7 +169,11 @@ impl PlantedCorpus {
         }
         let (shard, shards) = shard.unwrap_or((0, 1));
         let train_ids: Vec<u64> = (shard as u64..self.train_docs()).step_by(shards).collect();
-        let held_out_ids: Vec<u64> = (self.train_docs()..self.docs).collect();
+        let held_out_ids: Vec<u64> = if with_held_out {
+            (self.train_docs()..self.docs).collect()
+        } else {
+            Vec::new()
+        };
         let corpus = |ids: &[u64]| Corpus {
             vocab_size: self.vocab as usize,
             docs: self.documents(ids, &cumulative, threads),

@@ -8,6 +8,7 @@
 //! example number `g` belongs to worker shard `g mod shards`, so a node generates only the shards
 //! it trains and every node agrees on them.
 
+use super::Planted as _;
 use super::{DataError, Examples, Rng};
 
 /// Examples per unit of parallel generation.
@@ -45,6 +46,26 @@ pub struct PlantedExampleSplit {
     pub train: Examples,
     /// The test examples, in index order.
     pub test: Examples,
+}
+
+impl super::Planted for PlantedExamples {
+    /// Bytes [`PlantedExamples::generate`] allocates for `shard` of `shards` (the whole training
+    /// set for `None`) and the test set: the features and the label of each.
+    fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
+        let train = match shard {
+            Some((shard, shards)) => self.shard_len(shard, shards),
+            None => self.train_len(),
+        };
+        let example = (self.features as u64).saturating_mul(4).saturating_add(4);
+        (train + self.test_len()).saturating_mul(example)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} planted examples ({} features, {} classes)",
+            self.examples, self.features, self.classes
+        )
+    }
 }
 
 impl PlantedExamples {
@@ -90,32 +111,6 @@ impl PlantedExamples {
         super::shard_size(self.train_len(), shard, shards)
     }
 
-    /// Bytes [`PlantedExamples::generate`] allocates for `shard` of `shards` (the whole training
-    /// set for `None`) and the test set: the features and the label of each.
-    pub fn bytes_needed(&self, shard: Option<(usize, usize)>) -> u64 {
-        let train = match shard {
-            Some((shard, shards)) => self.shard_len(shard, shards),
-            None => self.train_len(),
-        };
-        let example = (self.features as u64).saturating_mul(4).saturating_add(4);
-        (train + self.test_len()).saturating_mul(example)
-    }
-
-    /// Whether [`PlantedExamples::generate`] of `shard` (all for `None`) fits in
-    /// `memory_limit` bytes: [`DataError::TooLarge`] with the size it needs where not.
-    pub fn fits(
-        &self,
-        shard: Option<(usize, usize)>,
-        memory_limit: Option<u64>,
-    ) -> Result<(), DataError> {
-        super::check_fits(self.bytes_needed(shard), memory_limit, shard, || {
-            format!(
-                "{} planted examples ({} features, {} classes)",
-                self.examples, self.features, self.classes
-            )
-        })
-    }
-
     /// Generates the test set and the training examples of `shard` of `shards` (all of them for
     /// `None`) on `threads` threads. Refused, before anything is allocated, when it would need
     /// more than `memory_limit` bytes (see [`super::available_memory`]).
@@ -152,13 +147,7 @@ impl PlantedExamples {
         memory_limit: Option<u64>,
     ) -> Result<Examples, DataError> {
         self.check_shard(Some((shard, shards)))?;
-        let needed = self.shard_len(shard, shards) * (self.features as u64 * 4 + 4);
-        super::check_fits(needed, memory_limit, Some((shard, shards)), || {
-            format!(
-                "{} planted examples ({} features)",
-                self.examples, self.features
-            )
-        })?;
+        self.fits(Some((shard, shards)), memory_limit)?;
         let first = self.test_len() + shard as u64;
         let count = self.shard_len(shard, shards);
         Ok(self.fill(&self.means(), first, shards as u64, count, threads))

@@ -551,14 +551,23 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
             JobApp::Mlr(MlrApp::new(train, test, config).map_err(|e| load(&e))?)
         }
         AppKind::Lda => {
+            let defaults = LdaConfig::default();
+            let config = LdaConfig {
+                num_topics: hyper.topics.map_or(defaults.num_topics, |v| v as usize),
+                alpha: hyper.alpha.unwrap_or(defaults.alpha),
+                eta: hyper.beta.unwrap_or(defaults.eta),
+                seed,
+                staleness,
+                ..defaults
+            };
             let planted_tokens = dataset.synthetic.as_ref().map_or(0, |s| {
                 s.documents.unwrap_or(200) * u64::from(s.words_per_document.unwrap_or(80))
             });
             let corpus = if let Some(s) = &dataset.synthetic
                 && planted_tokens > PLANTED_ABOVE
             {
-                // At scale: data::PlantedCorpus, generated in parallel and refused before
-                // allocation where it cannot fit (the same model as below: alpha 0.1, eta 0.05).
+                // At scale: data::PlantedCorpus, refused before allocation where a shard cannot
+                // fit (the same model as below: alpha 0.1, eta 0.05).
                 let source = data::PlantedCorpus {
                     docs: s.documents.unwrap_or(200),
                     vocab: s.vocabulary.unwrap_or(500).min(u64::from(u32::MAX)) as u32,
@@ -569,11 +578,13 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                     held_out: 0,
                     seed,
                 };
+                // Each worker generates its own documents (issue 36): nothing but the planted
+                // topics is generated here.
                 let threads = worker_threads(&job.spec.runtime);
-                source
-                    .generate(None, threads, data::available_memory())
-                    .map_err(|e| load(&e))?
-                    .train
+                let app =
+                    LdaApp::planted(source, config, threads, workers, data::available_memory())
+                        .map_err(|e| load(&e))?;
+                return Ok(JobApp::Lda(app));
             } else if let Some(s) = &dataset.synthetic {
                 data::synthetic_corpus(
                     u(s.documents, 200),
@@ -591,15 +602,6 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                     RunError::Unsupported("spec.app.dataset: needs synthetic or a path".into())
                 })?;
                 data::load_ldac(&file(path)?).map_err(|e| load(&e))?
-            };
-            let defaults = LdaConfig::default();
-            let config = LdaConfig {
-                num_topics: hyper.topics.map_or(defaults.num_topics, |v| v as usize),
-                alpha: hyper.alpha.unwrap_or(defaults.alpha),
-                eta: hyper.beta.unwrap_or(defaults.eta),
-                seed,
-                staleness,
-                ..defaults
             };
             JobApp::Lda(LdaApp::new(corpus, config).map_err(|e| load(&e))?)
         }
