@@ -275,6 +275,7 @@ impl LdaApp {
             }
             Docs::Planted { source, threads } => {
                 // the sizes were checked when the app was built, and memory at its creation
+                let shard = shard % num_shards;
                 let docs = source
                     .generate_shard(shard, num_shards, *threads, None)
                     .expect("planted sizes are validated by LdaApp::planted")
