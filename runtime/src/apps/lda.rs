@@ -17,6 +17,7 @@
 //! clocks); the job's clock 0 also adds the initial assignments, token `i` of the corpus in topic
 //! `i mod K` (the `lda` package's initialisation).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::app::{
@@ -206,9 +207,8 @@ impl LdaApp {
     ) -> Result<Self, AppsError> {
         let data = |what: String| AppsError::Data { app: "lda", what };
         check_config(&config)?;
-        source.check().map_err(|e| data(e.to_string()))?;
         source
-            .fits(Some((0, shards.max(1))), memory_limit)
+            .check_request(Some((0, shards.max(1))), memory_limit)
             .map_err(|e| data(e.to_string()))?;
         let num_tokens = source.train_tokens();
         if num_tokens >= 1 << 32 {
@@ -260,14 +260,18 @@ impl LdaApp {
 
     /// The training documents of `shard` of `num_shards` (document `d` in shard
     /// `d mod num_shards`): `(document, index of its first token in the corpus, its words)`.
-    fn shard_docs(&self, shard: usize, num_shards: usize) -> Vec<(u64, u64, Vec<(u32, u32)>)> {
+    fn shard_docs(
+        &self,
+        shard: usize,
+        num_shards: usize,
+    ) -> Vec<(u64, u64, Cow<'_, [(u32, u32)]>)> {
         match &self.corpus {
             Docs::Loaded(corpus) => {
                 let mut global_index = 0u64;
                 let mut mine = Vec::new();
                 for (doc, words) in corpus.docs.iter().enumerate() {
                     if doc % num_shards == shard {
-                        mine.push((doc as u64, global_index, words.clone()));
+                        mine.push((doc as u64, global_index, Cow::Borrowed(&words[..])));
                     }
                     global_index += words.iter().map(|&(_, c)| u64::from(c)).sum::<u64>();
                 }
@@ -284,7 +288,7 @@ impl LdaApp {
                 (docs.into_iter().enumerate())
                     .map(|(i, words)| {
                         let doc = (shard + i * num_shards) as u64;
-                        (doc, doc * doc_len, words)
+                        (doc, doc * doc_len, Cow::Owned(words))
                     })
                     .collect()
             }
@@ -606,7 +610,7 @@ impl App for LdaApp {
         for (doc, first_token, doc_words) in self.shard_docs(shard, num_shards) {
             let local = doc_lengths.len() as u32;
             let length: u64 = doc_words.iter().map(|&(_, c)| u64::from(c)).sum();
-            for &(word, count) in &doc_words {
+            for &(word, count) in doc_words.iter() {
                 for _ in 0..count {
                     tokens.push(Token { doc: local, word });
                     words.push(word);

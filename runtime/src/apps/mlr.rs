@@ -130,9 +130,8 @@ impl MlrApp {
             what: error.to_string(),
         };
         check_config(&config)?;
-        source.check().map_err(data)?;
         source
-            .fits(Some((0, shards.max(1))), memory_limit)
+            .check_request(Some((0, shards.max(1))), memory_limit)
             .map_err(data)?;
         if source.train_len() == 0 || source.test_len() == 0 {
             return Err(AppsError::Data {

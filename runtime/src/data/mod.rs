@@ -46,6 +46,28 @@ pub trait Planted {
     /// What it generates, for messages: `25000000 planted ratings (…)`.
     fn describe(&self) -> String;
 
+    /// Refuses sizes no generation can use, naming them.
+    fn check(&self) -> Result<(), DataError>;
+
+    /// What a generation of `shard` of `shards` (all for `None`) refuses: bad sizes
+    /// ([`Planted::check`]), a shard that does not exist, a size over `memory_limit`
+    /// ([`Planted::fits`]).
+    fn check_request(
+        &self,
+        shard: Option<(usize, usize)>,
+        memory_limit: Option<u64>,
+    ) -> Result<(), DataError> {
+        self.check()?;
+        if let Some((shard, shards)) = shard
+            && (shards == 0 || shard >= shards)
+        {
+            return Err(DataError::Parameters {
+                what: format!("shard {shard} of {shards} does not exist"),
+            });
+        }
+        self.fits(shard, memory_limit)
+    }
+
     /// Whether a generation of `shard` (all for `None`) fits in `memory_limit` bytes:
     /// [`DataError::TooLarge`] with the size it needs where not.
     fn fits(

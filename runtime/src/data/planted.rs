@@ -69,14 +69,6 @@ impl super::Planted for PlantedRatings {
             self.ratings, self.users, self.items, self.true_rank
         )
     }
-}
-
-impl PlantedRatings {
-    /// The test fraction the run paths use: 20% up to 5 M ratings, then [`MAX_TEST_RATINGS`]
-    /// (the Netflix prize's probe set is 1.4 M of 100 M ratings).
-    pub fn test_fraction_for(ratings: u64) -> f64 {
-        (MAX_TEST_RATINGS as f64 / ratings.max(1) as f64).min(0.2)
-    }
 
     fn check(&self) -> Result<(), DataError> {
         let valid = self.users > 0
@@ -97,6 +89,14 @@ impl PlantedRatings {
                 ),
             })
         }
+    }
+}
+
+impl PlantedRatings {
+    /// The test fraction the run paths use: 20% up to 5 M ratings, then [`MAX_TEST_RATINGS`]
+    /// (the Netflix prize's probe set is 1.4 M of 100 M ratings).
+    pub fn test_fraction_for(ratings: u64) -> f64 {
+        (MAX_TEST_RATINGS as f64 / ratings.max(1) as f64).min(0.2)
     }
 
     fn chunks(&self) -> u64 {
@@ -157,24 +157,6 @@ impl PlantedRatings {
     ) -> Result<Ratings, DataError> {
         self.check_request(Some((shard, shards)), memory_limit)?;
         Ok(self.fill((shard, shards), false, threads).train)
-    }
-
-    /// What [`PlantedRatings::generate`] and [`PlantedRatings::generate_shard`] refuse: bad
-    /// parameters, a shard that does not exist, a size over `memory_limit`.
-    fn check_request(
-        &self,
-        shard: Option<(usize, usize)>,
-        memory_limit: Option<u64>,
-    ) -> Result<(), DataError> {
-        self.check()?;
-        if let Some((shard, shards)) = shard
-            && (shards == 0 || shard >= shards)
-        {
-            return Err(DataError::Parameters {
-                what: format!("shard {shard} of {shards} does not exist"),
-            });
-        }
-        self.fits(shard, memory_limit)
     }
 
     /// Generates training shard `shard` of `shards` (none for `shards == 0`), and the test set

@@ -63,11 +63,8 @@ impl super::Planted for PlantedCorpus {
             self.docs, self.doc_len, self.vocab, self.topics
         )
     }
-}
 
-impl PlantedCorpus {
-    /// Refuses sizes no generation can use, naming them.
-    pub fn check(&self) -> Result<(), DataError> {
+    fn check(&self) -> Result<(), DataError> {
         let valid = self.docs > self.held_out
             && self.vocab > 0
             && (1..=65_535).contains(&self.topics)
@@ -88,7 +85,9 @@ impl PlantedCorpus {
             })
         }
     }
+}
 
+impl PlantedCorpus {
     /// Training documents in all.
     pub fn train_docs(&self) -> u64 {
         self.docs - self.held_out
@@ -150,15 +149,7 @@ impl PlantedCorpus {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<PlantedDocs, DataError> {
-        self.check()?;
-        if let Some((shard, shards)) = shard
-            && (shards == 0 || shard >= shards)
-        {
-            return Err(DataError::Parameters {
-                what: format!("shard {shard} of {shards} does not exist"),
-            });
-        }
-        self.fits(shard, memory_limit)?;
+        self.check_request(shard, memory_limit)?;
         let mut cumulative = self.topic_words(threads)?;
         for row in cumulative.chunks_mut(self.vocab as usize) {
             let mut sum = 0.0;

@@ -66,17 +66,8 @@ impl super::Planted for PlantedExamples {
             self.examples, self.features, self.classes
         )
     }
-}
 
-impl PlantedExamples {
-    /// The test fraction the run paths use: 20% up to 500,000 examples, then
-    /// [`MAX_TEST_EXAMPLES`].
-    pub fn test_fraction_for(examples: u64) -> f64 {
-        (MAX_TEST_EXAMPLES as f64 / examples.max(1) as f64).min(0.2)
-    }
-
-    /// Refuses sizes no generation can use, naming them.
-    pub fn check(&self) -> Result<(), DataError> {
+    fn check(&self) -> Result<(), DataError> {
         let valid = self.examples > 0
             && self.features > 0
             && self.classes >= 2
@@ -94,6 +85,14 @@ impl PlantedExamples {
                 ),
             })
         }
+    }
+}
+
+impl PlantedExamples {
+    /// The test fraction the run paths use: 20% up to 500,000 examples, then
+    /// [`MAX_TEST_EXAMPLES`].
+    pub fn test_fraction_for(examples: u64) -> f64 {
+        (MAX_TEST_EXAMPLES as f64 / examples.max(1) as f64).min(0.2)
     }
 
     /// Test examples (the first ones).
@@ -120,8 +119,7 @@ impl PlantedExamples {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<PlantedExampleSplit, DataError> {
-        self.check_shard(shard)?;
-        self.fits(shard, memory_limit)?;
+        self.check_request(shard, memory_limit)?;
         let (shard, shards) = shard.unwrap_or((0, 1));
         let means = self.means();
         let test_len = self.test_len();
@@ -146,8 +144,7 @@ impl PlantedExamples {
         threads: usize,
         memory_limit: Option<u64>,
     ) -> Result<Examples, DataError> {
-        self.check_shard(Some((shard, shards)))?;
-        self.fits(Some((shard, shards)), memory_limit)?;
+        self.check_request(Some((shard, shards)), memory_limit)?;
         let first = self.test_len() + shard as u64;
         let count = self.shard_len(shard, shards);
         Ok(self.fill(&self.means(), first, shards as u64, count, threads))
@@ -157,16 +154,6 @@ impl PlantedExamples {
     pub fn generate_test(&self, threads: usize) -> Result<Examples, DataError> {
         self.check()?;
         Ok(self.fill(&self.means(), 0, 1, self.test_len(), threads))
-    }
-
-    fn check_shard(&self, shard: Option<(usize, usize)>) -> Result<(), DataError> {
-        self.check()?;
-        match shard {
-            Some((shard, shards)) if shards == 0 || shard >= shards => Err(DataError::Parameters {
-                what: format!("shard {shard} of {shards} does not exist"),
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// The class means, row-major `classes × features`.
