@@ -125,6 +125,10 @@ impl Default for LdaConfig {
     }
 }
 
+/// A document of a worker's shard: its index in the corpus, the index of its first token, its
+/// `(word, count)` pairs.
+type ShardDoc<'a> = (u64, u64, Cow<'a, [(u32, u32)]>);
+
 /// Where the workers' documents come from.
 #[derive(Debug, Clone)]
 enum Docs {
@@ -260,11 +264,7 @@ impl LdaApp {
 
     /// The training documents of `shard` of `num_shards` (document `d` in shard
     /// `d mod num_shards`): `(document, index of its first token in the corpus, its words)`.
-    fn shard_docs(
-        &self,
-        shard: usize,
-        num_shards: usize,
-    ) -> Vec<(u64, u64, Cow<'_, [(u32, u32)]>)> {
+    fn shard_docs(&self, shard: usize, num_shards: usize) -> Vec<ShardDoc<'_>> {
         match &self.corpus {
             Docs::Loaded(corpus) => {
                 let mut global_index = 0u64;
