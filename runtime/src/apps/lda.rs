@@ -70,21 +70,53 @@ pub const MAX_TOTALS_ROWS: u64 = 4096;
 pub const MAX_AUTO_CLOCKS_PER_PASS: usize = 128;
 
 /// The largest share of a sweep of the other workers' topic moves a worker may sample without
-/// seeing: `(staleness + 1) / clocks_per_pass · (workers − 1) / workers`. Measured on reuters
-/// (BENCHMARKS.md, "LDA at any worker count"): at 1/32 two and eight workers end where one does
-/// (per-token log-likelihood -7.80 after 1,500 sweeps, one worker -7.77 to -7.81 over five
-/// seeds); at 3/32 they end at -7.83 and at 3/4 at -7.86.
+/// seeing, `(staleness + 1) / clocks_per_pass · (workers − 1) / workers`, on a corpus as dense
+/// as reuters ([`REFERENCE_TOKENS_PER_COUNT`]). Measured on reuters (BENCHMARKS.md, "LDA at any
+/// worker count"): at 1/32 two and eight workers end where one does (per-token log-likelihood
+/// -7.80 after 1,500 sweeps, one worker -7.77 to -7.81 over five seeds); at 3/32 they end at
+/// -7.83 and at 3/4 at -7.86.
 pub const STALE_SWEEP_SHARE: f64 = 1.0 / 32.0;
 
-/// Clocks a sweep takes for `workers` workers at SSP `staleness` so that no worker samples
-/// against more than [`STALE_SWEEP_SHARE`] of a sweep of the others' moves it has not seen: one
-/// for one worker (nobody else writes), at most [`MAX_AUTO_CLOCKS_PER_PASS`].
-pub fn lda_clocks_per_pass(workers: usize, staleness: u64) -> usize {
+/// Tokens per word-topic count of reuters (84,010 tokens, 4,258 words, 20 topics), the corpus
+/// [`STALE_SWEEP_SHARE`] was measured on.
+pub const REFERENCE_TOKENS_PER_COUNT: f64 = 84_010.0 / (4_258.0 * 20.0);
+
+/// The largest stale share any corpus gets. On 10 M planted tokens (10,000 words, 100 topics:
+/// 10 tokens a count), two workers under BSP reached the bar of `scripts/bench-lda-scale.sh`
+/// in 85 sweeps at a share of 1/32 and of 1/8, and needed 91 at 1/4 and 1/2 (BENCHMARKS.md,
+/// "LDA at scale").
+pub const MAX_STALE_SWEEP_SHARE: f64 = 1.0 / 8.0;
+
+/// The stale share a corpus of `tokens_per_count` tokens per word-topic count (tokens ÷
+/// (vocabulary × topics)) may take: [`STALE_SWEEP_SHARE`] times the square root of its density
+/// over reuters', between [`STALE_SWEEP_SHARE`] and [`MAX_STALE_SWEEP_SHARE`].
+///
+/// Why it grows with density: a worker sees each count `n` off by the other workers' unseen
+/// moves into and out of it. Once the chain is near its equilibrium those moves balance, so the
+/// error is of the order of the square root of their number, `√(share · n)`, and relative to the
+/// count `√(share / n)`: a share growing with `n` keeps it equal. The square root of the
+/// density (not the density itself, which that argument gives) leaves a margin for the early
+/// sweeps, whose moves do not balance. Corpora sparser than reuters keep its share.
+pub fn stale_sweep_share(tokens_per_count: f64) -> f64 {
+    let density = (tokens_per_count / REFERENCE_TOKENS_PER_COUNT).max(1.0);
+    if !density.is_finite() {
+        return STALE_SWEEP_SHARE;
+    }
+    (STALE_SWEEP_SHARE * density.sqrt()).min(MAX_STALE_SWEEP_SHARE)
+}
+
+/// Clocks a sweep takes for `workers` workers at SSP `staleness` on a corpus of
+/// `tokens_per_count` tokens per word-topic count, so that no worker samples against more than
+/// [`stale_sweep_share`] of a sweep of the others' moves it has not seen: one for one worker
+/// (nobody else writes), at most [`MAX_AUTO_CLOCKS_PER_PASS`].
+pub fn lda_clocks_per_pass(workers: usize, staleness: u64, tokens_per_count: f64) -> usize {
     if workers <= 1 {
         return 1;
     }
     let others = (workers - 1) as f64 / workers as f64;
-    let clocks = ((staleness + 1) as f64 * others / STALE_SWEEP_SHARE).ceil();
+    let share = stale_sweep_share(tokens_per_count);
+    // A hair below the exact ratio, so a share that divides it evenly is not rounded up.
+    let clocks = ((staleness + 1) as f64 * others / share - 1e-9).ceil();
     (clocks as usize).clamp(1, MAX_AUTO_CLOCKS_PER_PASS)
 }
 
@@ -298,6 +330,25 @@ impl LdaApp {
     /// Number of tokens (updates per clock over all workers).
     pub fn num_tokens(&self) -> u64 {
         self.num_tokens
+    }
+
+    /// The same app with a sweep split into `clocks_per_pass` clocks (instead of the count
+    /// [`lda_clocks_per_pass`] derives from the worker count and staleness).
+    pub fn with_clocks_per_pass(mut self, clocks_per_pass: usize) -> Result<Self, AppsError> {
+        if clocks_per_pass == 0 {
+            return Err(AppsError::Config {
+                app: "lda",
+                what: "clocks per sweep must be > 0".into(),
+            });
+        }
+        self.config.clocks_per_pass = Some(clocks_per_pass);
+        Ok(self)
+    }
+
+    /// Tokens per word-topic count: tokens ÷ (vocabulary × topics), what sizes
+    /// [`stale_sweep_share`].
+    pub fn tokens_per_count(&self) -> f64 {
+        self.num_tokens as f64 / (self.vocab_size.max(1) * self.config.num_topics.max(1)) as f64
     }
 
     /// The configuration.
@@ -670,7 +721,9 @@ impl App for LdaApp {
     fn clocks_per_pass(&self, workers: usize) -> usize {
         self.config
             .clocks_per_pass
-            .unwrap_or_else(|| lda_clocks_per_pass(workers, self.config.staleness))
+            .unwrap_or_else(|| {
+                lda_clocks_per_pass(workers, self.config.staleness, self.tokens_per_count())
+            })
             .max(1)
     }
 
@@ -1109,20 +1162,37 @@ mod tests {
 
     #[test]
     fn a_sweep_has_enough_clocks_that_stale_moves_stay_a_small_share() {
-        assert_eq!(lda_clocks_per_pass(1, 3), 1);
-        assert_eq!(lda_clocks_per_pass(2, 0), 16);
-        assert_eq!(lda_clocks_per_pass(2, 2), 48);
-        assert_eq!(lda_clocks_per_pass(7, 1), 55);
-        assert_eq!(lda_clocks_per_pass(32, 2), 93);
-        assert_eq!(lda_clocks_per_pass(64, 8), MAX_AUTO_CLOCKS_PER_PASS);
-        for workers in 2..40 {
-            for staleness in 0..3 {
-                let clocks = lda_clocks_per_pass(workers, staleness) as f64;
-                let share = (staleness + 1) as f64 / clocks * (workers - 1) as f64 / workers as f64;
-                assert!(
-                    share <= STALE_SWEEP_SHARE + 1e-12,
-                    "{workers} {staleness}: {share}"
-                );
+        let reuters = REFERENCE_TOKENS_PER_COUNT;
+        assert_eq!(lda_clocks_per_pass(1, 3, reuters), 1);
+        assert_eq!(lda_clocks_per_pass(2, 0, reuters), 16);
+        assert_eq!(lda_clocks_per_pass(2, 2, reuters), 48);
+        assert_eq!(lda_clocks_per_pass(7, 1, reuters), 55);
+        assert_eq!(lda_clocks_per_pass(32, 2, reuters), 93);
+        assert_eq!(
+            lda_clocks_per_pass(64, 8, reuters),
+            MAX_AUTO_CLOCKS_PER_PASS
+        );
+        // Sparser corpora keep reuters' share; denser ones take more, up to the cap.
+        assert_eq!(lda_clocks_per_pass(2, 0, reuters / 10.0), 16);
+        assert_eq!(lda_clocks_per_pass(2, 0, reuters * 4.0), 8);
+        // 10 M planted tokens over 10,000 words and 100 topics: 10 tokens a count.
+        assert_eq!(lda_clocks_per_pass(2, 0, 10.0), 6);
+        assert_eq!(lda_clocks_per_pass(2, 0, 1e6), 4);
+        assert_eq!(stale_sweep_share(f64::INFINITY), STALE_SWEEP_SHARE);
+        assert_eq!(stale_sweep_share(f64::NAN), STALE_SWEEP_SHARE);
+        for density in [0.01, 1.0, 3.0, 10.0, 100.0, 1e9] {
+            let allowed = stale_sweep_share(density);
+            assert!((STALE_SWEEP_SHARE..=MAX_STALE_SWEEP_SHARE).contains(&allowed));
+            for workers in 2..40 {
+                for staleness in 0..3 {
+                    let clocks = lda_clocks_per_pass(workers, staleness, density) as f64;
+                    let share =
+                        (staleness + 1) as f64 / clocks * (workers - 1) as f64 / workers as f64;
+                    assert!(
+                        share <= allowed + 1e-12 || clocks as usize == MAX_AUTO_CLOCKS_PER_PASS,
+                        "{workers} {staleness} {density}: {share}"
+                    );
+                }
             }
         }
     }

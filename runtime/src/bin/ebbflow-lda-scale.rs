@@ -95,6 +95,10 @@ struct Args {
     /// The lda package: Gibbs iterations of its one fit.
     #[arg(long, default_value_t = 100)]
     lda_iterations: u32,
+    /// Clocks a sweep of the in-process run (default: the app's, `lda_clocks_per_pass` of the
+    /// threads under BSP).
+    #[arg(long)]
+    clocks_per_sweep: Option<usize>,
     /// Where the training file and the peers' topics go.
     #[arg(long, default_value = "/tmp/ebbflow-lda-scale")]
     work: PathBuf,
@@ -131,7 +135,10 @@ fn read_topics(path: &Path, topics: usize, vocab: usize) -> anyhow::Result<Vec<f
 }
 
 struct Bench<'a> {
+    /// The bare loop's (a clock is a sweep).
     app: &'a LdaApp,
+    /// The in-process runs' (`--clocks-per-sweep`, else the same).
+    ps_app: &'a LdaApp,
     /// The one held-out evaluator every model is scored by.
     score: &'a dyn Fn(&[f32]) -> anyhow::Result<f64>,
     bar: f64,
@@ -170,7 +177,7 @@ impl Bench<'_> {
     /// sixteenth more each run until one run's final topics reach the bar (each run from scratch;
     /// its training time counts).
     fn ps(&self, workers: usize, first: u64, max: u64) -> anyhow::Result<(ToBar, f64)> {
-        let per_sweep = self.app.clocks_per_pass(workers) as u64;
+        let per_sweep = self.ps_app.clocks_per_pass(workers) as u64;
         let mut sweeps = first.max(1);
         loop {
             let config = JobConfig {
@@ -182,7 +189,7 @@ impl Bench<'_> {
                 keep_params: true,
                 ..JobConfig::default()
             };
-            let run = run_single_process(self.app, &config, &RuntimeMetrics::unregistered())?;
+            let run = run_single_process(self.ps_app, &config, &RuntimeMetrics::unregistered())?;
             let params = run.params.as_ref().context("the run kept its parameters")?;
             let score = self.score(&self.app.topic_words(params))?;
             eprintln!(
@@ -398,8 +405,13 @@ fn main() -> anyhow::Result<()> {
         ..LdaConfig::default()
     };
     let app = LdaApp::new(docs.train, config)?;
+    let ps_app = match args.clocks_per_sweep {
+        Some(clocks) => app.clone().with_clocks_per_pass(clocks)?,
+        None => app.clone(),
+    };
     let bench = Bench {
         app: &app,
+        ps_app: &ps_app,
         score: &score,
         bar,
     };
@@ -417,7 +429,7 @@ fn main() -> anyhow::Result<()> {
         format!(
             "ebbflow in-process, {threads} worker threads ({} clocks a sweep): time to \
              held-out >= {bar:.4}",
-            app.clocks_per_pass(threads)
+            ps_app.clocks_per_pass(threads)
         ),
         ours.text(bar, "sweeps", "held-out", "<"),
     );
