@@ -22,7 +22,7 @@ use crate::app::{
 };
 use crate::data::{DataError, Planted as _, PlantedRatings, Rating, Ratings};
 
-use super::{AppsError, BareWorker, RowStore, TestData, parallel_clocks_per_pass, pass_slice};
+use super::{AppsError, BareWorker, RowStore, TestData, dot, parallel_clocks_per_pass, pass_slice};
 
 /// Table of user rows (bias, factors).
 pub const USERS: TableId = 0;
@@ -298,33 +298,6 @@ fn value_range(ratings: &[Rating]) -> (f32, f32) {
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), r| {
             (lo.min(r.value), hi.max(r.value))
         })
-}
-
-/// `a · b` with eight independent partial sums: one running sum makes every multiply-add wait
-/// for the previous one (about 4 cycles each, 128 for rank 32); eight let them overlap and
-/// vectorize.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for k in 0..8 {
-            sums[k] += x[k] * y[k];
-        }
-    }
-    let pairs = [
-        sums[0] + sums[4],
-        sums[1] + sums[5],
-        sums[2] + sums[6],
-        sums[3] + sums[7],
-    ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
 /// One SGD pass over `ratings` (user and item fields are slots); returns the summed squared

@@ -16,7 +16,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -24,7 +23,7 @@ use clap::Parser;
 
 #[path = "common/scale.rs"]
 mod scale;
-use scale::{Report, ToBar, peak_rss_mib};
+use scale::{PeerRows, Report, ToBar, peak_rss_mib, run_json_peer};
 
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{BareLoop, MfApp, MfConfig};
@@ -190,41 +189,6 @@ fn ps_to_bar(
     last.context("max passes must be >= 1")
 }
 
-/// Runs `bench/mf_peers.py` for one peer; its JSON object, or why it did not run.
-fn run_peer(python: &Path, script: &Path, args: &[String]) -> Result<serde_json::Value, String> {
-    eprintln!("==> peer: {} {}", script.display(), args.join(" "));
-    let mut child = Command::new(python)
-        .arg(script)
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    // The peer's stderr goes on to ours as it comes (a fit takes minutes), and its last line
-    // names what went wrong when the peer fails.
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let echo = std::thread::spawn(move || {
-        let mut last = String::new();
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
-            eprintln!("{line}");
-            if !line.trim().is_empty() {
-                last = line;
-            }
-        }
-        last
-    });
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    let last_error = echo.join().unwrap_or_default();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!("failed ({}): {last_error}", output.status));
-    }
-    let last = stdout.lines().last().unwrap_or("");
-    serde_json::from_str(last).map_err(|e| format!("printed {last:?}: {e}"))
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let threads = args.threads.unwrap_or_else(|| {
@@ -371,6 +335,20 @@ fn main() -> anyhow::Result<()> {
         })
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/mf_peers.py");
+    let bar_text = format!("test rmse <= {}", args.bar);
+    let rows = PeerRows {
+        bar: &bar_text,
+        metric: "rmse",
+        rate_unit: "updates/s",
+        ours: ours_at(threads)
+            .filter(|(_, run)| run.reached)
+            .map(|(layout, run)| {
+                (
+                    format!("ebbflow in-process ({layout}, {threads} threads)"),
+                    run,
+                )
+            }),
+    };
     for peer in &args.peers {
         let (python, missing) = if peer == "spark" {
             (
@@ -417,34 +395,8 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        match run_peer(python, &script, &peer_args) {
-            Ok(result) => {
-                let name = result["peer"].as_str().unwrap_or(peer).to_string();
-                let time = result["time_to_quality_s"].as_f64();
-                let rmse = result["quality"].as_f64().unwrap_or(f64::NAN);
-                let epochs = result["epochs"].as_u64().unwrap_or(0);
-                report.add(
-                    format!("{name}: time to test rmse <= {}", args.bar),
-                    match time {
-                        Some(t) => format!("{t:.1} s ({epochs} epochs, rmse {rmse:.4})"),
-                        None => format!("not reached in {epochs} epochs (rmse {rmse:.4})"),
-                    },
-                );
-                if let Some(rate) = result["updates_per_s"].as_f64() {
-                    report.add(format!("{name}: updates/s"), format!("{:.2} M", rate / 1e6));
-                }
-                if let (Some(peer_time), Some((layout, run))) = (time, ours_at(threads))
-                    && run.reached
-                {
-                    report.add(
-                        format!(
-                            "speed, ebbflow in-process ({layout}, {threads} threads) ÷ {peer}: \
-                             its time to the bar ÷ ours"
-                        ),
-                        format!("{:.2}×", peer_time / run.seconds),
-                    );
-                }
-            }
+        match run_json_peer(python, &script, &peer_args) {
+            Ok(result) => rows.add(&mut report, peer, &result),
             Err(why) => report.add(format!("peer {peer}"), format!("did not run: {why}")),
         }
     }

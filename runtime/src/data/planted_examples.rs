@@ -156,6 +156,22 @@ impl PlantedExamples {
         Ok(self.fill(&self.means(), 0, 1, self.test_len(), threads))
     }
 
+    /// The Bayes-optimal softmax regression of the planted model, in the layout of
+    /// [`crate::apps::mlr::WEIGHTS`]: a row per class of `features + 1` values, the weights then
+    /// the bias. With uniform classes and unit noise, `ln p(c | x) = μ_c·x − |μ_c|²/2 + const`,
+    /// so row `c` is `μ_c` and bias `−|μ_c|²/2`: no classifier does better on this data, and a
+    /// linear one can do as well, which makes its test accuracy the bar a benchmark can set.
+    pub fn optimal_weights(&self) -> Vec<f32> {
+        let means = self.means();
+        let mut rows = Vec::with_capacity(self.classes * (self.features + 1));
+        for mean in means.chunks_exact(self.features.max(1)) {
+            rows.extend_from_slice(mean);
+            let norm: f64 = mean.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
+            rows.push((-norm / 2.0) as f32);
+        }
+        rows
+    }
+
     /// The class means, row-major `classes × features`.
     fn means(&self) -> Vec<f32> {
         let mut rng = Rng::stream(self.seed, MEANS_STREAM);
@@ -255,6 +271,76 @@ mod tests {
             ..source.clone()
         };
         assert_ne!(other.generate_test(1).unwrap(), whole.test);
+    }
+
+    /// The optimal weights classify as the exact posterior does (each test example's most
+    /// likely class under the planted Gaussians), and softmax regression trained by the bare
+    /// loop (6 annealed passes) ends within a point of their accuracy, never clearly above it.
+    #[test]
+    fn the_optimal_weights_are_the_bayes_classifier_and_training_approaches_them() {
+        use crate::app::{App, TableReader};
+        use crate::apps::{BareLoop, MlrApp, MlrConfig, mlr::WEIGHTS};
+        let source = PlantedExamples {
+            examples: 40_000,
+            features: 10,
+            classes: 4,
+            separation: 0.5,
+            test_fraction: 0.25,
+            seed: 9,
+        };
+        let split = source.generate(None, 2, None).unwrap();
+        let (k, f) = (source.classes, source.features);
+        let optimal = source.optimal_weights();
+        assert_eq!(optimal.len(), k * (f + 1));
+        let means = source.means();
+        for i in 0..200 {
+            let x = split.test.row(i);
+            let nearest = (0..k)
+                .map(|c| {
+                    let d: f64 = (x.iter().zip(&means[c * f..][..f]))
+                        .map(|(&a, &m)| f64::from(a - m).powi(2))
+                        .sum();
+                    (c, d)
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap()
+                .0;
+            let best = (0..k)
+                .map(|c| {
+                    let row = &optimal[c * (f + 1)..][..f + 1];
+                    let logit: f32 = x.iter().zip(row).map(|(a, w)| a * w).sum::<f32>() + row[f];
+                    (c, logit)
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap()
+                .0;
+            assert_eq!(best, nearest, "example {i}");
+        }
+        let config = MlrConfig {
+            learning_rate: 0.5,
+            decay: 0.5,
+            batch_size: 256,
+            ..MlrConfig::default()
+        };
+        let app = MlrApp::new(split.train, split.test, config).unwrap();
+        let mut snapshot = crate::snapshot::ParamSnapshot::new(app.tables());
+        snapshot.add_rows(WEIGHTS, &(0..k as u64).collect::<Vec<_>>(), &optimal);
+        snapshot.finish();
+        let bayes = app.evaluate(&snapshot).metric("accuracy").unwrap();
+        assert!(
+            (0.5..0.95).contains(&bayes),
+            "a task neither trivial nor hopeless: {bayes}"
+        );
+        let mut bare = BareLoop::new(&app);
+        for _ in 0..6 * app.clocks_per_pass(1) {
+            bare.clock();
+        }
+        let tables: &dyn TableReader = bare.tables();
+        let trained = app.evaluate(tables).metric("accuracy").unwrap();
+        assert!(
+            trained > bayes - 0.01 && trained < bayes + 0.005,
+            "trained {trained}, Bayes {bayes}"
+        );
     }
 
     #[test]
