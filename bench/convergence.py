@@ -33,7 +33,7 @@ SECRET = "bench-convergence"
 APPS = {
     "mf": ("rmse", 0.95, False, [2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20]),
     "mlr": ("accuracy", 0.95, True, [1, 2, 3, 4, 6, 8, 12, 16, 24]),
-    "lda": ("per_token_log_likelihood", -7.8069, True, [400, 700, 1000, 1500]),
+    "lda": ("per_token_log_likelihood", -7.8069, True, [400, 700, 1000, 1500, 2000, 3000]),
 }
 
 

@@ -615,7 +615,7 @@ fn example_mlr_digits_as_shipped_reaches_its_bar() {
     example_reaches_its_bar("mlr-digits", true, false, 5, "accuracy", 0.95, |_| {});
 }
 
-/// Reuters: 7 logical workers, SSP 1; bar: per-token log-likelihood >= -8.0 (its comment).
+/// Reuters: 7 logical workers, BSP; bar: per-token log-likelihood >= -8.0 (its comment).
 #[test]
 fn example_lda_reuters_as_shipped_reaches_its_bar() {
     example_reaches_its_bar(
