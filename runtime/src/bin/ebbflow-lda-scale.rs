@@ -252,9 +252,7 @@ fn run_peer(
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let threads = scale::threads_or_cores(args.threads);
     let source = PlantedCorpus {
         docs: args.docs,
         vocab: args.vocab,

@@ -18,19 +18,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
 
 #[path = "common/scale.rs"]
 mod scale;
-use scale::{PeerRows, Report, ToBar, peak_rss_mib, run_json_peer};
+use scale::{
+    Metric, PeerRows, Report, bare_to_bar, peak_rss_mib, ps_to_bar, run_json_peer, threads_or_cores,
+};
 
-use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::{BareLoop, MfApp, MfConfig};
 use ebbflow_runtime::data::{self, PlantedRatings, PlantedSplit, Ratings};
-use ebbflow_runtime::local::run_single_process;
-use ebbflow_runtime::metrics::RuntimeMetrics;
-use ebbflow_runtime::worker::JobConfig;
 
 /// Command-line arguments.
 #[derive(Parser, Debug)]
@@ -124,76 +122,15 @@ fn write_triples(path: &Path, ratings: &Ratings) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bare_to_bar(app: &MfApp, bar: f64, max_passes: u64) -> (ToBar, f64) {
-    let mut bare = BareLoop::new(app);
-    let per_pass = app.clocks_per_pass(1) as u64;
-    let (mut seconds, mut rmse, mut updates) = (0.0, f64::NAN, 0u64);
-    let mut passes = 0;
-    while passes < max_passes && !(rmse <= bar) {
-        let start = Instant::now();
-        for _ in 0..per_pass {
-            updates += bare.clock().updates;
-        }
-        seconds += start.elapsed().as_secs_f64();
-        passes += 1;
-        rmse = app.evaluate(bare.tables()).loss;
-        eprintln!("bare loop: pass {passes}: rmse {rmse:.4} after {seconds:.1} s");
-    }
-    let to_bar = ToBar {
-        steps: passes,
-        seconds,
-        quality: rmse,
-        reached: rmse <= bar,
-    };
-    (to_bar, updates as f64 / seconds)
-}
-
-/// The in-process parameter server with `workers` threads, run for 1, 2, … passes until one
-/// run's final evaluation reaches the bar (each run from scratch; its training time counts).
-fn ps_to_bar(
-    app: &MfApp,
-    workers: usize,
-    bar: f64,
-    max_passes: u64,
-) -> anyhow::Result<(ToBar, f64)> {
-    let per_pass = app.clocks_per_pass(workers) as u64;
-    let mut last = None;
-    for passes in 1..=max_passes {
-        let config = JobConfig {
-            clocks: passes * per_pass,
-            staleness: 0,
-            workers,
-            partitions: 4,
-            process_cache: true,
-            ..JobConfig::default()
-        };
-        let run = run_single_process(app, &config, &RuntimeMetrics::unregistered())?;
-        let rmse = run.eval.loss;
-        let training: f64 = run.clock_seconds.iter().sum();
-        eprintln!(
-            "ps in-process, {workers} workers: {passes} passes ({} clocks): rmse {rmse:.4}, \
-             {training:.1} s training, {:.1} s in all",
-            config.clocks, run.elapsed_seconds
-        );
-        let to_bar = ToBar {
-            steps: passes,
-            seconds: run.elapsed_seconds,
-            quality: rmse,
-            reached: rmse <= bar,
-        };
-        last = Some((to_bar, run.updates_per_second));
-        if to_bar.reached || !rmse.is_finite() {
-            break;
-        }
-    }
-    last.context("max passes must be >= 1")
-}
+/// Test RMSE, the bar every learner trains to.
+const RMSE: Metric = Metric {
+    name: "rmse",
+    higher_is_better: false,
+};
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let threads = threads_or_cores(args.threads);
     let users = args.users.unwrap_or_else(|| {
         let per_rating = f64::from(data::NETFLIX.0) / data::NETFLIX.2 as f64;
         ((args.ratings as f64 * per_rating).round() as u32).max(1)
@@ -247,7 +184,7 @@ fn main() -> anyhow::Result<()> {
         (f64::from(users) + f64::from(args.items)) * width as f64 * 4.0 / (1 << 20) as f64;
     let data_mib = args.ratings as f64 * 12.0 / (1 << 20) as f64;
 
-    let (bare, bare_rate) = bare_to_bar(&app, args.bar, args.max_passes);
+    let (bare, bare_rate) = bare_to_bar(&app, RMSE, args.bar, args.max_passes);
     report.add(
         format!("bare loop (1 thread): time to test rmse <= {}", args.bar),
         bare.text(args.bar, "passes", "rmse", ">"),
@@ -272,7 +209,7 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         for &workers in &counts {
-            let (run, rate) = ps_to_bar(app, workers, args.bar, args.max_passes)?;
+            let (run, rate) = ps_to_bar(app, workers, RMSE, args.bar, args.max_passes)?;
             report.add(
                 format!(
                     "ebbflow in-process, {layout}, {workers} worker thread(s): time to test rmse \

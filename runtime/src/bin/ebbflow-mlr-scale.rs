@@ -2,9 +2,9 @@
 //! a benchmark), every ratio from one run. `scripts/bench-mlr-scale.sh` sets it up.
 //!
 //! Generates planted Gaussian classes (`data::PlantedExamples`; sizes are flags), computes the
-//! Bayes-optimal classifier's test accuracy from the planted means
+//! Bayes-optimal classifier's test cross-entropy (or accuracy) from the planted means
 //! ([`PlantedExamples::optimal_weights`]: no model does better, and a linear one can do as well),
-//! sets the bar a gap below it, and measures time to the bar and examples/s for
+//! sets the bar a gap worse than it, and measures time to the bar and examples/s for
 //! - the bare loop (one thread, the app's mini-batch SGD on plain rows);
 //! - ebbflow in one process, 1 and `--threads` worker threads (the parameter server
 //!   in-process), the whole run timed from scratch (workers, tables, binding, training);
@@ -20,21 +20,20 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
 
 #[path = "common/scale.rs"]
 mod scale;
-use scale::{PeerRows, Report, ToBar, peak_rss_mib, run_json_peer};
+use scale::{
+    Metric, PeerRows, Report, bare_to_bar, peak_rss_mib, ps_to_bar, run_json_peer, threads_or_cores,
+};
 
 use ebbflow_runtime::app::App;
 use ebbflow_runtime::apps::mlr::WEIGHTS;
-use ebbflow_runtime::apps::{BareLoop, MlrApp, MlrConfig};
+use ebbflow_runtime::apps::{MlrApp, MlrConfig};
 use ebbflow_runtime::data::{self, Examples, PlantedExamples};
-use ebbflow_runtime::local::run_single_process;
-use ebbflow_runtime::metrics::RuntimeMetrics;
 use ebbflow_runtime::snapshot::ParamSnapshot;
-use ebbflow_runtime::worker::JobConfig;
 
 /// Command-line arguments.
 #[derive(Parser, Debug)]
@@ -119,116 +118,14 @@ fn write_examples(path: &Path, examples: &Examples) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The test metric a bar is set on.
-#[derive(Debug, Clone, Copy)]
-struct Metric {
-    /// Its name in [`App::evaluate`]'s report and in `bench/mlr_peers.py --metric`.
-    name: &'static str,
-    higher_is_better: bool,
-}
-
 const ACCURACY: Metric = Metric {
     name: "accuracy",
     higher_is_better: true,
 };
 
-impl Metric {
-    fn of(report: &ebbflow_runtime::app::EvalReport, metric: Metric) -> f64 {
-        report.metric(metric.name).unwrap_or(f64::NAN)
-    }
-
-    fn meets(&self, quality: f64, bar: f64) -> bool {
-        if self.higher_is_better {
-            quality >= bar
-        } else {
-            quality <= bar
-        }
-    }
-
-    /// `>=` or `<=`: how a quality meets the bar.
-    fn relation(&self) -> &'static str {
-        if self.higher_is_better { ">=" } else { "<=" }
-    }
-
-    /// How a quality that misses compares to the bar.
-    fn missed(&self) -> &'static str {
-        if self.higher_is_better { "<" } else { ">" }
-    }
-}
-
-/// The bare loop, scored after every pass, until the bar.
-fn bare_to_bar(app: &MlrApp, metric: Metric, bar: f64, max_passes: u64) -> (ToBar, f64) {
-    let mut bare = BareLoop::new(app);
-    let per_pass = app.clocks_per_pass(1) as u64;
-    let (mut seconds, mut quality, mut updates, mut passes) = (0.0, f64::NAN, 0u64, 0);
-    while passes < max_passes && !metric.meets(quality, bar) {
-        let start = Instant::now();
-        for _ in 0..per_pass {
-            updates += bare.clock().updates;
-        }
-        seconds += start.elapsed().as_secs_f64();
-        passes += 1;
-        quality = Metric::of(&app.evaluate(bare.tables()), metric);
-        eprintln!(
-            "bare loop: pass {passes}: {} {quality:.4} after {seconds:.1} s",
-            metric.name
-        );
-    }
-    let to_bar = ToBar {
-        steps: passes,
-        seconds,
-        quality,
-        reached: metric.meets(quality, bar),
-    };
-    (to_bar, updates as f64 / seconds)
-}
-
-/// The in-process parameter server with `workers` threads, run for 1, 2, … passes until one run's final evaluation reaches the bar (each run from scratch; its whole
-/// run counts, evaluation does not).
-fn ps_to_bar(
-    app: &MlrApp,
-    workers: usize,
-    metric: Metric,
-    bar: f64,
-    max_passes: u64,
-) -> anyhow::Result<(ToBar, f64)> {
-    let per_pass = app.clocks_per_pass(workers) as u64;
-    let mut last = None;
-    for passes in 1..=max_passes {
-        let config = JobConfig {
-            clocks: passes * per_pass,
-            staleness: 0,
-            workers,
-            partitions: 4,
-            process_cache: true,
-            ..JobConfig::default()
-        };
-        let run = run_single_process(app, &config, &RuntimeMetrics::unregistered())?;
-        let quality = Metric::of(&run.eval, metric);
-        eprintln!(
-            "ps in-process, {workers} workers: {passes} passes ({} clocks): {} {quality:.4}, \
-             {:.1} s",
-            config.clocks, metric.name, run.elapsed_seconds
-        );
-        let to_bar = ToBar {
-            steps: passes,
-            seconds: run.elapsed_seconds,
-            quality,
-            reached: metric.meets(quality, bar),
-        };
-        last = Some((to_bar, run.updates_per_second));
-        if to_bar.reached || !quality.is_finite() {
-            break;
-        }
-    }
-    last.context("max passes must be >= 1")
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let threads = threads_or_cores(args.threads);
     let source = PlantedExamples {
         examples: args.examples,
         features: args.features,
@@ -296,9 +193,9 @@ fn main() -> anyhow::Result<()> {
     let bayes = app.evaluate(&optimal);
     report.add(
         "Bayes-optimal classifier (the planted means): test accuracy / cross-entropy".into(),
-        format!("{:.4} / {:.4}", Metric::of(&bayes, ACCURACY), bayes.loss),
+        format!("{:.4} / {:.4}", ACCURACY.of(&bayes), bayes.loss),
     );
-    let optimum = Metric::of(&bayes, metric);
+    let optimum = metric.of(&bayes);
     let (bar, why) = match args.bar {
         Some(bar) => (bar, "given".to_string()),
         None if metric.higher_is_better => (

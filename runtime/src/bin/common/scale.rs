@@ -1,7 +1,19 @@
 //! What the scale benchmarks (`ebbflow-mf-scale`, `ebbflow-lda-scale`, `ebbflow-mlr-scale`)
 //! share.
 
+// Each bench includes this file as a module of its own, and not every bench uses every piece
+// (ebbflow-lda-scale scores its own snapshots and reads its peers' line by line).
+#![allow(dead_code)]
+
 use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use ebbflow_runtime::app::{App, EvalReport};
+use ebbflow_runtime::apps::{BareLoop, BareWorker};
+use ebbflow_runtime::local::run_single_process;
+use ebbflow_runtime::metrics::RuntimeMetrics;
+use ebbflow_runtime::worker::JobConfig;
 
 /// Time to a quality bar: steps (passes, sweeps, iterations), training seconds (evaluation
 /// excluded), the last quality measured and whether it met the bar.
@@ -68,9 +80,125 @@ pub fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
+/// The worker threads a bench runs: `--threads`, else this machine's cores.
+pub fn threads_or_cores(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    })
+}
+
+/// The test metric a bar is set on, as the app's evaluation names it.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name in [`App::evaluate`]'s report (and in the peers' `--metric`).
+    pub name: &'static str,
+    pub higher_is_better: bool,
+}
+
+impl Metric {
+    /// Its value in `report` (NaN where the report lacks it).
+    pub fn of(&self, report: &EvalReport) -> f64 {
+        report.metric(self.name).unwrap_or(f64::NAN)
+    }
+
+    /// Whether `quality` meets `bar`.
+    pub fn meets(&self, quality: f64, bar: f64) -> bool {
+        if self.higher_is_better {
+            quality >= bar
+        } else {
+            quality <= bar
+        }
+    }
+
+    /// `>=` or `<=`: how a quality meets the bar.
+    pub fn relation(&self) -> &'static str {
+        if self.higher_is_better { ">=" } else { "<=" }
+    }
+
+    /// How a quality that misses compares to the bar.
+    pub fn missed(&self) -> &'static str {
+        if self.higher_is_better { "<" } else { ">" }
+    }
+}
+
+/// The bare loop on `app`, scored after every pass, until `metric` meets `bar` or `max_passes`
+/// passes: its time to the bar (training only) and its updates per second.
+pub fn bare_to_bar<A, W>(app: &A, metric: Metric, bar: f64, max_passes: u64) -> (ToBar, f64)
+where
+    A: App<Worker = W>,
+    W: BareWorker,
+{
+    let mut bare = BareLoop::new(app);
+    let per_pass = app.clocks_per_pass(1) as u64;
+    let (mut seconds, mut quality, mut updates, mut passes) = (0.0, f64::NAN, 0u64, 0);
+    while passes < max_passes && !metric.meets(quality, bar) {
+        let start = Instant::now();
+        for _ in 0..per_pass {
+            updates += bare.clock().updates;
+        }
+        seconds += start.elapsed().as_secs_f64();
+        passes += 1;
+        quality = metric.of(&app.evaluate(bare.tables()));
+        eprintln!(
+            "bare loop: pass {passes}: {} {quality:.4} after {seconds:.1} s",
+            metric.name
+        );
+    }
+    let to_bar = ToBar {
+        steps: passes,
+        seconds,
+        quality,
+        reached: metric.meets(quality, bar),
+    };
+    (to_bar, updates as f64 / seconds)
+}
+
+/// The in-process parameter server on `app` with `workers` threads (BSP, 4 partitions, the
+/// process cache), run for 1, 2, … passes until one run's final evaluation meets `bar` (each
+/// run from scratch, its whole run timed: workers, tables, binding and training): its time to
+/// the bar and its updates per second.
+pub fn ps_to_bar<A: App>(
+    app: &A,
+    workers: usize,
+    metric: Metric,
+    bar: f64,
+    max_passes: u64,
+) -> anyhow::Result<(ToBar, f64)> {
+    let per_pass = app.clocks_per_pass(workers) as u64;
+    let mut last = None;
+    for passes in 1..=max_passes {
+        let config = JobConfig {
+            clocks: passes * per_pass,
+            staleness: 0,
+            workers,
+            partitions: 4,
+            process_cache: true,
+            ..JobConfig::default()
+        };
+        let run = run_single_process(app, &config, &RuntimeMetrics::unregistered())?;
+        let quality = metric.of(&run.eval);
+        let training: f64 = run.clock_seconds.iter().sum();
+        eprintln!(
+            "ps in-process, {workers} workers: {passes} passes ({} clocks): {} {quality:.4}, \
+             {training:.1} s training, {:.1} s in all",
+            config.clocks, metric.name, run.elapsed_seconds
+        );
+        let to_bar = ToBar {
+            steps: passes,
+            seconds: run.elapsed_seconds,
+            quality,
+            reached: metric.meets(quality, bar),
+        };
+        last = Some((to_bar, run.updates_per_second));
+        if to_bar.reached || !quality.is_finite() {
+            break;
+        }
+    }
+    last.context("max passes must be >= 1")
+}
+
 /// Runs a peer script (`bench/mf_peers.py`, `bench/mlr_peers.py`) with `args`: the JSON object
 /// of its last stdout line, or why it did not run.
-#[allow(dead_code)] // ebbflow-lda-scale reads its peers' snapshots line by line
 pub fn run_json_peer(
     python: &Path,
     script: &Path,
@@ -111,7 +239,6 @@ pub fn run_json_peer(
 
 /// What a bench measures against its peers: the bar's text (`test rmse <= 0.2`), the metric's
 /// name, the rate's unit, and ours at the peers' threads (`None` where it missed the bar).
-#[allow(dead_code)] // ebbflow-lda-scale reads its peers' snapshots line by line
 pub struct PeerRows<'a> {
     pub bar: &'a str,
     pub metric: &'a str,
@@ -124,7 +251,6 @@ impl PeerRows<'_> {
     /// Adds the rows of one peer's JSON object (`peer`, `time_to_quality_s`, `quality`,
     /// `epochs`, `updates_per_s`): its time to the bar, its rate, and our speed ÷ its where both
     /// reached the bar.
-    #[allow(dead_code)]
     pub fn add(&self, report: &mut Report, peer: &str, result: &serde_json::Value) {
         let name = result["peer"].as_str().unwrap_or(peer).to_string();
         let time = result["time_to_quality_s"].as_f64();
