@@ -286,7 +286,7 @@ fn main() -> anyhow::Result<()> {
                 )
             }),
     };
-    for peer in &args.peers {
+    for peer in args.peers.iter().filter(|peer| !peer.is_empty()) {
         let (python, missing) = if peer == "spark" {
             (
                 &args.spark_python,
