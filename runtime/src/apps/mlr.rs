@@ -268,8 +268,8 @@ fn sgd_step(
             .extend_from_slice(examples.row(index as usize));
         scratch.labels.push(examples.labels[index as usize]);
     }
-    let gathered = scratch.features.chunks_exact(features.max(1));
-    for (x, &label) in gathered.zip(&scratch.labels) {
+    for (i, &label) in scratch.labels.iter().enumerate() {
+        let x = &scratch.features[i * features..(i + 1) * features];
         let label = label as usize;
         loss += f64::from(softmax(x, weights, rows, width, label, &mut scratch.probs));
         for (class, &p) in scratch.probs.iter().enumerate() {
