@@ -913,6 +913,8 @@ impl Transport for RemoteTransport {
                     } if partition == view.partition && values.len() == view.len => {
                         values.copy_to(&mut view.incoming);
                         view.visible = visible;
+                        // Over the wire every row comes back.
+                        view.fresh = None;
                         Ok(())
                     }
                     other => Err(WorkerError::from(unexpected(addr, &other, "rows"))),

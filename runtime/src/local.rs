@@ -303,17 +303,24 @@ impl Transport for LocalTransport {
         for view in views.iter_mut().filter(|v| v.needs_pull) {
             self.state
                 .wait_clock_blocking(view.partition, min_clock, self.config.wait_timeout)?;
-            let incoming = &mut view.incoming;
-            view.visible = self
-                .state
-                .with_partition(view.partition, LOCAL_EPOCH, |store| {
-                    let mut offset = 0;
-                    store.pull_rows(worker, min_clock, |row| {
-                        incoming[offset..offset + row.len()].copy_from_slice(row);
-                        offset += row.len();
+            let (incoming, since) = (&mut view.incoming, view.since);
+            let mut fresh = view.fresh.take().unwrap_or_default();
+            fresh.clear();
+            let (visible, incremental) =
+                self.state
+                    .with_partition(view.partition, LOCAL_EPOCH, |store| {
+                        let incremental =
+                            store.pull_rows_since(worker, min_clock, since, |offset, row| {
+                                incoming[offset..offset + row.len()].copy_from_slice(row);
+                                match fresh.last_mut() {
+                                    Some((at, n)) if *at + *n == offset => *n += row.len(),
+                                    _ => fresh.push((offset, row.len())),
+                                }
+                            })?;
+                        Ok((store.visible_clock(), incremental))
                     })?;
-                    Ok(store.visible_clock())
-                })?;
+            view.visible = visible;
+            view.fresh = incremental.then_some(fresh);
         }
         Ok(())
     }

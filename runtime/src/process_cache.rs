@@ -15,6 +15,13 @@
 //!   group's clocks below `f` (so it holds the thread's own writes); otherwise it waits for a fetch
 //!   in flight that will satisfy it, or fetches itself under the leader's id. Under BSP the first
 //!   thread of a clock fetches and the others copy: one pull per partition per process per clock.
+//!   A fetch into a valid copy asks only for the rows changed since its visible clock
+//!   ([`crate::store::PartitionStore::pull_rows_since`]), and the copy stamps each chunk of
+//!   values with the fetch that last changed it, so a thread copies out and installs only what
+//!   changed since its own last copy. The servers count a row as changed only where a push's
+//!   delta is not zero, but the members' deltas of a clock can cancel in the group's sum while
+//!   each member holds its own write: the chunks members wrote are stamped by the first fetch
+//!   that includes their clock, whatever the servers say.
 //! - **Writes.** A thread adds its clock's deltas into the group's buffer of that clock; the last
 //!   member to contribute pushes the sums under the leader's identity (leader, clock, partition)
 //!   and an empty push for every other member, so every logical worker still advances its own
@@ -34,6 +41,7 @@
 //! saves nothing and costs a group copy of every row).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -70,12 +78,41 @@ pub(crate) struct ReadScratch {
     views: Vec<PartitionView>,
     /// Per partition: whether the thread's view is settled in the current read.
     done: Vec<bool>,
+    /// Group copies to copy out of once the lock is released: `(partition, copy, since)`
+    /// (`since`: copy only the chunks changed after that fetch).
+    copies: Vec<(usize, Arc<CopyData>, Option<u64>)>,
+}
+
+/// Values a group copy tracks changes of together (a stretch of a row, or of a few).
+const CHUNK: usize = 128;
+
+/// The values of a group copy, with which fetch last changed each [`CHUNK`] of them, so a
+/// member copies out only what changed since its last copy.
+#[derive(Debug, Clone)]
+struct CopyData {
+    values: Vec<f32>,
+    /// Per chunk: the `seq` of the fetch that last changed it.
+    stamps: Vec<u64>,
+    /// Fetches installed into this copy (counting from the group's start, never reset).
+    seq: u64,
+}
+
+impl CopyData {
+    fn new(len: usize) -> Self {
+        Self {
+            values: vec![0.0; len],
+            stamps: vec![0; len.div_ceil(CHUNK)],
+            seq: 0,
+        }
+    }
 }
 
 /// The group's copy of one partition.
 #[derive(Debug)]
 struct PartCopy {
-    values: Vec<f32>,
+    /// Shared so that members copy their rows out of it without holding the group's lock; a
+    /// fetch updates it (in place when no member is still copying out of it).
+    copy: Arc<CopyData>,
     visible: u64,
     /// Group clocks pushed before the copy was fetched (so it holds every member's writes of them).
     includes: u64,
@@ -86,15 +123,41 @@ struct PartCopy {
     fetching: Vec<(u64, u64)>,
 }
 
+/// One clock's sums, per partition, each with the number of members that added theirs. Each
+/// partition has a lock of its own, so members add into different partitions at once.
+#[derive(Debug)]
+struct ClockSums {
+    parts: Vec<Mutex<(PartitionView, usize)>>,
+}
+
+impl ClockSums {
+    fn new(layouts: &[Layout]) -> Self {
+        Self {
+            parts: bare_views(layouts, true)
+                .into_iter()
+                .map(|view| Mutex::new((view, 0)))
+                .collect(),
+        }
+    }
+
+    fn clear(&self) {
+        for part in &self.parts {
+            let mut part = part.lock();
+            part.0.delta.fill(0.0);
+            part.1 = 0;
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     failed: Option<String>,
     /// Group clocks pushed: every member's deltas of clocks below are at the servers.
     pushed: u64,
-    /// Clocks being accumulated: `(clock, sums per partition, members contributed)`.
-    pending: Vec<(u64, Vec<PartitionView>, usize)>,
+    /// Clocks being accumulated: `(clock, sums, partitions pushed)`.
+    pending: Vec<(u64, Arc<ClockSums>, usize)>,
     /// Zeroed sum buffers for later clocks.
-    spare: Vec<Vec<PartitionView>>,
+    spare: Vec<Arc<ClockSums>>,
     parts: Vec<PartCopy>,
 }
 
@@ -116,6 +179,11 @@ pub struct ProcessCache {
     segment: Mutex<Segment>,
     /// Empty batches pushed for the members other than the leader.
     empties: Vec<PartitionView>,
+    /// Per partition, per [`CHUNK`] of the union: one past the earliest clock a member wrote
+    /// it in that no fetch has stamped yet (0: none). Members' writes can cancel in the group's
+    /// sum, and the servers do not mark a row a zero sum reaches as changed, yet the members
+    /// hold their own writes of it: the first fetch that includes the clock stamps it.
+    written: Vec<Mutex<Vec<u64>>>,
 }
 
 fn bare_views(layouts: &[Layout], with_delta: bool) -> Vec<PartitionView> {
@@ -176,7 +244,7 @@ impl ProcessCache {
         let parts = layouts
             .iter()
             .map(|layout| PartCopy {
-                values: vec![0.0; layout.len],
+                copy: Arc::new(CopyData::new(layout.len)),
                 visible: 0,
                 includes: 0,
                 valid: false,
@@ -187,7 +255,12 @@ impl ProcessCache {
         let empties = (0..num_partitions)
             .map(|p| PartitionView::bare(p, 0))
             .collect();
+        let written = layouts
+            .iter()
+            .map(|layout| Mutex::new(vec![0; layout.len.div_ceil(CHUNK)]))
+            .collect();
         Self {
+            written,
             leader: ids.first().copied().unwrap_or(0),
             members: ids,
             layouts,
@@ -345,14 +418,10 @@ impl ProcessCache {
         let mut shared = self.shared.lock();
         shared.pushed = first;
         let pending = std::mem::take(&mut shared.pending);
-        shared
-            .spare
-            .extend(pending.into_iter().map(|(_, mut sums, _)| {
-                for view in &mut sums {
-                    view.delta.fill(0.0);
-                }
-                sums
-            }));
+        shared.spare.extend(pending.into_iter().map(|(_, sums, _)| {
+            sums.clear();
+            sums
+        }));
         for &partition in &changed {
             let part = &mut shared.parts[partition as usize];
             part.valid = false;
@@ -362,76 +431,114 @@ impl ProcessCache {
         Ok(())
     }
 
-    /// Adds `worker`'s deltas of `clock` (its views, mapped by `runs`) to the group's buffer; the
-    /// last member to contribute pushes the clock for the whole group. With `reading_next` the
-    /// caller reads next and the wake-up of the members waiting for the push is left to that
-    /// read (returns whether it is owed), which usually wakes them once with a fresh copy instead
-    /// of twice: on a busy machine every wake-up costs a scheduling delay.
+    /// Adds `worker`'s deltas of `clock` (its views, mapped by `runs`) to the group's buffer;
+    /// the last member to add into a partition pushes that partition's sums for the whole group,
+    /// so members arriving together push different partitions at once (each starts at a
+    /// partition of its own). With `reading_next` the caller reads next and, if its push
+    /// completed the clock, the wake-up of the members waiting for it is left to that read
+    /// (returns whether it is owed), which usually wakes them once with a fresh copy instead of
+    /// twice: on a busy machine every wake-up costs a scheduling delay.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn contribute<T: Transport>(
         &self,
         transport: &mut T,
+        worker: u32,
         clock: u64,
         views: &[PartitionView],
         runs: &[Vec<Run>],
         reading_next: bool,
         metrics: &RuntimeMetrics,
     ) -> Result<bool, WorkerError> {
-        let mut shared = self.shared.lock();
-        if let Some(reason) = &shared.failed {
-            return Err(WorkerError::PeerFailed {
-                reason: reason.clone(),
-            });
-        }
-        let index = match shared.pending.iter().position(|(c, _, _)| *c == clock) {
-            Some(index) => index,
-            None => {
-                let sums = shared
-                    .spare
-                    .pop()
-                    .unwrap_or_else(|| bare_views(&self.layouts, true));
-                shared.pending.push((clock, sums, 0));
-                shared.pending.len() - 1
+        let sums = {
+            let mut shared = self.shared.lock();
+            if let Some(reason) = &shared.failed {
+                return Err(WorkerError::PeerFailed {
+                    reason: reason.clone(),
+                });
             }
-        };
-        let (_, sums, contributed) = &mut shared.pending[index];
-        for ((view, runs), sum) in views.iter().zip(runs).zip(sums.iter_mut()) {
-            for &(own, union, n) in runs {
-                for (s, d) in sum.delta[union..union + n]
-                    .iter_mut()
-                    .zip(&view.delta[own..own + n])
-                {
-                    *s += d;
+            match shared.pending.iter().find(|(c, _, _)| *c == clock) {
+                Some((_, sums, _)) => sums.clone(),
+                None => {
+                    let sums = shared
+                        .spare
+                        .pop()
+                        .unwrap_or_else(|| Arc::new(ClockSums::new(&self.layouts)));
+                    shared.pending.push((clock, sums.clone(), 0));
+                    sums
                 }
             }
+        };
+        let partitions = self.layouts.len();
+        let first = self.members.iter().position(|&m| m == worker).unwrap_or(0) * partitions
+            / self.members.len().max(1);
+        let (mut pushed, mut rows, mut values) = (0usize, 0u64, 0usize);
+        for p in (first..partitions).chain(0..first) {
+            let mut part = sums.parts[p].lock();
+            let (sum, contributed) = &mut *part;
+            let mut written = self.written[p].lock();
+            for &(own, union, n) in &runs[p] {
+                // Chunk by chunk, so the test for a write reads what the sum just did.
+                let mut at = union;
+                while at < union + n {
+                    let chunk = at / CHUNK;
+                    let end = ((chunk + 1) * CHUNK).min(union + n);
+                    let deltas = &views[p].delta[own + (at - union)..own + (end - union)];
+                    let mut nonzero = false;
+                    for (s, d) in sum.delta[at..end].iter_mut().zip(deltas) {
+                        *s += d;
+                        nonzero |= *d != 0.0;
+                    }
+                    if nonzero {
+                        let first = &mut written[chunk];
+                        if *first == 0 || *first > clock + 1 {
+                            *first = clock + 1;
+                        }
+                    }
+                    at = end;
+                }
+            }
+            drop(written);
+            *contributed += 1;
+            if *contributed < self.members.len() {
+                continue;
+            }
+            let result = (|| {
+                transport.push(self.leader, clock, std::slice::from_ref(sum))?;
+                let empty = std::slice::from_ref(&self.empties[p]);
+                for &member in self.members.iter().filter(|&&m| m != self.leader) {
+                    transport.push(member, clock, empty)?;
+                }
+                Ok(())
+            })();
+            if let Err(error) = result {
+                drop(part);
+                self.fail(format!("pushing clock {clock} failed: {error}"));
+                return Err(error);
+            }
+            sum.delta.fill(0.0);
+            *contributed = 0;
+            pushed += 1;
+            rows += self.layouts[p].rows;
+            values += self.layouts[p].len;
         }
-        *contributed += 1;
-        if *contributed < self.members.len() {
+        if pushed == 0 {
             return Ok(false);
         }
-        let (_, mut sums, _) = shared.pending.swap_remove(index);
-        drop(shared);
-        let pushed = (|| {
-            transport.push(self.leader, clock, &sums)?;
-            for &member in self.members.iter().filter(|&&m| m != self.leader) {
-                transport.push(member, clock, &self.empties)?;
-            }
-            Ok(())
-        })();
-        if let Err(error) = pushed {
-            self.fail(format!("pushing clock {clock} failed: {error}"));
-            return Err(error);
-        }
-        let rows: u64 = self.layouts.iter().map(|l| l.rows).sum();
-        let values: usize = self.layouts.iter().map(|l| l.len).sum();
         metrics.rows_moved.with_label_values(&["push"]).inc_by(rows);
         metrics
             .bytes_moved
             .with_label_values(&["push"])
             .inc_by(values as u64 * 4);
-        for view in &mut sums {
-            view.delta.fill(0.0);
-        }
         let mut shared = self.shared.lock();
+        let Some(index) = shared.pending.iter().position(|(c, _, _)| *c == clock) else {
+            // The segment ended under us (begin_segment cleared it): nothing to complete.
+            return Ok(false);
+        };
+        shared.pending[index].2 += pushed;
+        if shared.pending[index].2 < partitions {
+            return Ok(false);
+        }
+        let (_, sums, _) = shared.pending.swap_remove(index);
         shared.pushed = shared.pushed.max(clock + 1);
         shared.spare.push(sums);
         if !reading_next {
@@ -445,6 +552,10 @@ impl ProcessCache {
     /// under the leader's id where none will do; sets `needs_pull` on exactly those views.
     /// `done` is the number of clocks this thread has contributed; `owed` says it owes the group
     /// the wake-up of its last push ([`ProcessCache::contribute`]).
+    ///
+    /// A member fetches one partition at a time and copies its rows out of the group's copies
+    /// with the lock released, so members needing the same clock fetch different partitions and
+    /// copy at once.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read<T: Transport>(
         &self,
@@ -472,6 +583,7 @@ impl ProcessCache {
         let ReadScratch {
             views: fetches,
             done: done_views,
+            copies,
         } = scratch;
         done_views.clear();
         done_views.extend(views.iter().map(|v| !v.needs_pull));
@@ -488,7 +600,7 @@ impl ProcessCache {
                 self.wait(&mut shared, deadline, "their clock's pushes")?;
                 continue;
             }
-            let (mut fetch, mut waiting) = (false, false);
+            let (mut fetch, mut waiting) = (None, false);
             let includes = shared.pushed;
             for (view, finished) in views.iter_mut().zip(done_views.iter_mut()) {
                 if *finished {
@@ -497,9 +609,12 @@ impl ProcessCache {
                 let p = view.partition as usize;
                 let part = &mut shared.parts[p];
                 if part.valid && part.visible >= min_clock && part.includes >= done {
-                    copy_runs(&part.values, view, &runs[p]);
+                    // A copy held (not restored or re-registered since) takes only what changed.
+                    let since = (!force && !view.stale && view.copied > 0).then_some(view.copied);
+                    copies.push((p, part.copy.clone(), since));
                     view.visible = part.visible;
                     view.generation = part.generation;
+                    view.copied = part.copy.seq;
                     *finished = true;
                 } else if part
                     .fetching
@@ -507,19 +622,16 @@ impl ProcessCache {
                     .any(|&(m, i)| m >= min_clock && i >= done && m <= done)
                 {
                     waiting = true;
-                } else {
+                } else if fetch.is_none() {
                     part.fetching.push((min_clock, includes));
-                    if fetches.is_empty() {
-                        *fetches = bare_views(&self.layouts, false);
-                    }
-                    fetches[p].needs_pull = true;
-                    fetch = true;
+                    // A valid copy is brought up to date with the rows changed since it.
+                    fetch = Some((p, part.valid.then_some(part.visible), part.copy.seq));
                 }
             }
-            if !fetch {
-                if std::mem::take(&mut owed) {
-                    self.changed.notify_all();
-                }
+            if fetch.is_none() && std::mem::take(&mut owed) {
+                self.changed.notify_all();
+            }
+            if copies.is_empty() && fetch.is_none() {
                 if !waiting {
                     return Ok(());
                 }
@@ -527,36 +639,87 @@ impl ProcessCache {
                 continue;
             }
             drop(shared);
+            for (p, copy, since) in copies.drain(..) {
+                copy_runs(&copy, &mut views[p], &runs[p], since);
+            }
+            let Some((p, since, base)) = fetch else {
+                shared = self.shared.lock();
+                continue;
+            };
+            if fetches.is_empty() {
+                *fetches = bare_views(&self.layouts, false);
+            }
+            fetches[p].needs_pull = true;
+            fetches[p].since = since;
             let pulled = transport.pull(self.leader, min_clock, fetches);
+            let fetched = &mut fetches[p];
+            fetched.needs_pull = false;
             shared = self.shared.lock();
-            let (mut rows, mut values) = (0u64, 0usize);
-            for fetched in fetches.iter_mut().filter(|v| v.needs_pull) {
-                fetched.needs_pull = false;
-                let p = fetched.partition as usize;
-                let part = &mut shared.parts[p];
-                if let Some(at) = part
-                    .fetching
-                    .iter()
-                    .position(|&f| f == (min_clock, includes))
-                {
-                    part.fetching.swap_remove(at);
-                }
-                if pulled.is_err() {
-                    continue;
-                }
-                rows += self.layouts[p].rows;
-                values += self.layouts[p].len;
-                if !part.valid || (fetched.visible >= part.visible && includes >= part.includes) {
-                    std::mem::swap(&mut part.values, &mut fetched.incoming);
-                    part.visible = fetched.visible;
-                    part.includes = includes;
-                    part.valid = true;
-                } else if let Some(view) = views.get_mut(p) {
-                    // The group holds a copy fresher in some respect: keep it, use ours here.
-                    copy_runs(&fetched.incoming, view, &runs[p]);
-                    view.visible = fetched.visible;
-                    view.generation = part.generation;
-                    done_views[p] = true;
+            let part = &mut shared.parts[p];
+            if let Some(at) = part
+                .fetching
+                .iter()
+                .position(|&f| f == (min_clock, includes))
+            {
+                part.fetching.swap_remove(at);
+            }
+            if pulled.is_ok() {
+                let newer = fetched.visible >= part.visible && includes >= part.includes;
+                match fetched.fresh.as_deref() {
+                    Some(stretches) if part.valid && newer && part.copy.seq == base => {
+                        // Only the rows changed since the copy came: update it in place (a
+                        // member still copying out of it keeps the old one).
+                        let copy = Arc::make_mut(&mut part.copy);
+                        copy.seq += 1;
+                        for &(at, n) in stretches {
+                            copy.values[at..at + n].copy_from_slice(&fetched.incoming[at..at + n]);
+                            copy.stamps[at / CHUNK..(at + n).div_ceil(CHUNK)].fill(copy.seq);
+                        }
+                        stamp_written(&mut self.written[p].lock(), copy, includes);
+                        part.visible = fetched.visible;
+                        part.includes = includes;
+                    }
+                    // Changes since a copy another fetch has replaced meanwhile: of no use;
+                    // the loop looks again.
+                    Some(_) => {}
+                    None if !part.valid || newer => {
+                        let seq = part.copy.seq + 1;
+                        match Arc::get_mut(&mut part.copy) {
+                            Some(copy) => {
+                                std::mem::swap(&mut copy.values, &mut fetched.incoming);
+                                copy.stamps.fill(seq);
+                                copy.seq = seq;
+                                stamp_written(&mut self.written[p].lock(), copy, includes);
+                            }
+                            // A member is still copying out of the old copy: leave it that one.
+                            None => {
+                                let len = fetched.incoming.len();
+                                let values =
+                                    std::mem::replace(&mut fetched.incoming, vec![0.0; len]);
+                                let mut copy = CopyData {
+                                    values,
+                                    stamps: vec![seq; len.div_ceil(CHUNK)],
+                                    seq,
+                                };
+                                stamp_written(&mut self.written[p].lock(), &mut copy, includes);
+                                part.copy = Arc::new(copy);
+                            }
+                        }
+                        part.visible = fetched.visible;
+                        part.includes = includes;
+                        part.valid = true;
+                    }
+                    None => {
+                        if let Some(view) = views.get_mut(p) {
+                            // The group holds a copy fresher in some respect: keep it, use ours
+                            // here (a copy outside the group's history: the next is whole).
+                            copy_all(&fetched.incoming, view, &runs[p]);
+                            view.visible = fetched.visible;
+                            view.generation = part.generation;
+                            view.copied = 0;
+                            done_views[p] = true;
+                        }
+                    }
                 }
             }
             self.changed.notify_all();
@@ -566,18 +729,59 @@ impl ProcessCache {
                 self.fail(format!("fetching the process cache failed: {error}"));
                 return Err(error);
             }
-            metrics.rows_moved.with_label_values(&["pull"]).inc_by(rows);
+            metrics
+                .rows_moved
+                .with_label_values(&["pull"])
+                .inc_by(self.layouts[p].rows);
             metrics
                 .bytes_moved
                 .with_label_values(&["pull"])
-                .inc_by(values as u64 * 4);
+                .inc_by(self.layouts[p].len as u64 * 4);
+        }
+    }
+}
+
+/// Stamps with `copy`'s latest fetch the chunks members wrote in clocks below `includes` (the
+/// fetch holds those clocks' pushes), and forgets those writes.
+fn stamp_written(written: &mut [u64], copy: &mut CopyData, includes: u64) {
+    for (first, stamp) in written.iter_mut().zip(&mut copy.stamps) {
+        if *first != 0 && *first <= includes {
+            *stamp = copy.seq;
+            *first = 0;
         }
     }
 }
 
 /// Copies a view's rows out of the union values.
-fn copy_runs(union: &[f32], view: &mut PartitionView, runs: &[Run]) {
+fn copy_all(union: &[f32], view: &mut PartitionView, runs: &[Run]) {
     for &(own, at, n) in runs {
         view.incoming[own..own + n].copy_from_slice(&union[at..at + n]);
     }
+    view.fresh = None;
+}
+
+/// Copies a view's rows out of a group copy: all of them, or with `since` only the chunks a
+/// later fetch changed (listed in the view's `fresh`, for its install).
+fn copy_runs(copy: &CopyData, view: &mut PartitionView, runs: &[Run], since: Option<u64>) {
+    let Some(since) = since else {
+        return copy_all(&copy.values, view, runs);
+    };
+    let mut fresh = view.fresh.take().unwrap_or_default();
+    fresh.clear();
+    for &(own, at, n) in runs {
+        let end = at + n;
+        for chunk in at / CHUNK..end.div_ceil(CHUNK) {
+            if copy.stamps[chunk] <= since {
+                continue;
+            }
+            let (lo, hi) = ((chunk * CHUNK).max(at), ((chunk + 1) * CHUNK).min(end));
+            let to = own + (lo - at);
+            view.incoming[to..to + (hi - lo)].copy_from_slice(&copy.values[lo..hi]);
+            match fresh.last_mut() {
+                Some((o, len)) if *o + *len == to => *len += hi - lo,
+                _ => fresh.push((to, hi - lo)),
+            }
+        }
+    }
+    view.fresh = Some(fresh);
 }

@@ -1017,9 +1017,12 @@ impl PartitionStore {
                 let start = row as usize * width;
                 let delta = &values[offset..offset + width];
                 offset += width;
-                // A stateful rule changes the row even for a zero delta (momentum goes on).
+                // A stateful rule changes the row even for a zero delta (momentum goes on); a
+                // stateless one leaves it as it is.
                 if !table.state.is_empty() || delta.iter().any(|d| *d != 0.0) {
                     table.mark_changed(row, mark);
+                } else {
+                    continue;
                 }
                 let state = if table.state.is_empty() {
                     &mut [][..]
@@ -1043,6 +1046,43 @@ impl PartitionStore {
         let read = &mut self.read_clock[worker as usize];
         *read = Some(read.map_or(clock, |r| r.max(clock)));
         Ok(())
+    }
+
+    /// As [`PartitionStore::pull_rows`], but with `since` (the visible clock of a copy of the
+    /// batch the worker holds, own writes included) only the rows a push of clock `since` or
+    /// later changed go to `sink`, with their offset in the batch: every other row is what the
+    /// worker holds. Pushes after a read at visible clock `v` are of clocks `v` and later, so no
+    /// change since the held copy is left out. Returns whether the read was incremental: it is
+    /// not (every row goes to `sink`) without `since` or where this store does not know which
+    /// rows changed since then (it was restored from an image taken later).
+    pub fn pull_rows_since(
+        &mut self,
+        worker: u32,
+        clock: u64,
+        since: Option<u64>,
+        mut sink: impl FnMut(usize, &[f32]),
+    ) -> Result<bool, StoreError> {
+        let w = self.check_worker(worker)?;
+        let batch = self.batches[w].as_ref().ok_or(StoreError::LookupBatch {
+            worker,
+            partition: self.partition,
+        })?;
+        let since = since.filter(|&s| s >= self.floor);
+        let mut offset = 0;
+        for (position, rows) in &batch.segments {
+            let table = &self.tables[*position];
+            let width = table.spec.width;
+            for &row in rows {
+                if since.is_none_or(|s| u64::from(table.touched[row as usize]) > s) {
+                    let start = row as usize * width;
+                    sink(offset, &table.data[start..start + width]);
+                }
+                offset += width;
+            }
+        }
+        let read = &mut self.read_clock[w];
+        *read = Some(read.map_or(clock, |r| r.max(clock)));
+        Ok(since.is_some())
     }
 
     /// Feeds `worker`'s registered rows, in batch order, to `sink` (one call per row).
@@ -1862,6 +1902,62 @@ mod tests {
         moved.arm_backup(4).unwrap();
         let (copy, base) = moved.take_backup(4).unwrap().since(Some(3));
         assert_eq!((copy.tables[0].keys.len(), base), (rows, None));
+    }
+
+    /// Rows a read since a clock brings: `(offset, first value)` of each.
+    fn pulled_since(store: &mut PartitionStore, since: Option<u64>) -> (Vec<(usize, f32)>, bool) {
+        let mut rows = Vec::new();
+        let incremental = store
+            .pull_rows_since(0, store.visible_clock(), since, |offset, row| {
+                rows.push((offset, row[0]))
+            })
+            .unwrap();
+        (rows, incremental)
+    }
+
+    #[test]
+    fn a_read_since_a_clock_brings_only_the_rows_changed_since() {
+        let rows = 6;
+        let (mut store, keys) = sparse_store(rows, Optimizer::Add);
+        for c in 0..3 {
+            for w in 0..2 {
+                store.push(w, c, &sparse_push(w, c, rows)).unwrap();
+            }
+        }
+        let whole = read(&store, 0);
+        // Without a clock, or since before the first push: every row.
+        let (all, incremental) = pulled_since(&mut store, None);
+        assert!(!incremental);
+        assert_eq!(all.len(), rows);
+        assert_eq!(pulled_since(&mut store, Some(0)).0.len(), rows);
+        // Clock 2 changed rows 1 and 4 only (width 2: offsets 2 and 8), with their values.
+        let (changed, incremental) = pulled_since(&mut store, Some(2));
+        assert!(incremental);
+        assert_eq!(changed, vec![(2, whole[2]), (8, whole[8])]);
+        assert_eq!(pulled_since(&mut store, Some(3)).0, vec![]);
+        // A zero delta changes nothing.
+        store.push(0, 3, &vec![0.0; rows * 2]).unwrap();
+        store.push(1, 3, &vec![0.0; rows * 2]).unwrap();
+        assert_eq!(read(&store, 0), whole);
+        assert_eq!(pulled_since(&mut store, Some(3)).0, vec![]);
+        // A partition placed from an image at clock 4 knows nothing of earlier changes: since
+        // clock 3 it sends every row, since 4 what changed after.
+        let mut moved =
+            PartitionStore::from_image(store.image(), 2, 2, &spec(), Optimizer::Add, false)
+                .unwrap();
+        for w in 0..2 {
+            moved.register(w, &[(0, keys.clone())]).unwrap();
+        }
+        let (all, incremental) = pulled_since(&mut moved, Some(3));
+        assert_eq!((all.len(), incremental), (rows, false));
+        assert_eq!(pulled_since(&mut moved, Some(4)), (vec![], true));
+        moved.push(0, 4, &sparse_push(0, 5, rows)).unwrap();
+        let changed: Vec<usize> = pulled_since(&mut moved, Some(4))
+            .0
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(changed, vec![2, 8]);
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //!    reaches `t + 1 - s`); fresher ones are kept. A worker's pushes reach a server before its next
 //!    pull of that partition (same connection, or same thread in process), so a pulled copy always
 //!    holds this worker's own writes, and a kept copy holds them because the app wrote them there.
+//!    A pull of a copy held asks only for the rows a push changed since its visible clock (every
+//!    push after that read is of that clock or later), and only those are installed.
 //!
 //! Nothing here allocates per clock: every buffer is sized once from the working set.
 //!
@@ -156,6 +158,14 @@ pub(crate) struct PartitionView {
     pub(crate) stale: bool,
     /// With a process cache: the registration generation of the copy installed.
     pub(crate) generation: u64,
+    /// Set before a pull: the visible clock of the copy held (own writes included), so that the
+    /// transport may send only the rows changed since ([`Transport::pull`]); `None`: all.
+    pub(crate) since: Option<u64>,
+    /// After a pull: `None` if `incoming` holds every row, else the stretches
+    /// `(offset, values)` it holds (the rows changed since `since`; the others are as held).
+    pub(crate) fresh: Option<Vec<(usize, usize)>>,
+    /// With a process cache: the group copy's fetch count when this view was last copied.
+    pub(crate) copied: u64,
 }
 
 impl PartitionView {
@@ -171,6 +181,9 @@ impl PartitionView {
             needs_pull: false,
             stale: false,
             generation: 0,
+            since: None,
+            fresh: None,
+            copied: 0,
         }
     }
 }
@@ -208,7 +221,9 @@ pub(crate) trait Transport {
     fn push(&mut self, worker: u32, clock: u64, views: &[PartitionView])
     -> Result<(), WorkerError>;
     /// For every view with `needs_pull`, waits until its visible clock is at least `min_clock`,
-    /// then fills `incoming` and sets `visible`.
+    /// then fills `incoming` and sets `visible` and `fresh`. With `since` set a transport may
+    /// fill only the rows changed since that clock (`fresh` lists them); it may always fill all
+    /// (`fresh` = `None`).
     fn pull(
         &mut self,
         worker: u32,
@@ -496,16 +511,38 @@ fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
     }
 }
 
-/// Installs a pulled copy: `data = snapshot = incoming`.
+/// Installs a pulled copy: `data = snapshot = incoming`, over the stretches `fresh` names (all
+/// without it).
 fn install(cache: &mut RowCache, view: &mut PartitionView) {
     let mut offset = 0;
+    let mut fresh = view.fresh.as_deref().map(|f| f.iter().peekable());
     for &(position, start, end) in &view.ranges {
         let table = &mut cache.tables[position];
         let (from, to) = (start * table.width, end * table.width);
-        let source = &view.incoming[offset..offset + (to - from)];
-        table.data[from..to].copy_from_slice(source);
-        table.snapshot[from..to].copy_from_slice(source);
-        offset += to - from;
+        let len = to - from;
+        let mut put = |at: usize, n: usize| {
+            let source = &view.incoming[offset + at..offset + at + n];
+            table.data[from + at..from + at + n].copy_from_slice(source);
+            table.snapshot[from + at..from + at + n].copy_from_slice(source);
+        };
+        match fresh.as_mut() {
+            None => put(0, len),
+            Some(stretches) => {
+                // Stretches are in offset order and may cross from one range into the next.
+                while let Some(&&(at, n)) = stretches.peek() {
+                    if at >= offset + len {
+                        break;
+                    }
+                    let (lo, hi) = (at.max(offset), (at + n).min(offset + len));
+                    put(lo - offset, hi - lo);
+                    if at + n > offset + len {
+                        break;
+                    }
+                    stretches.next();
+                }
+            }
+        }
+        offset += len;
     }
 }
 
@@ -687,6 +724,7 @@ impl<W: AppWorker> WorkerLoop<W> {
                 for (view, rows) in self.views.iter_mut().zip(&self.rows_per_pull) {
                     view.needs_pull =
                         view.len > 0 && (force || view.stale || view.visible < min_clock);
+                    view.since = (!force && !view.stale).then_some(view.visible);
                     if view.needs_pull {
                         pulled.0 += rows;
                         pulled.1 += view.len as u64 * 4;
@@ -725,6 +763,7 @@ impl<W: AppWorker> WorkerLoop<W> {
         if let Some(shared) = &self.shared {
             return shared.cache.contribute(
                 transport,
+                self.worker_id,
                 clock,
                 &self.views,
                 &shared.runs,
@@ -1059,5 +1098,23 @@ mod tests {
         assert_eq!(cache.row(0, slot), &[1.0, 1.0]);
         collect_delta(&mut cache, view);
         assert!(view.delta.iter().all(|d| *d == 0.0));
+        // A read of the rows changed since: only its stretches are installed, one of them
+        // across the view's two tables (the last row of table 0, the first of table 1).
+        let table0 = view.ranges[0].2 - view.ranges[0].1;
+        view.incoming.fill(7.0);
+        view.fresh = Some(vec![(0, 1), (table0 * 2 - 2, 3)]);
+        install(&mut cache, view);
+        collect_delta(&mut cache, view);
+        assert!(view.delta.iter().all(|d| *d == 0.0), "snapshots follow");
+        let mut values = Vec::new();
+        for &(position, start, end) in &view.ranges {
+            let width = cache.tables[position].width;
+            values.extend_from_slice(&cache.tables[position].data[start * width..end * width]);
+        }
+        let mut expected = vec![1.0; view.len];
+        for (at, n) in [(0, 1), (table0 * 2 - 2, 3)] {
+            expected[at..at + n].fill(7.0);
+        }
+        assert_eq!(values, expected);
     }
 }

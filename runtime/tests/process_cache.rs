@@ -345,3 +345,119 @@ fn a_pool_keeps_its_process_cache_across_segments_and_repulls_only_moved_partiti
     );
     assert_eq!(fixture.finish(&app, &moved_map), Some(0.0));
 }
+
+/// Two workers whose writes of a clock cancel: at every clock worker 0 adds `+a` and worker 1
+/// `-a` to each shared row, and worker 0 alone adds 1 to a row of its own. Every clock each
+/// worker checks that the shared rows hold 0 and its own row its clock count.
+mod cancelling {
+    use ebbflow_runtime::app::{
+        App, AppWorker, ClockStats, EvalReport, RowCache, RowInit, TableReader, TableSpec,
+        WorkingSet,
+    };
+
+    pub const SHARED: u64 = 24;
+
+    pub struct Cancelling;
+
+    pub struct Worker {
+        shard: usize,
+        slots: Vec<u32>,
+        own: u32,
+    }
+
+    impl App for Cancelling {
+        type Worker = Worker;
+
+        fn tables(&self) -> Vec<TableSpec> {
+            vec![TableSpec {
+                id: 0,
+                name: "cancelling".into(),
+                width: 3,
+                init: RowInit::Zeros,
+            }]
+        }
+
+        fn worker(&self, shard: usize, _num_shards: usize) -> Worker {
+            Worker {
+                shard,
+                slots: Vec::new(),
+                own: 0,
+            }
+        }
+
+        fn evaluate(&self, tables: &dyn TableReader) -> EvalReport {
+            let mut row = [0.0f32; 3];
+            let wrong = (0..SHARED)
+                .filter(|&key| {
+                    tables.read_row(0, key, &mut row);
+                    row != [0.0; 3]
+                })
+                .count();
+            EvalReport {
+                loss: wrong as f64,
+                metrics: vec![("wrong_values".into(), wrong as f64)],
+            }
+        }
+    }
+
+    impl AppWorker for Worker {
+        fn working_set(&self) -> WorkingSet {
+            let mut set = WorkingSet::new();
+            set.add_keys(0, (0..SHARED).chain([SHARED + self.shard as u64]));
+            set
+        }
+
+        fn bind(&mut self, cache: &RowCache) {
+            self.slots = (0..SHARED).map(|key| cache.slot(0, key).unwrap()).collect();
+            self.own = cache.slot(0, SHARED + self.shard as u64).unwrap();
+        }
+
+        fn clock(&mut self, cache: &mut RowCache, clock: u64) -> ClockStats {
+            let mut failed = 0;
+            for &slot in &self.slots {
+                failed += u64::from(cache.row(0, slot) != [0.0; 3]);
+            }
+            let own = if self.shard == 0 { clock as f32 } else { 0.0 };
+            failed += u64::from(cache.row(0, self.own)[0] != own);
+            let sign = if self.shard == 0 { 1.0 } else { -1.0 };
+            for &slot in &self.slots {
+                for value in cache.row_mut(0, slot) {
+                    *value += sign * (1 + clock % 3) as f32;
+                }
+            }
+            if self.shard == 0 {
+                cache.row_mut(0, self.own)[0] += 1.0;
+            }
+            ClockStats {
+                updates: self.slots.len() as u64,
+                loss_sum: failed as f64,
+                loss_count: self.slots.len() as u64 + 1,
+            }
+        }
+    }
+}
+
+/// A read brings only the rows changed since the copy held, yet a row the two threads of a
+/// process wrote in a clock is read again even where their writes cancel in the group's sum
+/// (which the servers do not count as a change): each thread holds its own write of it.
+#[test]
+fn writes_that_cancel_in_the_group_sum_are_read_again() {
+    for (process_cache, staleness) in [(true, 0), (false, 0), (true, 1)] {
+        let metrics = RuntimeMetrics::unregistered();
+        let report = run_single_process(
+            &cancelling::Cancelling,
+            &job(2, 12, staleness, process_cache),
+            &metrics,
+        )
+        .unwrap();
+        let what = format!("process cache {process_cache}, staleness {staleness}");
+        assert_eq!(report.eval.metric("wrong_values"), Some(0.0), "{what}");
+        if staleness == 0 {
+            assert_eq!(
+                report.total_stats().loss_sum,
+                0.0,
+                "{what}: a read was wrong"
+            );
+        }
+    }
+}
