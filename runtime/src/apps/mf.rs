@@ -22,7 +22,7 @@ use crate::app::{
 };
 use crate::data::{DataError, Planted as _, PlantedRatings, Rating, Ratings};
 
-use super::{AppsError, BareWorker, RowStore, TestData, dot, parallel_clocks_per_pass, pass_slice};
+use super::{AppsError, BareWorker, RowStore, TestData, dot, parallel_clocks_per_pass, pass_range};
 
 /// Table of user rows (bias, factors).
 pub const USERS: TableId = 0;
@@ -57,6 +57,13 @@ pub struct MfConfig {
     /// at 25 M ratings, where the rows are far larger than the cache. Off by default (small
     /// data fits in cache anyway); on for planted data at scale.
     pub blocked: bool,
+    /// Threads one worker's clock runs on. Above 1 the shard is laid out in strata of blocks
+    /// ([`stratified_order`]; `blocked` is implied): the blocks of a stratum share no user and no
+    /// item, so the threads update them at once without a lock, as LIBMF's threads do, and the
+    /// result is the same whatever the number of threads. A process with one worker of `n`
+    /// threads moves one copy of its rows a clock, where `n` workers of a thread each move
+    /// theirs.
+    pub threads: usize,
 }
 
 impl Default for MfConfig {
@@ -71,6 +78,7 @@ impl Default for MfConfig {
             clocks_per_pass: None,
             staleness: 0,
             blocked: false,
+            threads: 1,
         }
     }
 }
@@ -226,6 +234,12 @@ fn check_config(config: &MfConfig) -> Result<(), AppsError> {
     if config.clocks_per_pass == Some(0) {
         return bad("clocks per pass must be > 0".into());
     }
+    if !(1..=BLOCK_BINS as usize).contains(&config.threads) {
+        return bad(format!(
+            "threads of a worker must be 1 to {BLOCK_BINS} (a stratum's blocks), got {}",
+            config.threads
+        ));
+    }
     if !(config.learning_rate > 0.0 && config.decay > 0.0 && config.regularization >= 0.0) {
         return bad(format!(
             "learning rate and decay must be > 0 and regularization >= 0, got {config:?}"
@@ -278,6 +292,36 @@ pub fn block_order(
     });
 }
 
+/// Orders a worker's shard in strata of blocks for a clock on several threads: with `B` =
+/// [`BLOCK_BINS`] bins of users and of items, block (user bin `u`, item bin `i`) is in stratum
+/// `(i - u) mod B`, and a stratum's `B` blocks, in user-bin order, have pairwise distinct users
+/// and items (DSGD's strata; LIBMF's threads pick such blocks as they go). Worker `shard` of
+/// `shards` starts at stratum `shard × B / shards`. Returns the first rating of every block,
+/// stratum by stratum, and the shard's end.
+pub fn stratified_order(
+    ratings: &mut [Rating],
+    num_users: u32,
+    num_items: u32,
+    shard: usize,
+    shards: usize,
+) -> Vec<usize> {
+    let bins = u64::from(BLOCK_BINS);
+    let start = (shard * BLOCK_BINS as usize / shards.max(1)) as u64;
+    let (users, items) = (u64::from(num_users.max(1)), u64::from(num_items.max(1)));
+    let block = |r: &Rating| {
+        let user_bin = u64::from(r.user) * bins / users;
+        let item_bin = u64::from(r.item) * bins / items;
+        let stratum = (item_bin + bins - user_bin) % bins;
+        ((stratum + bins - start) % bins) * bins + user_bin
+    };
+    ratings.sort_unstable_by_key(block);
+    let mut starts: Vec<usize> = (0..bins * bins)
+        .map(|b| ratings.partition_point(|r| block(r) < b))
+        .collect();
+    starts.push(ratings.len());
+    starts
+}
+
 /// Ratings of the most rated user or item, times `scale` (a sample's count to the whole's).
 fn max_row_updates(ratings: &[Rating], scale: f64) -> usize {
     let size = |id: fn(&Rating) -> u32| ratings.iter().map(id).max().map_or(0, |m| m as usize + 1);
@@ -315,18 +359,145 @@ fn sgd_pass(
     for rating in ratings {
         let user = &mut users[rating.user as usize * width..][..width];
         let item = &mut items[rating.item as usize * width..][..width];
-        let prediction = mean + user[0] + item[0] + dot(&user[1..], &item[1..]);
-        let error = rating.value - prediction;
-        squared_error += f64::from(error * error);
-        user[0] += learning_rate * (error - regularization * user[0]);
-        item[0] += learning_rate * (error - regularization * item[0]);
-        for (p, q) in user[1..].iter_mut().zip(&mut item[1..]) {
-            let (old_p, old_q) = (*p, *q);
-            *p += learning_rate * (error * old_q - regularization * old_p);
-            *q += learning_rate * (error * old_p - regularization * old_q);
-        }
+        squared_error += sgd_step(
+            rating.value,
+            user,
+            item,
+            mean,
+            learning_rate,
+            regularization,
+        );
     }
     squared_error
+}
+
+/// The ratings `range` of a stratified shard ([`stratified_order`], which started at stratum
+/// `first`) on `threads` threads: stratum by stratum, thread `t` takes the stratum's blocks `b`
+/// with `b mod threads = t` (their part within `range`), each block one sequential SGD pass,
+/// and gets the rows of those blocks only (`bins`: the user bin of every user slot and the item
+/// bin of every item slot, [`NO_BIN`] for none). The blocks of a stratum share no row, so the
+/// result is that of any order of them, the same at any thread count; the squared error is
+/// summed in block order.
+#[allow(clippy::too_many_arguments)]
+fn stratified_pass(
+    ratings: &[Rating],
+    blocks: &[usize],
+    first: usize,
+    range: std::ops::Range<usize>,
+    threads: usize,
+    (users, items): (&mut [f32], &mut [f32]),
+    bins: (&[u8], &[u8]),
+    width: usize,
+    (mean, learning_rate, regularization): (f32, f32, f32),
+) -> f64 {
+    let count = BLOCK_BINS as usize;
+    let threads = threads.clamp(1, count);
+    let mut total = 0.0f64;
+    for position in 0..count {
+        let parts: Vec<std::ops::Range<usize>> = (0..count)
+            .map(|b| {
+                let (start, end) = (
+                    blocks[position * count + b],
+                    blocks[position * count + b + 1],
+                );
+                start.max(range.start)..end.min(range.end).max(start.max(range.start))
+            })
+            .collect();
+        if parts.iter().all(|p| p.is_empty()) {
+            continue;
+        }
+        // Block `u` of the stratum holds user bin `u` and item bin `(u + stratum) mod count`.
+        let stratum = (position + first) % count;
+        let mut rows: Vec<(RowRefs<'_>, RowRefs<'_>)> = (0..threads)
+            .map(|_| {
+                (
+                    (0..users.len() / width).map(|_| None).collect(),
+                    (0..items.len() / width).map(|_| None).collect(),
+                )
+            })
+            .collect();
+        for (slot, row) in users.chunks_exact_mut(width).enumerate() {
+            if let Some(&bin) = bins.0.get(slot).filter(|&&b| b != NO_BIN) {
+                rows[usize::from(bin) % threads].0[slot] = Some(row);
+            }
+        }
+        for (slot, row) in items.chunks_exact_mut(width).enumerate() {
+            if let Some(&bin) = bins.1.get(slot).filter(|&&b| b != NO_BIN) {
+                let block = (usize::from(bin) + count - stratum) % count;
+                rows[block % threads].1[slot] = Some(row);
+            }
+        }
+        let work = |t: usize, (mut users, mut items): (RowRefs<'_>, RowRefs<'_>)| {
+            let mut errors = Vec::new();
+            for (b, part) in parts.iter().enumerate().skip(t).step_by(threads) {
+                let mut squared_error = 0.0f64;
+                for rating in &ratings[part.clone()] {
+                    let user = users[rating.user as usize]
+                        .as_deref_mut()
+                        .expect("a block's users are its thread's");
+                    let item = items[rating.item as usize]
+                        .as_deref_mut()
+                        .expect("a block's items are its thread's");
+                    squared_error += sgd_step(
+                        rating.value,
+                        user,
+                        item,
+                        mean,
+                        learning_rate,
+                        regularization,
+                    );
+                }
+                errors.push((b, squared_error));
+            }
+            errors
+        };
+        let mut errors = vec![0.0f64; count];
+        std::thread::scope(|scope| {
+            let mut rows = rows.drain(..).enumerate();
+            let own = rows.next().expect("one thread at least");
+            let helpers: Vec<_> = rows
+                .map(|(t, rows)| scope.spawn(move || work(t, rows)))
+                .collect();
+            for (b, error) in work(own.0, own.1) {
+                errors[b] = error;
+            }
+            for helper in helpers {
+                for (b, error) in helper.join().expect("an SGD thread panicked") {
+                    errors[b] = error;
+                }
+            }
+        });
+        total += errors.iter().sum::<f64>();
+    }
+    total
+}
+
+/// Rows of a table one thread of [`stratified_pass`] may update, by slot.
+type RowRefs<'a> = Vec<Option<&'a mut [f32]>>;
+
+/// The bin of a slot no rating refers to.
+const NO_BIN: u8 = u8::MAX;
+
+/// One SGD step on a rating; returns its squared error before the step.
+#[inline]
+fn sgd_step(
+    value: f32,
+    user: &mut [f32],
+    item: &mut [f32],
+    mean: f32,
+    learning_rate: f32,
+    regularization: f32,
+) -> f64 {
+    let prediction = mean + user[0] + item[0] + dot(&user[1..], &item[1..]);
+    let error = value - prediction;
+    user[0] += learning_rate * (error - regularization * user[0]);
+    item[0] += learning_rate * (error - regularization * item[0]);
+    for (p, q) in user[1..].iter_mut().zip(&mut item[1..]) {
+        let (old_p, old_q) = (*p, *q);
+        *p += learning_rate * (error * old_q - regularization * old_p);
+        *q += learning_rate * (error * old_p - regularization * old_q);
+    }
+    f64::from(error * error)
 }
 
 impl App for MfApp {
@@ -372,8 +543,12 @@ impl App for MfApp {
                     .entries
             }
         };
-        if self.config.blocked {
-            let (num_users, num_items) = self.id_space();
+        let (num_users, num_items) = self.id_space();
+        let mut blocks = Vec::new();
+        let first_stratum = shard * BLOCK_BINS as usize / num_shards;
+        if self.config.threads > 1 {
+            blocks = stratified_order(&mut ratings, num_users, num_items, shard, num_shards);
+        } else if self.config.blocked {
             block_order(&mut ratings, num_users, num_items, shard, num_shards);
         }
         MfWorker {
@@ -382,6 +557,10 @@ impl App for MfApp {
             bound: None,
             mean: self.mean,
             config: self.config.clone(),
+            blocks,
+            first_stratum,
+            id_space: (num_users, num_items),
+            bins: (Vec::new(), Vec::new()),
         }
     }
 
@@ -435,6 +614,12 @@ pub struct MfWorker {
     mean: f32,
     config: MfConfig,
     clocks_per_pass: usize,
+    /// With threads: the first rating of every block of [`stratified_order`], and the end;
+    /// the stratum it starts at; the id space; and the bin of every bound user and item slot.
+    blocks: Vec<usize>,
+    first_stratum: usize,
+    id_space: (u32, u32),
+    bins: (Vec<u8>, Vec<u8>),
 }
 
 /// The original id of each slot the ratings refer to, per table (`u32::MAX`: no rating's).
@@ -489,6 +674,22 @@ impl MfWorker {
             remember(&mut next.items, item_slot, item);
             self.ratings[i].user = user_slot;
             self.ratings[i].item = item_slot;
+        }
+        if !self.blocks.is_empty() {
+            let bin = |ids: &[u32], space: u32| -> Vec<u8> {
+                ids.iter()
+                    .map(|&id| match id {
+                        NO_ID => NO_BIN,
+                        id => {
+                            (u64::from(id) * u64::from(BLOCK_BINS) / u64::from(space.max(1))) as u8
+                        }
+                    })
+                    .collect()
+            };
+            self.bins = (
+                bin(&next.users, self.id_space.0),
+                bin(&next.items, self.id_space.1),
+            );
         }
         self.bound = Some(next);
     }
@@ -555,20 +756,34 @@ impl BareWorker for MfWorker {
         let per_pass = self.clocks_per_pass;
         let learning_rate =
             self.config.learning_rate * self.config.decay.powf(clock as f32 / per_pass as f32);
-        let slice = pass_slice(&self.ratings, clock, per_pass);
-        let squared_error = sgd_pass(
-            slice,
-            users,
-            items,
-            width,
-            self.mean,
-            learning_rate,
-            self.config.regularization,
-        );
+        let range = pass_range(self.ratings.len(), clock, per_pass);
+        let squared_error = if self.blocks.is_empty() {
+            sgd_pass(
+                &self.ratings[range.clone()],
+                users,
+                items,
+                width,
+                self.mean,
+                learning_rate,
+                self.config.regularization,
+            )
+        } else {
+            stratified_pass(
+                &self.ratings,
+                &self.blocks,
+                self.first_stratum,
+                range.clone(),
+                self.config.threads,
+                (users, items),
+                (&self.bins.0, &self.bins.1),
+                width,
+                (self.mean, learning_rate, self.config.regularization),
+            )
+        };
         ClockStats {
-            updates: slice.len() as u64,
+            updates: range.len() as u64,
             loss_sum: squared_error,
-            loss_count: slice.len() as u64,
+            loss_count: range.len() as u64,
         }
     }
 }
@@ -620,6 +835,14 @@ mod tests {
         };
         let error = MfApp::new(train.clone(), test.clone(), zero_rank).unwrap_err();
         assert_eq!(error.category(), "config");
+        for threads in [0, 21] {
+            let config = MfConfig {
+                threads,
+                ..MfConfig::default()
+            };
+            let error = MfApp::new(train.clone(), test.clone(), config).unwrap_err();
+            assert!(error.to_string().contains("threads"), "{error}");
+        }
         let empty = Ratings {
             entries: Vec::new(),
             ..train
@@ -732,6 +955,79 @@ mod tests {
             decay: 0.95,
             regularization: 0.02,
             blocked: true,
+            ..MfConfig::default()
+        };
+        let source = planted();
+        let app = MfApp::planted(source.clone(), config, 2, 1, None).unwrap();
+        let rmse = train_bare(&app, 40);
+        assert!(rmse < source.noise + 0.1, "rmse {rmse}");
+    }
+
+    /// A worker's clock on threads: the strata's blocks share no user and no item, the threads
+    /// leave every value bit for bit where one thread does (1, 2, 3 and 20 threads, a clock
+    /// cutting through strata), and it trains.
+    #[test]
+    fn a_clock_on_threads_updates_disjoint_blocks_and_ends_where_one_thread_does() {
+        let (users, items) = (400u32, 100u32);
+        let data = synthetic_ratings(users, items, 2, 5000, 0.1, 9).unwrap();
+        let mut ratings = data.ratings.entries.clone();
+        let blocks = stratified_order(&mut ratings, users, items, 1, 2);
+        assert_eq!(blocks.len(), 20 * 20 + 1);
+        assert_eq!(*blocks.last().unwrap(), ratings.len());
+        for stratum in 0..20 {
+            let (mut seen_users, mut seen_items) = (vec![None; 400], vec![None; 100]);
+            for b in 0..20 {
+                for r in &ratings[blocks[stratum * 20 + b]..blocks[stratum * 20 + b + 1]] {
+                    for (seen, id) in [(&mut seen_users, r.user), (&mut seen_items, r.item)] {
+                        let owner = seen[id as usize].get_or_insert(b);
+                        assert_eq!(*owner, b, "stratum {stratum}: id {id} in two blocks");
+                    }
+                }
+            }
+        }
+        let width = 5;
+        let bin = |id: u32, space: u32| (u64::from(id) * 20 / u64::from(space)) as u8;
+        let bins: (Vec<u8>, Vec<u8>) = (
+            (0..users).map(|u| bin(u, users)).collect(),
+            (0..items).map(|i| bin(i, items)).collect(),
+        );
+        let start: Vec<f32> = (0..(users + items) as usize * width)
+            .map(|i| ((i * 7919) % 101) as f32 / 1000.0)
+            .collect();
+        let train = |threads: usize, range: std::ops::Range<usize>| {
+            let mut tables = start.clone();
+            let (u, i) = tables.split_at_mut(users as usize * width);
+            let error = stratified_pass(
+                &ratings,
+                &blocks,
+                10,
+                range,
+                threads,
+                (u, i),
+                (&bins.0, &bins.1),
+                width,
+                (3.0, 0.02, 0.02),
+            );
+            (tables, error)
+        };
+        let slice = ratings.len() / 3..ratings.len() * 2 / 3;
+        let one = train(1, slice.clone());
+        assert_ne!(one.0, start);
+        for threads in [2, 3, 20] {
+            let many = train(threads, slice.clone());
+            assert!(
+                one.0 == many.0 && one.1.to_bits() == many.1.to_bits(),
+                "{threads} threads"
+            );
+        }
+        assert_eq!(train(2, 0..0).0, start, "an empty clock changes nothing");
+
+        let config = MfConfig {
+            rank: 8,
+            learning_rate: 0.02,
+            decay: 0.95,
+            regularization: 0.02,
+            threads: 2,
             ..MfConfig::default()
         };
         let source = planted();
