@@ -355,18 +355,12 @@ fn sgd_pass(
     learning_rate: f32,
     regularization: f32,
 ) -> f64 {
+    let step = (mean, learning_rate, regularization);
     let mut squared_error = 0.0f64;
     for rating in ratings {
         let user = &mut users[rating.user as usize * width..][..width];
         let item = &mut items[rating.item as usize * width..][..width];
-        squared_error += sgd_step(
-            rating.value,
-            user,
-            item,
-            mean,
-            learning_rate,
-            regularization,
-        );
+        squared_error += sgd_step(rating.value, user, item, step);
     }
     squared_error
 }
@@ -388,7 +382,7 @@ fn stratified_pass(
     (users, items): (&mut [f32], &mut [f32]),
     bins: (&[u8], &[u8]),
     width: usize,
-    (mean, learning_rate, regularization): (f32, f32, f32),
+    step: (f32, f32, f32),
 ) -> f64 {
     let count = BLOCK_BINS as usize;
     let threads = threads.clamp(1, count);
@@ -438,14 +432,7 @@ fn stratified_pass(
                     let item = items[rating.item as usize]
                         .as_deref_mut()
                         .expect("a block's items are its thread's");
-                    squared_error += sgd_step(
-                        rating.value,
-                        user,
-                        item,
-                        mean,
-                        learning_rate,
-                        regularization,
-                    );
+                    squared_error += sgd_step(rating.value, user, item, step);
                 }
                 errors.push((b, squared_error));
             }
@@ -484,9 +471,7 @@ fn sgd_step(
     value: f32,
     user: &mut [f32],
     item: &mut [f32],
-    mean: f32,
-    learning_rate: f32,
-    regularization: f32,
+    (mean, learning_rate, regularization): (f32, f32, f32),
 ) -> f64 {
     let prediction = mean + user[0] + item[0] + dot(&user[1..], &item[1..]);
     let error = value - prediction;
