@@ -312,10 +312,7 @@ impl Transport for LocalTransport {
                         let incremental =
                             store.pull_rows_since(worker, min_clock, since, |offset, row| {
                                 incoming[offset..offset + row.len()].copy_from_slice(row);
-                                match fresh.last_mut() {
-                                    Some((at, n)) if *at + *n == offset => *n += row.len(),
-                                    _ => fresh.push((offset, row.len())),
-                                }
+                                crate::worker::add_stretch(&mut fresh, offset, row.len());
                             })?;
                         Ok((store.visible_clock(), incremental))
                     })?;

@@ -684,27 +684,15 @@ impl ProcessCache {
                     Some(_) => {}
                     None if !part.valid || newer => {
                         let seq = part.copy.seq + 1;
-                        match Arc::get_mut(&mut part.copy) {
-                            Some(copy) => {
-                                std::mem::swap(&mut copy.values, &mut fetched.incoming);
-                                copy.stamps.fill(seq);
-                                copy.seq = seq;
-                                stamp_written(&mut self.written[p].lock(), copy, includes);
-                            }
+                        if Arc::get_mut(&mut part.copy).is_none() {
                             // A member is still copying out of the old copy: leave it that one.
-                            None => {
-                                let len = fetched.incoming.len();
-                                let values =
-                                    std::mem::replace(&mut fetched.incoming, vec![0.0; len]);
-                                let mut copy = CopyData {
-                                    values,
-                                    stamps: vec![seq; len.div_ceil(CHUNK)],
-                                    seq,
-                                };
-                                stamp_written(&mut self.written[p].lock(), &mut copy, includes);
-                                part.copy = Arc::new(copy);
-                            }
+                            part.copy = Arc::new(CopyData::new(fetched.incoming.len()));
                         }
+                        let copy = Arc::get_mut(&mut part.copy).expect("a copy of our own");
+                        std::mem::swap(&mut copy.values, &mut fetched.incoming);
+                        copy.stamps.fill(seq);
+                        copy.seq = seq;
+                        stamp_written(&mut self.written[p].lock(), copy, includes);
                         part.visible = fetched.visible;
                         part.includes = includes;
                         part.valid = true;
@@ -777,10 +765,7 @@ fn copy_runs(copy: &CopyData, view: &mut PartitionView, runs: &[Run], since: Opt
             let (lo, hi) = ((chunk * CHUNK).max(at), ((chunk + 1) * CHUNK).min(end));
             let to = own + (lo - at);
             view.incoming[to..to + (hi - lo)].copy_from_slice(&copy.values[lo..hi]);
-            match fresh.last_mut() {
-                Some((o, len)) if *o + *len == to => *len += hi - lo,
-                _ => fresh.push((to, hi - lo)),
-            }
+            crate::worker::add_stretch(&mut fresh, to, hi - lo);
         }
     }
     view.fresh = Some(fresh);

@@ -1019,11 +1019,10 @@ impl PartitionStore {
                 offset += width;
                 // A stateful rule changes the row even for a zero delta (momentum goes on); a
                 // stateless one leaves it as it is.
-                if !table.state.is_empty() || delta.iter().any(|d| *d != 0.0) {
-                    table.mark_changed(row, mark);
-                } else {
+                if table.state.is_empty() && delta.iter().all(|d| *d == 0.0) {
                     continue;
                 }
+                table.mark_changed(row, mark);
                 let state = if table.state.is_empty() {
                     &mut [][..]
                 } else {
@@ -1040,12 +1039,10 @@ impl PartitionStore {
         &mut self,
         worker: u32,
         clock: u64,
-        sink: impl FnMut(&[f32]),
+        mut sink: impl FnMut(&[f32]),
     ) -> Result<(), StoreError> {
-        self.read_rows(worker, sink)?;
-        let read = &mut self.read_clock[worker as usize];
-        *read = Some(read.map_or(clock, |r| r.max(clock)));
-        Ok(())
+        self.pull_rows_since(worker, clock, None, |_, row| sink(row))
+            .map(|_| ())
     }
 
     /// As [`PartitionStore::pull_rows`], but with `since` (the visible clock of a copy of the

@@ -511,6 +511,15 @@ fn collect_delta(cache: &mut RowCache, view: &mut PartitionView) {
     }
 }
 
+/// Appends the stretch `(at, n)` of a view's values to `fresh` (in offset order), joining it to
+/// the last one where they meet.
+pub(crate) fn add_stretch(fresh: &mut Vec<(usize, usize)>, at: usize, n: usize) {
+    match fresh.last_mut() {
+        Some((start, len)) if *start + *len == at => *len += n,
+        _ => fresh.push((at, n)),
+    }
+}
+
 /// Installs a pulled copy: `data = snapshot = incoming`, over the stretches `fresh` names (all
 /// without it).
 fn install(cache: &mut RowCache, view: &mut PartitionView) {

@@ -292,6 +292,16 @@ pub fn block_order(
     });
 }
 
+/// The bin of `id` among [`BLOCK_BINS`] equal bins of an id space of `space` ids.
+fn bin_of(id: u32, space: u32) -> u64 {
+    u64::from(id) * u64::from(BLOCK_BINS) / u64::from(space.max(1))
+}
+
+/// The stratum worker `shard` of `shards` starts at in [`stratified_order`].
+fn first_stratum(shard: usize, shards: usize) -> usize {
+    shard * BLOCK_BINS as usize / shards.max(1)
+}
+
 /// Orders a worker's shard in strata of blocks for a clock on several threads: with `B` =
 /// [`BLOCK_BINS`] bins of users and of items, block (user bin `u`, item bin `i`) is in stratum
 /// `(i - u) mod B`, and a stratum's `B` blocks, in user-bin order, have pairwise distinct users
@@ -306,11 +316,10 @@ pub fn stratified_order(
     shards: usize,
 ) -> Vec<usize> {
     let bins = u64::from(BLOCK_BINS);
-    let start = (shard * BLOCK_BINS as usize / shards.max(1)) as u64;
-    let (users, items) = (u64::from(num_users.max(1)), u64::from(num_items.max(1)));
+    let start = first_stratum(shard, shards) as u64;
     let block = |r: &Rating| {
-        let user_bin = u64::from(r.user) * bins / users;
-        let item_bin = u64::from(r.item) * bins / items;
+        let user_bin = bin_of(r.user, num_users);
+        let item_bin = bin_of(r.item, num_items);
         let stratum = (item_bin + bins - user_bin) % bins;
         ((stratum + bins - start) % bins) * bins + user_bin
     };
@@ -530,7 +539,7 @@ impl App for MfApp {
         };
         let (num_users, num_items) = self.id_space();
         let mut blocks = Vec::new();
-        let first_stratum = shard * BLOCK_BINS as usize / num_shards;
+        let first_stratum = first_stratum(shard, num_shards);
         if self.config.threads > 1 {
             blocks = stratified_order(&mut ratings, num_users, num_items, shard, num_shards);
         } else if self.config.blocked {
@@ -665,9 +674,7 @@ impl MfWorker {
                 ids.iter()
                     .map(|&id| match id {
                         NO_ID => NO_BIN,
-                        id => {
-                            (u64::from(id) * u64::from(BLOCK_BINS) / u64::from(space.max(1))) as u8
-                        }
+                        id => bin_of(id, space) as u8,
                     })
                     .collect()
             };
