@@ -541,25 +541,92 @@ struct Token {
     word: u32,
 }
 
-/// Topics summed together by the sampler's draw.
+/// Topics summed together by the sampler's dense draw.
 const BLOCK: usize = 8;
 
+/// A word with fewer than `K / SPARSE_SHARE` topics of nonzero count draws over those topics
+/// alone (the sparse draw); with more, one vectorised pass over all `K` topics costs less.
+const SPARSE_SHARE: usize = 4;
+
 /// Sampler constants and scratch.
+///
+/// The conditional of a token's topic `t`, with the token taken out, is
+/// `(n_wt + η)(n_dt + α) / (n_t + Vη) = n_wt·c_t + η·c_t` for the document's coefficients
+/// `c_t = (n_dt + α) / (n_t + Vη)` (SparseLDA's split, Yao, Mimno and McCallum 2009). The
+/// first part is nonzero only on the word's topics, the second is `η Σ c_t`, a sum kept as the
+/// counts move. A draw costs the word's topic count plus a step, not `K`, once the chain has
+/// concentrated the words on few topics; the rare draw in the second part walks all `K`.
 #[derive(Debug, Clone)]
 struct Sampler {
     topics: usize,
     alpha: f32,
     eta: f32,
     vocab_eta: f32,
-    /// Each topic's weight for the token being sampled, and their sums by [`BLOCK`] topics.
+    /// A word draws sparsely while it has fewer nonzero topics than this.
+    sparse_below: usize,
+    /// Each topic's weight for the token being sampled (in the sparse draw, each of the word's
+    /// topics' in list order), and their sums by [`BLOCK`] topics.
     weights: Vec<f32>,
     block_sums: Vec<f32>,
     inverse_totals: Vec<f32>,
+    /// `c_t` of the document being sampled.
+    coefficients: Vec<f32>,
     /// The topic totals, the sum of every [`TOPIC_TOTALS`] row (`f64`: exact at any size).
     totals: Vec<f64>,
+    /// For each word slot, how many topics it lists in `word_topics` (0 for a word the sweep
+    /// does not sample).
+    word_lists: Vec<u32>,
+    /// Every topic of nonzero count of each word of the sweep's tokens (a count that falls to
+    /// zero during the sweep stays listed, with weight zero), `K` places a word: where a
+    /// word's list is depends on its slot alone, so the list, its length and the word's counts
+    /// are fetched at once.
+    word_topics: Vec<u16>,
 }
 
 impl Sampler {
+    fn new(topics: usize, alpha: f32, eta: f32, vocab_eta: f32) -> Self {
+        Self {
+            topics,
+            alpha,
+            eta,
+            vocab_eta,
+            sparse_below: topics.div_ceil(SPARSE_SHARE),
+            weights: vec![0.0; topics],
+            block_sums: vec![0.0; topics.div_ceil(BLOCK)],
+            inverse_totals: vec![0.0; topics],
+            coefficients: vec![0.0; topics],
+            totals: vec![0.0; topics],
+            word_lists: Vec::new(),
+            word_topics: Vec::new(),
+        }
+    }
+
+    /// Lists the nonzero topics of every word of `tokens`.
+    fn list_word_topics(&mut self, tokens: &[Token], word_topic: &[f32]) {
+        let k = self.topics;
+        self.word_lists.clear();
+        self.word_lists.resize(word_topic.len() / k, 0);
+        self.word_topics.resize(word_topic.len(), 0);
+        for token in tokens {
+            self.word_lists[token.word as usize] = 1;
+        }
+        let rows = word_topic
+            .chunks_exact(k)
+            .zip(self.word_topics.chunks_exact_mut(k));
+        for ((row, listed), len) in rows.zip(&mut self.word_lists) {
+            if *len == 0 {
+                continue;
+            }
+            *len = 0;
+            for (t, &count) in row.iter().enumerate() {
+                if count != 0.0 {
+                    listed[*len as usize] = t as u16;
+                    *len += 1;
+                }
+            }
+        }
+    }
+
     /// One collapsed Gibbs sweep over `tokens`, updating assignments, the word-topic and
     /// doc-topic counts and `self.totals` in place; each move is also counted in `moves`, row
     /// `doc_rows[doc]` (the [`TOPIC_TOTALS`] row of the token's document).
@@ -575,54 +642,137 @@ impl Sampler {
         rng: &mut Rng,
     ) {
         let k = self.topics;
-        let vocab_eta = f64::from(self.vocab_eta);
-        let totals = &mut self.totals[..k];
-        for (t, inv) in totals.iter().zip(self.inverse_totals.iter_mut()) {
+        self.list_word_topics(tokens, word_topic);
+        let (alpha, eta, vocab_eta) = (self.alpha, self.eta, f64::from(self.vocab_eta));
+        let mut topics = TopicCounts {
+            totals: &mut self.totals[..k],
+            inverse: &mut self.inverse_totals[..k],
+            coefficients: &mut self.coefficients[..k],
+            coefficient_sum: 0.0,
+            alpha,
+            vocab_eta,
+        };
+        for (t, inv) in topics.totals.iter().zip(topics.inverse.iter_mut()) {
             *inv = (1.0 / (t + vocab_eta)) as f32;
         }
         let weights = &mut self.weights[..k];
         let block_sums = &mut self.block_sums[..k.div_ceil(BLOCK)];
-        let inverse = &mut self.inverse_totals[..k];
+        let mut current_doc = None;
         for (token, assignment) in tokens.iter().zip(assignments.iter_mut()) {
             let word = &mut word_topic[token.word as usize * k..][..k];
             let doc = &mut doc_topic[token.doc as usize * k..][..k];
             let moved = &mut moves[doc_rows[token.doc as usize] as usize * k..][..k];
+            if current_doc != Some(token.doc) {
+                current_doc = Some(token.doc);
+                topics.start_document(doc);
+            }
             let old = usize::from(*assignment);
             word[old] -= 1.0;
             doc[old] -= 1.0;
-            totals[old] -= 1.0;
             moved[old] -= 1;
-            inverse[old] = (1.0 / (totals[old] + vocab_eta)) as f32;
-            // The weights in one pass without a carried sum (it vectorises), their sums by
-            // blocks, then the draw walks the blocks and one block's topics: about K/8 + 8
-            // dependent steps where a running cumulative sum took K.
-            for (((weight, &w), &d), &inv) in
-                weights.iter_mut().zip(&*word).zip(&*doc).zip(&*inverse)
+            topics.recount(old, -1.0, doc[old]);
+            let coefficients = &*topics.coefficients;
+            let len = self.word_lists[token.word as usize];
+            let listed = &mut self.word_topics[token.word as usize * k..][..k];
+            let new = if (len as usize) < self.sparse_below {
+                let listed = &listed[..len as usize];
+                let mut word_part = 0.0f32;
+                for (weight, &t) in weights.iter_mut().zip(listed) {
+                    *weight = word[usize::from(t)] * coefficients[usize::from(t)];
+                    word_part += *weight;
+                }
+                let prior_part = eta * topics.coefficient_sum as f32;
+                let target = rng.next_f32() * (word_part + prior_part);
+                if target < word_part {
+                    usize::from(listed[walk(&weights[..listed.len()], target)])
+                } else {
+                    // The prior part, `η c_t` over every topic: rare while η is small.
+                    block_totals(coefficients, block_sums);
+                    blocked_walk(coefficients, block_sums, (target - word_part) / eta)
+                }
+            } else {
+                // One pass without a carried sum (it vectorises), the sums by blocks, then the
+                // draw walks the blocks and one block's topics: about K/8 + 8 dependent steps.
+                for ((weight, &w), &c) in weights.iter_mut().zip(&*word).zip(&*coefficients) {
+                    *weight = (w + eta) * c;
+                }
+                let total = block_totals(weights, block_sums);
+                blocked_walk(weights, block_sums, rng.next_f32() * total)
+            };
+            if word[new] == 0.0
+                && (len as usize) < self.sparse_below
+                && !listed[..len as usize].contains(&(new as u16))
             {
-                *weight = (w + self.eta) * (d + self.alpha) * inv;
-            }
-            for (sum, block) in block_sums.iter_mut().zip(weights.chunks(BLOCK)) {
-                *sum = block.iter().sum();
-            }
-            let mut target = rng.next_f32() * block_sums.iter().sum::<f32>();
-            let mut block = 0;
-            while block + 1 < block_sums.len() && block_sums[block] <= target {
-                target -= block_sums[block];
-                block += 1;
-            }
-            let (mut new, end) = (block * BLOCK, ((block + 1) * BLOCK).min(k));
-            while new + 1 < end && weights[new] <= target {
-                target -= weights[new];
-                new += 1;
+                listed[len as usize] = new as u16;
+                self.word_lists[token.word as usize] += 1;
             }
             word[new] += 1.0;
             doc[new] += 1.0;
-            totals[new] += 1.0;
             moved[new] += 1;
-            inverse[new] = (1.0 / (totals[new] + vocab_eta)) as f32;
+            topics.recount(new, 1.0, doc[new]);
             *assignment = new as u16;
         }
     }
+}
+
+/// The sampler's per-topic state through a sweep: totals, `1 / (n_t + Vη)`, the document's
+/// coefficients `c_t` and their sum.
+struct TopicCounts<'a> {
+    totals: &'a mut [f64],
+    inverse: &'a mut [f32],
+    coefficients: &'a mut [f32],
+    coefficient_sum: f64,
+    alpha: f32,
+    vocab_eta: f64,
+}
+
+impl TopicCounts<'_> {
+    /// The coefficients of a document of counts `doc`.
+    fn start_document(&mut self, doc: &[f32]) {
+        for ((c, &d), &inv) in self.coefficients.iter_mut().zip(doc).zip(&*self.inverse) {
+            *c = (d + self.alpha) * inv;
+        }
+        self.coefficient_sum = self.coefficients.iter().map(|&c| f64::from(c)).sum();
+    }
+
+    /// Moves topic `topic`'s total by `by` and updates its coefficient for the document's new
+    /// count `doc_count`.
+    fn recount(&mut self, topic: usize, by: f32, doc_count: f32) {
+        self.totals[topic] += f64::from(by);
+        self.inverse[topic] = (1.0 / (self.totals[topic] + self.vocab_eta)) as f32;
+        let c = (doc_count + self.alpha) * self.inverse[topic];
+        self.coefficient_sum += f64::from(c) - f64::from(self.coefficients[topic]);
+        self.coefficients[topic] = c;
+    }
+}
+
+/// Sums `weights` by [`BLOCK`] into `sums`; returns their total.
+fn block_totals(weights: &[f32], sums: &mut [f32]) -> f32 {
+    for (sum, block) in sums.iter_mut().zip(weights.chunks(BLOCK)) {
+        *sum = block.iter().sum();
+    }
+    sums.iter().sum()
+}
+
+/// The index where `target` falls in the running sum of `weights` (the last if past the end).
+fn walk(weights: &[f32], mut target: f32) -> usize {
+    let mut index = 0;
+    while index + 1 < weights.len() && weights[index] <= target {
+        target -= weights[index];
+        index += 1;
+    }
+    index
+}
+
+/// [`walk`] by the block sums first, then within one block.
+fn blocked_walk(weights: &[f32], sums: &[f32], mut target: f32) -> usize {
+    let mut block = 0;
+    while block + 1 < sums.len() && sums[block] <= target {
+        target -= sums[block];
+        block += 1;
+    }
+    let start = block * BLOCK;
+    start + walk(&weights[start..weights.len().min(start + BLOCK)], target)
 }
 
 impl App for LdaApp {
@@ -689,7 +839,9 @@ impl App for LdaApp {
             doc_topic: vec![0.0; doc_lengths.len() * k],
             // Read from the table at the worker's first clock.
             assignments: vec![0; tokens.len()],
-            assignment_index: vec![0; tokens.len()],
+            assignment_value: vec![0; tokens.len()],
+            assignment_digit: vec![0; tokens.len()],
+            previous: Vec::new(),
             digit_weights: (0..topics_per_value(k))
                 .map(|j| (k as u32).pow(j))
                 .collect(),
@@ -705,16 +857,12 @@ impl App for LdaApp {
             moves: vec![0; totals_rows * k],
             loglik_slot: 0,
             seed: self.config.seed,
-            sampler: Sampler {
-                topics: k,
-                alpha: alpha as f32,
-                eta: self.config.eta as f32,
-                vocab_eta: (self.config.eta * self.vocab_size as f64) as f32,
-                weights: vec![0.0; k],
-                block_sums: vec![0.0; k.div_ceil(BLOCK)],
-                inverse_totals: vec![0.0; k],
-                totals: vec![0.0; k],
-            },
+            sampler: Sampler::new(
+                k,
+                alpha as f32,
+                self.config.eta as f32,
+                (self.config.eta * self.vocab_size as f64) as f32,
+            ),
         }
     }
 
@@ -774,10 +922,12 @@ pub struct LdaWorker {
     words: Vec<u32>,
     /// Each token's topic, as of the last clock this worker ran (the table holds the truth).
     assignments: Vec<u16>,
-    /// Where each token's topic is in the [`ASSIGNMENTS`] rows after binding: `index / n` is
-    /// the value (row slot · [`ASSIGNMENTS_PER_ROW`] + column), `index mod n` the digit, for
-    /// `n` = [`topics_per_value`].
-    assignment_index: Vec<u32>,
+    /// Where each token's topic is in the [`ASSIGNMENTS`] rows after binding: the value (row
+    /// slot · [`ASSIGNMENTS_PER_ROW`] + column) and the digit (below [`topics_per_value`]).
+    assignment_value: Vec<u32>,
+    assignment_digit: Vec<u8>,
+    /// The topics of a clock's tokens before its sweep (scratch).
+    previous: Vec<u16>,
     /// `K^j` for each digit `j` of a packed value.
     digit_weights: Vec<u32>,
     /// Per local document: its token count, the corpus index of its first token and its
@@ -813,7 +963,10 @@ impl LdaWorker {
         self.loglik_slot = slot(DOC_LOGLIK, self.shard);
         let per_row = ASSIGNMENTS_PER_ROW as u64;
         let per_value = self.digit_weights.len() as u64;
-        let mut index = self.assignment_index.iter_mut();
+        let mut index = self
+            .assignment_value
+            .iter_mut()
+            .zip(&mut self.assignment_digit);
         let mut row = None;
         for (&start, &length) in self.doc_starts.iter().zip(&self.doc_lengths) {
             for token in start..start + u64::from(length) {
@@ -828,9 +981,11 @@ impl LdaWorker {
                     }
                 };
                 let value = u64::from(row_slot) * per_row + position % per_row;
-                *index.next().expect("one index per token") = (value * per_value + digit)
+                let (bound_value, bound_digit) = index.next().expect("one index per token");
+                *bound_value = value
                     .try_into()
                     .expect("LdaApp::new keeps a worker's assignments within u32 indices");
+                *bound_digit = digit as u8;
             }
         }
     }
@@ -851,10 +1006,10 @@ impl LdaWorker {
     /// rebuilds the doc-topic counts from them.
     fn load_assignments(&mut self, rows: &[f32]) {
         let k = self.sampler.topics;
-        let per = self.digit_weights.len() as u32;
-        for (topic, &index) in self.assignments.iter_mut().zip(&self.assignment_index) {
-            let packed = rows[(index / per) as usize] as u32;
-            *topic = (packed / self.digit_weights[(index % per) as usize] % k as u32) as u16;
+        let places = self.assignment_value.iter().zip(&self.assignment_digit);
+        for (topic, (&value, &digit)) in self.assignments.iter_mut().zip(places) {
+            let packed = rows[value as usize] as u32;
+            *topic = (packed / self.digit_weights[usize::from(digit)] % k as u32) as u16;
         }
         self.doc_topic.fill(0.0);
         for (token, &topic) in self.tokens.iter().zip(&self.assignments) {
@@ -929,6 +1084,9 @@ impl BareWorker for LdaWorker {
         self.moves.fill(0);
         let range = pass_range(self.tokens.len(), clock, self.clocks_per_pass);
         let mut rng = Rng::stream(self.seed ^ crate::app::mix64(clock), self.shard);
+        self.previous.clear();
+        self.previous
+            .extend_from_slice(&self.assignments[range.clone()]);
         self.sampler.sweep(
             &self.tokens[range.clone()],
             &mut self.assignments[range.clone()],
@@ -946,18 +1104,18 @@ impl BareWorker for LdaWorker {
             }
         }
         let (rows, _) = store.rows_mut(ASSIGNMENTS);
-        // Only this token's digit changes: a value shared with another worker's tokens keeps
-        // theirs, and the two deltas add up on the server.
-        let per = self.digit_weights.len() as u32;
-        for (&topic, &index) in self.assignments[range.clone()]
+        // Only this token's digit changes, by its own move: a value shared with another
+        // worker's tokens keeps theirs, and the two deltas add up on the server. A value stays
+        // below 2^24, so the sum is exact in f32.
+        let places = self.assignment_value[range.clone()]
             .iter()
-            .zip(&self.assignment_index[range.clone()])
-        {
-            let value = &mut rows[(index / per) as usize];
-            let weight = self.digit_weights[(index % per) as usize];
-            let packed = *value as u32;
-            let old = packed / weight % k as u32;
-            *value = (packed - old * weight + u32::from(topic) * weight) as f32;
+            .zip(&self.assignment_digit[range.clone()]);
+        let topics = self.assignments[range.clone()].iter().zip(&self.previous);
+        for ((&new, &old), (&value, &digit)) in topics.zip(places) {
+            if new != old {
+                let weight = self.digit_weights[usize::from(digit)] as f32;
+                rows[value as usize] += (f32::from(new) - f32::from(old)) * weight;
+            }
         }
         self.last_clock = Some(clock);
         let doc_loglik = self.doc_loglik();
@@ -1019,12 +1177,20 @@ mod tests {
         ll
     }
 
-    /// The blocked draw follows the collapsed conditional `(n_wk + η)(n_dk + α) / (n_k + Vη)`
-    /// with the token taken out: a word and a document with zero and nonzero topics in every
+    /// Both draws, the dense one over blocks and the sparse one over the word's topics and the
+    /// prior part, follow the collapsed conditional `(n_wk + η)(n_dk + α) / (n_k + Vη)` with
+    /// the token taken out: a word and a document with zero and nonzero topics in every
     /// combination and K = 11 (a partial last block), one token drawn 200,000 times from the
     /// same state, every topic's frequency within 4.5 standard errors of its exact probability.
+    /// η is large enough here that a third of the sparse draws fall in the prior part.
     #[test]
     fn the_draw_follows_the_exact_conditional() {
+        for sparse_below in [0, 12] {
+            draw_follows_the_exact_conditional(sparse_below);
+        }
+    }
+
+    fn draw_follows_the_exact_conditional(sparse_below: usize) {
         let k = 11;
         let (alpha, eta, vocab) = (0.7f32, 0.5f32, 4.0f32);
         // Counts including the token (at topic 0); the word rows hold other workers' tokens too.
@@ -1044,16 +1210,8 @@ mod tests {
             })
             .collect();
         let sum: f64 = weights.iter().sum();
-        let mut sampler = Sampler {
-            topics: k,
-            alpha,
-            eta,
-            vocab_eta: eta * vocab,
-            weights: vec![0.0; k],
-            block_sums: vec![0.0; k.div_ceil(BLOCK)],
-            inverse_totals: vec![0.0; k],
-            totals: vec![0.0; k],
-        };
+        let mut sampler = Sampler::new(k, alpha, eta, eta * vocab);
+        sampler.sparse_below = sparse_below;
         let trials = 200_000u64;
         let mut counts = vec![0u64; k];
         for trial in 0..trials {
@@ -1085,7 +1243,52 @@ mod tests {
             let error = (p * (1.0 - p) / trials as f64).sqrt();
             assert!(
                 (frequency - p).abs() < 4.5 * error,
-                "topic {t}: drawn {frequency:.5}, exact {p:.5} (counts {counts:?})"
+                "sparse below {sparse_below}, topic {t}: drawn {frequency:.5}, exact {p:.5} \
+                 (counts {counts:?})"
+            );
+        }
+    }
+
+    /// Seconds a sweep of the sparse and of the dense draw take on the same chain, alternated
+    /// sweep by sweep after a burn-in, so a noisy host slows both alike (`cargo test --release
+    /// -p ebbflow-runtime --lib sparse_and_dense -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement: prints the seconds of each draw"]
+    fn sparse_and_dense_draws_timed_on_one_chain() {
+        let source = crate::data::PlantedCorpus {
+            docs: 10_000,
+            vocab: 10_000,
+            topics: 100,
+            doc_len: 100,
+            alpha: 0.1,
+            eta: 0.01,
+            held_out: 0,
+            seed: 1,
+        };
+        let config = LdaConfig {
+            num_topics: 100,
+            clocks_per_pass: Some(1),
+            ..LdaConfig::default()
+        };
+        let app = LdaApp::planted(source, config, 2, 1, None).unwrap();
+        let mut bare = BareLoop::new(&app);
+        let sparse = bare.worker.sampler.sparse_below;
+        for _ in 0..8 {
+            let mut seconds = [0.0; 2];
+            for _ in 0..5 {
+                for (draw, below) in [sparse, 0].into_iter().enumerate() {
+                    bare.worker.sampler.sparse_below = below;
+                    let start = std::time::Instant::now();
+                    bare.clock();
+                    seconds[draw] += start.elapsed().as_secs_f64();
+                }
+            }
+            println!(
+                "sweeps {:>3}: sparse {:.3} s, dense {:.3} s a sweep (dense / sparse {:.2})",
+                bare.clocks(),
+                seconds[0] / 5.0,
+                seconds[1] / 5.0,
+                seconds[1] / seconds[0]
             );
         }
     }
