@@ -22,7 +22,9 @@ use crate::app::{
 };
 use crate::data::{DataError, Planted as _, PlantedRatings, Rating, Ratings};
 
-use super::{AppsError, BareWorker, RowStore, TestData, dot, parallel_clocks_per_pass, pass_range};
+use super::{
+    AppsError, BareWorker, RowStore, TestData, dot, parallel_clocks_per_pass, pass_range, wide,
+};
 
 /// Table of user rows (bias, factors).
 pub const USERS: TableId = 0;
@@ -364,14 +366,60 @@ fn sgd_pass(
     learning_rate: f32,
     regularization: f32,
 ) -> f64 {
-    let step = (mean, learning_rate, regularization);
-    let mut squared_error = 0.0f64;
-    for rating in ratings {
-        let user = &mut users[rating.user as usize * width..][..width];
-        let item = &mut items[rating.item as usize * width..][..width];
-        squared_error += sgd_step(rating.value, user, item, step);
+    wide(SgdRun {
+        ratings,
+        users: Dense(users, width),
+        items: Dense(items, width),
+        step: (mean, learning_rate, regularization),
+    })
+}
+
+/// SGD over ratings in order, as one kernel for [`wide`]; returns the summed squared error
+/// seen before each update.
+struct SgdRun<'a, U, I> {
+    ratings: &'a [Rating],
+    users: U,
+    items: I,
+    step: (f32, f32, f32),
+}
+
+/// The rows of one table a run of SGD updates, by slot.
+trait Rows {
+    fn row(&mut self, slot: u32) -> &mut [f32];
+}
+
+/// A table's rows laid end to end, of the given width.
+struct Dense<'a>(&'a mut [f32], usize);
+
+impl Rows for Dense<'_> {
+    #[inline(always)]
+    fn row(&mut self, slot: u32) -> &mut [f32] {
+        &mut self.0[slot as usize * self.1..][..self.1]
     }
-    squared_error
+}
+
+impl Rows for &mut RowRefs<'_> {
+    #[inline(always)]
+    fn row(&mut self, slot: u32) -> &mut [f32] {
+        self[slot as usize]
+            .as_deref_mut()
+            .expect("a block's rows are its thread's")
+    }
+}
+
+impl<U: Rows, I: Rows> pulp::WithSimd for SgdRun<'_, U, I> {
+    type Output = f64;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(mut self, _: S) -> f64 {
+        let mut squared_error = 0.0f64;
+        for rating in self.ratings {
+            let user = self.users.row(rating.user);
+            let item = self.items.row(rating.item);
+            squared_error += sgd_step(rating.value, user, item, self.step);
+        }
+        squared_error
+    }
 }
 
 /// The ratings `range` of a stratified shard ([`stratified_order`], which started at stratum
@@ -433,17 +481,13 @@ fn stratified_pass(
         let work = |t: usize, (mut users, mut items): (RowRefs<'_>, RowRefs<'_>)| {
             let mut errors = Vec::new();
             for (b, part) in parts.iter().enumerate().skip(t).step_by(threads) {
-                let mut squared_error = 0.0f64;
-                for rating in &ratings[part.clone()] {
-                    let user = users[rating.user as usize]
-                        .as_deref_mut()
-                        .expect("a block's users are its thread's");
-                    let item = items[rating.item as usize]
-                        .as_deref_mut()
-                        .expect("a block's items are its thread's");
-                    squared_error += sgd_step(rating.value, user, item, step);
-                }
-                errors.push((b, squared_error));
+                let run = SgdRun {
+                    ratings: &ratings[part.clone()],
+                    users: &mut users,
+                    items: &mut items,
+                    step,
+                };
+                errors.push((b, wide(run)));
             }
             errors
         };
@@ -475,7 +519,7 @@ type RowRefs<'a> = Vec<Option<&'a mut [f32]>>;
 const NO_BIN: u8 = u8::MAX;
 
 /// One SGD step on a rating; returns its squared error before the step.
-#[inline]
+#[inline(always)]
 fn sgd_step(
     value: f32,
     user: &mut [f32],
@@ -486,10 +530,13 @@ fn sgd_step(
     let error = value - prediction;
     user[0] += learning_rate * (error - regularization * user[0]);
     item[0] += learning_rate * (error - regularization * item[0]);
+    // p + η(e·q − λ·p) as (1 − ηλ)·p + ηe·q: two multiplies and an add a factor, not three
+    // and two
+    let (keep, pull) = (1.0 - learning_rate * regularization, learning_rate * error);
     for (p, q) in user[1..].iter_mut().zip(&mut item[1..]) {
         let (old_p, old_q) = (*p, *q);
-        *p += learning_rate * (error * old_q - regularization * old_p);
-        *q += learning_rate * (error * old_p - regularization * old_q);
+        *p = keep * old_p + pull * old_q;
+        *q = keep * old_q + pull * old_p;
     }
     f64::from(error * error)
 }
@@ -786,6 +833,101 @@ mod tests {
     use crate::apps::BareLoop;
     use crate::apps::test_support::data_dir_or_skip;
     use crate::data::{PlantedRatings, load_movielens_inter, synthetic_ratings};
+
+    /// Ratings over `users` × `items` and rows of `width` drawn for them, both tables.
+    fn kernel_inputs(
+        users: u32,
+        items: u32,
+        count: usize,
+        width: usize,
+    ) -> (Vec<Rating>, Vec<f32>, Vec<f32>) {
+        let ratings = synthetic_ratings(users, items, 4, count, 0.1, 5)
+            .unwrap()
+            .ratings
+            .entries;
+        let init = RowInit::Normal { std: 0.1, seed: 3 };
+        let rows = |table: TableId, count: u32| {
+            let mut values = vec![0.0f32; count as usize * width];
+            for (key, row) in values.chunks_exact_mut(width).enumerate() {
+                init.fill(table, key as u64, row);
+            }
+            values
+        };
+        (ratings, rows(USERS, users), rows(ITEMS, items))
+    }
+
+    /// A pass of SGD on the rows, compiled for the widest vectors this CPU has or for the
+    /// build's baseline.
+    fn kernel_pass(
+        ratings: &[Rating],
+        (users, items): (&mut [f32], &mut [f32]),
+        width: usize,
+        widest: bool,
+    ) -> f64 {
+        let run = SgdRun {
+            ratings,
+            users: Dense(users, width),
+            items: Dense(items, width),
+            step: (3.5, 0.01, 0.05),
+        };
+        if widest {
+            wide(run)
+        } else {
+            pulp::WithSimd::with_simd(run, pulp::Scalar::new())
+        }
+    }
+
+    #[test]
+    fn a_pass_gives_the_same_bits_wide_and_narrow() {
+        // an odd rank: the dot's remainder and the update loop's tail run too
+        let width = 38;
+        let (ratings, users, items) = kernel_inputs(300, 200, 20_000, width);
+        let (mut wide_users, mut wide_items) = (users.clone(), items.clone());
+        let (mut narrow_users, mut narrow_items) = (users, items);
+        for _ in 0..3 {
+            let wide_error = kernel_pass(&ratings, (&mut wide_users, &mut wide_items), width, true);
+            let narrow_error = kernel_pass(
+                &ratings,
+                (&mut narrow_users, &mut narrow_items),
+                width,
+                false,
+            );
+            assert_eq!(wide_error.to_bits(), narrow_error.to_bits());
+        }
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&wide_users), bits(&narrow_users));
+        assert_eq!(bits(&wide_items), bits(&narrow_items));
+    }
+
+    /// A measurement, not a check: `cargo test --release -p ebbflow-runtime --lib
+    /// kernel_widest_against -- --ignored --nocapture`. Rank 1000, on the rows of one block of
+    /// 5 M ratings at the Netflix shape and on rows that fit in L2.
+    #[test]
+    #[ignore = "a measurement: run it with --ignored --nocapture"]
+    fn kernel_widest_against_baseline_timed() {
+        let width = 1001;
+        // one block's rows (9 MB), and rows that fit in L2 (1.2 MB)
+        for (users, items) in [(1_200, 900), (200, 100)] {
+            let (ratings, mut users, mut items) = kernel_inputs(users, items, 200_000, width);
+            let mut seconds = [Vec::new(), Vec::new()];
+            for round in 0..10 {
+                let widest = round % 2 == 0;
+                let start = std::time::Instant::now();
+                kernel_pass(&ratings, (&mut users, &mut items), width, widest);
+                seconds[usize::from(widest)].push(start.elapsed().as_secs_f64());
+            }
+            let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+            let (baseline, widest) = (mean(&seconds[0]), mean(&seconds[1]));
+            println!(
+                "rank 1000, {} updates a pass: baseline {:.2} M updates/s, widest {:.2} M updates/s, \
+             widest ÷ baseline {:.2}",
+                ratings.len(),
+                ratings.len() as f64 / baseline / 1e6,
+                ratings.len() as f64 / widest / 1e6,
+                baseline / widest
+            );
+        }
+    }
 
     fn train_bare(app: &MfApp, clocks: u64) -> f64 {
         let mut bare = BareLoop::new(app);

@@ -352,13 +352,30 @@ pub(crate) mod test_support {
     }
 }
 
-/// `a · b` with eight independent partial sums: one running sum makes every multiply-add wait
-/// for the previous one (about 4 cycles each, 128 for rank 32); eight let them overlap and
-/// vectorize (MF's prediction, MLR's logits).
-#[inline]
+/// Runs `kernel` compiled for the widest vector instructions this CPU has, chosen at run time
+/// by [`pulp`] (AVX-512 or AVX2 on x86-64, NEON on aarch64, the build's baseline otherwise).
+/// The release build targets baseline x86-64, whose vectors hold four `f32`; a loop the
+/// compiler vectorizes runs on eight or sixteen here. Only the instructions change, not the
+/// arithmetic: Rust never fuses a multiply and an add, and the kernels fix the order of their
+/// sums, so every path gives the same bits (test `a_pass_gives_the_same_bits_wide_and_narrow`).
+///
+/// A kernel is a struct whose `with_simd` is `#[inline(always)]` and holds the loop: only code
+/// inlined into it is compiled wide, and a closure's body is not inlined there (measured: the
+/// call stayed, compiled narrow), hence `#[inline(always)]` on [`dot`] and the SGD steps too.
+/// Call it once for a stretch of work (a pass, a block), not per element.
+pub(crate) fn wide<K: pulp::WithSimd>(kernel: K) -> K::Output {
+    pulp::Arch::new().dispatch(kernel)
+}
+
+/// `a · b` with [`DOT_LANES`] independent partial sums: one running sum makes every
+/// multiply-add wait for the previous one (about 4 cycles each, 128 for rank 32); many let them
+/// overlap and vectorize (MF's prediction, MLR's logits). Thirty-two fill two AVX-512 registers,
+/// four AVX2 or eight SSE2 ones, so even the widest path keeps two sums in flight; with eight
+/// (one AVX2 register) the dot was half of MF's step at rank 1000 under AVX-512.
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut sums = [0.0f32; DOT_LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
     let tail: f32 = a_chunks
         .remainder()
         .iter()
@@ -366,18 +383,23 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in a_chunks.zip(b_chunks) {
-        for k in 0..8 {
+        for k in 0..DOT_LANES {
             sums[k] += x[k] * y[k];
         }
     }
-    let pairs = [
-        sums[0] + sums[4],
-        sums[1] + sums[5],
-        sums[2] + sums[6],
-        sums[3] + sums[7],
-    ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+    // pairwise, halving: the order is fixed, whatever width runs it
+    let mut width = DOT_LANES;
+    while width > 1 {
+        width /= 2;
+        for k in 0..width {
+            sums[k] += sums[k + width];
+        }
+    }
+    sums[0] + tail
 }
+
+/// Partial sums of [`dot`].
+const DOT_LANES: usize = 32;
 
 #[cfg(test)]
 mod tests {
