@@ -65,6 +65,16 @@ pub enum RowInit {
         /// Seed of the deterministic generator.
         seed: u64,
     },
+    /// As [`RowInit::Normal`] in every column but the last, which is `last` (MF's adaptive
+    /// step keeps a row's sum of squared gradients there, from 1).
+    NormalWithLast {
+        /// Standard deviation.
+        std: f32,
+        /// Seed of the deterministic generator.
+        seed: u64,
+        /// The last column's value.
+        last: f32,
+    },
     /// Every value is `key mod modulus` (LDA's initial topic of token `key`).
     KeyModulo {
         /// The modulus (> 0; exact in `f32` below 2^24).
@@ -117,6 +127,12 @@ impl RowInit {
                 for (column, value) in out.iter_mut().enumerate() {
                     let u = unit_f32(mix64(base.wrapping_add(column as u64)));
                     *value = low + (high - low) * u;
+                }
+            }
+            RowInit::NormalWithLast { std, seed, last } => {
+                RowInit::Normal { std, seed }.fill(table, key, out);
+                if let Some(value) = out.last_mut() {
+                    *value = last;
                 }
             }
             RowInit::Normal { std, seed } => {
@@ -587,6 +603,16 @@ mod tests {
             / many.len() as f64;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var.sqrt() - 0.1).abs() < 0.01, "std {}", var.sqrt());
+        // the same normals, and the last column set
+        let with_last = RowInit::NormalWithLast {
+            std: 0.1,
+            seed: 1,
+            last: 1.0,
+        };
+        let mut row = vec![0.0f32; 10_000];
+        with_last.fill(0, 5, &mut row);
+        assert_eq!(row[..9_999], many[..9_999]);
+        assert_eq!(row[9_999], 1.0);
         let positions = RowInit::PackedModulo {
             modulus: 5,
             per_value: 1,

@@ -133,29 +133,45 @@ fn synthetic_mf_on_ps_matches_bare_and_reaches_the_noise_floor_with_workers() {
     let data = data::synthetic_ratings(300, 200, 4, 40_000, 0.3, 11).unwrap();
     let (train, test) = data.ratings.split(0.2, 5).unwrap();
     // A learning rate with margin: stale reads under SSP add up several workers' steps.
-    let config = MfConfig {
+    let decaying = MfConfig {
         rank: 8,
         learning_rate: 0.01,
         decay: 0.97,
         regularization: 0.02,
         ..MfConfig::default()
     };
-    let app = MfApp::new(train, test, config).unwrap();
-    let one = run_ps(&app, 1, 0, 40).eval.loss;
-    let bare = run_bare(&app, 40).loss;
-    assert!((one - bare).abs() < 1e-3, "ps {one} vs bare {bare}");
-    for (workers, staleness) in [(2, 0), (3, 1), (3, 2), (16, 2)] {
-        let app = app
-            .with_config(MfConfig {
-                staleness,
-                ..app.config().clone()
-            })
-            .unwrap();
-        let rmse = run_passes(&app, workers, staleness, 60).eval.loss;
-        assert!(
-            rmse < data.noise_std + 0.15,
-            "{workers} workers, s={staleness}: rmse {rmse}"
+    // Adaptive steps: each row's `G` is a sum of squared gradients, and the workers' deltas to
+    // it add up like their steps.
+    let adaptive = MfConfig {
+        learning_rate: 0.05,
+        decay: 1.0,
+        adaptive: true,
+        ..decaying.clone()
+    };
+    for config in [decaying, adaptive] {
+        let app = MfApp::new(train.clone(), test.clone(), config).unwrap();
+        assert_eq!(
+            app.tables()[0].width,
+            9 + usize::from(app.config().adaptive),
+            "bias, 8 factors (and G)"
         );
+        let one = run_ps(&app, 1, 0, 40).eval.loss;
+        let bare = run_bare(&app, 40).loss;
+        assert!((one - bare).abs() < 1e-3, "ps {one} vs bare {bare}");
+        for (workers, staleness) in [(2, 0), (3, 1), (3, 2), (16, 2)] {
+            let app = app
+                .with_config(MfConfig {
+                    staleness,
+                    ..app.config().clone()
+                })
+                .unwrap();
+            let rmse = run_passes(&app, workers, staleness, 60).eval.loss;
+            assert!(
+                rmse < data.noise_std + 0.15,
+                "{:?}, {workers} workers, s={staleness}: rmse {rmse}",
+                app.config()
+            );
+        }
     }
 }
 

@@ -387,7 +387,16 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             sums[k] += x[k] * y[k];
         }
     }
-    // pairwise, halving: the order is fixed, whatever width runs it
+    fold_lanes(sums) + tail
+}
+
+/// Partial sums of [`dot`] and of the kernels that sum like it.
+pub(crate) const DOT_LANES: usize = 32;
+
+/// The sum of [`DOT_LANES`] partial sums, pairwise by halves: the order is fixed, whatever
+/// vector width runs it.
+#[inline(always)]
+pub(crate) fn fold_lanes(mut sums: [f32; DOT_LANES]) -> f32 {
     let mut width = DOT_LANES;
     while width > 1 {
         width /= 2;
@@ -395,11 +404,8 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             sums[k] += sums[k + width];
         }
     }
-    sums[0] + tail
+    sums[0]
 }
-
-/// Partial sums of [`dot`].
-const DOT_LANES: usize = 32;
 
 #[cfg(test)]
 mod tests {

@@ -62,6 +62,10 @@ struct Args {
     /// Learning-rate decay per pass.
     #[arg(long, default_value_t = 0.92)]
     decay: f32,
+    /// ebbflow's adaptive step (`MfConfig::adaptive`, LIBMF's rule: AdaGrad by row); pair it
+    /// with LIBMF's rate, `--learning-rate 0.1 --decay 1`.
+    #[arg(long)]
+    adaptive: bool,
     /// L2 regularization.
     #[arg(long, default_value_t = 0.02)]
     regularization: f32,
@@ -178,10 +182,11 @@ fn main() -> anyhow::Result<()> {
         decay: args.decay,
         regularization: args.regularization,
         init_std: args.init_std,
+        adaptive: args.adaptive,
         ..MfConfig::default()
     };
     let app = MfApp::new(split.train, split.test, config.clone())?;
-    let width = args.rank + 1;
+    let width = config.width();
     let parameter_mib =
         (f64::from(users) + f64::from(args.items)) * width as f64 * 4.0 / (1 << 20) as f64;
     let data_mib = args.ratings as f64 * 12.0 / (1 << 20) as f64;
