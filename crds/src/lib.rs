@@ -16,7 +16,7 @@
 //!       url: http(s)://...
 //!       format: movielens-inter | csv | libsvm | ldac   # required with path/url, must suit kind
 //!       claimName: <pvc>         # with path: mounted read-only at /data
-//!     hyperparameters: { rank, learningRate, regularization, topics, alpha, beta, batchSize }
+//!     hyperparameters: { rank, adaptiveStep, learningRate, regularization, topics, alpha, beta, batchSize }
 //!     serverOptimizer: sgd | momentum | adagrad
 //!   consistency: { model: BSP | SSP (default BSP), staleness }   # staleness ≥ 1, SSP only
 //!   stop: { iterations, targetLoss, wallClockLimit }             # at least one

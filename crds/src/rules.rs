@@ -190,6 +190,19 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         scope: "spec.app",
+        field: "hyperparameters.adaptiveStep",
+        cel: "self.kind == 'MatrixFactorization' || !has(self.hyperparameters) || !has(self.hyperparameters.adaptiveStep)",
+        message: "spec.app.hyperparameters.adaptiveStep is only valid for kind MatrixFactorization",
+        holds: |s| {
+            s.app.kind == AppKind::MatrixFactorization
+                || s.app
+                    .hyperparameters
+                    .as_ref()
+                    .is_none_or(|h| h.adaptive_step.is_none())
+        },
+    },
+    Rule {
+        scope: "spec.app",
         field: "hyperparameters.batchSize",
         cel: "self.kind == 'LogisticRegression' || !has(self.hyperparameters) || !has(self.hyperparameters.batchSize)",
         message: "spec.app.hyperparameters.batchSize is only valid for kind LogisticRegression",

@@ -381,10 +381,18 @@ pub struct SyntheticDataset {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hyperparameters {
-    /// MatrixFactorization only: rank of the learned factors (default 16).
+    /// MatrixFactorization only: rank of the learned factors (default 32). The initial factors
+    /// are normal with standard deviation min(0.1, 1/√rank), LIBMF's scale at high ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub rank: Option<u32>,
+
+    /// MatrixFactorization only: LIBMF's adaptive step (AdaGrad by row) instead of a rate that
+    /// decays 8 % a pass: each user and item steps by learningRate / √G, G the running sum of
+    /// its mean squared gradient, from 1. learningRate then defaults to 0.1. It needs fewer
+    /// passes at high ranks (BENCHMARKS.md: 3 to LIBMF's 5 at rank 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_step: Option<bool>,
 
     /// MatrixFactorization and LogisticRegression: SGD step size (default 0.01 for
     /// MatrixFactorization, 0.1 for LogisticRegression).

@@ -268,6 +268,14 @@ fn breakers() -> Vec<Breaker> {
                 ..Default::default()
             });
         }),
+        ("hyperparameters.adaptiveStep", |s| {
+            s.app.kind = AppKind::Lda;
+            s.app.dataset.synthetic = Some(SyntheticDataset::default());
+            s.app.hyperparameters = Some(Hyperparameters {
+                adaptive_step: Some(true),
+                ..Default::default()
+            });
+        }),
         ("spec.app.python is required", |s| {
             s.app.python = Some(python_app("mf_numpy:App"));
         }),
@@ -507,6 +515,7 @@ fn varied_spec(seed: u64) -> TrainingJobSpec {
     d.claim_name = c.maybe("pvc".to_owned());
     let hyperparameters = Hyperparameters {
         rank: c.maybe(4),
+        adaptive_step: c.maybe(true),
         learning_rate: c.maybe(0.1),
         regularization: c.maybe(0.01),
         topics: c.maybe(5),

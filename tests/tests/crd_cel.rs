@@ -79,6 +79,11 @@ fn invalid_cases() -> Vec<Case> {
                 h.rank = Some(4)
             })
         }),
+        case("adaptive-step-on-lr", |j| {
+            set_hyperparameters(j.with_app(AppKind::LogisticRegression), |h| {
+                h.adaptive_step = Some(true)
+            })
+        }),
         case("batch-size-on-mf", |j| {
             set_hyperparameters(j, |h| h.batch_size = Some(8))
         }),
