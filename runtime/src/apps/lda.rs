@@ -674,7 +674,8 @@ impl Sampler {
             let coefficients = &*topics.coefficients;
             let len = self.word_lists[token.word as usize];
             let listed = &mut self.word_topics[token.word as usize * k..][..k];
-            let new = if (len as usize) < self.sparse_below {
+            let sparse = (len as usize) < self.sparse_below;
+            let new = if sparse {
                 let listed = &listed[..len as usize];
                 let mut word_part = 0.0f32;
                 for (weight, &t) in weights.iter_mut().zip(listed) {
@@ -693,16 +694,13 @@ impl Sampler {
             } else {
                 // One pass without a carried sum (it vectorises), the sums by blocks, then the
                 // draw walks the blocks and one block's topics: about K/8 + 8 dependent steps.
-                for ((weight, &w), &c) in weights.iter_mut().zip(&*word).zip(&*coefficients) {
+                for ((weight, &w), &c) in weights.iter_mut().zip(&*word).zip(coefficients) {
                     *weight = (w + eta) * c;
                 }
                 let total = block_totals(weights, block_sums);
                 blocked_walk(weights, block_sums, rng.next_f32() * total)
             };
-            if word[new] == 0.0
-                && (len as usize) < self.sparse_below
-                && !listed[..len as usize].contains(&(new as u16))
-            {
+            if word[new] == 0.0 && sparse && !listed[..len as usize].contains(&(new as u16)) {
                 listed[len as usize] = new as u16;
                 self.word_lists[token.word as usize] += 1;
             }
