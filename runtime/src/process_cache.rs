@@ -654,6 +654,11 @@ impl ProcessCache {
             let pulled = transport.pull(self.leader, min_clock, fetches);
             let fetched = &mut fetches[p];
             fetched.needs_pull = false;
+            let layout = &self.layouts[p];
+            let segments = (layout.tables.iter().zip(&layout.widths))
+                .map(|((_, keys), &width)| (keys.len() * width, width));
+            let (moved_rows, moved_values) =
+                crate::worker::pulled_rows_and_values(fetched.fresh.as_deref(), segments);
             shared = self.shared.lock();
             let part = &mut shared.parts[p];
             if let Some(at) = part
@@ -720,11 +725,11 @@ impl ProcessCache {
             metrics
                 .rows_moved
                 .with_label_values(&["pull"])
-                .inc_by(self.layouts[p].rows);
+                .inc_by(moved_rows);
             metrics
                 .bytes_moved
                 .with_label_values(&["pull"])
-                .inc_by(self.layouts[p].len as u64 * 4);
+                .inc_by(moved_values * 4);
         }
     }
 }

@@ -520,6 +520,41 @@ pub(crate) fn add_stretch(fresh: &mut Vec<(usize, usize)>, at: usize, n: usize) 
     }
 }
 
+/// The rows and values a pull moved: every one of a batch laid out as `segments` (each table's
+/// values and row width, end to end), or those of the `fresh` stretches it came back with
+/// (whole rows, in offset order, a stretch perhaps crossing from one table into the next): an
+/// incremental read moves only the rows changed since the copy held.
+pub(crate) fn pulled_rows_and_values(
+    fresh: Option<&[(usize, usize)]>,
+    segments: impl Iterator<Item = (usize, usize)>,
+) -> (u64, u64) {
+    let (mut rows, mut values, mut offset) = (0u64, 0u64, 0usize);
+    let mut stretches = fresh.map(|f| f.iter().peekable());
+    for (len, width) in segments {
+        let covered = match stretches.as_mut() {
+            None => len,
+            Some(stretches) => {
+                let mut covered = 0;
+                while let Some(&&(at, n)) = stretches.peek() {
+                    if at >= offset + len {
+                        break;
+                    }
+                    covered += (at + n).min(offset + len) - at.max(offset);
+                    if at + n > offset + len {
+                        break;
+                    }
+                    stretches.next();
+                }
+                covered
+            }
+        };
+        rows += (covered / width.max(1)) as u64;
+        values += covered as u64;
+        offset += len;
+    }
+    (rows, values)
+}
+
 /// Installs a pulled copy: `data = snapshot = incoming`, over the stretches `fresh` names (all
 /// without it).
 fn install(cache: &mut RowCache, view: &mut PartitionView) {
@@ -572,7 +607,6 @@ pub(crate) struct WorkerLoop<W: AppWorker> {
     app_worker: W,
     cache: RowCache,
     views: Vec<PartitionView>,
-    rows_per_pull: Vec<u64>,
     pushed_rows: u64,
     pushed_bytes: u64,
     shared: Option<Attached>,
@@ -593,23 +627,15 @@ impl<W: AppWorker> WorkerLoop<W> {
         let cache = RowCache::build(specs, working_set, |key| partition_of(key, num_partitions))?;
         let views = build_views(&cache, num_partitions);
         app_worker.bind(&cache);
-        let rows_per_pull: Vec<u64> = views
-            .iter()
-            .map(|view| {
-                view.ranges
-                    .iter()
-                    .map(|&(_, start, end)| (end - start) as u64)
-                    .sum()
-            })
-            .collect();
-        let pushed_rows: u64 = rows_per_pull.iter().sum();
+        let pushed_rows: u64 = (views.iter().flat_map(|view| &view.ranges))
+            .map(|&(_, start, end)| (end - start) as u64)
+            .sum();
         let pushed_bytes: u64 = views.iter().map(|v| v.len as u64 * 4).sum();
         Ok(Self {
             worker_id,
             app_worker,
             cache,
             views,
-            rows_per_pull,
             pushed_rows,
             pushed_bytes,
             shared: None,
@@ -729,25 +755,27 @@ impl<W: AppWorker> WorkerLoop<W> {
                 metrics,
             )?,
             None => {
-                let mut pulled = (0u64, 0u64);
-                for (view, rows) in self.views.iter_mut().zip(&self.rows_per_pull) {
+                for view in self.views.iter_mut() {
                     view.needs_pull =
                         view.len > 0 && (force || view.stale || view.visible < min_clock);
                     view.since = (!force && !view.stale).then_some(view.visible);
-                    if view.needs_pull {
-                        pulled.0 += rows;
-                        pulled.1 += view.len as u64 * 4;
-                    }
                 }
                 transport.pull(self.worker_id, min_clock, &mut self.views)?;
-                metrics
-                    .rows_moved
-                    .with_label_values(&["pull"])
-                    .inc_by(pulled.0);
+                let (mut rows, mut values) = (0, 0);
+                for view in self.views.iter().filter(|v| v.needs_pull) {
+                    let segments = view.ranges.iter().map(|&(position, start, end)| {
+                        let width = self.cache.tables[position].width;
+                        ((end - start) * width, width)
+                    });
+                    let moved = pulled_rows_and_values(view.fresh.as_deref(), segments);
+                    rows += moved.0;
+                    values += moved.1;
+                }
+                metrics.rows_moved.with_label_values(&["pull"]).inc_by(rows);
                 metrics
                     .bytes_moved
                     .with_label_values(&["pull"])
-                    .inc_by(pulled.1);
+                    .inc_by(values * 4);
             }
         }
         let waited = waited.elapsed().as_secs_f64();
@@ -978,6 +1006,20 @@ pub(crate) fn run_worker<W: AppWorker, T: Transport>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pull_counts_the_rows_it_moved_whole_or_changed() {
+        // two rows of width 3, then two of width 2
+        let segments = || [(6, 3), (4, 2)].into_iter();
+        assert_eq!(pulled_rows_and_values(None, segments()), (4, 10));
+        assert_eq!(pulled_rows_and_values(Some(&[]), segments()), (0, 0));
+        // the second row of the first table and the first of the second, in one stretch
+        assert_eq!(pulled_rows_and_values(Some(&[(3, 5)]), segments()), (2, 5));
+        assert_eq!(
+            pulled_rows_and_values(Some(&[(0, 3), (8, 2)]), segments()),
+            (2, 5)
+        );
+    }
 
     #[test]
     fn a_process_cache_is_formed_only_where_working_sets_overlap() {

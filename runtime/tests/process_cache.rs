@@ -437,6 +437,34 @@ mod cancelling {
     }
 }
 
+/// The pull metrics count what a read moved: after the first, whole read, only the rows changed
+/// since (here each row changes at every fourth clock), with or without a process cache.
+#[test]
+fn a_read_counts_only_the_rows_it_moved() {
+    let (workers, clocks) = (2, 8);
+    let app = ExactApp::new(ExactConfig {
+        update_period: 4,
+        ..*exact_app(clocks, 0).config()
+    });
+    let rows = rows_per_partition(&app, workers);
+    for process_cache in [true, false] {
+        let metrics = RuntimeMetrics::unregistered();
+        let report =
+            run_single_process(&app, &job(workers, clocks, 0, process_cache), &metrics).unwrap();
+        assert_exact(&report, &format!("process cache {process_cache}"));
+        let per_clock: u64 = rows
+            .iter()
+            .map(|r| if process_cache { r.0 } else { r.1 })
+            .sum();
+        let (pulled, bytes) = moved(&metrics, "pull");
+        assert_eq!(bytes, pulled * 3 * 4, "process cache {process_cache}");
+        assert!(
+            pulled >= per_clock && pulled < per_clock * clocks / 2,
+            "process cache {process_cache}: {pulled} rows pulled, {per_clock} a whole read"
+        );
+    }
+}
+
 /// A read brings only the rows changed since the copy held, yet a row the two threads of a
 /// process wrote in a clock is read again even where their writes cancel in the group's sum
 /// (which the servers do not count as a change): each thread holds its own write of it.
