@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::spec::{
     AppKind, BiddingStrategy, BillingModel, ConsistencyModel, MarketKind, ProvisioningMode,
-    TrainingJobSpec,
+    ServerOptimizer, TrainingJobSpec,
 };
 
 /// One cross-field rule.
@@ -199,6 +199,18 @@ pub static RULES: &[Rule] = &[
                     .hyperparameters
                     .as_ref()
                     .is_none_or(|h| h.adaptive_step.is_none())
+        },
+    },
+    Rule {
+        scope: "spec.app",
+        field: "serverOptimizer",
+        cel: "!has(self.hyperparameters) || !has(self.hyperparameters.adaptiveStep) \
+              || !self.hyperparameters.adaptiveStep || !has(self.serverOptimizer) || self.serverOptimizer == 'sgd'",
+        message: "spec.app.serverOptimizer must be sgd (the default) with hyperparameters.adaptiveStep: each row keeps its sum of squared gradients in the row, and only deltas added as sent keep it a sum",
+        holds: |s| {
+            let adaptive =
+                (s.app.hyperparameters.as_ref()).is_some_and(|h| h.adaptive_step == Some(true));
+            !adaptive || matches!(s.app.server_optimizer, None | Some(ServerOptimizer::Sgd))
         },
     },
     Rule {

@@ -276,6 +276,16 @@ fn breakers() -> Vec<Breaker> {
                 ..Default::default()
             });
         }),
+        (
+            "must be sgd (the default) with hyperparameters.adaptiveStep",
+            |s| {
+                s.app.hyperparameters = Some(Hyperparameters {
+                    adaptive_step: Some(true),
+                    ..Default::default()
+                });
+                s.app.server_optimizer = Some(ServerOptimizer::Adagrad);
+            },
+        ),
         ("spec.app.python is required", |s| {
             s.app.python = Some(python_app("mf_numpy:App"));
         }),

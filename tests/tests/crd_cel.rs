@@ -84,6 +84,10 @@ fn invalid_cases() -> Vec<Case> {
                 h.adaptive_step = Some(true)
             })
         }),
+        case("adaptive-step-with-server-momentum", |j| {
+            set_hyperparameters(j, |h| h.adaptive_step = Some(true))
+                .with_spec(|s| s.app.server_optimizer = Some(ServerOptimizer::Momentum))
+        }),
         case("batch-size-on-mf", |j| {
             set_hyperparameters(j, |h| h.batch_size = Some(8))
         }),
