@@ -147,7 +147,8 @@ pub(crate) struct PartitionView {
     pub(crate) len: usize,
     /// This clock's deltas (pushed).
     pub(crate) delta: Vec<f32>,
-    /// Rows received by a pull.
+    /// Rows received by a pull. A worker's view lends it the `delta` buffer for the pull, which
+    /// is dead between a push and the next clock's deltas (`WorkerLoop::refresh`).
     pub(crate) incoming: Vec<f32>,
     /// Visible clock of the cached copy (all updates of clocks below it are in the cache).
     pub(crate) visible: u64,
@@ -475,8 +476,8 @@ fn build_views(cache: &RowCache, num_partitions: u32) -> Vec<PartitionView> {
         }
     }
     for view in &mut views {
+        // `incoming` borrows this buffer for each pull (`WorkerLoop::refresh`).
         view.delta = vec![0.0; view.len];
-        view.incoming = vec![0.0; view.len];
     }
     views
 }
@@ -741,8 +742,14 @@ impl<W: AppWorker> WorkerLoop<W> {
         report: &mut WorkerReport,
         metrics: &RuntimeMetrics,
     ) -> Result<(), WorkerError> {
+        // A view's pushed `delta` is dead until the next clock's `collect_delta` overwrites it,
+        // so the pull lands in that buffer: one buffer per view instead of two (a worker's
+        // memory is its cache rows, their snapshot and this buffer).
+        for view in &mut self.views {
+            std::mem::swap(&mut view.incoming, &mut view.delta);
+        }
         let waited = Instant::now();
-        match self.shared.as_mut() {
+        let pulled = match self.shared.as_mut() {
             Some(shared) => shared.cache.read(
                 transport,
                 min_clock,
@@ -753,14 +760,19 @@ impl<W: AppWorker> WorkerLoop<W> {
                 &shared.runs,
                 &mut shared.scratch,
                 metrics,
-            )?,
+            ),
             None => {
                 for view in self.views.iter_mut() {
                     view.needs_pull =
                         view.len > 0 && (force || view.stale || view.visible < min_clock);
                     view.since = (!force && !view.stale).then_some(view.visible);
                 }
-                transport.pull(self.worker_id, min_clock, &mut self.views)?;
+                transport.pull(self.worker_id, min_clock, &mut self.views)
+            }
+        };
+        let waited = waited.elapsed().as_secs_f64();
+        if pulled.is_ok() {
+            if self.shared.is_none() {
                 let (mut rows, mut values) = (0, 0);
                 for view in self.views.iter().filter(|v| v.needs_pull) {
                     let segments = view.ranges.iter().map(|&(position, start, end)| {
@@ -777,14 +789,17 @@ impl<W: AppWorker> WorkerLoop<W> {
                     .with_label_values(&["pull"])
                     .inc_by(values * 4);
             }
+            for view in self.views.iter_mut().filter(|v| v.needs_pull) {
+                install(&mut self.cache, view);
+                view.stale = false;
+            }
         }
-        let waited = waited.elapsed().as_secs_f64();
+        for view in &mut self.views {
+            std::mem::swap(&mut view.incoming, &mut view.delta);
+        }
+        pulled?;
         report.wait_seconds += waited;
         metrics.ssp_wait_seconds.observe(waited);
-        for view in self.views.iter_mut().filter(|v| v.needs_pull) {
-            install(&mut self.cache, view);
-            view.stale = false;
-        }
         Ok(())
     }
 
@@ -1143,8 +1158,10 @@ mod tests {
                 .all(|(p, v)| p == owner || v.delta.iter().all(|d| *d == 0.0))
         );
         // A pulled copy replaces both the values and the delta baseline.
+        // (`refresh` lends the pull the delta buffer; here the test fills its own.)
         let view = &mut views[owner];
-        view.incoming.fill(1.0);
+        assert!(view.incoming.is_empty(), "one buffer a view between pulls");
+        view.incoming = vec![1.0; view.len];
         install(&mut cache, view);
         assert_eq!(cache.row(0, slot), &[1.0, 1.0]);
         collect_delta(&mut cache, view);
