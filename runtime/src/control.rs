@@ -780,10 +780,15 @@ impl<A: App> Agent<A> {
                 images.sort_by_key(|(image, _)| image.partition);
                 let (images, bases): (Vec<_>, Vec<_>) = images.into_iter().unzip();
                 encode_images(&images, out);
+                let count = images.len() as u32;
+                // sent: the next copies are made in these buffers
+                for image in images {
+                    self.state.recycle(image);
+                }
                 self.copies.lock().retain(|at, _| *at > clock);
                 ControlResponse::Copied {
                     clock,
-                    count: images.len() as u32,
+                    count,
                     reports,
                     bases,
                 }

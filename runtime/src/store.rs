@@ -553,6 +553,10 @@ pub struct PartitionStore {
     backups: Vec<Backup>,
     /// Every push of this clock or later marked the rows it changed (`TableRows::touched`).
     floor: u64,
+    /// A copy's image given back once sent ([`PartitionStore::recycle`]): the next BackupPS
+    /// copy is made into its buffers instead of new ones, so a node does not allocate and free
+    /// its partitions' size every few clocks.
+    spare: Option<PartitionImage>,
 }
 
 /// Whether a push may be applied now.
@@ -601,6 +605,7 @@ impl PartitionStore {
             read_clock: vec![None; num_workers as usize],
             backups: Vec::new(),
             floor: 0,
+            spare: None,
         }
     }
 
@@ -903,6 +908,7 @@ impl PartitionStore {
             read_clock: self.read_clock.clone(),
             backups: Vec::new(),
             floor: self.floor,
+            spare: None,
         }
     }
 
@@ -1149,31 +1155,58 @@ impl PartitionStore {
         }
     }
 
-    /// A BackupPS copy of the store as it is.
-    fn copy(&self) -> BackupCopy {
+    /// A BackupPS copy of the store as it is, in the spare image's buffers if one was given
+    /// back.
+    fn copy(&mut self) -> BackupCopy {
+        let mut image = self.spare.take().unwrap_or_else(|| PartitionImage {
+            partition: self.partition,
+            tables: Vec::new(),
+            completed: Vec::new(),
+        });
+        self.image_into(&mut image);
         BackupCopy {
-            image: self.image(),
+            image,
             touched: self.tables.iter().map(|t| t.touched.clone()).collect(),
             floor: self.floor,
         }
     }
 
+    /// Gives back the image of a copy once it is sent, for the next copy's buffers (see
+    /// `spare`). An image of another partition is dropped.
+    pub fn recycle(&mut self, image: PartitionImage) {
+        if image.partition == self.partition {
+            self.spare = Some(image);
+        }
+    }
+
     /// A copy of the partition's rows, optimizer state and per-worker clocks.
     pub fn image(&self) -> PartitionImage {
-        PartitionImage {
+        let mut image = PartitionImage {
             partition: self.partition,
-            tables: self
-                .tables
-                .iter()
-                .map(|t| TableImage {
-                    table: t.spec.id,
-                    keys: t.keys.clone(),
-                    data: t.data.clone(),
-                    state: t.state.clone(),
-                })
-                .collect(),
-            completed: self.completed.clone(),
+            tables: Vec::new(),
+            completed: Vec::new(),
+        };
+        self.image_into(&mut image);
+        image
+    }
+
+    /// [`PartitionStore::image`] into `image`, reusing its buffers.
+    fn image_into(&self, image: &mut PartitionImage) {
+        image.partition = self.partition;
+        image.tables.truncate(self.tables.len());
+        image.tables.resize_with(self.tables.len(), || TableImage {
+            table: 0,
+            keys: Vec::new(),
+            data: Vec::new(),
+            state: Vec::new(),
+        });
+        for (to, from) in image.tables.iter_mut().zip(&self.tables) {
+            to.table = from.spec.id;
+            to.keys.clone_from(&from.keys);
+            to.data.clone_from(&from.data);
+            to.state.clone_from(&from.state);
         }
+        image.completed.clone_from(&self.completed);
     }
 
     /// A partition restored from `image` at `epoch`. Workers register their batches again (their
@@ -1264,6 +1297,7 @@ impl PartitionStore {
             read_clock: vec![None; num_workers],
             backups: Vec::new(),
             floor,
+            spare: None,
         })
     }
 }
@@ -1636,6 +1670,14 @@ impl ServerState {
             .ok_or(StoreError::BackupDisarmed { partition, clock })
     }
 
+    /// Gives a sent copy's image back to its partition, if hosted here, for the next copy's
+    /// buffers ([`PartitionStore::recycle`]).
+    pub fn recycle(&self, image: PartitionImage) {
+        if let Ok(slot) = self.slot(image.partition) {
+            slot.store.lock().recycle(image);
+        }
+    }
+
     /// Drops the BackupPS copies armed at clocks `from` and later on every hosted partition
     /// and wakes their waiters (0: all).
     pub fn disarm_backups(&self, from: u64) {
@@ -1823,6 +1865,40 @@ mod tests {
         assert_eq!(copy.visible_clock(), 2);
         assert_ne!(copy, store.image());
         assert_eq!(store.take_backup(2), None);
+    }
+
+    /// A copy's image given back is where the next copy is made (no new buffers), and that copy
+    /// is the partition at its clock as a fresh one would be; another partition's is dropped.
+    #[test]
+    fn a_copy_is_made_in_the_buffers_of_the_last_one_given_back() {
+        let mut store = two_workers(false);
+        store.arm_backup(1).unwrap();
+        for w in 0..2 {
+            store.push(w, 0, &delta(w, 0)).unwrap();
+        }
+        let first = store.take_backup(1).unwrap().into_image();
+        assert_eq!(first, store.image());
+        let buffer = first.tables[0].data.as_ptr();
+        store.recycle(first);
+        store.arm_backup(2).unwrap();
+        for w in 0..2 {
+            store.push(w, 1, &delta(w, 1)).unwrap();
+        }
+        let second = store.take_backup(2).unwrap().into_image();
+        assert_eq!(
+            second.tables[0].data.as_ptr(),
+            buffer,
+            "made in the spare's buffer"
+        );
+        assert_eq!(second, store.image());
+        assert_eq!(second.visible_clock(), 2);
+        let mut other = second.clone();
+        other.partition = 1;
+        store.recycle(other);
+        assert!(
+            store.spare.is_none(),
+            "another partition's image is not kept"
+        );
     }
 
     /// A store of 2 workers over `rows` keys of partition 0 under `optimizer`, SSP.
