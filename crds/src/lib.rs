@@ -36,7 +36,7 @@
 //!     mode: cluster | ec2                                           (default cluster)
 //!     capacityType: { preset: karpenter | eks | gke, key, onDemandValue, spotValue }
 //!     ec2: { launchTemplate, imageId, subnetIds, securityGroupIds, instanceProfile, tags }
-//!   runtime: { image, resources, workerThreads, terminationGracePeriodSeconds }
+//!   runtime: { image, resources, workerThreads, threadsPerWorker, terminationGracePeriodSeconds }
 //!   suspend: false
 //! ```
 //!

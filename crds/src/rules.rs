@@ -481,6 +481,15 @@ pub static RULES: &[Rule] = &[
     },
     Rule {
         scope: "spec",
+        field: "runtime.threadsPerWorker",
+        cel: "self.app.kind == 'MatrixFactorization' || !has(self.runtime) || !has(self.runtime.threadsPerWorker)",
+        message: "spec.runtime.threadsPerWorker is only valid for spec.app.kind MatrixFactorization",
+        holds: |s| {
+            s.app.kind == AppKind::MatrixFactorization || s.runtime.threads_per_worker.is_none()
+        },
+    },
+    Rule {
+        scope: "spec",
         field: "provisioning.mode",
         cel: "self.provisioning.mode != 'ec2' || self.bidding.market.kind == 'ec2'",
         message: "spec.provisioning.mode ec2 requires spec.bidding.market.kind ec2",

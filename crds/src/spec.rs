@@ -1021,10 +1021,20 @@ pub struct RuntimeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
-    /// Worker threads per node (default: one per requested CPU, rounded up, at least 1).
+    /// Workers per node, each a thread or threadsPerWorker threads (default: one per
+    /// requested CPU divided by threadsPerWorker, rounded up, at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub worker_threads: Option<u32>,
+
+    /// MatrixFactorization only: threads each worker's clock runs on (default 1, at most 20).
+    /// Its shard is laid out in strata of blocks that share no user and no item, which the
+    /// threads update at once without a lock, the same model bit for bit as one thread trains;
+    /// a worker of n threads moves one copy of its rows a clock where n workers move n, and
+    /// holds one row cache where they hold n.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 20))]
+    pub threads_per_worker: Option<u32>,
 
     /// Seconds a node gets between SIGTERM and SIGKILL to hand its partitions over (default
     /// 120, the EC2 spot notice).

@@ -276,6 +276,11 @@ fn breakers() -> Vec<Breaker> {
                 ..Default::default()
             });
         }),
+        ("runtime.threadsPerWorker is only valid", |s| {
+            s.app.kind = AppKind::Lda;
+            s.app.dataset.synthetic = Some(SyntheticDataset::default());
+            s.runtime.threads_per_worker = Some(2);
+        }),
         (
             "must be sgd (the default) with hyperparameters.adaptiveStep",
             |s| {

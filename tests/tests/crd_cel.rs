@@ -88,6 +88,10 @@ fn invalid_cases() -> Vec<Case> {
             set_hyperparameters(j, |h| h.adaptive_step = Some(true))
                 .with_spec(|s| s.app.server_optimizer = Some(ServerOptimizer::Momentum))
         }),
+        case("threads-per-worker-on-lr", |j| {
+            j.with_app(AppKind::LogisticRegression)
+                .with_spec(|s| s.runtime.threads_per_worker = Some(2))
+        }),
         case("batch-size-on-mf", |j| {
             set_hyperparameters(j, |h| h.batch_size = Some(8))
         }),
@@ -233,6 +237,9 @@ fn boundary_cases() -> Vec<Case> {
             j.with_app(AppKind::LogisticRegression)
         }),
         case("lda", |j| j.with_app(AppKind::Lda)),
+        case("mf-threads-per-worker", |j| {
+            j.with_spec(|s| s.runtime.threads_per_worker = Some(20))
+        }),
         case("ec2-provisioning", ec2_provisioned),
     ]
 }

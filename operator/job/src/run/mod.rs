@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use ebbflow_crds::{AppKind, DatasetFormat, ServerOptimizer, TrainingJob};
 use ebbflow_runtime::app::App;
-use ebbflow_runtime::apps::{LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig};
+use ebbflow_runtime::apps::{LdaApp, LdaConfig, MfApp, MfConfig, MlrApp, MlrConfig, mf};
 use ebbflow_runtime::data;
 use ebbflow_runtime::divergence::HaltCause;
 use ebbflow_runtime::elastic::{
@@ -422,6 +422,7 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                 // (0.47 with 0.03)
                 init_std: defaults.init_std.min(1.0 / (rank as f32).sqrt()),
                 adaptive,
+                threads: threads_per_worker(&job.spec.runtime),
                 seed,
                 staleness,
                 ..defaults
@@ -447,7 +448,8 @@ fn build_app(job: &TrainingJob, data_dir: DataDir<'_>) -> Result<JobApp, RunErro
                     test_fraction: data::PlantedRatings::test_fraction_for(ratings),
                     seed,
                 };
-                let threads = worker_threads(&job.spec.runtime);
+                // a node's cores generate its shards
+                let threads = worker_threads(&job.spec.runtime) * config.threads;
                 // rows far larger than the cache: each worker's shard in blocks (MfConfig::blocked)
                 let config = MfConfig {
                     blocked: true,
@@ -689,8 +691,17 @@ fn python_app(job: &TrainingJob, _: Option<&str>, _: DataDir<'_>) -> Result<JobA
     )))
 }
 
-/// Worker threads per node: `spec.runtime.workerThreads`, else one per requested CPU (rounded
-/// up; the operator requests 1 when the spec names none), at least 1.
+/// Threads each worker's clock runs on: `spec.runtime.threadsPerWorker` (MatrixFactorization
+/// only, a CEL rule), 1 to [`mf::BLOCK_BINS`], default 1.
+fn threads_per_worker(runtime: &ebbflow_crds::RuntimeSpec) -> usize {
+    runtime
+        .threads_per_worker
+        .unwrap_or(1)
+        .clamp(1, mf::BLOCK_BINS) as usize
+}
+
+/// Workers per node: `spec.runtime.workerThreads`, else one per requested CPU (rounded up; the
+/// operator requests 1 when the spec names none) and `threadsPerWorker` of them, at least 1.
 fn worker_threads(runtime: &ebbflow_crds::RuntimeSpec) -> usize {
     let requested_cpus = || {
         let cpu = runtime.resources.as_ref()?.requests.as_ref()?.get("cpu")?;
@@ -701,9 +712,10 @@ fn worker_threads(runtime: &ebbflow_crds::RuntimeSpec) -> usize {
         };
         (cores.is_finite() && cores > 0.0).then(|| cores.ceil().min(1024.0) as u32)
     };
+    let per_worker = threads_per_worker(runtime) as u32;
     runtime
         .worker_threads
-        .or_else(requested_cpus)
+        .or_else(|| requested_cpus().map(|cpus| cpus.div_ceil(per_worker)))
         .unwrap_or(1)
         .max(1) as usize
 }
@@ -1966,6 +1978,33 @@ mod tests {
             ..with_cpu("8")
         };
         assert_eq!(worker_threads(&explicit), 3);
+        // threads of a worker take their share of the CPUs, and clamp to a stratum's blocks
+        let per_worker = |threads: u32, cpu: &str| ebbflow_crds::RuntimeSpec {
+            threads_per_worker: Some(threads),
+            ..with_cpu(cpu)
+        };
+        assert_eq!(worker_threads(&per_worker(2, "4")), 2);
+        assert_eq!(worker_threads(&per_worker(4, "6")), 2);
+        assert_eq!(worker_threads(&per_worker(8, "2")), 1);
+        assert_eq!(threads_per_worker(&per_worker(64, "2")), 20);
+        assert_eq!(threads_per_worker(&ebbflow_crds::RuntimeSpec::default()), 1);
+    }
+
+    /// `threadsPerWorker` reaches a matrix factorization's config (the runtime's `mf` tests
+    /// check that a worker of n threads trains the model one thread trains).
+    #[test]
+    fn threads_per_worker_reach_the_mf_config() {
+        let config = |threads: Option<u32>| {
+            let mut job = example("quickstart.yaml");
+            job.spec.runtime.threads_per_worker = threads;
+            match build_app(&job, DataDir::cli(Path::new("/nonexistent"))) {
+                Ok(JobApp::Mf(app)) => app.config().clone(),
+                Ok(_) => panic!("not matrix factorization"),
+                Err(error) => panic!("{error}"),
+            }
+        };
+        assert_eq!(config(None).threads, 1);
+        assert_eq!(config(Some(2)).threads, 2);
     }
 
     #[test]
