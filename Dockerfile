@@ -27,7 +27,9 @@ ENTRYPOINT ["/usr/local/bin/ebbflow-operator"]
 # Runtime pods run `ebbflow pod` (the operator sets the command).
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 COPY --from=build /out/ebbflow /usr/local/bin/ebbflow
-ENV PATH=/usr/local/bin:/usr/bin:/bin
+# A fixed malloc mmap threshold keeps a node's memory near its heap (NODE_MALLOC_TUNABLES in
+# operator/job/src/run/instances.rs).
+ENV PATH=/usr/local/bin:/usr/bin:/bin GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072
 USER 65532:65532
 CMD ["ebbflow", "pod"]
 
@@ -52,6 +54,7 @@ RUN pip install --no-cache-dir numpy
 COPY python/ebbflow /opt/ebbflow/python/ebbflow
 COPY examples/python /opt/ebbflow/examples
 COPY --from=build-python /out/ebbflow /usr/local/bin/ebbflow
-ENV PYTHONPATH=/opt/ebbflow/python PYTHONDONTWRITEBYTECODE=1
+ENV PYTHONPATH=/opt/ebbflow/python PYTHONDONTWRITEBYTECODE=1 \
+    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072
 USER 65532:65532
 CMD ["ebbflow", "pod"]

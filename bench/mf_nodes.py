@@ -15,6 +15,10 @@ Every node generates only its own shard. Reports, from one run of each:
 - test RMSE at the end (both must reach the bar);
 - peak RSS (VmHWM, sampled every 0.2 s from /proc) of each node process and of the in-process
   run, against the target 1.5 x (its parameter partitions + its data shard) + 64 MiB.
+With `--glibc-default` the node processes run a third time with glibc's default malloc (its
+dynamic mmap threshold) instead of the fixed 128 KiB threshold `ebbflow run` gives them, and the
+table shows what the setting does to each node's peak, to the clocks per second and to each
+node's CPU time (user and system, where mapping and unmapping blocks would show).
 
 Prints a Markdown table; exits non-zero if a run fails or misses the bar.
 """
@@ -41,6 +45,17 @@ def vm_hwm(pid):
     return None
 
 
+def cpu_seconds(pid):
+    """(user, system) CPU seconds of `pid` so far, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def children(pid):
     """Direct children of `pid` (from /proc/*/stat)."""
     found = []
@@ -63,6 +78,8 @@ class PeakSampler(threading.Thread):
     def __init__(self, pid):
         super().__init__(daemon=True)
         self.pid, self.peaks, self.stop = pid, {}, threading.Event()
+        # CPU seconds (user, system) of each process at its last sample
+        self.cpu = {}
 
     def run(self):
         while not self.stop.is_set():
@@ -78,6 +95,9 @@ class PeakSampler(threading.Thread):
                 peak = vm_hwm(pid)
                 if name and peak:
                     self.peaks[name] = max(self.peaks.get(name, 0), peak)
+                    times = cpu_seconds(pid)
+                    if times:
+                        self.cpu[name] = times
             self.stop.wait(0.2)
 
 
@@ -125,14 +145,24 @@ spec:
 """
 
 
-def train(ebbflow, path, out, in_process):
-    """One `ebbflow run`: its summary and the peak RSS of each process."""
+# A GLIBC_TUNABLES value that keeps glibc's default malloc (tcache_count's default is 7) and
+# stops `ebbflow run` from giving its nodes their fixed mmap threshold (NODE_MALLOC_TUNABLES).
+GLIBC_DEFAULT = "glibc.malloc.tcache_count=7"
+
+
+def train(ebbflow, path, out, in_process, tunables=None):
+    """One `ebbflow run`: its summary and the peak RSS of each process. `tunables`, if set, is
+    the GLIBC_TUNABLES the run and its nodes get."""
     command = [ebbflow, "run", path, "--quiet", "--out", out]
     if in_process:
         command.append("--in-process")
     what = "in-process" if in_process else "node processes"
+    env = dict(os.environ)
+    if tunables is not None:
+        env["GLIBC_TUNABLES"] = tunables
+        what += f" (GLIBC_TUNABLES={tunables})"
     print(f"==> {what}: {' '.join(command)}", file=sys.stderr, flush=True)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     sampler = PeakSampler(process.pid)
     sampler.start()
     stdout, _ = process.communicate()
@@ -141,7 +171,7 @@ def train(ebbflow, path, out, in_process):
     sys.stderr.write(stdout)
     if process.returncode != 0:
         raise SystemExit(f"mf_nodes: {what} run failed (exit {process.returncode})")
-    return json.load(open(os.path.join(out, "summary.json"))), sampler.peaks
+    return json.load(open(os.path.join(out, "summary.json"))), sampler.peaks, sampler.cpu
 
 
 def main():
@@ -163,6 +193,10 @@ def main():
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--bar", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--glibc-default", action="store_true",
+                        help="also run the node processes with glibc's default malloc (its "
+                             "dynamic mmap threshold), against the fixed one `ebbflow run` "
+                             "gives them")
     args = parser.parse_args()
     if args.users is None:
         args.users = round(args.ratings * 480_189 / 100_480_507)
@@ -171,19 +205,28 @@ def main():
     if not 0 < short < args.clocks:
         raise SystemExit(f"mf_nodes: --short-clocks {short} must be below --clocks {args.clocks}")
     with tempfile.TemporaryDirectory() as work:
-        runs = {}
-        for in_process in (True, False):
-            name = "in-process" if in_process else "processes"
-            walls = []
+        runs, node_cpu = {}, {}
+        modes = [("in-process", True, None), ("processes", False, None)]
+        if args.glibc_default:
+            modes.append(("processes, glibc's default malloc", False, GLIBC_DEFAULT))
+        for name, in_process, tunables in modes:
+            walls, cpus = [], []
             for clocks in (short, args.clocks):
                 path = os.path.join(work, f"job-{clocks}.yaml")
                 with open(path, "w") as out:
                     out.write(manifest(args, args.trace, clocks))
-                summary, peaks = train(args.ebbflow, path,
-                                       os.path.join(work, f"{name}-{clocks}"), in_process)
+                out = os.path.join(work, f"{len(runs)}-{clocks}")
+                summary, peaks, cpu = train(args.ebbflow, path, out, in_process, tunables)
                 walls.append(summary["wall_seconds"])
+                cpus.append(cpu)
             # the difference leaves out start-up and data generation, which both runs pay
-            runs[name] = (summary, args.clocks - short, walls[1] - walls[0], peaks)
+            runs[name] = (summary, args.clocks - short, walls[1] - walls[0], peaks, in_process)
+            # the same difference of each node's CPU time (sampled every 0.2 s, so within that)
+            if not in_process:
+                node_cpu[name] = {
+                    node: tuple(b - a for a, b in zip(cpus[0][node], cpus[1][node]))
+                    for node in sorted(cpus[1]) if node != "run" and node in cpus[0]
+                }
 
     width = args.rank + 1
     parameters = (args.users + args.items) * width * 4
@@ -199,7 +242,7 @@ def main():
                       f"(1 a node)")]
     rates = {}
     failed = []
-    for name, (summary, clocks, seconds, peaks) in runs.items():
+    for name, (summary, clocks, seconds, peaks, in_process) in runs.items():
         rmse = summary["quality"].get("rmse", float("nan"))
         rates[name] = clocks / seconds
         table.append((f"{name}: the long run's clocks past the short run's ({clocks})",
@@ -208,15 +251,22 @@ def main():
         if not rmse <= args.bar:
             failed.append(f"{name} ended at rmse {rmse} > {args.bar}")
         for node, peak in sorted(peaks.items()):
-            if name == "processes" and node == "run":
+            if not in_process and node == "run":
                 continue
             label = "the whole run (both nodes)" if node == "run" else f"node {node}"
             bound = 2 * target - 64 * MIB if node == "run" else target
             table.append((f"{name}: peak RSS of {label}",
                           f"{peak / MIB:.0f} MiB (target {bound / MIB:.0f} MiB: "
                           f"{peak / bound:.2f} of it)"))
+    for name, nodes in node_cpu.items():
+        table.append((f"{name}: CPU seconds of each node over those clocks (user + system)",
+                      "; ".join(f"{node} {user:.1f} + {system:.1f}"
+                                for node, (user, system) in nodes.items())))
     table.append(("node processes ÷ in-process, clocks per second (target >= 0.7)",
                   f"{rates['processes'] / rates['in-process']:.2f}"))
+    if args.glibc_default:
+        table.append(("node processes, fixed mmap threshold ÷ glibc's default, clocks per second",
+                      f"{rates['processes'] / rates[modes[2][0]]:.2f}"))
     table.append(("one node's parameter partitions + shard",
                   f"{parameters / 2 / MIB:.1f} MiB + {shard / MIB:.1f} MiB"))
     print("| measurement | value |\n|---|---|")
