@@ -229,7 +229,7 @@ pub enum PushOutcome {
 }
 
 /// One table's materialised rows in a [`PartitionImage`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TableImage {
     /// The table.
     pub table: TableId,
@@ -1158,12 +1158,13 @@ impl PartitionStore {
     /// A BackupPS copy of the store as it is, in the spare image's buffers if one was given
     /// back.
     fn copy(&mut self) -> BackupCopy {
-        let mut image = self.spare.take().unwrap_or_else(|| PartitionImage {
-            partition: self.partition,
-            tables: Vec::new(),
-            completed: Vec::new(),
-        });
-        self.image_into(&mut image);
+        let image = match self.spare.take() {
+            Some(mut spare) => {
+                self.image_into(&mut spare);
+                spare
+            }
+            None => self.image(),
+        };
         BackupCopy {
             image,
             touched: self.tables.iter().map(|t| t.touched.clone()).collect(),
@@ -1193,13 +1194,9 @@ impl PartitionStore {
     /// [`PartitionStore::image`] into `image`, reusing its buffers.
     fn image_into(&self, image: &mut PartitionImage) {
         image.partition = self.partition;
-        image.tables.truncate(self.tables.len());
-        image.tables.resize_with(self.tables.len(), || TableImage {
-            table: 0,
-            keys: Vec::new(),
-            data: Vec::new(),
-            state: Vec::new(),
-        });
+        image
+            .tables
+            .resize_with(self.tables.len(), TableImage::default);
         for (to, from) in image.tables.iter_mut().zip(&self.tables) {
             to.table = from.spec.id;
             to.keys.clone_from(&from.keys);

@@ -54,9 +54,8 @@ impl Instances for NodeThreads {
 
 /// glibc's malloc settings for a node process, unless `GLIBC_TUNABLES` is set already: a fixed
 /// mmap threshold of 128 KiB. By default glibc raises the threshold to the size of each large
-/// block freed (up to 32 MiB), after which the node's frame, pull and push buffers (megabytes,
-/// grown and freed on the transport's threads) come from per-thread arenas that keep the freed
-/// space. With a fixed threshold those blocks are mapped and unmapped and the memory goes back
+/// block freed (up to 32 MiB), after which a node's megabyte blocks (allocated and freed on the
+/// transport's threads) come from per-thread arenas that keep the freed space. With a fixed threshold those blocks are mapped and unmapped and the memory goes back
 /// to the system: at 25 M ratings a node peaks at 281 MiB with it and 352 MiB without, at about
 /// 0.3 s more system time over 192 clocks (issue 36, `scripts/bench-mf-nodes.sh
 /// --glibc-default`). The runtime images set the same value (`Dockerfile`,
